@@ -1,0 +1,43 @@
+# The two commands: `make devnet` and `make test`. Both create .venv if missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint devnet bench bench-quick vectors proto clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and pinned: 2.13.0 is the CPU build this machine has on disk; an unpinned
+	# torch would pull a multi-GB CUDA build. pyproject's torch>=2.4 is then satisfied.
+	$(BIN)/pip install -q torch==2.13.0 numpy
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+devnet: $(STAMP)
+	$(BIN)/gonka-diloco devnet $(ARGS)
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench --quick
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+vectors: $(STAMP)
+	$(BIN)/python -m specs.make_vectors
+
+proto: $(STAMP)
+	$(BIN)/python -m protocol.proto.build
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

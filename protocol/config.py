@@ -1,0 +1,144 @@
+"""The run config: every number a run is bound to, hashed on chain at `MsgCreateRun`.
+
+Hosts and verifiers read their whole behaviour from this one object, so two nodes that agree on
+its hash agree on what honest training and honest verification mean.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Hex32 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+"""A SHA-256 digest as 64 lower-case hex characters: the only hash form on the wire."""
+
+
+class Codec(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+class ReplayMode(StrEnum):
+    BITWISE = "bitwise"
+    TOLERANCE = "tolerance"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no spaces, UTF-8: the byte form whose SHA-256 names a config."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class ModelSpec(Frozen):
+    """Which model to build. `factory` is resolved only against the node's own allow-list."""
+
+    factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    config: dict[str, int | float | str | bool] = Field(default_factory=dict)
+
+    def spec_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json"))).hexdigest()
+
+
+class InnerOptim(Frozen):
+    """AdamW with DiLoCo's defaults."""
+
+    lr: float = Field(4e-4, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+
+
+class OuterOptim(Frozen):
+    """SGD with Nesterov momentum with DiLoCo's defaults."""
+
+    lr: float = Field(0.7, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+
+
+class Phases(Frozen):
+    """Phase lengths in blocks. An outer step: train/commit → challenge → reveal → verify → finalize."""
+
+    train_blocks: int = Field(20, ge=1)
+    reveal_blocks: int = Field(10, ge=1)
+    verify_blocks: int = Field(20, ge=1)
+    escalation_blocks: int = Field(10, ge=1)
+    max_escalations: int = Field(1, ge=0)
+    result_blocks: int = Field(30, ge=1)
+    epoch_length: int = Field(200, ge=1)
+    poc_window: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _poc_fits(self) -> Phases:
+        if self.poc_window >= self.epoch_length:
+            raise ValueError("poc_window must be shorter than epoch_length")
+        return self
+
+
+class Stake(Frozen):
+    """Bonds and slashing in ngonka (1 GNK = 1e9 ngonka); fractions in basis points."""
+
+    min_host_stake: int = Field(1_000_000_000, ge=0)
+    min_verifier_stake: int = Field(1_000_000_000, ge=0)
+    host_slash_bps: int = Field(1000, ge=0, le=10_000)
+    verifier_slash_bps: int = Field(500, ge=0, le=10_000)
+    reward_per_outer_step: int = Field(10_000_000_000, ge=0)
+
+
+class RunConfig(Frozen):
+    """Everything a run is bound to. Its hash is recorded on chain with the run."""
+
+    name: str = Field("run", min_length=1, max_length=64)
+    model: ModelSpec
+    dataset_manifest_hash: Hex32
+    initial_model_hash: Hex32
+    seed: int = Field(0, ge=0, lt=2**63)
+    inner_steps: int = Field(50, ge=1, description="H")
+    segment_len: int = Field(5, ge=1, description="k")
+    sampled_segments: int = Field(2, ge=1, description="s")
+    verifiers_per_contribution: int = Field(1, ge=1, description="v")
+    batch_size: int = Field(8, ge=1)
+    seq_len: int = Field(64, ge=2)
+    data_shards: int = Field(8, ge=1, le=4096)
+    codec: Codec = Codec.INT8
+    codec_block_size: int = Field(256, ge=8, le=1 << 20)
+    inner: InnerOptim = InnerOptim()
+    outer: OuterOptim = OuterOptim()
+    phases: Phases = Phases()
+    stake: Stake = Stake()
+    replay_mode: ReplayMode = ReplayMode.BITWISE
+    tolerance: float = Field(0.0, ge=0)
+    threads: int = Field(1, ge=1, le=256)
+    max_outer_steps: int = Field(0, ge=0, description="0 = unbounded")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        if self.inner_steps % self.segment_len:
+            raise ValueError("inner_steps (H) must be a multiple of segment_len (k)")
+        if self.sampled_segments > self.n_segments:
+            raise ValueError("sampled_segments (s) cannot exceed H/k")
+        if self.replay_mode is ReplayMode.TOLERANCE and self.tolerance <= 0:
+            raise ValueError("tolerance mode needs a positive tolerance")
+        return self
+
+    @property
+    def n_segments(self) -> int:
+        return self.inner_steps // self.segment_len
+
+    @property
+    def tokens_per_outer_step(self) -> int:
+        return self.inner_steps * self.batch_size * self.seq_len
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json"))).hexdigest()

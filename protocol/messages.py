@@ -1,0 +1,160 @@
+"""The module's messages (proto package `inference.diloco`) as pydantic models.
+
+These are the typed form every node works with; `protocol.wire` maps each one to and from its
+protobuf form (`/inference.diloco.MsgXxx` inside a Cosmos `Any`). Field names are the proto
+field names, snake_case, signer first as `creator`.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from protocol.config import Codec, Frozen, Hex32, RunConfig
+
+Address = Annotated[str, Field(pattern=r"^gonka1[02-9ac-hj-np-z]{38,58}$")]
+"""A bech32 account address with the `gonka` prefix."""
+
+PROTO_PACKAGE = "inference.diloco"
+
+
+class Role(StrEnum):
+    HOST = "host"
+    VERIFIER = "verifier"
+
+
+class Reason(IntEnum):
+    """Why a verifier rejects. 0 is acceptance; each reject reason has its own code."""
+
+    ACCEPT = 0
+    BAD_PROOF = 1
+    WRONG_START = 2
+    REPLAY_MISMATCH = 3
+    DELTA_MISMATCH = 4
+    MISSING_DATA = 5
+    MALFORMED_BLOB = 6
+    BAD_TOKENS = 7
+    BAD_ENVIRONMENT = 8
+
+
+class EnvFingerprint(Frozen):
+    """What a bitwise replay must match: library versions, thread count, determinism flags."""
+
+    torch_version: str = Field(max_length=64)
+    threads: int = Field(ge=1, le=256)
+    deterministic: bool = True
+    device: str = Field("cpu", max_length=32)
+
+
+class Msg(Frozen):
+    creator: Address
+
+    @classmethod
+    def type_url(cls) -> str:
+        return f"/{PROTO_PACKAGE}.{cls.__name__}"
+
+
+class MsgCreateRun(Msg):
+    config: RunConfig
+
+
+class MsgJoinRun(Msg):
+    run_id: int = Field(ge=1)
+    role: Role
+    endpoint: str = Field(max_length=256, pattern=r"^https?://")
+    stake: int = Field(ge=0)
+
+
+class MsgLeaveRun(Msg):
+    run_id: int = Field(ge=1)
+
+
+class MsgCommitPseudoGradient(Msg):
+    run_id: int = Field(ge=1)
+    outer_step: int = Field(ge=0)
+    base_model_hash: Hex32
+    trajectory_root: Hex32
+    leaf_count: int = Field(ge=2)
+    delta_hash: Hex32
+    final_optimizer_hash: Hex32
+    codec: Codec
+    tokens: int = Field(ge=0)
+    env: EnvFingerprint
+
+
+class SegmentOpening(Frozen):
+    """Both ends of one sampled segment, with the proof that binds them to the trajectory root."""
+
+    segment: int = Field(ge=0)
+    start_leaf: Hex32
+    end_leaf: Hex32
+    proof: list[Hex32] = Field(max_length=64)
+
+
+class MsgRevealContribution(Msg):
+    run_id: int = Field(ge=1)
+    outer_step: int = Field(ge=0)
+    openings: list[SegmentOpening] = Field(max_length=1024)
+
+
+class MsgSubmitVerdict(Msg):
+    run_id: int = Field(ge=1)
+    outer_step: int = Field(ge=0)
+    host: Address
+    reason: Reason
+    evidence_hash: Hex32
+    detail: str = Field("", max_length=256)
+
+    @property
+    def accept(self) -> bool:
+        return self.reason is Reason.ACCEPT
+
+
+class MsgSubmitOuterResult(Msg):
+    run_id: int = Field(ge=1)
+    outer_step: int = Field(ge=0)
+    model_hash: Hex32
+
+
+class Coin(Frozen):
+    denom: Literal["ngonka"] = "ngonka"
+    amount: int = Field(ge=0)
+
+
+class MsgSend(Frozen):
+    """Cosmos bank `MsgSend` (`/cosmos.bank.v1beta1.MsgSend`), in the same typed form."""
+
+    from_address: Address
+    to_address: Address
+    amount: list[Coin] = Field(min_length=1, max_length=4)
+
+    @classmethod
+    def type_url(cls) -> str:
+        return "/cosmos.bank.v1beta1.MsgSend"
+
+    @property
+    def creator(self) -> str:
+        return self.from_address
+
+
+DILOCO_MSGS: tuple[type[Msg], ...] = (
+    MsgCreateRun,
+    MsgJoinRun,
+    MsgLeaveRun,
+    MsgCommitPseudoGradient,
+    MsgRevealContribution,
+    MsgSubmitVerdict,
+    MsgSubmitOuterResult,
+)
+AnyMsg = (
+    MsgCreateRun
+    | MsgJoinRun
+    | MsgLeaveRun
+    | MsgCommitPseudoGradient
+    | MsgRevealContribution
+    | MsgSubmitVerdict
+    | MsgSubmitOuterResult
+    | MsgSend
+)
