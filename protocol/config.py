@@ -70,6 +70,7 @@ class OuterOptim(Frozen):
 class Phases(Frozen):
     """Phase lengths in blocks. An outer step: train/commit → challenge → reveal → verify → finalize."""
 
+    join_blocks: int = Field(5, ge=0, description="blocks after MsgCreateRun before outer step 0 opens")
     train_blocks: int = Field(20, ge=1)
     reveal_blocks: int = Field(10, ge=1)
     verify_blocks: int = Field(20, ge=1)
