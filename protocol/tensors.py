@@ -34,7 +34,7 @@ MAX_NDIM = 16
 DEFAULT_MAX_TENSORS = 1 << 16
 DEFAULT_MAX_BYTES = 1 << 34
 
-_PREAMBLE = struct.Struct("<4sB3xI")
+_PREAMBLE = struct.Struct("<4sB3sI")
 _NAME_LEN = struct.Struct("<H")
 _DTYPE_NDIM = struct.Struct("<BB")
 _U64 = struct.Struct("<Q")
@@ -129,7 +129,7 @@ def _entries(tensors: Mapping[str, torch.Tensor]) -> list[tuple[bytes, int, tupl
 
 
 def _header(entries: list[tuple[bytes, int, tuple[int, ...], np.ndarray]]) -> bytes:
-    parts = [_PREAMBLE.pack(MAGIC, VERSION, len(entries))]
+    parts = [_PREAMBLE.pack(MAGIC, VERSION, bytes(3), len(entries))]
     for raw, code, shape, arr in entries:
         parts.append(_NAME_LEN.pack(len(raw)))
         parts.append(raw)
@@ -206,11 +206,13 @@ def decode_canonical(
     if len(data) > max_bytes:
         raise TensorFormatError(f"{len(data)} bytes exceeds the limit of {max_bytes}")
     r = _Reader(data)
-    magic, version, count = r.unpack(_PREAMBLE, "preamble")
+    magic, version, reserved, count = r.unpack(_PREAMBLE, "preamble")
     if magic != MAGIC:
         raise TensorFormatError(f"bad magic {bytes(magic)!r}")
     if version != VERSION:
         raise TensorFormatError(f"unsupported version {version}")
+    if reserved != bytes(3):
+        raise TensorFormatError("reserved preamble bytes are not zero")
     if count == 0:
         raise TensorFormatError("empty tensor set")
     if count > max_tensors:
@@ -251,8 +253,11 @@ def decode_canonical(
         if total > len(data):
             raise TensorFormatError(f"declared data ({total} bytes so far) exceeds the input size")
         specs.append((name, code, shape, nbytes))
-    if r.pos + total != len(data):
-        raise TensorFormatError(f"data section is {len(data) - r.pos} bytes, header declares {total}")
+    have = len(data) - r.pos
+    if have < total:
+        raise TensorFormatError(f"truncated: data section is {have} bytes, header declares {total}")
+    if have > total:
+        raise TensorFormatError(f"{have - total} trailing bytes after the data section")
     out: dict[str, torch.Tensor] = {}
     for name, code, shape, nbytes in specs:
         tdtype, npdtype = _DTYPES[code]
