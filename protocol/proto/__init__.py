@@ -1,0 +1,1 @@
+"""Generated protobuf classes for `inference.diloco` (regenerate with `make proto`)."""

@@ -1,0 +1,295 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ConfigValue(_message.Message):
+    __slots__ = ("int_value", "float_value", "string_value", "bool_value")
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    int_value: int
+    float_value: float
+    string_value: str
+    bool_value: bool
+    def __init__(self, int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., string_value: _Optional[str] = ..., bool_value: bool = ...) -> None: ...
+
+class ModelSpec(_message.Message):
+    __slots__ = ("factory", "config")
+    class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ConfigValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ConfigValue, _Mapping]] = ...) -> None: ...
+    FACTORY_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    factory: str
+    config: _containers.MessageMap[str, ConfigValue]
+    def __init__(self, factory: _Optional[str] = ..., config: _Optional[_Mapping[str, ConfigValue]] = ...) -> None: ...
+
+class InnerOptim(_message.Message):
+    __slots__ = ("lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps")
+    LR_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    BETA1_FIELD_NUMBER: _ClassVar[int]
+    BETA2_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    GRAD_CLIP_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    lr: float
+    weight_decay: float
+    beta1: float
+    beta2: float
+    eps: float
+    grad_clip: float
+    warmup_steps: int
+    def __init__(self, lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., warmup_steps: _Optional[int] = ...) -> None: ...
+
+class OuterOptim(_message.Message):
+    __slots__ = ("lr", "momentum")
+    LR_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    lr: float
+    momentum: float
+    def __init__(self, lr: _Optional[float] = ..., momentum: _Optional[float] = ...) -> None: ...
+
+class Phases(_message.Message):
+    __slots__ = ("join_blocks", "train_blocks", "reveal_blocks", "verify_blocks", "escalation_blocks", "max_escalations", "result_blocks", "epoch_length", "poc_window")
+    JOIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REVEAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ESCALATION_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ESCALATIONS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    POC_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    join_blocks: int
+    train_blocks: int
+    reveal_blocks: int
+    verify_blocks: int
+    escalation_blocks: int
+    max_escalations: int
+    result_blocks: int
+    epoch_length: int
+    poc_window: int
+    def __init__(self, join_blocks: _Optional[int] = ..., train_blocks: _Optional[int] = ..., reveal_blocks: _Optional[int] = ..., verify_blocks: _Optional[int] = ..., escalation_blocks: _Optional[int] = ..., max_escalations: _Optional[int] = ..., result_blocks: _Optional[int] = ..., epoch_length: _Optional[int] = ..., poc_window: _Optional[int] = ...) -> None: ...
+
+class Stake(_message.Message):
+    __slots__ = ("min_host_stake", "min_verifier_stake", "host_slash_bps", "verifier_slash_bps", "reward_per_outer_step")
+    MIN_HOST_STAKE_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERIFIER_STAKE_FIELD_NUMBER: _ClassVar[int]
+    HOST_SLASH_BPS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_SLASH_BPS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_PER_OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    min_host_stake: int
+    min_verifier_stake: int
+    host_slash_bps: int
+    verifier_slash_bps: int
+    reward_per_outer_step: int
+    def __init__(self, min_host_stake: _Optional[int] = ..., min_verifier_stake: _Optional[int] = ..., host_slash_bps: _Optional[int] = ..., verifier_slash_bps: _Optional[int] = ..., reward_per_outer_step: _Optional[int] = ...) -> None: ...
+
+class RunConfig(_message.Message):
+    __slots__ = ("name", "model", "dataset_manifest_hash", "initial_model_hash", "seed", "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution", "batch_size", "seq_len", "data_shards", "codec", "codec_block_size", "inner", "outer", "phases", "stake", "replay_mode", "tolerance", "threads", "max_outer_steps")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DATASET_MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_LEN_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIERS_PER_CONTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    DATA_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    CODEC_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INNER_FIELD_NUMBER: _ClassVar[int]
+    OUTER_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    STAKE_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_MODE_FIELD_NUMBER: _ClassVar[int]
+    TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: ModelSpec
+    dataset_manifest_hash: str
+    initial_model_hash: str
+    seed: int
+    inner_steps: int
+    segment_len: int
+    sampled_segments: int
+    verifiers_per_contribution: int
+    batch_size: int
+    seq_len: int
+    data_shards: int
+    codec: str
+    codec_block_size: int
+    inner: InnerOptim
+    outer: OuterOptim
+    phases: Phases
+    stake: Stake
+    replay_mode: str
+    tolerance: float
+    threads: int
+    max_outer_steps: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ...) -> None: ...
+
+class EnvFingerprint(_message.Message):
+    __slots__ = ("torch_version", "threads", "deterministic", "device")
+    TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    torch_version: str
+    threads: int
+    deterministic: bool
+    device: str
+    def __init__(self, torch_version: _Optional[str] = ..., threads: _Optional[int] = ..., deterministic: bool = ..., device: _Optional[str] = ...) -> None: ...
+
+class MsgCreateRun(_message.Message):
+    __slots__ = ("creator", "config")
+    CREATOR_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    creator: str
+    config: RunConfig
+    def __init__(self, creator: _Optional[str] = ..., config: _Optional[_Union[RunConfig, _Mapping]] = ...) -> None: ...
+
+class MsgJoinRun(_message.Message):
+    __slots__ = ("creator", "run_id", "role", "endpoint", "stake")
+    CREATOR_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    STAKE_FIELD_NUMBER: _ClassVar[int]
+    creator: str
+    run_id: int
+    role: str
+    endpoint: str
+    stake: int
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., role: _Optional[str] = ..., endpoint: _Optional[str] = ..., stake: _Optional[int] = ...) -> None: ...
+
+class MsgLeaveRun(_message.Message):
+    __slots__ = ("creator", "run_id")
+    CREATOR_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    creator: str
+    run_id: int
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ...) -> None: ...
+
+class MsgCommitPseudoGradient(_message.Message):
+    __slots__ = ("creator", "run_id", "outer_step", "base_model_hash", "trajectory_root", "leaf_count", "delta_hash", "final_optimizer_hash", "codec", "tokens", "env")
+    CREATOR_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_ROOT_FIELD_NUMBER: _ClassVar[int]
+    LEAF_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DELTA_HASH_FIELD_NUMBER: _ClassVar[int]
+    FINAL_OPTIMIZER_HASH_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    creator: str
+    run_id: int
+    outer_step: int
+    base_model_hash: str
+    trajectory_root: str
+    leaf_count: int
+    delta_hash: str
+    final_optimizer_hash: str
+    codec: str
+    tokens: int
+    env: EnvFingerprint
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., base_model_hash: _Optional[str] = ..., trajectory_root: _Optional[str] = ..., leaf_count: _Optional[int] = ..., delta_hash: _Optional[str] = ..., final_optimizer_hash: _Optional[str] = ..., codec: _Optional[str] = ..., tokens: _Optional[int] = ..., env: _Optional[_Union[EnvFingerprint, _Mapping]] = ...) -> None: ...
+
+class SegmentOpening(_message.Message):
+    __slots__ = ("segment", "start_leaf", "end_leaf", "proof")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    START_LEAF_FIELD_NUMBER: _ClassVar[int]
+    END_LEAF_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    segment: int
+    start_leaf: str
+    end_leaf: str
+    proof: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, segment: _Optional[int] = ..., start_leaf: _Optional[str] = ..., end_leaf: _Optional[str] = ..., proof: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MsgRevealContribution(_message.Message):
+    __slots__ = ("creator", "run_id", "outer_step", "openings")
+    CREATOR_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    OPENINGS_FIELD_NUMBER: _ClassVar[int]
+    creator: str
+    run_id: int
+    outer_step: int
+    openings: _containers.RepeatedCompositeFieldContainer[SegmentOpening]
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., openings: _Optional[_Iterable[_Union[SegmentOpening, _Mapping]]] = ...) -> None: ...
+
+class MsgSubmitVerdict(_message.Message):
+    __slots__ = ("creator", "run_id", "outer_step", "host", "reason", "evidence_hash", "detail")
+    CREATOR_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_HASH_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    creator: str
+    run_id: int
+    outer_step: int
+    host: str
+    reason: int
+    evidence_hash: str
+    detail: str
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., host: _Optional[str] = ..., reason: _Optional[int] = ..., evidence_hash: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class MsgSubmitOuterResult(_message.Message):
+    __slots__ = ("creator", "run_id", "outer_step", "model_hash")
+    CREATOR_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    creator: str
+    run_id: int
+    outer_step: int
+    model_hash: str
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
+
+class MsgCreateRunResponse(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: int
+    def __init__(self, run_id: _Optional[int] = ...) -> None: ...
+
+class MsgJoinRunResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MsgLeaveRunResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MsgCommitPseudoGradientResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MsgRevealContributionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MsgSubmitVerdictResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MsgSubmitOuterResultResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
