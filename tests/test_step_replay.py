@@ -1,0 +1,157 @@
+"""THE replayable step: a segment replayed in another process lands on the same hash, bit for bit;
+a skipped step or a swapped batch does not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from protocol.config import ModelSpec, RunConfig
+from trainer.data import Corpus
+from trainer.spec import build_model
+from trainer.step import (
+    StateError,
+    configure_determinism,
+    env_fingerprint,
+    load_training_state,
+    lr_at,
+    make_optimizer,
+    optimizer_hash,
+    train_segment,
+    training_hash,
+    training_state,
+)
+
+HOST = "gonka1" + "q" * 38
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
+SPEC = ModelSpec(factory="trainer.model:small_gpt", config=TINY)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_globals() -> Iterator[None]:
+    """configure_determinism changes process-wide torch settings; give them back to other tests."""
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(det)
+
+
+def tiny_cfg(**kw: object) -> RunConfig:
+    base: dict[str, object] = dict(
+        model=SPEC, dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
+        batch_size=4, seq_len=32, inner_steps=10, segment_len=5, data_shards=2,
+    )  # fmt: skip
+    return RunConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def tiny_corpus() -> Corpus:
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(97, 123, (20_000,), generator=g).to(torch.uint8)
+    return Corpus(text, text[:2000].clone(), "test")
+
+
+def fresh(cfg: RunConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = build_model(cfg.model)
+    return model, make_optimizer(model, cfg.inner)
+
+
+REPLAY = """
+import json, sys, torch
+from safetensors.torch import load_file
+sys.path.insert(0, {root!r})
+from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from trainer.step import configure_determinism, load_training_state, train_segment
+from trainer.step import training_hash, training_state
+configure_determinism(1)
+cfg = tiny_cfg(inner=json.loads({inner!r}))
+model, opt = fresh(cfg)
+load_training_state(model, opt, load_file({path!r}))
+train_segment(model, opt, cfg, tiny_corpus(), HOST, 3, 5, 5)
+print(training_hash(training_state(model, opt)))
+"""
+
+
+def test_segment_replays_bitwise_in_another_process(tmp_path: Path) -> None:
+    configure_determinism(1)
+    cfg = tiny_cfg(inner={"warmup_steps": 4})
+    data = tiny_corpus()
+    model, opt = fresh(cfg)
+    train_segment(model, opt, cfg, data, HOST, 3, 0, 5)
+    start = training_state(model, opt, copy=True)
+    save_file(start, str(tmp_path / "start.safetensors"))
+    train_segment(model, opt, cfg, data, HOST, 3, 5, 5)
+    end_hash = training_hash(training_state(model, opt))
+
+    path = str(tmp_path / "start.safetensors")
+    code = REPLAY.format(root=str(ROOT), inner=cfg.inner.model_dump_json(), path=path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == end_hash
+
+    # cheating variants, replayed in this process from the same start
+    def replay(start_inner: int, n: int, host: str = HOST, outer: int = 3) -> str:
+        m, o = fresh(cfg)
+        load_training_state(m, o, load_file(str(tmp_path / "start.safetensors")))
+        train_segment(m, o, cfg, data, host, outer, start_inner, n)
+        return training_hash(training_state(m, o))
+
+    assert replay(5, 5) == end_hash
+    assert replay(5, 4) != end_hash  # skipped step
+    assert replay(6, 5) != end_hash  # shifted (swapped) batches
+    assert replay(5, 5, outer=4) != end_hash  # batches of another outer step
+
+
+def test_fresh_state_equals_loaded_zero_state() -> None:
+    cfg = tiny_cfg()
+    a_model, a_opt = fresh(cfg)
+    zero = training_state(a_model, a_opt, copy=True)
+    assert float(zero["step"]) == 0 and all(not v.any() for k, v in zero.items() if k.startswith("exp_avg"))
+    b_model, b_opt = fresh(cfg)
+    load_training_state(b_model, b_opt, zero)
+    data = tiny_corpus()
+    train_segment(a_model, a_opt, cfg, data, HOST, 0, 0, 3)
+    train_segment(b_model, b_opt, cfg, data, HOST, 0, 0, 3)
+    sa, sb = training_state(a_model, a_opt), training_state(b_model, b_opt)
+    assert training_hash(sa) == training_hash(sb)
+    assert optimizer_hash(sa) == optimizer_hash(sb)
+    assert float(sa["step"]) == 3
+
+
+def test_micro_batches_change_the_trajectory_only_slightly() -> None:
+    cfg = tiny_cfg()
+    data = tiny_corpus()
+    (m1, o1), (m2, o2) = fresh(cfg), fresh(cfg)
+    l1 = train_segment(m1, o1, cfg, data, HOST, 0, 0, 3)
+    l2 = train_segment(m2, o2, cfg, data, HOST, 0, 0, 3, micro_batches=2)
+    assert l1[0] == pytest.approx(l2[0], rel=1e-5)
+    p1, p2 = dict(m1.named_parameters()), dict(m2.named_parameters())
+    assert all(torch.allclose(p1[k], p2[k], atol=1e-4) for k in p1)
+    with pytest.raises(ValueError, match="equal slices"):
+        train_segment(m1, o1, cfg, data, HOST, 0, 0, 1, micro_batches=3)
+
+
+def test_warmup_and_bad_states() -> None:
+    cfg = tiny_cfg(inner={"warmup_steps": 10})
+    assert lr_at(cfg.inner, 0) == pytest.approx(cfg.inner.lr / 10)
+    assert lr_at(cfg.inner, 9) == cfg.inner.lr == lr_at(cfg.inner, 500)
+    model, opt = fresh(cfg)
+    state = training_state(model, opt, copy=True)
+    with pytest.raises(StateError, match="missing"):
+        load_training_state(model, opt, {k: v for k, v in state.items() if k != "step"})
+    bad = dict(state)
+    bad["param/wte.weight"] = torch.zeros(3, 3)
+    with pytest.raises(StateError, match="wte"):
+        load_training_state(model, opt, bad)
+    with pytest.raises(StateError, match="step"):
+        load_training_state(model, opt, {**state, "step": torch.tensor(float("nan"))})
+    fp = env_fingerprint(1)
+    assert fp.threads == 1 and fp.torch_version == torch.__version__
+    assert json.loads(fp.model_dump_json())["deterministic"] is True

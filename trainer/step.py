@@ -1,0 +1,225 @@
+"""THE replayable step: the one code path a host trains with and a verifier replays with.
+
+A segment is a pure function of (training state, run config, data, host, outer step, inner
+steps, number of gradient slices) under a fixed environment (torch version, thread count,
+deterministic algorithms). There is deliberately no second implementation anywhere.
+
+Data-parallel hosts (`trainer.ddp`) plug in a `SliceExchange`: each rank computes the gradient
+of its slice of the PRF batch and the slices are gathered and summed in slice order, exactly as
+a single process with `micro_batches = world size` does it, so a DDP trajectory replays bitwise
+in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from protocol.config import InnerOptim, RunConfig
+from protocol.messages import EnvFingerprint
+from protocol.tensors import StateKind, tensor_hash
+from trainer.data import Corpus, batch
+from trainer.model import lm_loss
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+State = dict[str, Tensor]
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+class StateError(ValueError):
+    """A training state does not fit this model (missing/extra names, shapes, dtypes)."""
+
+
+def configure_determinism(threads: int) -> None:
+    """Pin what bitwise replay depends on; part of the committed environment fingerprint."""
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+
+
+def env_fingerprint(threads: int | None = None) -> EnvFingerprint:
+    return EnvFingerprint(
+        torch_version=torch.__version__,
+        threads=threads if threads is not None else torch.get_num_threads(),
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+        device="cpu",
+    )
+
+
+def make_optimizer(model: nn.Module, inner: InnerOptim) -> torch.optim.AdamW:
+    """AdamW (decay on matrices only, as nanoGPT) with its state created up front as zeros.
+
+    PyTorch creates moments lazily on the first step; creating them here means a fresh optimizer
+    and one loaded from an all-zero state are the same object, bit for bit, for hashing and replay.
+    """
+    params = list(model.parameters())
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": inner.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(
+        [g for g in groups if g["params"]],
+        lr=inner.lr,
+        betas=(inner.beta1, inner.beta2),
+        eps=inner.eps,
+        foreach=True,
+    )
+    for p in params:
+        opt.state[p] = {
+            "step": torch.tensor(0.0, dtype=torch.float32),
+            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+        }
+    return opt
+
+
+def training_state(model: nn.Module, opt: torch.optim.Optimizer, *, copy: bool = False) -> State:
+    """The flat state of DEVELOPERS.md: `param/<n>`, `exp_avg/<n>`, `exp_avg_sq/<n>`, `step`.
+
+    Without `copy` the tensors alias the live ones: hash them before the next step.
+    """
+    out: State = {}
+    step: Tensor | None = None
+    for name, p in model.named_parameters():
+        st = opt.state[p]
+        out[f"param/{name}"] = p.detach()
+        for m in MOMENTS:
+            out[f"{m}/{name}"] = st[m]
+        step = st["step"] if step is None else step
+    if step is None:
+        raise StateError("model has no parameters")
+    out["step"] = step
+    if copy:
+        out = {k: v.detach().clone() for k, v in out.items()}
+    return out
+
+
+def optimizer_state(state: Mapping[str, Tensor]) -> State:
+    """The part of a training state a host carries to its next outer step (moments + step)."""
+    return {k: v for k, v in state.items() if not k.startswith("param/")}
+
+
+def training_hash(state: Mapping[str, Tensor]) -> str:
+    """A trajectory leaf (hex)."""
+    return tensor_hash(state, StateKind.TRAINING)
+
+
+def optimizer_hash(state: Mapping[str, Tensor]) -> str:
+    return tensor_hash(optimizer_state(state), StateKind.OPTIMIZER)
+
+
+def load_training_state(model: nn.Module, opt: torch.optim.Optimizer, state: Mapping[str, Tensor]) -> None:
+    """Copy a (verified) state into a model and its optimizer, refusing anything that does not fit."""
+    names = [n for n, _ in model.named_parameters()]
+    expected = {"step"} | {f"{k}/{n}" for n in names for k in ("param", *MOMENTS)}
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise StateError(f"state names do not match the model: missing {missing[:3]}, extra {extra[:3]}")
+    step = state["step"]
+    if step.dim() != 0 or step.dtype != torch.float32 or not bool(torch.isfinite(step)) or float(step) < 0:
+        raise StateError("state 'step' must be a finite non-negative float32 scalar")
+    for name, p in model.named_parameters():
+        for k in ("param", *MOMENTS):
+            t = state[f"{k}/{name}"]
+            if t.shape != p.shape or t.dtype != p.dtype:
+                raise StateError(f"{k}/{name}: {t.dtype}{list(t.shape)} != {p.dtype}{list(p.shape)}")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(state[f"param/{name}"])
+            opt.state[p] = {
+                "step": step.detach().clone(),
+                "exp_avg": state[f"exp_avg/{name}"].detach().clone(),
+                "exp_avg_sq": state[f"exp_avg_sq/{name}"].detach().clone(),
+            }
+
+
+def lr_at(inner: InnerOptim, step: int) -> float:
+    """Linear warm-up over the host's global step counter (it persists across outer steps)."""
+    if inner.warmup_steps <= 0:
+        return inner.lr
+    return inner.lr * min(1.0, (step + 1) / inner.warmup_steps)
+
+
+class SliceExchange(Protocol):
+    """How the gradient slices of one batch meet: in-process, or across DDP ranks."""
+
+    rank: int
+    world_size: int
+
+    def gather(self, flat: Tensor) -> list[Tensor]:
+        """Every rank's `flat` tensor, in rank order."""
+        ...
+
+
+def _flat_grad(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor) -> Tensor:
+    """Gradient of one slice as one flat vector, with the slice loss appended at the end."""
+    params = list(model.parameters())
+    loss = loss_fn(model(x), y)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    parts = [
+        (g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params, strict=True)
+    ]
+    return torch.cat([*parts, loss.detach().reshape(1)])
+
+
+def _compute_grads(
+    model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, slices: int, exchange: SliceExchange | None
+) -> float:
+    """Set `.grad` and return the loss. Slices are summed in slice order, then divided once."""
+    if slices == 1 and exchange is None:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return float(loss.detach())
+    if x.shape[0] % slices:
+        raise ValueError(f"batch of {x.shape[0]} does not split into {slices} equal slices")
+    xs, ys = x.chunk(slices), y.chunk(slices)
+    if exchange is None:
+        flats = [_flat_grad(model, loss_fn, xs[i], ys[i]) for i in range(slices)]
+    else:
+        flats = exchange.gather(_flat_grad(model, loss_fn, xs[exchange.rank], ys[exchange.rank]))
+    total = flats[0].clone()
+    for f in flats[1:]:
+        total += f
+    total /= slices
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        p.grad = total[offset : offset + n].view_as(p).clone()
+        offset += n
+    return float(total[-1])
+
+
+def train_segment(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    cfg: RunConfig,
+    data: Corpus,
+    host: str,
+    outer_step: int,
+    start_inner: int,
+    n_steps: int,
+    micro_batches: int = 1,
+    *,
+    loss_fn: LossFn = lm_loss,
+    exchange: SliceExchange | None = None,
+) -> list[float]:
+    """Run inner steps `start_inner .. start_inner + n_steps - 1`; returns their losses."""
+    if micro_batches < 1 or n_steps < 0 or start_inner < 0:
+        raise ValueError("micro_batches must be >= 1 and steps non-negative")
+    if exchange is not None and exchange.world_size != micro_batches:
+        raise ValueError("micro_batches must equal the DDP world size")
+    model.train()
+    params = list(model.parameters())
+    losses = []
+    for i in range(start_inner, start_inner + n_steps):
+        x, y = batch(cfg, data, host, outer_step, i)
+        lr = lr_at(cfg.inner, int(opt.state[params[0]]["step"]))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        losses.append(_compute_grads(model, loss_fn, x, y, micro_batches, exchange))
+        torch.nn.utils.clip_grad_norm_(params, cfg.inner.grad_clip)
+        opt.step()
+    return losses
