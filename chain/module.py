@@ -1,0 +1,659 @@
+"""The `inference.diloco` module as an executable specification (DESIGN §1, §4).
+
+Each `process_*(state, msg, ctx)` first runs every validity check, each one explicit and raising
+its own named `ChainError`, and only then writes: a failing message changes nothing, which the
+app relies on to discard failed txs without snapshots. `begin_block` moves outer steps through
+their phases and derives challenges; `end_block` finalizes contributions and outer results.
+Deterministic: no wall clock, no randomness but block hashes through `protocol.prf`, every
+iteration over a collection in sorted order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chain import errors
+from chain.params import (
+    BPS_DENOMINATOR,
+    CHALLENGE_DELAY,
+    MODULE_ACCOUNT,
+    REWARD_POOL_ACCOUNT,
+    SLASHED_OUTCOMES,
+    Outcome,
+    Phase,
+    RunStatus,
+)
+from chain.state import (
+    ChainState,
+    Contribution,
+    Opening,
+    OuterStep,
+    Participant,
+    Run,
+    Verdict,
+    balance_of,
+    get_or_create_account,
+    transfer,
+)
+from protocol import merkle, prf
+from protocol.config import Phases, RunConfig
+from protocol.messages import (
+    MsgCommitPseudoGradient,
+    MsgCreateRun,
+    MsgJoinRun,
+    MsgLeaveRun,
+    MsgRevealContribution,
+    MsgSend,
+    MsgSubmitOuterResult,
+    MsgSubmitVerdict,
+    Reason,
+    Role,
+)
+
+
+@dataclass(frozen=True)
+class BlockContext:
+    height: int
+    time: float
+    prev_block_hash: str  # hex; seeds the challenge at commit_deadline + 2
+
+
+@dataclass(frozen=True)
+class TxContext:
+    height: int
+    time: float
+    tx_hash: str
+    signer: str  # bech32 address whose signature the app verified
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+def _event(kind: str, **attributes: Any) -> Event:
+    return Event(kind, {k: str(v) for k, v in attributes.items()})
+
+
+# ---------------------------------------------------------------- helpers (read only)
+
+_CONFIGS: dict[str, RunConfig] = {}
+
+
+def run_config(run: Run) -> RunConfig:
+    """The run's typed config (cached by its hash: the stored dict never changes)."""
+    config = _CONFIGS.get(run.config_hash)
+    if config is None:
+        config = _CONFIGS[run.config_hash] = RunConfig.model_validate(run.config)
+    return config
+
+
+def in_poc_window(height: int, phases: Phases) -> bool:
+    """The first `poc_window` heights of every epoch are reserved for Proof-of-Compute."""
+    return height % phases.epoch_length < phases.poc_window
+
+
+def training_start(open_height: int, phases: Phases) -> int:
+    """The first height >= open_height outside a PoC window."""
+    if in_poc_window(open_height, phases):
+        return open_height - open_height % phases.epoch_length + phases.poc_window
+    return open_height
+
+
+def new_outer_step(index: int, open_height: int, config: RunConfig, base_model_hash: str) -> OuterStep:
+    phases = config.phases
+    start = training_start(open_height, phases)
+    commit_deadline = start + phases.train_blocks
+    reveal_deadline = commit_deadline + 1 + phases.reveal_blocks
+    verify_deadline = reveal_deadline + phases.verify_blocks
+    return OuterStep(
+        index=index,
+        open_height=open_height,
+        train_start=start,
+        commit_deadline=commit_deadline,
+        reveal_deadline=reveal_deadline,
+        verify_deadline=verify_deadline,
+        base_model_hash=base_model_hash,
+        round_deadline=verify_deadline,
+    )
+
+
+def active_verifiers(run: Run) -> list[str]:
+    """Sorted bonded verifiers not on their way out: the pool challenges draw from."""
+    return sorted(a for a, p in run.participants.items() if p.role == Role.VERIFIER.value and not p.leaving)
+
+
+def _require_run(state: ChainState, run_id: int) -> Run:
+    run = state.runs.get(run_id)
+    if run is None:
+        raise errors.ErrUnknownRun(f"run {run_id}")
+    return run
+
+
+def _require_current_step(run: Run, outer_step: int) -> OuterStep:
+    if outer_step != run.current_step:
+        raise errors.ErrWrongOuterStep(f"outer step {outer_step}, current is {run.current_step}")
+    return run.steps[run.current_step]
+
+
+def _is_pending(run: Run, address: str) -> bool:
+    """Does an unfinalized outer step still need this participant (its commit or its verdicts)?"""
+    if run.status != RunStatus.ACTIVE:
+        return False
+    step = run.steps[run.current_step]
+    if step.phase in (Phase.PENDING, Phase.AWAITING_RESULT, Phase.DONE):
+        return False
+    return any(address == c.host or address in c.verifier_rounds for c in step.contributions.values())
+
+
+# ---------------------------------------------------------------- bank
+
+
+def process_send(state: ChainState, msg: MsgSend, ctx: TxContext) -> list[Event]:
+    amount = sum(coin.amount for coin in msg.amount)
+    if amount <= 0:
+        raise errors.ErrInvalidAmount("amount must be positive")
+    if balance_of(state, msg.from_address) < amount:
+        raise errors.ErrInsufficientFunds(f"balance {balance_of(state, msg.from_address)} < {amount}")
+
+    transfer(state, msg.from_address, msg.to_address, amount)
+    return [_event("transfer", sender=msg.from_address, recipient=msg.to_address, amount=amount)]
+
+
+# ---------------------------------------------------------------- runs and participants
+
+
+def process_create_run(state: ChainState, msg: MsgCreateRun, ctx: TxContext) -> list[Event]:
+    if msg.creator != state.authority:
+        raise errors.ErrUnauthorized(f"{msg.creator} is not the authority")
+    active = sum(1 for r in state.runs.values() if r.status == RunStatus.ACTIVE)
+    if active >= state.module_params().max_active_runs:
+        raise errors.ErrTooManyRuns(f"{active} active runs")
+
+    config = msg.config
+    run = Run(
+        id=state.next_run_id,
+        creator=msg.creator,
+        config=config.model_dump(mode="json"),
+        config_hash=config.config_hash(),
+        created_height=ctx.height,
+        global_model_hash=config.initial_model_hash,
+    )
+    run.steps[0] = new_outer_step(0, ctx.height + config.phases.join_blocks, config, run.global_model_hash)
+    state.runs[run.id] = run
+    state.next_run_id += 1
+    step = run.steps[0]
+    return [
+        _event("create_run", run_id=run.id, config_hash=run.config_hash, creator=msg.creator),
+        _event("outer_step_opened", run_id=run.id, outer_step=0, train_start=step.train_start),
+    ]
+
+
+def process_join_run(state: ChainState, msg: MsgJoinRun, ctx: TxContext) -> list[Event]:
+    run = _require_run(state, msg.run_id)
+    if run.status != RunStatus.ACTIVE:
+        raise errors.ErrRunFinished(f"run {run.id}")
+    existing = run.participants.get(msg.creator)
+    if existing is not None and existing.role == msg.role.value:
+        raise errors.ErrAlreadyJoined(f"already a {existing.role}")
+    if existing is not None:
+        raise errors.ErrRoleConflict(f"already a {existing.role}")
+    stake_params = run_config(run).stake
+    minimum = stake_params.min_host_stake if msg.role is Role.HOST else stake_params.min_verifier_stake
+    if msg.stake < minimum:
+        raise errors.ErrStakeTooLow(f"{msg.stake} < {minimum}")
+    if len(run.participants) >= state.module_params().max_participants_per_run:
+        raise errors.ErrRunFull(f"{len(run.participants)} participants")
+    if balance_of(state, msg.creator) < msg.stake:
+        raise errors.ErrInsufficientFunds(f"balance {balance_of(state, msg.creator)} < stake {msg.stake}")
+
+    get_or_create_account(state, msg.creator).balance -= msg.stake
+    run.participants[msg.creator] = Participant(
+        address=msg.creator,
+        role=msg.role.value,
+        stake=msg.stake,
+        endpoint=msg.endpoint,
+        joined_height=ctx.height,
+    )
+    return [_event("join_run", run_id=run.id, address=msg.creator, role=msg.role.value, stake=msg.stake)]
+
+
+def _unbond(state: ChainState, run: Run, address: str) -> Event:
+    participant = run.participants.pop(address)
+    get_or_create_account(state, address).balance += participant.stake
+    return _event("unbond", run_id=run.id, address=address, amount=participant.stake)
+
+
+def process_leave_run(state: ChainState, msg: MsgLeaveRun, ctx: TxContext) -> list[Event]:
+    run = _require_run(state, msg.run_id)
+    participant = run.participants.get(msg.creator)
+    if participant is None:
+        raise errors.ErrNotParticipant(f"{msg.creator} in run {run.id}")
+    if participant.leaving:
+        raise errors.ErrAlreadyLeaving(f"{msg.creator} unbonds when outer step {run.current_step} finalizes")
+
+    if _is_pending(run, msg.creator):
+        participant.leaving = True
+        return [_event("leave_pending", run_id=run.id, address=msg.creator, outer_step=run.current_step)]
+    return [_unbond(state, run, msg.creator)]
+
+
+# ---------------------------------------------------------------- commit
+
+
+def _commit_fields(msg: MsgCommitPseudoGradient) -> dict[str, Any]:
+    return {
+        "base_model_hash": msg.base_model_hash,
+        "trajectory_root": msg.trajectory_root,
+        "leaf_count": msg.leaf_count,
+        "delta_hash": msg.delta_hash,
+        "final_optimizer_hash": msg.final_optimizer_hash,
+        "codec": msg.codec.value,
+        "tokens": msg.tokens,
+        "env": msg.env.model_dump(mode="json"),
+    }
+
+
+def _same_commit(c: Contribution, fields: dict[str, Any]) -> bool:
+    return all(getattr(c, name) == value for name, value in fields.items())
+
+
+def process_commit(state: ChainState, msg: MsgCommitPseudoGradient, ctx: TxContext) -> list[Event]:
+    run = _require_run(state, msg.run_id)
+    if run.status != RunStatus.ACTIVE:
+        raise errors.ErrRunFinished(f"run {run.id}")
+    step = _require_current_step(run, msg.outer_step)
+    if ctx.height > step.commit_deadline:
+        raise errors.ErrLateCommit(f"height {ctx.height} > commit deadline {step.commit_deadline}")
+    if step.phase != Phase.TRAIN:
+        raise errors.ErrNotTrainPhase(f"training starts at {step.train_start}")
+    participant = run.participants.get(msg.creator)
+    if participant is None or participant.role != Role.HOST.value or participant.leaving:
+        raise errors.ErrNotHost(f"{msg.creator} in run {run.id}")
+    if msg.base_model_hash != run.global_model_hash:
+        raise errors.ErrBaseModelMismatch(f"global model hash is {run.global_model_hash}")
+    config = run_config(run)
+    if msg.codec is not config.codec:
+        raise errors.ErrCodecMismatch(f"{msg.codec.value} != {config.codec.value}")
+    if msg.leaf_count != config.n_segments + 1:
+        raise errors.ErrLeafCount(f"{msg.leaf_count} != {config.n_segments + 1}")
+    if msg.tokens != config.tokens_per_outer_step:
+        raise errors.ErrBadTokens(f"{msg.tokens} != {config.tokens_per_outer_step}")
+    if msg.env.threads != config.threads:
+        raise errors.ErrEnvMismatch(f"threads {msg.env.threads} != {config.threads}")
+    fields = _commit_fields(msg)
+    existing = step.contributions.get(msg.creator)
+    if existing is not None and (_same_commit(existing, fields) or existing.equivocation_tx is not None):
+        raise errors.ErrDuplicateCommit(f"{msg.creator} already committed at height {existing.height}")
+
+    if existing is not None:  # a second, different commitment: evidence of equivocation
+        existing.equivocation_tx = ctx.tx_hash
+        return [
+            _event("equivocation", run_id=run.id, outer_step=step.index, host=msg.creator, tx=ctx.tx_hash)
+        ]
+    step.contributions[msg.creator] = Contribution(
+        host=msg.creator, height=ctx.height, tx_hash=ctx.tx_hash, **fields
+    )
+    return [
+        _event("commit", run_id=run.id, outer_step=step.index, host=msg.creator, delta_hash=msg.delta_hash)
+    ]
+
+
+# ---------------------------------------------------------------- reveal
+
+
+def process_reveal(state: ChainState, msg: MsgRevealContribution, ctx: TxContext) -> list[Event]:
+    run = _require_run(state, msg.run_id)
+    step = _require_current_step(run, msg.outer_step)
+    contribution = step.contributions.get(msg.creator)
+    if contribution is None:
+        raise errors.ErrNoCommitment(f"{msg.creator} in outer step {step.index}")
+    if step.challenge_seed is None:
+        raise errors.ErrNotRevealPhase(f"challenge at height {step.commit_deadline + CHALLENGE_DELAY}")
+    if ctx.height > step.reveal_deadline:
+        raise errors.ErrLateReveal(f"height {ctx.height} > reveal deadline {step.reveal_deadline}")
+    if contribution.reveal_height is not None:
+        raise errors.ErrAlreadyRevealed(f"at height {contribution.reveal_height}")
+    segments = [o.segment for o in msg.openings]
+    if segments != contribution.sampled_segments:
+        raise errors.ErrWrongOpenings(f"opened {segments}, sampled {contribution.sampled_segments}")
+    root = bytes.fromhex(contribution.trajectory_root)
+    for o in msg.openings:
+        proof = [bytes.fromhex(p) for p in o.proof]
+        left, right = bytes.fromhex(o.start_leaf), bytes.fromhex(o.end_leaf)
+        if not merkle.verify_pair(left, right, o.segment, contribution.leaf_count, proof, root):
+            raise errors.ErrBadProof(f"segment {o.segment}")
+
+    contribution.reveal_height = ctx.height
+    contribution.openings = [Opening(o.segment, o.start_leaf, o.end_leaf) for o in msg.openings]
+    return [_event("reveal", run_id=run.id, outer_step=step.index, host=msg.creator)]
+
+
+# ---------------------------------------------------------------- verdict
+
+_VERDICT_PHASES = (Phase.REVEAL, Phase.VERIFY, Phase.ESCALATION)
+
+
+def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) -> list[Event]:
+    run = _require_run(state, msg.run_id)
+    step = _require_current_step(run, msg.outer_step)
+    if step.phase in (Phase.PENDING, Phase.TRAIN, Phase.CHALLENGE):
+        raise errors.ErrNotVerdictPhase(f"phase {step.phase}")
+    if step.phase not in _VERDICT_PHASES or ctx.height > step.round_deadline:
+        raise errors.ErrLateVerdict(f"verdicts closed at height {step.round_deadline}")
+    contribution = step.contributions.get(msg.host)
+    if contribution is None:
+        raise errors.ErrNoCommitment(f"{msg.host} in outer step {step.index}")
+    if contribution.outcome is not None:
+        raise errors.ErrAlreadyDecided(f"{msg.host}: {contribution.outcome}")
+    if msg.creator not in contribution.verifier_rounds:
+        raise errors.ErrNotAssignedVerifier(f"{msg.creator} for {msg.host}")
+    if msg.creator in contribution.verdicts:
+        raise errors.ErrDuplicateVerdict(f"{msg.creator} for {msg.host}")
+
+    contribution.verdicts[msg.creator] = Verdict(
+        verifier=msg.creator,
+        reason=int(msg.reason),
+        evidence_hash=msg.evidence_hash,
+        detail=msg.detail,
+        height=ctx.height,
+        round=step.round,
+    )
+    return [
+        _event(
+            "verdict",
+            run_id=run.id,
+            outer_step=step.index,
+            host=msg.host,
+            verifier=msg.creator,
+            reason=msg.reason.name,
+        )
+    ]
+
+
+# ---------------------------------------------------------------- outer result
+
+
+def _open_next_step(run: Run, step: OuterStep, open_height: int) -> list[Event]:
+    """Open outer step n+1 on the recorded global hash, or finish the run at max_outer_steps."""
+    config = run_config(run)
+    if config.max_outer_steps and step.index + 1 >= config.max_outer_steps:
+        run.status = RunStatus.FINISHED
+        return [_event("run_finished", run_id=run.id, outer_steps=step.index + 1)]
+    nxt = new_outer_step(step.index + 1, open_height, config, run.global_model_hash)
+    run.steps[nxt.index] = nxt
+    run.current_step = nxt.index
+    return [_event("outer_step_opened", run_id=run.id, outer_step=nxt.index, train_start=nxt.train_start)]
+
+
+def _adopt_result(run: Run, step: OuterStep, model_hash: str, height: int) -> list[Event]:
+    step.result_hash = model_hash
+    step.phase = Phase.DONE
+    step.done_height = height
+    run.global_model_hash = model_hash
+    events = [_event("global_model", run_id=run.id, outer_step=step.index, model_hash=model_hash)]
+    return events + _open_next_step(run, step, height + 1)
+
+
+def process_outer_result(state: ChainState, msg: MsgSubmitOuterResult, ctx: TxContext) -> list[Event]:
+    run = _require_run(state, msg.run_id)
+    step = _require_current_step(run, msg.outer_step)
+    if step.phase != Phase.AWAITING_RESULT:
+        raise errors.ErrNotResultPhase(f"phase {step.phase}")
+    if msg.creator not in step.accepted:
+        raise errors.ErrNotAcceptedHost(f"{msg.creator} in outer step {step.index}")
+    if msg.creator in step.result_votes:
+        raise errors.ErrDuplicateOuterResult(f"{msg.creator} reported {step.result_votes[msg.creator]}")
+
+    step.result_votes[msg.creator] = msg.model_hash
+    events = [_event("outer_result", run_id=run.id, outer_step=step.index, host=msg.creator)]
+    votes = sum(1 for h in step.result_votes.values() if h == msg.model_hash)
+    if 2 * votes > len(step.accepted):
+        events += _adopt_result(run, step, msg.model_hash, ctx.height)
+    return events
+
+
+# ---------------------------------------------------------------- dispatch
+
+Handler = Callable[[ChainState, Any, TxContext], list[Event]]
+HANDLERS: dict[type, Handler] = {
+    MsgCreateRun: process_create_run,
+    MsgJoinRun: process_join_run,
+    MsgLeaveRun: process_leave_run,
+    MsgCommitPseudoGradient: process_commit,
+    MsgRevealContribution: process_reveal,
+    MsgSubmitVerdict: process_verdict,
+    MsgSubmitOuterResult: process_outer_result,
+    MsgSend: process_send,
+}
+
+
+def process_msg(state: ChainState, msg: Any, ctx: TxContext) -> list[Event]:
+    """Run one message; on `ChainError` the state is exactly as before."""
+    handler = HANDLERS.get(type(msg))
+    if handler is None:
+        raise errors.ErrUnknownMessage(type(msg).__name__)
+    if msg.creator != ctx.signer:
+        raise errors.ErrSignerMismatch(f"creator {msg.creator}, signer {ctx.signer}")
+    return handler(state, msg, ctx)
+
+
+# ---------------------------------------------------------------- begin block
+
+
+def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int) -> list[Event]:
+    config = run_config(run)
+    verifiers = active_verifiers(run)
+    step.challenge_seed = seed
+    step.challenge_height = height
+    events = []
+    for host in sorted(step.contributions):
+        c = step.contributions[host]
+        c.sampled_segments = prf.sample_segments(seed, host, config.n_segments, config.sampled_segments)
+        c.verifiers = prf.assign_verifiers(seed, host, verifiers, config.verifiers_per_contribution, 0)
+        c.verifier_rounds = dict.fromkeys(c.verifiers, 0)
+        events.append(
+            _event(
+                "challenge",
+                run_id=run.id,
+                outer_step=step.index,
+                host=host,
+                segments=",".join(map(str, c.sampled_segments)),
+                verifiers=",".join(c.verifiers),
+            )
+        )
+    return events
+
+
+def begin_block(state: ChainState, ctx: BlockContext) -> list[Event]:
+    """Advance each active run's current outer step through the phases its deadlines imply."""
+    state.height = ctx.height
+    events: list[Event] = []
+    h = ctx.height
+    for run_id in sorted(state.runs):
+        run = state.runs[run_id]
+        if run.status != RunStatus.ACTIVE:
+            continue
+        step = run.steps[run.current_step]
+        if step.phase == Phase.PENDING and h >= step.train_start:
+            step.phase = Phase.TRAIN
+            events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
+        if step.phase == Phase.TRAIN and h > step.commit_deadline:
+            step.phase = Phase.CHALLENGE
+            events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
+        if step.phase == Phase.CHALLENGE and h >= step.commit_deadline + CHALLENGE_DELAY:
+            step.phase = Phase.REVEAL
+            events += _derive_challenge(run, step, ctx.prev_block_hash, h)
+            events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
+        if step.phase == Phase.REVEAL and h > step.reveal_deadline:
+            step.phase = Phase.VERIFY
+            events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
+    return events
+
+
+# ---------------------------------------------------------------- end block: finalization
+
+
+def _tally(c: Contribution) -> tuple[int, int]:
+    accepts = sum(1 for v in c.verdicts.values() if v.reason == Reason.ACCEPT)
+    return accepts, len(c.verdicts) - accepts
+
+
+def _round_outcome(c: Contribution, final_round: bool) -> str | None:
+    """The outcome at a round deadline, or None to escalate."""
+    if c.reveal_height is None:
+        return Outcome.MISSING_REVEAL
+    if c.equivocation_tx is not None:
+        return Outcome.EQUIVOCATED
+    accepts, rejects = _tally(c)
+    if 2 * accepts > len(c.verifiers):
+        return Outcome.ACCEPTED
+    if 2 * rejects > len(c.verifiers):
+        return Outcome.REJECTED
+    if not final_round:
+        return None
+    if accepts > rejects:
+        return Outcome.ACCEPTED
+    if rejects > accepts:
+        return Outcome.REJECTED
+    return Outcome.UNVERIFIED  # no verdicts, or a tie: nobody is slashed
+
+
+def _slash(state: ChainState, run: Run, address: str, bps: int) -> int:
+    participant = run.participants.get(address)
+    if participant is None:
+        return 0
+    amount = participant.stake * bps // BPS_DENOMINATOR
+    participant.stake -= amount
+    get_or_create_account(state, MODULE_ACCOUNT).balance += amount
+    return amount
+
+
+def _contradicts(verdict: Verdict, outcome: str) -> bool:
+    if outcome == Outcome.ACCEPTED:
+        return verdict.reason != Reason.ACCEPT
+    return outcome in SLASHED_OUTCOMES and verdict.reason == Reason.ACCEPT
+
+
+def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
+    """Slash, reward, record the accepted set and each host's optimizer hash, release leavers."""
+    stake = run_config(run).stake
+    events: list[Event] = []
+    for host in sorted(step.contributions):
+        c = step.contributions[host]
+        assert c.outcome is not None
+        if c.outcome in SLASHED_OUTCOMES:
+            c.slashed = _slash(state, run, host, stake.host_slash_bps)
+        for verifier in sorted(c.verdicts):
+            if _contradicts(c.verdicts[verifier], c.outcome):
+                amount = _slash(state, run, verifier, stake.verifier_slash_bps)
+                events.append(
+                    _event("slash_verifier", run_id=run.id, verifier=verifier, host=host, amount=amount)
+                )
+    step.accepted = sorted(h for h, c in step.contributions.items() if c.outcome == Outcome.ACCEPTED)
+    total_tokens = sum(step.contributions[h].tokens for h in step.accepted)
+    budget = min(stake.reward_per_outer_step, balance_of(state, REWARD_POOL_ACCOUNT))
+    for host in step.accepted:
+        c = step.contributions[host]
+        c.reward = budget * c.tokens // total_tokens if total_tokens else 0
+        transfer(state, REWARD_POOL_ACCOUNT, host, c.reward)
+    for host in sorted(step.contributions):
+        c = step.contributions[host]
+        if c.outcome == Outcome.ACCEPTED:
+            run.prev_optimizer[host] = c.final_optimizer_hash
+        else:  # an unverified state never chains on: the host restarts from a fresh optimizer
+            run.prev_optimizer.pop(host, None)
+        events.append(
+            _event(
+                "contribution_finalized",
+                run_id=run.id,
+                outer_step=step.index,
+                host=host,
+                outcome=c.outcome,
+                reward=c.reward,
+                slashed=c.slashed,
+            )
+        )
+    for address in sorted(run.participants):
+        if run.participants[address].leaving:
+            events.append(_unbond(state, run, address))
+    step.finalized_height = height
+    events.append(
+        _event("outer_step_finalized", run_id=run.id, outer_step=step.index, accepted=",".join(step.accepted))
+    )
+    if not step.accepted:  # nothing to aggregate: the global model stays, the next step opens at once
+        step.phase = Phase.DONE
+        step.done_height = height
+        return events + _open_next_step(run, step, height + 1)
+    step.phase = Phase.AWAITING_RESULT
+    step.result_deadline = height + run_config(run).phases.result_blocks
+    return events
+
+
+def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
+    config = run_config(run)
+    final_round = step.round >= config.phases.max_escalations
+    undecided = []
+    for host in sorted(step.contributions):
+        c = step.contributions[host]
+        if c.outcome is None:
+            c.outcome = _round_outcome(c, final_round)
+            if c.outcome is None:
+                undecided.append(c)
+    if not undecided:
+        return _finalize_step(state, run, step, height)
+
+    step.round += 1
+    step.round_deadline = height + config.phases.escalation_blocks
+    step.phase = Phase.ESCALATION
+    verifiers = active_verifiers(run)
+    events = []
+    assert step.challenge_seed is not None
+    for c in undecided:
+        drawn = prf.assign_verifiers(
+            step.challenge_seed, c.host, verifiers, config.verifiers_per_contribution, step.round
+        )
+        new = [v for v in drawn if v not in c.verifier_rounds]
+        c.verifiers += new
+        c.verifier_rounds.update(dict.fromkeys(new, step.round))
+        events.append(
+            _event(
+                "escalation",
+                run_id=run.id,
+                outer_step=step.index,
+                host=c.host,
+                round=step.round,
+                verifiers=",".join(new),
+            )
+        )
+    return events
+
+
+def _plurality(votes: dict[str, str]) -> str:
+    """Most votes; ties broken by the smallest hash, so every node picks the same one."""
+    counts = Counter(votes.values())
+    return min(counts, key=lambda h: (-counts[h], h))
+
+
+def end_block(state: ChainState, ctx: BlockContext) -> list[Event]:
+    """Close verdict rounds that end at this height and adopt overdue outer results."""
+    events: list[Event] = []
+    for run_id in sorted(state.runs):
+        run = state.runs[run_id]
+        if run.status != RunStatus.ACTIVE:
+            continue
+        step = run.steps[run.current_step]
+        if step.phase in (Phase.VERIFY, Phase.ESCALATION) and ctx.height >= step.round_deadline:
+            events += _end_round(state, run, step, ctx.height)
+        if (
+            step.phase == Phase.AWAITING_RESULT
+            and step.result_deadline is not None
+            and ctx.height >= step.result_deadline
+            and step.result_votes
+        ):
+            events += _adopt_result(run, step, _plurality(step.result_votes), ctx.height)
+    return events
