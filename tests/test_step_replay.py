@@ -152,6 +152,7 @@ def test_warmup_and_bad_states() -> None:
         load_training_state(model, opt, bad)
     with pytest.raises(StateError, match="step"):
         load_training_state(model, opt, {**state, "step": torch.tensor(float("nan"))})
+    configure_determinism(1)
     fp = env_fingerprint(1)
     assert fp.threads == 1 and fp.torch_version == torch.__version__
     assert json.loads(fp.model_dump_json())["deterministic"] is True
