@@ -1,0 +1,120 @@
+"""The committed inner loop and the state store: leaves that open, states that replay, Δ that decodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from protocol.codecs import decode, delta_hash
+from protocol.config import Codec
+from protocol.merkle import merkle_root, verify_pair
+from protocol.tensors import StateKind, tensor_hash
+from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from trainer.commit import Contribution, openings, param_tensors, run_committed
+from trainer.step import load_training_state, train_segment, training_hash, training_state
+from trainer.store import StateStore, StoreError, state_from_bytes, state_to_bytes
+
+CREATOR = HOST
+
+
+def _outer(tmp_path: Path, codec: Codec = Codec.FP32) -> tuple[StateStore, list[Contribution], dict]:
+    cfg = tiny_cfg(codec=codec, inner_steps=10, segment_len=5)
+    store = StateStore(tmp_path / "states")
+    model, opt = fresh(cfg)
+    g0 = param_tensors(model)
+    c0 = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, store)
+    c1 = run_committed(model, opt, cfg, tiny_corpus(), HOST, 1, g0, "b" * 64, store)
+    return store, [c0, c1], {"cfg": cfg, "g0": g0}
+
+
+def test_leaves_open_and_replay(tmp_path: Path) -> None:
+    store, (c0, c1), ctx = _outer(tmp_path)
+    cfg = ctx["cfg"]
+    assert c0.leaf_count == cfg.n_segments + 1 == 3
+    raw = [bytes.fromhex(h) for h in c0.leaves]
+    assert merkle_root(raw).hex() == c0.trajectory_root
+    ops = openings(c0, [0, 1])
+    for op in ops:
+        root = bytes.fromhex(c0.trajectory_root)
+        proof = [bytes.fromhex(p) for p in op.proof]
+        left, right = bytes.fromhex(op.start_leaf), bytes.fromhex(op.end_leaf)
+        assert verify_pair(left, right, op.segment, c0.leaf_count, proof, root)
+        assert not verify_pair(right, left, op.segment, c0.leaf_count, proof, root)
+    with pytest.raises(ValueError, match="outside"):
+        openings(c0, [2])
+
+    # the first leaf is the global params with a zero optimizer state
+    start = store.get(c0.leaves[0], 0)
+    assert all(torch.equal(start[f"param/{n}"], t) for n, t in ctx["g0"].items())
+    assert float(start["step"]) == 0
+    # replaying segment 1 from its stored start lands on the committed end leaf
+    model, opt = fresh(cfg)
+    load_training_state(model, opt, store.get(c0.leaves[1]))
+    train_segment(model, opt, cfg, tiny_corpus(), HOST, 0, 5, 5)
+    assert training_hash(training_state(model, opt)) == c0.leaves[2]
+    # the optimizer state carries into the next outer step: its first leaf has step = H
+    assert float(store.get(c1.leaves[0], 1)["step"]) == cfg.inner_steps
+    assert c1.leaves[0] != c0.leaves[0]
+
+
+def test_delta_and_commit_message(tmp_path: Path) -> None:
+    _, (c0, _), ctx = _outer(tmp_path)
+    assert delta_hash(c0.payload) == c0.delta_hash
+    layout = {n: tuple(t.shape) for n, t in c0.delta.items()}
+    decoded = decode(c0.payload, layout)
+    assert all(torch.equal(decoded[n], c0.delta[n]) for n in layout)  # fp32 is lossless
+    end = training_state(*fresh(ctx["cfg"]))  # shape donor only
+    assert set(layout) == {k.removeprefix("param/") for k in end if k.startswith("param/")}
+    assert any(t.abs().sum() > 0 for t in c0.delta.values())
+    msg = c0.to_msg(CREATOR, run_id=1)
+    assert msg.leaf_count == 3 and msg.tokens == ctx["cfg"].tokens_per_outer_step
+    assert msg.trajectory_root == c0.trajectory_root and msg.env.deterministic in (True, False)
+    assert c0.mean_loss == pytest.approx(sum(c0.losses) / 10)
+
+
+def test_int8_payload_is_smaller_and_close(tmp_path: Path) -> None:
+    _, (c0, _), _ = _outer(tmp_path, Codec.INT8)
+    layout = {n: tuple(t.shape) for n, t in c0.delta.items()}
+    decoded = decode(c0.payload, layout)
+    fp32_bytes = sum(t.numel() * 4 for t in c0.delta.values())
+    assert len(c0.payload) < fp32_bytes / 3
+    for n in layout:
+        assert torch.allclose(decoded[n], c0.delta[n], atol=float(c0.delta[n].abs().max()) / 100 + 1e-12)
+
+
+def test_store_verifies_reads_and_prunes(tmp_path: Path) -> None:
+    store = StateStore(tmp_path, max_bytes=1 << 20)
+    state = {"param/w": torch.arange(6, dtype=torch.float32).view(2, 3), "step": torch.tensor(2.0)}
+    h = store.put(state, 3)
+    assert h == tensor_hash(state, StateKind.TRAINING)
+    assert torch.equal(store.get(h)["param/w"], state["param/w"])
+    assert state_from_bytes(store.get_bytes(h, 3), h)["step"] == 2
+    store.put({"step": torch.tensor(1.0)}, 5)
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+    path = store.find(h)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # flip one bit of the last float
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="does not match"):
+        store.get(h)
+    with pytest.raises(StoreError, match="not in the store"):
+        store.get("0" * 64)
+    with pytest.raises(StoreError, match="not a state hash"):
+        store.get("../../etc/passwd")
+    assert store.prune(before=5) == [3]
+    assert store.outer_steps() == [5]
+
+
+def test_state_bytes_are_bounded_and_parsed_safely() -> None:
+    state = {"param/w": torch.ones(100)}
+    data = state_to_bytes(state)
+    assert torch.equal(state_from_bytes(data)["param/w"], state["param/w"])
+    with pytest.raises(StoreError, match="exceeds"):
+        state_from_bytes(data, max_bytes=len(data) - 1)
+    with pytest.raises(StoreError, match="not a safetensors"):
+        state_from_bytes(b"\xff" * 64)
+    with pytest.raises(StoreError, match="does not match"):
+        state_from_bytes(data, "0" * 64)
