@@ -1,0 +1,107 @@
+"""The outer step: G_{n+1} = Nesterov(G_n, token-weighted mean of the accepted Δs).
+
+Every node computes it independently and the chain records the hash a majority agrees on, so
+the result must be bitwise identical everywhere. Hence: only element-wise IEEE float32 ops
+(one rounding each, thread count cannot matter), one fixed order (hosts sorted by address),
+separate mul and add (no `alpha=`/fused forms, no sum/mean reductions), and every scalar
+rounded to float32 once, by a rule another implementation can reproduce exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+import numpy as np
+import torch
+
+from protocol.tensors import StateKind, tensor_hash
+
+Tensors = Mapping[str, torch.Tensor]
+
+
+class OuterError(ValueError):
+    """The inputs of an outer step do not fit together (names, shapes, dtypes, weights)."""
+
+
+def f32_nearest(x: Fraction) -> np.float32:
+    """The float32 nearest to the exact rational x, ties to even (Go: big.Rat.Float32)."""
+    guess = np.float32(float(x))  # double rounding may be off by one ulp; check the neighbours
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))]
+
+    def key(c: np.float32) -> tuple[Fraction, int]:
+        return abs(Fraction(float(c)) - x), int(np.array(c).view(np.uint32)) & 1
+
+    return min(candidates, key=key)
+
+
+def mean_weights(tokens: Sequence[int]) -> list[np.float32]:
+    """c_i = w_i / Σw as exact rationals, each rounded once to float32."""
+    if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in tokens):
+        raise OuterError(f"token counts must be non-negative integers, got {list(tokens)!r}")
+    total = sum(tokens)
+    if total == 0:
+        raise OuterError("accepted contributions carry zero tokens in total")
+    return [f32_nearest(Fraction(w, total)) for w in tokens]
+
+
+def _scalar(x: float | np.floating) -> torch.Tensor:
+    return torch.tensor(float(x), dtype=torch.float32)
+
+
+def _check(reference: Tensors, other: Tensors, what: str) -> None:
+    if set(other) != set(reference):
+        missing, extra = sorted(set(reference) - set(other)), sorted(set(other) - set(reference))
+        raise OuterError(f"{what}: tensor names differ (missing {missing[:3]}, extra {extra[:3]})")
+    for name, t in other.items():
+        ref = reference[name]
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.shape != ref.shape:
+            raise OuterError(f"{what}: {name} must be float32 of shape {tuple(ref.shape)}")
+
+
+def weighted_mean(deltas: Sequence[tuple[str, int, Tensors]], like: Tensors) -> dict[str, torch.Tensor]:
+    """acc = c_0·Δ_0, then acc = acc + c_i·Δ_i in sorted host order (separate mul and add)."""
+    ordered = sorted(deltas, key=lambda d: d[0])
+    hosts = [h for h, _, _ in ordered]
+    if len(set(hosts)) != len(hosts):
+        raise OuterError("a host appears twice among the accepted deltas")
+    for host, _, delta in ordered:
+        _check(like, delta, f"delta of {host}")
+    coeffs = [_scalar(c) for c in mean_weights([w for _, w, _ in ordered])]
+    mean = {}
+    for name in sorted(like):
+        acc = torch.mul(ordered[0][2][name], coeffs[0])
+        for c, (_, _, delta) in zip(coeffs[1:], ordered[1:], strict=True):
+            acc = torch.add(acc, torch.mul(delta[name], c))
+        mean[name] = acc
+    return mean
+
+
+def outer_update(
+    params: Tensors, momentum: Tensors, deltas: Sequence[tuple[str, int, Tensors]], lr: float, mu: float
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Nesterov as torch.optim.SGD(nesterov=True, dampening=0): b = μ·b + g; p = p − lr·(g + μ·b).
+
+    `deltas` are (host address, tokens, decoded Δ = θ_global − θ_local). No deltas: G unchanged.
+    Inputs are never mutated; new tensors are returned.
+    """
+    _check(params, momentum, "momentum")
+    if not deltas:
+        return {n: t.clone() for n, t in params.items()}, {n: t.clone() for n, t in momentum.items()}
+    g = weighted_mean(deltas, params)
+    lr32, mu32 = _scalar(f32_nearest(Fraction(lr))), _scalar(f32_nearest(Fraction(mu)))
+    new_params, new_momentum = {}, {}
+    for name in sorted(params):
+        buf = torch.add(torch.mul(momentum[name], mu32), g[name])
+        step = torch.add(g[name], torch.mul(buf, mu32))
+        new_params[name] = torch.sub(params[name], torch.mul(step, lr32))
+        new_momentum[name] = buf
+    return new_params, new_momentum
+
+
+def global_model_hash(params: Tensors, momentum: Tensors) -> str:
+    """Hash of G = {"param/<n>": θ, "momentum/<n>": b} with kind GLOBAL: what the chain records."""
+    _check(params, momentum, "momentum")
+    state = {f"param/{n}": t for n, t in params.items()}
+    state.update({f"momentum/{n}": t for n, t in momentum.items()})
+    return tensor_hash(state, StateKind.GLOBAL)

@@ -1,0 +1,149 @@
+"""Outer step: agrees with torch's Nesterov SGD, and is bitwise stable across threads and orders."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import textwrap
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from protocol.outer import (
+    OuterError,
+    f32_nearest,
+    global_model_hash,
+    mean_weights,
+    outer_update,
+    weighted_mean,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tensors(seed: int, shapes: dict[str, tuple[int, ...]], scale: float = 1.0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=g) * scale for n, s in shapes.items()}
+
+
+SHAPES = {"w": (16, 8), "b": (8,), "emb.weight": (5, 3)}
+
+
+def test_f32_nearest_is_correctly_rounded() -> None:
+    assert f32_nearest(Fraction(1, 3)) == np.float32(1 / 3)
+    assert f32_nearest(Fraction(1) + Fraction(1, 2**24)) == np.float32(1.0)  # tie → even
+    assert f32_nearest(Fraction(1) + Fraction(3, 2**24)) == np.float32(1 + 2**-22)  # tie → even (up)
+    # Rounding through double first would land on the tie and round down; exact rounding goes up.
+    x = Fraction(1) + Fraction(1, 2**24) + Fraction(1, 2**60)
+    assert float(x) == 1 + 2**-24
+    assert f32_nearest(x) == np.float32(1 + 2**-23)
+
+
+def test_mean_weights() -> None:
+    assert mean_weights([1, 2]) == [np.float32(1 / 3), np.float32(2 / 3)]
+    assert mean_weights([0, 5]) == [np.float32(0), np.float32(1)]
+    for bad in ([0, 0], [-1, 2], [1.5, 1], []):
+        with pytest.raises(OuterError):
+            mean_weights(bad)  # type: ignore[arg-type]
+
+
+def test_matches_torch_sgd_nesterov_over_steps() -> None:
+    params = tensors(0, SHAPES)
+    momentum = {n: torch.zeros_like(t) for n, t in params.items()}
+    model = {n: torch.nn.Parameter(t.clone()) for n, t in params.items()}
+    opt = torch.optim.SGD(list(model.values()), lr=0.7, momentum=0.9, nesterov=True, dampening=0)
+    for step in range(3):
+        deltas = [(f"gonka1h{i}", 100 * (i + 1), tensors(10 * step + i, SHAPES, 0.01)) for i in range(3)]
+        total = sum(w for _, w, _ in deltas)
+        params, momentum = outer_update(params, momentum, deltas, lr=0.7, mu=0.9)
+        for n, p in model.items():
+            p.grad = sum((d[n] * (w / total) for _, w, d in deltas), torch.zeros_like(p))
+        opt.step()
+        for n, p in model.items():
+            torch.testing.assert_close(params[n], p.detach(), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(momentum[n], opt.state[p]["momentum_buffer"], rtol=1e-5, atol=1e-6)
+
+
+def test_mean_is_sequential_float32_sum() -> None:
+    deltas = [(h, w, tensors(s, SHAPES)) for h, w, s in [("gonka1b", 3, 1), ("gonka1a", 1, 2)]]
+    c = [torch.tensor(1 / 4, dtype=torch.float32), torch.tensor(3 / 4, dtype=torch.float32)]
+    expected = deltas[1][2]["w"] * c[0] + deltas[0][2]["w"] * c[1]  # sorted: gonka1a first
+    assert torch.equal(weighted_mean(deltas, deltas[0][2])["w"], expected)
+
+
+def test_order_of_deltas_does_not_matter_bitwise() -> None:
+    params, momentum = tensors(1, SHAPES), tensors(2, SHAPES, 0.1)
+    deltas = [(f"gonka1h{i}", 7 + i * 13, tensors(20 + i, SHAPES, 0.05)) for i in range(4)]
+    ref = global_model_hash(*outer_update(params, momentum, deltas, 0.7, 0.9))
+    for perm in itertools.islice(itertools.permutations(deltas), 1, 24, 5):
+        assert global_model_hash(*outer_update(params, momentum, list(perm), 0.7, 0.9)) == ref
+    # and the hash is sensitive: a different weight changes it
+    changed = [(h, w + (h == "gonka1h0"), d) for h, w, d in deltas]
+    assert global_model_hash(*outer_update(params, momentum, changed, 0.7, 0.9)) != ref
+
+
+def test_empty_deltas_and_no_mutation() -> None:
+    params, momentum = tensors(3, SHAPES), tensors(4, SHAPES)
+    before = global_model_hash(params, momentum)
+    p2, m2 = outer_update(params, momentum, [], 0.7, 0.9)
+    assert global_model_hash(p2, m2) == before
+    assert all(p2[n] is not params[n] for n in params)
+    outer_update(params, momentum, [("gonka1x", 5, tensors(5, SHAPES))], 0.7, 0.9)
+    assert global_model_hash(params, momentum) == before
+
+
+def test_global_hash_separates_params_and_momentum() -> None:
+    a, b = tensors(6, SHAPES), tensors(7, SHAPES)
+    assert global_model_hash(a, b) != global_model_hash(b, a)
+
+
+def test_bad_inputs_are_named_errors() -> None:
+    params, momentum = tensors(1, SHAPES), tensors(2, SHAPES)
+    good = tensors(3, SHAPES)
+    cases = [
+        [("gonka1a", 1, {**good, "extra": torch.zeros(1)})],
+        [("gonka1a", 1, {**good, "b": torch.zeros(9)})],
+        [("gonka1a", 1, {**good, "b": torch.zeros(8, dtype=torch.float64)})],
+        [("gonka1a", 1, good), ("gonka1a", 2, good)],
+        [("gonka1a", 0, good)],
+    ]
+    for deltas in cases:
+        with pytest.raises(OuterError):
+            outer_update(params, momentum, deltas, 0.7, 0.9)
+    with pytest.raises(OuterError):
+        outer_update(params, {"w": momentum["w"]}, [], 0.7, 0.9)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, torch
+    torch.set_num_threads(int(sys.argv[1]))
+    from protocol.outer import outer_update, global_model_hash
+    g = torch.Generator().manual_seed(0)
+    shapes = {"a": (512, 1024), "b": (300, 700), "c": (1000,)}
+    def rand(scale):
+        return {n: torch.randn(s, generator=g) * scale for n, s in shapes.items()}
+    params, momentum = rand(1.0), rand(0.1)
+    deltas = [(f"gonka1h{i}", 1000 + 37 * i, rand(0.01)) for i in range(3)]
+    for _ in range(2):
+        params, momentum = outer_update(params, momentum, deltas, 0.7, 0.9)
+    print(torch.get_num_threads(), global_model_hash(params, momentum))
+    """
+)
+
+
+@pytest.mark.slow
+def test_bitwise_identical_across_thread_counts_in_separate_processes() -> None:
+    out = {}
+    for threads in (1, 2):
+        cmd = [sys.executable, "-c", _CHILD, str(threads)]
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        got_threads, digest = res.stdout.split()
+        assert int(got_threads) == threads
+        out[threads] = digest
+    assert out[1] == out[2]
