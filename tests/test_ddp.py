@@ -1,0 +1,89 @@
+"""Two gloo ranks train one host's outer step; its sampled segment replays bitwise in one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_step_replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
+from trainer.step import (
+    configure_determinism,
+    load_training_state,
+    train_segment,
+    training_hash,
+    training_state,
+)
+from trainer.store import StateStore
+
+RANK = """
+import json, sys
+sys.path.insert(0, {root!r})
+from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from trainer.commit import param_tensors
+from trainer.ddp import init_from_env, run_committed_ddp
+from trainer.step import configure_determinism
+from trainer.store import StateStore
+configure_determinism(1)
+ex = init_from_env("gloo")
+cfg = tiny_cfg()
+model, opt = fresh(cfg)
+c = run_committed_ddp(model, opt, cfg, tiny_corpus(), HOST, 0, param_tensors(model), "a" * 64,
+                      StateStore({store!r}) if ex.rank == 0 else None, ex)
+if c is not None:
+    print(json.dumps({{"leaves": c.leaves, "delta_hash": c.delta_hash}}))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    configure_determinism(1)
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(det)
+
+
+def test_two_gloo_ranks_commit_a_trajectory_that_replays_in_one_process(
+    tmp_path: Path, one_thread: None
+) -> None:
+    code = RANK.format(root=str(ROOT), store=str(tmp_path / "store"))
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    result = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert outs[1][0].strip() == ""  # only rank 0 speaks for the host
+    leaves = result["leaves"]
+    cfg = tiny_cfg()
+    assert len(leaves) == cfg.n_segments + 1
+
+    store = StateStore(tmp_path / "store")
+    data = tiny_corpus()
+
+    def replay(micro_batches: int) -> str:
+        model, opt = fresh(cfg)
+        load_training_state(model, opt, store.get(leaves[1], 0))
+        train_segment(model, opt, cfg, data, HOST, 0, 5, 5, micro_batches)
+        return training_hash(training_state(model, opt))
+
+    assert replay(2) == leaves[2]
+    assert replay(1) != leaves[2]  # the slice structure is part of what is replayed
