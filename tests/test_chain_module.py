@@ -1,0 +1,632 @@
+"""The `inference.diloco` state machine: every message's success path and every named error.
+
+`Sim` drives blocks like the app does (begin_block, txs, end_block) and checks, for every failed
+message, that the state is byte-identical to before it: the "all checks before any write" rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import pytest
+from cosmpy.crypto.address import Address
+
+from chain import errors, queries
+from chain.errors import ChainError
+from chain.genesis import Genesis, genesis_state
+from chain.module import BlockContext, Event, TxContext, begin_block, end_block, process_msg
+from chain.params import MODULE_ACCOUNT, REWARD_POOL_ACCOUNT, ZERO_HASH, ModuleParams, Outcome, Phase
+from chain.state import ChainState, app_hash, state_to_json, total_supply
+from protocol import merkle, prf
+from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
+from protocol.messages import (
+    Coin,
+    EnvFingerprint,
+    MsgCommitPseudoGradient,
+    MsgCreateRun,
+    MsgJoinRun,
+    MsgLeaveRun,
+    MsgRevealContribution,
+    MsgSend,
+    MsgSubmitOuterResult,
+    MsgSubmitVerdict,
+    Reason,
+    Role,
+    SegmentOpening,
+)
+
+GNK = 1_000_000_000
+
+
+def addr(name: str) -> str:
+    return str(Address(hashlib.sha256(name.encode()).digest()[:20], prefix="gonka"))
+
+
+def h32(*parts: object) -> str:
+    return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()
+
+
+AUTH = addr("authority")
+HOSTS = [addr(f"host{i}") for i in range(4)]
+VERIFIERS = sorted(addr(f"verifier{i}") for i in range(4))
+STRANGER = addr("stranger")
+POOR = addr("poor")
+
+
+def make_config(**overrides: object) -> RunConfig:
+    phases = {
+        "join_blocks": 1,
+        "train_blocks": 3,
+        "reveal_blocks": 6,
+        "verify_blocks": 6,
+        "escalation_blocks": 4,
+        "max_escalations": 1,
+        "result_blocks": 5,
+        "epoch_length": 1000,
+        "poc_window": 0,
+    }
+    phases.update(overrides.pop("phases", {}))  # type: ignore[arg-type]
+    base = {
+        "model": ModelSpec(factory="trainer.model:tiny"),
+        "dataset_manifest_hash": h32("data"),
+        "initial_model_hash": h32("g0"),
+        "inner_steps": 4,
+        "segment_len": 2,
+        "sampled_segments": 1,
+        "verifiers_per_contribution": 1,
+        "batch_size": 2,
+        "seq_len": 8,
+        "phases": Phases(**phases),
+        "stake": Stake(min_host_stake=10 * GNK, min_verifier_stake=5 * GNK, reward_per_outer_step=100 * GNK),
+    }
+    base.update(overrides)
+    return RunConfig(**base)  # type: ignore[arg-type]
+
+
+def make_state(params: ModuleParams | None = None) -> ChainState:
+    funded = {a: 1000 * GNK for a in [AUTH, *HOSTS, *VERIFIERS, STRANGER]} | {POOR: GNK}
+    return genesis_state(
+        Genesis(authority=AUTH, accounts=funded, reward_pool=10_000 * GNK, params=params or ModuleParams())
+    )
+
+
+@dataclass
+class Sim:
+    """A block driver: each `block` runs begin_block, the messages in order, end_block."""
+
+    state: ChainState
+    height: int = 0
+    prev_hash: str = ZERO_HASH
+    events: list[Event] = field(default_factory=list)
+
+    def block(self, *msgs: object) -> list[list[Event] | ChainError]:
+        h = self.height + 1
+        bctx = BlockContext(height=h, time=float(h), prev_block_hash=self.prev_hash)
+        self.events += begin_block(self.state, bctx)
+        results: list[list[Event] | ChainError] = []
+        for i, msg in enumerate(msgs):
+            ctx = TxContext(height=h, time=float(h), tx_hash=h32("tx", h, i), signer=msg.creator)  # type: ignore[attr-defined]
+            before = state_to_json(self.state)
+            try:
+                results.append(process_msg(self.state, msg, ctx))
+            except ChainError as e:
+                assert state_to_json(self.state) == before, f"{e.name} wrote to the state"
+                results.append(e)
+        self.events += end_block(self.state, bctx)
+        self.height = h
+        self.prev_hash = h32("block", h, app_hash(self.state).hex())
+        return results
+
+    def ok(self, msg: object) -> list[Event]:
+        (result,) = self.block(msg)
+        assert not isinstance(result, ChainError), str(result)
+        return result
+
+    def fails(self, msg: object, error: type[ChainError]) -> ChainError:
+        (result,) = self.block(msg)
+        assert isinstance(result, error), f"expected {error.__name__}, got {result}"
+        return result
+
+    def until(self, height: int) -> None:
+        """Run empty blocks so that the next `block` call is at `height`."""
+        while self.height < height - 1:
+            self.block()
+
+    def step(self, run_id: int = 1) -> dict:
+        return queries.outer_step(self.state, run_id)
+
+
+# ---------------------------------------------------------------- message builders
+
+
+def leaves_of(host: str, step: int, n: int = 3, salt: str = "") -> list[bytes]:
+    return [hashlib.sha256(f"{host}:{step}:{i}:{salt}".encode()).digest() for i in range(n)]
+
+
+def commit_msg(host: str, step: int = 0, base: str | None = None, salt: str = "", **kw: object):
+    config = make_config()
+    fields = {
+        "creator": host,
+        "run_id": 1,
+        "outer_step": step,
+        "base_model_hash": base or h32("g0"),
+        "trajectory_root": merkle.merkle_root(leaves_of(host, step, salt=salt)).hex(),
+        "leaf_count": 3,
+        "delta_hash": h32("delta", host, step, salt),
+        "final_optimizer_hash": h32("opt", host, step),
+        "codec": Codec.INT8,
+        "tokens": config.tokens_per_outer_step,
+        "env": EnvFingerprint(torch_version="2.13.0", threads=1),
+    }
+    fields.update(kw)
+    return MsgCommitPseudoGradient(**fields)  # type: ignore[arg-type]
+
+
+def reveal_msg(sim: Sim, host: str, step: int = 0, segments: list[int] | None = None, salt: str = ""):
+    leaves = leaves_of(host, step, salt=salt)
+    if segments is None:
+        segments = queries.commitment(sim.state, 1, host) and next(
+            c["segments"] for c in queries.challenges(sim.state, 1)["challenges"] if c["host"] == host
+        )
+    openings = [
+        SegmentOpening(
+            segment=j,
+            start_leaf=leaves[j].hex(),
+            end_leaf=leaves[j + 1].hex(),
+            proof=[p.hex() for p in merkle.pair_proof(leaves, j)],
+        )
+        for j in segments  # type: ignore[union-attr]
+    ]
+    return MsgRevealContribution(creator=host, run_id=1, outer_step=step, openings=openings)
+
+
+def verdict_msg(verifier: str, host: str, reason: Reason = Reason.ACCEPT, step: int = 0):
+    return MsgSubmitVerdict(
+        creator=verifier,
+        run_id=1,
+        outer_step=step,
+        host=host,
+        reason=reason,
+        evidence_hash=h32("ev", verifier),
+    )
+
+
+def join(role: Role, who: str, stake: int | None = None, run_id: int = 1) -> MsgJoinRun:
+    default = 10 * GNK if role is Role.HOST else 5 * GNK
+    return MsgJoinRun(
+        creator=who, run_id=run_id, role=role, endpoint=f"http://127.0.0.1/{who[-6:]}", stake=stake or default
+    )
+
+
+def started(
+    config: RunConfig | None = None, hosts: list[str] = HOSTS[:2], verifiers: list[str] = VERIFIERS[:3]
+) -> Sim:
+    """A run with bonded hosts and verifiers, at the first block of the training phase."""
+    sim = Sim(make_state())
+    sim.ok(MsgCreateRun(creator=AUTH, config=config or make_config()))
+    results = sim.block(*[join(Role.HOST, h) for h in hosts], *[join(Role.VERIFIER, v) for v in verifiers])
+    assert not any(isinstance(r, ChainError) for r in results)
+    sim.until(sim.step()["train_start"])
+    return sim
+
+
+def to_reveal(sim: Sim, hosts: list[str]) -> None:
+    """Commit for `hosts` now, then run to the challenge block."""
+    assert all(not isinstance(r, ChainError) for r in sim.block(*[commit_msg(h) for h in hosts]))
+    sim.until(sim.step()["challenge_height"] + 1)
+    assert sim.step()["phase"] == Phase.REVEAL
+
+
+def to_verify_deadline(sim: Sim) -> None:
+    sim.until(sim.step()["round_deadline"] + 1)
+
+
+def assigned(sim: Sim, host: str) -> list[str]:
+    return next(c["verifiers"] for c in queries.challenges(sim.state, 1)["challenges"] if c["host"] == host)
+
+
+def stake_of(sim: Sim, who: str) -> int:
+    return queries.stakes(sim.state, who)["total"]
+
+
+def balance(sim: Sim, who: str) -> int:
+    return queries.balance(sim.state, who)["amount"]
+
+
+# ---------------------------------------------------------------- genesis and bank
+
+
+def test_genesis_funds_accounts_in_sorted_order_and_conserves_supply() -> None:
+    state = make_state()
+    assert state.accounts[MODULE_ACCOUNT].number == 0
+    assert state.accounts[REWARD_POOL_ACCOUNT].balance == 10_000 * GNK
+    funded = sorted(a for a in state.accounts if a not in (MODULE_ACCOUNT, REWARD_POOL_ACCOUNT))
+    assert [state.accounts[a].number for a in funded] == list(range(2, 2 + len(funded)))
+    assert total_supply(state) == 10_000 * GNK + 10 * 1000 * GNK + GNK
+
+
+def test_genesis_rejects_negative_balance_and_pool_as_account() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        Genesis(authority=AUTH, accounts={POOR: -1})
+    with pytest.raises(ValueError, match="reward pool"):
+        Genesis(authority=AUTH, accounts={REWARD_POOL_ACCOUNT: 5})
+
+
+def test_send_moves_funds_and_creates_the_recipient_account() -> None:
+    sim = Sim(make_state())
+    new = addr("newcomer")
+    events = sim.ok(MsgSend(from_address=STRANGER, to_address=new, amount=[Coin(amount=7), Coin(amount=3)]))
+    assert events[0].type == "transfer" and events[0].attributes["amount"] == "10"
+    assert balance(sim, new) == 10 and balance(sim, STRANGER) == 1000 * GNK - 10
+    assert sim.state.accounts[new].number == sim.state.next_account_number - 1
+
+
+@pytest.mark.parametrize(
+    ("msg", "error"),
+    [
+        (MsgSend(from_address=STRANGER, to_address=POOR, amount=[Coin(amount=0)]), errors.ErrInvalidAmount),
+        (
+            MsgSend(from_address=POOR, to_address=STRANGER, amount=[Coin(amount=2 * GNK)]),
+            errors.ErrInsufficientFunds,
+        ),
+    ],
+)
+def test_send_errors(msg: MsgSend, error: type[ChainError]) -> None:
+    Sim(make_state()).fails(msg, error)
+
+
+def test_envelope_errors_signer_mismatch_and_unknown_message() -> None:
+    state = make_state()
+    msg = MsgSend(from_address=STRANGER, to_address=POOR, amount=[Coin(amount=1)])
+    ctx = TxContext(height=1, time=1.0, tx_hash=h32("x"), signer=POOR)
+    with pytest.raises(errors.ErrSignerMismatch):
+        process_msg(state, msg, ctx)
+    with pytest.raises(errors.ErrUnknownMessage):
+        process_msg(state, object(), ctx)
+
+
+def test_error_codes_are_unique_and_named() -> None:
+    assert len(errors.ERRORS) >= 38
+    err = errors.ErrBadProof("segment 3")
+    assert (err.codespace, err.code, err.name) == ("diloco", 35, "ErrBadProof")
+    assert "segment 3" in str(err)
+
+
+# ---------------------------------------------------------------- runs and participants
+
+
+def test_create_run_records_config_and_opens_step_zero_after_the_join_window() -> None:
+    sim = Sim(make_state())
+    config = make_config()
+    sim.ok(MsgCreateRun(creator=AUTH, config=config))
+    run = queries.run(sim.state, 1)
+    assert run["config_hash"] == config.config_hash() and run["global_model_hash"] == h32("g0")
+    step = sim.step()
+    assert step["phase"] == Phase.PENDING and step["open_height"] == 1 + config.phases.join_blocks
+    assert step["commit_deadline"] == step["train_start"] + 3
+    assert step["reveal_deadline"] == step["commit_deadline"] + 1 + 6
+    assert step["verify_deadline"] == step["reveal_deadline"] + 6
+    sim.until(step["train_start"] + 1)
+    assert sim.step()["phase"] == Phase.TRAIN
+
+
+def test_training_never_starts_inside_a_poc_window() -> None:
+    sim = Sim(make_state())
+    sim.until(8)
+    sim.ok(MsgCreateRun(creator=AUTH, config=make_config(phases={"epoch_length": 10, "poc_window": 4})))
+    step = sim.step()
+    assert step["open_height"] == 9 and step["train_start"] == 9  # 9 % 10 = 9: outside the window
+    sim2 = Sim(make_state())
+    sim2.until(9)
+    sim2.ok(MsgCreateRun(creator=AUTH, config=make_config(phases={"epoch_length": 10, "poc_window": 4})))
+    assert sim2.step()["open_height"] == 10 and sim2.step()["train_start"] == 14
+
+
+def test_create_run_errors() -> None:
+    sim = Sim(make_state(ModuleParams(max_active_runs=1)))
+    sim.fails(MsgCreateRun(creator=STRANGER, config=make_config()), errors.ErrUnauthorized)
+    sim.ok(MsgCreateRun(creator=AUTH, config=make_config()))
+    sim.fails(MsgCreateRun(creator=AUTH, config=make_config()), errors.ErrTooManyRuns)
+
+
+def test_join_bonds_stake_and_leave_returns_it() -> None:
+    sim = Sim(make_state())
+    sim.ok(MsgCreateRun(creator=AUTH, config=make_config()))
+    before = balance(sim, HOSTS[0])
+    sim.ok(join(Role.HOST, HOSTS[0], 12 * GNK))
+    assert balance(sim, HOSTS[0]) == before - 12 * GNK and stake_of(sim, HOSTS[0]) == 12 * GNK
+    (p,) = queries.participants(sim.state, 1)["participants"]
+    assert p["role"] == "host" and p["endpoint"].startswith("http://")
+    events = sim.ok(MsgLeaveRun(creator=HOSTS[0], run_id=1))
+    assert events[0].type == "unbond" and balance(sim, HOSTS[0]) == before and stake_of(sim, HOSTS[0]) == 0
+
+
+def test_join_and_leave_errors() -> None:
+    sim = Sim(make_state(ModuleParams(max_participants_per_run=2)))
+    sim.ok(MsgCreateRun(creator=AUTH, config=make_config()))
+    sim.fails(join(Role.HOST, HOSTS[0], run_id=9), errors.ErrUnknownRun)
+    sim.fails(join(Role.HOST, HOSTS[0], stake=GNK), errors.ErrStakeTooLow)
+    sim.fails(join(Role.VERIFIER, POOR, stake=5 * GNK), errors.ErrInsufficientFunds)
+    sim.ok(join(Role.HOST, HOSTS[0]))
+    sim.fails(join(Role.HOST, HOSTS[0]), errors.ErrAlreadyJoined)
+    sim.fails(join(Role.VERIFIER, HOSTS[0]), errors.ErrRoleConflict)
+    sim.ok(join(Role.VERIFIER, VERIFIERS[0]))
+    sim.fails(join(Role.HOST, HOSTS[1]), errors.ErrRunFull)
+    sim.fails(MsgLeaveRun(creator=STRANGER, run_id=1), errors.ErrNotParticipant)
+    sim.fails(MsgLeaveRun(creator=STRANGER, run_id=7), errors.ErrUnknownRun)
+
+
+def test_leave_with_a_pending_commit_unbonds_at_finalization() -> None:
+    sim = started()
+    to_reveal(sim, [HOSTS[0]])
+    events = sim.ok(MsgLeaveRun(creator=HOSTS[0], run_id=1))
+    assert events[0].type == "leave_pending" and stake_of(sim, HOSTS[0]) == 10 * GNK
+    sim.fails(MsgLeaveRun(creator=HOSTS[0], run_id=1), errors.ErrAlreadyLeaving)
+    to_verify_deadline(sim)  # no reveal: slashed first, then the rest unbonds
+    assert stake_of(sim, HOSTS[0]) == 0
+    assert any(e.type == "unbond" and e.attributes["amount"] == str(9 * GNK) for e in sim.events)
+
+
+# ---------------------------------------------------------------- commit
+
+
+def test_commit_records_the_contribution() -> None:
+    sim = started()
+    events = sim.ok(commit_msg(HOSTS[0]))
+    assert events[0].type == "commit"
+    (c,) = queries.commitments(sim.state, 1)["commitments"]
+    assert c["host"] == HOSTS[0] and c["leaf_count"] == 3 and c["equivocation_tx"] is None
+
+
+@pytest.mark.parametrize(
+    ("msg", "error"),
+    [
+        (commit_msg(HOSTS[0], step=1), errors.ErrWrongOuterStep),
+        (commit_msg(STRANGER), errors.ErrNotHost),
+        (commit_msg(VERIFIERS[0]), errors.ErrNotHost),
+        (commit_msg(HOSTS[0], base=h32("other")), errors.ErrBaseModelMismatch),
+        (commit_msg(HOSTS[0], codec=Codec.BF16), errors.ErrCodecMismatch),
+        (commit_msg(HOSTS[0], leaf_count=5), errors.ErrLeafCount),
+        (commit_msg(HOSTS[0], tokens=1), errors.ErrBadTokens),
+        (commit_msg(HOSTS[0], env=EnvFingerprint(torch_version="2.13.0", threads=2)), errors.ErrEnvMismatch),
+        (commit_msg(HOSTS[0]).model_copy(update={"run_id": 5}), errors.ErrUnknownRun),
+    ],
+)
+def test_commit_errors(msg: MsgCommitPseudoGradient, error: type[ChainError]) -> None:
+    started().fails(msg, error)
+
+
+def test_commit_timing_errors() -> None:
+    sim = Sim(make_state())
+    sim.ok(MsgCreateRun(creator=AUTH, config=make_config(phases={"join_blocks": 3})))
+    sim.ok(join(Role.HOST, HOSTS[0]))
+    sim.fails(commit_msg(HOSTS[0]), errors.ErrNotTrainPhase)
+    sim.until(sim.step()["commit_deadline"])
+    sim.ok(commit_msg(HOSTS[0]))  # the deadline block itself is in time
+    sim.fails(commit_msg(HOSTS[0], salt="x"), errors.ErrLateCommit)
+
+
+def test_identical_commit_fails_and_different_commit_is_equivocation() -> None:
+    sim = started()
+    first, same, other, third = sim.block(
+        commit_msg(HOSTS[0]),
+        commit_msg(HOSTS[0]),
+        commit_msg(HOSTS[0], salt="other"),
+        commit_msg(HOSTS[0], salt="3"),
+    )
+    assert isinstance(same, errors.ErrDuplicateCommit) and isinstance(third, errors.ErrDuplicateCommit)
+    assert [e.type for e in first] == ["commit"] and [e.type for e in other] == ["equivocation"]
+    assert queries.commitment(sim.state, 1, HOSTS[0])["equivocation_tx"] is not None
+
+
+def test_commit_on_a_finished_run_fails() -> None:
+    sim = started(make_config(max_outer_steps=1))
+    sim.until(sim.step()["verify_deadline"] + 1)  # nobody committed: step 0 closes, the run finishes
+    assert queries.run(sim.state, 1)["status"] == "finished"
+    sim.fails(commit_msg(HOSTS[0]), errors.ErrRunFinished)
+    sim.fails(join(Role.HOST, HOSTS[2]), errors.ErrRunFinished)
+
+
+# ---------------------------------------------------------------- challenge, reveal, verdict, result
+
+
+def test_challenge_comes_from_the_block_after_the_deadline() -> None:
+    sim = started()
+    sim.ok(commit_msg(HOSTS[0]))
+    sim.until(sim.step()["commit_deadline"] + 1)
+    sim.block()  # commit_deadline + 1: its hash seeds the challenge
+    assert sim.step()["phase"] == Phase.CHALLENGE
+    seed = sim.prev_hash
+    sim.block()
+    ch = queries.challenges(sim.state, 1)
+    assert ch["seed"] == seed and ch["challenge_height"] == sim.step()["commit_deadline"] + 2
+    (item,) = ch["challenges"]
+    assert item["segments"] == prf.sample_segments(seed, HOSTS[0], 2, 1)
+    assert item["verifiers"] == prf.assign_verifiers(seed, HOSTS[0], VERIFIERS[:3], 1)
+
+
+def test_full_outer_step_accepts_rewards_and_opens_the_next_step() -> None:
+    sim = started()
+    to_reveal(sim, HOSTS[:2])
+    for host in HOSTS[:2]:
+        sim.ok(reveal_msg(sim, host))
+    assert [r["host"] for r in queries.reveals(sim.state, 1)["reveals"]] == sorted(HOSTS[:2])
+    for host in HOSTS[:2]:
+        (v,) = assigned(sim, host)
+        assert queries.assignments(sim.state, 1, v)["hosts"].count(host) == 1
+        sim.ok(verdict_msg(v, host))
+    assert len(queries.verdicts(sim.state, 1)["verdicts"]) == 2
+    pool = balance(sim, REWARD_POOL_ACCOUNT)
+    to_verify_deadline(sim)
+    step = sim.step()
+    assert step["phase"] == Phase.AWAITING_RESULT and step["accepted"] == sorted(HOSTS[:2])
+    assert balance(sim, REWARD_POOL_ACCOUNT) == pool - 100 * GNK  # equal tokens: 50 GNK each
+    assert queries.prev_optimizer_hash(sim.state, 1, HOSTS[0]) == h32("opt", HOSTS[0], 0)
+    assert queries.prev_optimizer_hash(sim.state, 1, HOSTS[2]) is None
+    assert [a["host"] for a in queries.accepted(sim.state, 1, 0)["accepted"]] == sorted(HOSTS[:2])
+    new = h32("g1")
+    sim.ok(MsgSubmitOuterResult(creator=HOSTS[0], run_id=1, outer_step=0, model_hash=new))
+    assert sim.step()["outer_step"] == 0  # 1 of 2 is not a majority
+    sim.ok(MsgSubmitOuterResult(creator=HOSTS[1], run_id=1, outer_step=0, model_hash=new))
+    assert queries.run(sim.state, 1)["global_model_hash"] == new
+    nxt = sim.step()
+    assert nxt["outer_step"] == 1 and nxt["open_height"] == sim.height + 1 and nxt["base_model_hash"] == new
+    sim.block()
+    sim.fails(commit_msg(HOSTS[0], step=1), errors.ErrBaseModelMismatch)
+    sim.ok(commit_msg(HOSTS[0], step=1, base=new))
+
+
+def test_reveal_errors() -> None:
+    sim = started()
+    sim.ok(commit_msg(HOSTS[0]))
+    sim.fails(reveal_msg(sim, HOSTS[0], segments=[1]), errors.ErrNotRevealPhase)
+    sim.until(sim.step()["challenge_height"])
+    cases = [
+        (reveal_msg(sim, HOSTS[1], segments=[1]), errors.ErrNoCommitment),
+        (reveal_msg(sim, HOSTS[0], step=1, segments=[1]), errors.ErrWrongOuterStep),
+        (reveal_msg(sim, HOSTS[0], segments=[0]), errors.ErrWrongOpenings),
+        (reveal_msg(sim, HOSTS[0], segments=[0, 1]), errors.ErrWrongOpenings),
+        (reveal_msg(sim, HOSTS[0], segments=[1], salt="forged"), errors.ErrBadProof),
+    ]
+    assert prf.sample_segments(sim.prev_hash, HOSTS[0], 2, 1) == [1]  # s = 1: only the last segment
+    good_msg = reveal_msg(sim, HOSTS[0], segments=[1])
+    *failed, good, again = sim.block(*[m for m, _ in cases], good_msg, good_msg)
+    assert [type(r) for r in failed] == [e for _, e in cases]
+    assert [e.type for e in good] == ["reveal"] and isinstance(again, errors.ErrAlreadyRevealed)
+
+
+def test_late_reveal() -> None:
+    sim = started()
+    to_reveal(sim, [HOSTS[0]])
+    sim.until(sim.step()["reveal_deadline"] + 1)
+    sim.fails(reveal_msg(sim, HOSTS[0]), errors.ErrLateReveal)
+
+
+def test_verdict_errors() -> None:
+    sim = started()
+    sim.ok(commit_msg(HOSTS[0]))
+    sim.fails(verdict_msg(VERIFIERS[0], HOSTS[0]), errors.ErrNotVerdictPhase)
+    sim.until(sim.step()["challenge_height"] + 1)
+    (v,) = assigned(sim, HOSTS[0])
+    other = next(x for x in VERIFIERS[:3] if x != v)
+    sim.fails(verdict_msg(v, HOSTS[1]), errors.ErrNoCommitment)
+    sim.fails(verdict_msg(other, HOSTS[0]), errors.ErrNotAssignedVerifier)
+    sim.fails(verdict_msg(v, HOSTS[0], step=3), errors.ErrWrongOuterStep)
+    sim.block(reveal_msg(sim, HOSTS[0]), verdict_msg(v, HOSTS[0]))
+    sim.fails(verdict_msg(v, HOSTS[0]), errors.ErrDuplicateVerdict)
+    to_verify_deadline(sim)  # accepted: the step awaits its result, verdicts are closed
+    assert sim.step()["phase"] == Phase.AWAITING_RESULT
+    sim.fails(verdict_msg(other, HOSTS[0]), errors.ErrLateVerdict)
+
+
+def test_outer_result_errors_and_plurality_after_the_result_window() -> None:
+    sim = started(hosts=HOSTS[:3])
+    to_reveal(sim, HOSTS[:3])
+    msg = MsgSubmitOuterResult(creator=HOSTS[0], run_id=1, outer_step=0, model_hash=h32("a"))
+    sim.fails(msg, errors.ErrNotResultPhase)
+    txs = [
+        m for host in HOSTS[:3] for m in (reveal_msg(sim, host), verdict_msg(assigned(sim, host)[0], host))
+    ]
+    assert not any(isinstance(r, ChainError) for r in sim.block(*txs))
+    to_verify_deadline(sim)
+    deadline = sim.step()["result_deadline"]
+    other = MsgSubmitOuterResult(creator=HOSTS[1], run_id=1, outer_step=0, model_hash=h32("b"))
+    wrong_step, stranger, first, dup, second = sim.block(
+        msg.model_copy(update={"outer_step": 1}),
+        msg.model_copy(update={"creator": HOSTS[3]}),
+        msg,
+        msg,
+        other,
+    )
+    assert isinstance(wrong_step, errors.ErrWrongOuterStep) and isinstance(
+        stranger, errors.ErrNotAcceptedHost
+    )
+    assert isinstance(dup, errors.ErrDuplicateOuterResult)
+    assert not isinstance(first, ChainError) and not isinstance(second, ChainError)
+    assert sim.step()["result_votes"] == {HOSTS[0]: h32("a"), HOSTS[1]: h32("b")}
+    sim.until(deadline)
+    assert sim.step()["outer_step"] == 0  # 1:1:0 of 3 accepted is no majority: still waiting
+    sim.block()
+    assert sim.step()["outer_step"] == 1  # tie 1:1 -> smallest hash wins
+    assert queries.run(sim.state, 1)["global_model_hash"] == min(h32("a"), h32("b"))
+
+
+# ---------------------------------------------------------------- finalization outcomes
+
+
+def test_missing_reveal_and_rejection_are_slashed_and_contradicting_verifiers_too() -> None:
+    sim = started()
+    to_reveal(sim, HOSTS[:2])
+    sim.ok(reveal_msg(sim, HOSTS[1]))
+    (v1,) = assigned(sim, HOSTS[1])
+    sim.ok(verdict_msg(v1, HOSTS[1], Reason.REPLAY_MISMATCH))
+    (v0,) = assigned(sim, HOSTS[0])
+    if v0 != v1:
+        sim.ok(verdict_msg(v0, HOSTS[0]))  # "accepts" a contribution that was never revealed
+    module = balance(sim, MODULE_ACCOUNT)
+    to_verify_deadline(sim)
+    outcomes = queries.outer_step(sim.state, 1, 0)["outcomes"]
+    assert outcomes == {HOSTS[0]: Outcome.MISSING_REVEAL, HOSTS[1]: Outcome.REJECTED}
+    assert stake_of(sim, HOSTS[0]) == stake_of(sim, HOSTS[1]) == 9 * GNK  # 10% of 10 GNK
+    slashed_verifier = 5 * GNK * 500 // 10_000 if v0 != v1 else 0
+    assert balance(sim, MODULE_ACCOUNT) == module + 2 * GNK + slashed_verifier
+    assert sim.step()["outer_step"] == 1 and queries.run(sim.state, 1)["global_model_hash"] == h32("g0")
+
+
+def test_equivocator_is_rejected_even_with_an_accepting_verifier() -> None:
+    sim = started()
+    sim.ok(commit_msg(HOSTS[0]))
+    sim.ok(commit_msg(HOSTS[0], salt="b"))
+    sim.until(sim.step()["challenge_height"] + 1)
+    sim.ok(reveal_msg(sim, HOSTS[0]))
+    (v,) = assigned(sim, HOSTS[0])
+    sim.ok(verdict_msg(v, HOSTS[0]))
+    to_verify_deadline(sim)
+    assert queries.outer_step(sim.state, 1, 0)["outcomes"] == {HOSTS[0]: Outcome.EQUIVOCATED}
+    assert stake_of(sim, HOSTS[0]) == 9 * GNK and stake_of(sim, v) == 5 * GNK - 25 * GNK // 100
+
+
+def test_escalation_then_majority_of_received_verdicts_or_unverified() -> None:
+    config = make_config(verifiers_per_contribution=3)
+    sim = started(config, hosts=HOSTS[:2], verifiers=VERIFIERS)
+    to_reveal(sim, HOSTS[:2])
+    for host in HOSTS[:2]:
+        sim.ok(reveal_msg(sim, host))
+    a0 = assigned(sim, HOSTS[0])
+    sim.ok(verdict_msg(a0[0], HOSTS[0]))
+    sim.ok(verdict_msg(a0[1], HOSTS[0], Reason.DELTA_MISMATCH))  # split 1:1 of 3 -> escalate
+    to_verify_deadline(sim)
+    step = sim.step()
+    assert step["phase"] == Phase.ESCALATION and step["round"] == 1 and step["outcomes"][HOSTS[0]] is None
+    (late,) = [c for c in queries.challenges(sim.state, 1)["challenges"] if c["host"] == HOSTS[0]]
+    (extra,) = [v for v, r in late["verifier_rounds"].items() if r == 1]
+    sim.ok(verdict_msg(extra, HOSTS[0], Reason.DELTA_MISMATCH))  # 2 of 4 reject: still no majority
+    to_verify_deadline(sim)
+    outcomes = queries.outer_step(sim.state, 1, 0)["outcomes"]
+    assert outcomes == {HOSTS[0]: Outcome.REJECTED, HOSTS[1]: Outcome.UNVERIFIED}
+    assert stake_of(sim, HOSTS[1]) == 10 * GNK  # unverified: nobody slashed
+    assert stake_of(sim, a0[0]) < 5 * GNK  # the accepting verifier contradicted the outcome
+
+
+def test_verdict_on_an_already_decided_contribution() -> None:
+    config = make_config(verifiers_per_contribution=3)
+    sim = started(config, hosts=HOSTS[:2], verifiers=VERIFIERS)
+    to_reveal(sim, HOSTS[:2])
+    for host in HOSTS[:2]:
+        sim.ok(reveal_msg(sim, host))
+    a0 = assigned(sim, HOSTS[0])
+    sim.ok(verdict_msg(a0[0], HOSTS[0]))
+    sim.ok(verdict_msg(a0[1], HOSTS[0]))
+    to_verify_deadline(sim)  # host 0 accepted in round 0, host 1 escalates
+    assert sim.step()["phase"] == Phase.ESCALATION
+    sim.fails(verdict_msg(a0[2], HOSTS[0]), errors.ErrAlreadyDecided)
+
+
+def test_empty_accepted_set_keeps_the_model_and_opens_the_next_step_at_once() -> None:
+    sim = started()
+    to_reveal(sim, [HOSTS[0]])
+    to_verify_deadline(sim)
+    step0 = queries.outer_step(sim.state, 1, 0)
+    assert step0["phase"] == Phase.DONE and step0["accepted"] == []
+    assert sim.step()["open_height"] == step0["finalized_height"] + 1
