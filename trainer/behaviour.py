@@ -1,0 +1,201 @@
+"""How a host behaves at the protocol's decision points: honest here, adversarial in subclasses.
+
+The node calls four hooks at fixed points of every outer step and does everything else itself
+(phases, deadlines, serving, aggregation), so an adversary overrides exactly the decision it
+cheats on and nothing else. `OuterContext` gives a hook what any of the adversaries in
+`gonka_diloco/adversaries/hosts.py` needs: the run config, the data, G_n, the host's model and
+carried optimizer, the state store, a blob fetcher (to copy another host's Δ) and the chain.
+
+Hook order in one outer step:
+  make_contribution(ctx) -> commit_messages(c, ctx) -> [challenge] -> should_reveal(c, ctx)
+  -> serve_blob(kind, hash, data) on every GET while the step's blobs are published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from chain.client import ChainClient
+from protocol.codecs import delta_hash, encode, from_blob
+from protocol.config import RunConfig
+from protocol.merkle import merkle_root
+from protocol.messages import MsgCommitPseudoGradient
+from trainer.blobs import BlobClient
+from trainer.commit import Contribution, pseudo_gradient, run_committed
+from trainer.data import Corpus
+from trainer.globalmodel import GlobalModel
+from trainer.step import LossFn, env_fingerprint, optimizer_hash
+from trainer.store import StateStore
+
+
+class BehaviourError(ValueError):
+    """A behaviour was configured with parameters it does not know or cannot use."""
+
+
+@dataclass(frozen=True)
+class AcceptedDelta:
+    """One accepted contribution of an earlier outer step, as the chain lists it."""
+
+    host: str
+    delta_hash: str
+    tokens: int
+    endpoint: str | None
+
+
+@dataclass
+class OuterContext:
+    """Everything a hook may use for outer step `outer_step` of run `run_id`.
+
+    `model` and `optimizer` are the host's own: the optimizer already carries the state the
+    chain expects this step to start from (the last accepted one, or fresh).
+    """
+
+    cfg: RunConfig
+    run_id: int
+    address: str
+    outer_step: int
+    global_model: GlobalModel
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: LossFn
+    data: Corpus
+    store: StateStore
+    blobs: BlobClient
+    chain: ChainClient
+    previous_accepted: Sequence[AcceptedDelta] = ()
+    peers: Sequence[str] = ()  # blob endpoints of the run's other hosts
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def train(self, *, host: str | None = None, data: Corpus | None = None) -> Contribution:
+        """The honest committed loop from G_n; `host`/`data` let a wrong-data adversary lie."""
+        return run_committed(
+            self.model,
+            self.optimizer,
+            self.cfg,
+            data if data is not None else self.data,
+            host if host is not None else self.address,
+            self.outer_step,
+            self.global_model.params,
+            self.global_model.hash,
+            self.store,
+            loss_fn=self.loss_fn,
+        )
+
+    def assemble(
+        self, leaves: Sequence[str], final_state: Mapping[str, Tensor], losses: Sequence[float]
+    ) -> Contribution:
+        """A contribution from a hand-made trajectory: leaves already saved in `store`, and the
+        final training state whose params define Δ (the lazy adversary fakes boundaries this way)."""
+        params = {k.removeprefix("param/"): v for k, v in final_state.items() if k.startswith("param/")}
+        g = self.global_model.params
+        delta = {n: (g[n] - params[n]).to(torch.float32) for n in g}
+        payload = encode(delta, self.cfg.codec, self.cfg.codec_block_size)
+        return Contribution(
+            outer_step=self.outer_step,
+            base_model_hash=self.global_model.hash,
+            leaves=list(leaves),
+            trajectory_root=merkle_root([bytes.fromhex(h) for h in leaves]).hex(),
+            delta=delta,
+            payload=payload,
+            delta_hash=delta_hash(payload),
+            codec=self.cfg.codec,
+            final_optimizer_hash=optimizer_hash(final_state),
+            tokens=self.cfg.tokens_per_outer_step,
+            env=env_fingerprint(self.cfg.threads),
+            mean_loss=sum(losses) / len(losses) if losses else float("nan"),
+            losses=list(losses),
+        )
+
+    def with_delta(self, contribution: Contribution, delta: Mapping[str, Tensor]) -> Contribution:
+        """The same trajectory committed with another Δ (noise, zero, scaled, sign-flipped)."""
+        payload = encode(delta, self.cfg.codec, self.cfg.codec_block_size)
+        return self.with_payload(contribution, payload, dict(delta))
+
+    def with_payload(
+        self, contribution: Contribution, payload: bytes, delta: dict[str, Tensor] | None = None
+    ) -> Contribution:
+        """The same trajectory committed with an already-encoded payload (a copied or broken Δ)."""
+        kept = delta if delta is not None else {}
+        return dataclasses.replace(contribution, payload=payload, delta_hash=delta_hash(payload), delta=kept)
+
+    def honest_delta(self) -> dict[str, Tensor]:
+        """Δ of the model as it stands now against G_n."""
+        return pseudo_gradient(self.global_model.params, self.model)
+
+    def fetch_delta(self, entry: AcceptedDelta, max_payload_bytes: int | None = None) -> bytes:
+        """Download and verify another host's accepted Δ payload (as any node may)."""
+        limit = max_payload_bytes or 64 * self.global_model.numel() + (1 << 20)
+        layout = self.global_model.layout
+
+        def payload_of(blob: bytes) -> bytes:
+            payload = from_blob(blob, layout, max_payload_bytes=limit)
+            if delta_hash(payload) != entry.delta_hash:
+                raise ValueError("Δ payload hash mismatch")
+            return payload
+
+        endpoints = [e for e in [entry.endpoint, *self.peers] if e]
+        return payload_of(self.blobs.get("delta", entry.delta_hash, payload_of, endpoints=endpoints))
+
+
+class HostBehaviour:
+    """The honest host. Subclasses override hooks; `params` come from host.toml's
+    `behaviour_params` and unknown ones are refused (a typo must not silently mean honest)."""
+
+    name = "honest"
+    allowed_params: frozenset[str] = frozenset()
+
+    def __init__(self, **params: Any) -> None:
+        unknown = set(params) - self.allowed_params
+        if unknown:
+            raise BehaviourError(f"behaviour {self.name!r} does not take {sorted(unknown)}")
+        self.params = params
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        """Train H inner steps from G_n with the carried optimizer and commit to the trajectory."""
+        return ctx.train()
+
+    def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
+        """What to broadcast before the commit deadline (an equivocator returns two)."""
+        return [contribution.to_msg(ctx.address, ctx.run_id)]
+
+    def should_reveal(self, contribution: Contribution, ctx: OuterContext) -> bool:
+        """Whether to open the sampled segments (a no-reveal adversary says no)."""
+        return True
+
+    def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
+        """The bytes to answer a GET with, or None to refuse (malformed-blob adversaries tamper)."""
+        return data
+
+
+BehaviourFactory = Callable[..., HostBehaviour]
+_REGISTRY: dict[str, BehaviourFactory] = {HostBehaviour.name: HostBehaviour}
+
+
+def register(name: str, factory: BehaviourFactory) -> None:
+    """Make a behaviour selectable by name in host.toml. The adversary library registers its
+    hosts here (trainer must not import the composition root, so it cannot look them up)."""
+    _REGISTRY[name] = factory
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def resolve(name: str, params: Mapping[str, Any] | None = None) -> HostBehaviour:
+    """The registered behaviour `name` built with `params` (unknown names/params are errors)."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise BehaviourError(f"unknown behaviour {name!r}; registered: {names()}")
+    try:
+        behaviour = factory(**dict(params or {}))
+    except TypeError as e:
+        raise BehaviourError(f"behaviour {name!r}: {e}") from e
+    if not isinstance(behaviour, HostBehaviour):
+        raise BehaviourError(f"behaviour {name!r} is not a HostBehaviour")
+    return behaviour
