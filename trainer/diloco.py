@@ -1,0 +1,92 @@
+"""A torchft-style DiLoCo wrapper for ANY `nn.Module` and inner optimizer.
+
+It hooks the inner optimizer: every `sync_every` inner steps it computes Δ = θ_global − θ_local,
+hands it to a pluggable aggregation (in-process for a simulation, the verified network path in
+the node), applies the outer Nesterov step with `protocol.outer.outer_update` (bitwise identical
+on every worker), and resets the local parameters to the new global ones.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from protocol.outer import outer_update
+
+Delta = Mapping[str, Tensor]
+Aggregate = Callable[[str, int, Delta], Sequence[tuple[str, int, Delta]]]
+"""(worker name, tokens, own Δ) -> every contribution that enters the outer step."""
+
+
+def solo(name: str, tokens: int, delta: Delta) -> list[tuple[str, int, Delta]]:
+    """One worker: DiLoCo degenerates to local SGD with an outer Nesterov step."""
+    return [(name, tokens, delta)]
+
+
+class InProcessGroup:
+    """Workers in threads of one process meet at a barrier and all see the same Δ list."""
+
+    def __init__(self, n_workers: int, timeout: float = 600.0) -> None:
+        self._barrier = threading.Barrier(n_workers, timeout=timeout)
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, int, Delta]] = []
+        self._round: list[tuple[str, int, Delta]] = []
+
+    def __call__(self, name: str, tokens: int, delta: Delta) -> list[tuple[str, int, Delta]]:
+        with self._lock:
+            self._pending.append((name, tokens, {k: v.clone() for k, v in delta.items()}))
+        if self._barrier.wait() == 0:  # exactly one thread publishes the round
+            self._round, self._pending = self._pending, []
+        self._barrier.wait()
+        return list(self._round)
+
+
+class DiLoCo:
+    """Wrap a model and its inner optimizer; call `inner_optimizer.step()` as usual."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        inner_optimizer: torch.optim.Optimizer,
+        sync_every: int,
+        *,
+        aggregate: Aggregate = solo,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+        name: str = "local",
+        tokens_per_step: int = 1,
+    ) -> None:
+        if sync_every < 1:
+            raise ValueError("sync_every must be >= 1")
+        self.model, self.sync_every, self.aggregate = model, sync_every, aggregate
+        self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
+        self.name, self.tokens_per_step = name, tokens_per_step
+        self.inner_steps = 0
+        self.outer_steps = 0
+        self.global_params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+        self.momentum = {n: torch.zeros_like(t) for n, t in self.global_params.items()}
+        self._hook = inner_optimizer.register_step_post_hook(lambda *_: self._after_inner_step())
+
+    def _after_inner_step(self) -> None:
+        self.inner_steps += 1
+        if self.inner_steps % self.sync_every == 0:
+            self.sync()
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """One outer step: aggregate Δs, Nesterov, and restart local training from the new global."""
+        delta = {n: self.global_params[n] - p.detach().float() for n, p in self.model.named_parameters()}
+        deltas = self.aggregate(self.name, self.tokens_per_step * self.sync_every, delta)
+        self.global_params, self.momentum = outer_update(
+            self.global_params, self.momentum, deltas, self.outer_lr, self.outer_momentum
+        )
+        for n, p in self.model.named_parameters():
+            p.copy_(self.global_params[n])
+        self.outer_steps += 1
+
+    def close(self) -> None:
+        """Detach from the optimizer (the model keeps its current parameters)."""
+        self._hook.remove()
