@@ -1,0 +1,267 @@
+"""Generate the byte-level test vectors in `specs/vectors/*.json` (`make vectors`).
+
+Each vector is {"input": ..., "output": ...} with inputs spelled out exactly (float32 values as
+their IEEE bit patterns in hex), so another implementation (a Go chain module) can recompute
+every output from the JSON alone. `tests/test_vectors.py` does exactly that with this code base.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from protocol import codecs, merkle, prf
+from protocol.config import Codec, ModelSpec, RunConfig
+from protocol.messages import (
+    Coin,
+    EnvFingerprint,
+    MsgCommitPseudoGradient,
+    MsgCreateRun,
+    MsgSend,
+    MsgSubmitVerdict,
+    Reason,
+)
+from protocol.outer import global_model_hash, outer_update
+from protocol.tensors import StateKind, canonical_bytes, tensor_hash
+from protocol.wire import to_any
+
+VECTORS = Path(__file__).resolve().parent / "vectors"
+HOST = "gonka1k4swv40ur28fvu54p8mskjj4lxkgsj07u9f8ny"  # test_wallet(0)
+BLOCK = hashlib.sha256(b"block 1").hexdigest()
+
+
+# ---- tensor <-> JSON ---------------------------------------------------------------------------
+
+
+def tensor_to_json(t: torch.Tensor) -> dict[str, Any]:
+    if t.dtype == torch.float32:
+        bits = t.contiguous().numpy().view(np.uint32).reshape(-1)
+        return {"dtype": "float32", "shape": list(t.shape), "bits": [f"{int(b):08x}" for b in bits]}
+    if t.dtype == torch.int64:
+        return {"dtype": "int64", "shape": list(t.shape), "values": [int(x) for x in t.reshape(-1)]}
+    raise ValueError(f"no JSON form for {t.dtype}")
+
+
+def tensor_from_json(d: dict[str, Any]) -> torch.Tensor:
+    shape = tuple(d["shape"])
+    if d["dtype"] == "float32":
+        bits = np.array([int(b, 16) for b in d["bits"]], dtype=np.uint32)
+        return torch.from_numpy(bits.view(np.float32).copy()).reshape(shape)
+    if d["dtype"] == "int64":
+        return torch.tensor(d["values"], dtype=torch.int64).reshape(shape)
+    raise ValueError(f"unknown dtype {d['dtype']!r}")
+
+
+def set_to_json(ts: dict[str, torch.Tensor]) -> dict[str, Any]:
+    return {n: tensor_to_json(t) for n, t in sorted(ts.items())}
+
+
+def set_from_json(d: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {n: tensor_from_json(v) for n, v in d.items()}
+
+
+def ramp(n: int, shape: tuple[int, ...], mul: int = 37, mod: int = 101, div: float = 64.0) -> torch.Tensor:
+    """Exactly representable float32 values ((i·mul mod m) − m/2)/div: no platform-dependent math."""
+    idx = torch.arange(n, dtype=torch.int64)
+    return (((idx * mul) % mod - mod // 2).to(torch.float32) / div).reshape(shape)
+
+
+# ---- vector builders ---------------------------------------------------------------------------
+
+
+def tensor_vectors() -> list[dict[str, Any]]:
+    sets = {
+        "one_scalar": {"step": torch.tensor(7, dtype=torch.int64)},
+        "training_state": {
+            "param/w": ramp(6, (2, 3)),
+            "param/b": ramp(3, (3,), mul=5),
+            "exp_avg/w": ramp(6, (2, 3), mul=11) / 1024,
+            "exp_avg/b": ramp(3, (3,), mul=13) / 1024,
+            "exp_avg_sq/w": ramp(6, (2, 3), mul=17).abs() / 4096,
+            "exp_avg_sq/b": ramp(3, (3,), mul=19).abs() / 4096,
+            "step": torch.tensor(10, dtype=torch.int64),
+        },
+    }
+    out = []
+    for label, ts in sets.items():
+        out.append(
+            {
+                "label": label,
+                "input": set_to_json(ts),
+                "output": {
+                    "canonical_bytes": canonical_bytes(ts).hex(),
+                    "hash": {k.value: tensor_hash(ts, k) for k in StateKind},
+                },
+            }
+        )
+    return out
+
+
+def _hexes(xs: list[bytes]) -> list[str]:
+    return [x.hex() for x in xs]
+
+
+def merkle_vectors() -> list[dict[str, Any]]:
+    out = []
+    for n in (1, 2, 3, 4, 5, 7, 8, 11):
+        leaves = [hashlib.sha256(f"leaf {i}".encode()).digest() for i in range(n)]
+        out.append(
+            {
+                "input": {"leaves": [x.hex() for x in leaves]},
+                "output": {
+                    "root": merkle.merkle_root(leaves).hex(),
+                    "inclusion_proofs": [_hexes(merkle.inclusion_proof(leaves, i)) for i in range(n)],
+                    "pair_proofs": [_hexes(merkle.pair_proof(leaves, i)) for i in range(n - 1)],
+                },
+            }
+        )
+    return out
+
+
+def codec_vectors() -> list[dict[str, Any]]:
+    delta = {"a": ramp(21, (3, 7)) / 8, "b": ramp(5, (5,), mul=3) / 1024, "z": torch.zeros(9)}
+    out = []
+    for codec in Codec:
+        payload = codecs.encode(delta, codec, 8)
+        layout = {n: tuple(t.shape) for n, t in delta.items()}
+        out.append(
+            {
+                "input": {"codec": codec.value, "block_size": 8, "tensors": set_to_json(delta)},
+                "output": {
+                    "payload": payload.hex(),
+                    "delta_hash": codecs.delta_hash(payload),
+                    "decoded": set_to_json(codecs.decode(payload, layout)),
+                },
+            }
+        )
+    return out
+
+
+def prf_vectors() -> dict[str, Any]:
+    verifiers = [f"gonka1verifier{i}" for i in range(6)] + [HOST]
+    return {
+        "prf_bytes": [
+            {"input": [s, *p], "output": prf.prf_bytes(s, *p).hex()}
+            for s, p in [(0, ()), (42, ("a", 1, "b"))]
+        ],
+        "prf_int": [
+            {"input": {"seed": 5, "parts": ["x", i], "bound": b}, "output": prf.prf_int(5, "x", i, bound=b)}
+            for i, b in enumerate([1, 2, 7, 1000, 2**63 + 1, 2**65 // 3 + 1, 2**64])
+        ],
+        "coin": [{"input": ["seed", i], "output": prf.coin("seed", i)} for i in range(4)],
+        "shard_index": [
+            {"input": {"run_seed": 9, "host": HOST, "n_shards": n}, "output": prf.shard_index(9, HOST, n)}
+            for n in (1, 8, 13)
+        ],
+        "batch_offsets": [
+            {
+                "input": {"run_seed": 9, "host": HOST, "outer_step": 2, "inner_step": 3, "batch_size": 4,
+                          "n_positions": 5000},
+                "output": prf.batch_offsets(9, HOST, 2, 3, 4, 5000),
+            }
+        ],
+        "sample_segments": [
+            {
+                "input": {"block_hash": BLOCK, "host": HOST, "n_segments": n, "s": s},
+                "output": prf.sample_segments(BLOCK, HOST, n, s),
+            }
+            for n, s in [(1, 1), (10, 1), (10, 3), (10, 10), (50, 4)]
+        ],
+        "assign_verifiers": [
+            {
+                "input": {"block_hash": BLOCK, "host": HOST, "verifiers": verifiers, "v": v, "round": r},
+                "output": prf.assign_verifiers(BLOCK, HOST, verifiers, v, r),
+            }
+            for v, r in [(1, 0), (2, 0), (2, 1), (2, 2), (2, 3), (10, 0)]
+        ],
+    }
+
+
+def outer_vectors() -> list[dict[str, Any]]:
+    params = {"w": ramp(6, (2, 3)), "b": ramp(3, (3,), mul=7)}
+    momentum = {"w": ramp(6, (2, 3), mul=3) / 512, "b": torch.zeros(3)}
+    deltas = [
+        ("gonka1hostb", 300, {"w": ramp(6, (2, 3), mul=11) / 256, "b": ramp(3, (3,), mul=13) / 256}),
+        ("gonka1hosta", 100, {"w": ramp(6, (2, 3), mul=17) / 256, "b": ramp(3, (3,), mul=19) / 256}),
+        ("gonka1hostc", 7, {"w": ramp(6, (2, 3), mul=23) / 256, "b": ramp(3, (3,), mul=29) / 256}),
+    ]
+    out = []
+    for lr, mu, ds in [(0.7, 0.9, deltas), (0.7, 0.9, deltas[:1]), (0.5, 0.0, deltas), (0.7, 0.9, [])]:
+        new_p, new_m = outer_update(params, momentum, ds, lr, mu)
+        out.append(
+            {
+                "input": {
+                    "lr": lr,
+                    "mu": mu,
+                    "params": set_to_json(params),
+                    "momentum": set_to_json(momentum),
+                    "deltas": [{"host": h, "tokens": w, "delta": set_to_json(d)} for h, w, d in ds],
+                },
+                "output": {
+                    "params": set_to_json(new_p),
+                    "momentum": set_to_json(new_m),
+                    "global_model_hash": global_model_hash(new_p, new_m),
+                    "input_global_model_hash": global_model_hash(params, momentum),
+                },
+            }
+        )
+    return out
+
+
+def wire_vectors() -> list[dict[str, Any]]:
+    h = hashlib.sha256(b"x").hexdigest()
+    cfg = RunConfig(
+        model=ModelSpec(factory="trainer.model:gpt", config={"n_layer": 2, "dropout": 0.1, "act": "gelu"}),
+        dataset_manifest_hash=h,
+        initial_model_hash=h,
+    )
+    msgs = [
+        MsgCreateRun(creator=HOST, config=cfg),
+        MsgCommitPseudoGradient(
+            creator=HOST, run_id=1, outer_step=3, base_model_hash=h, trajectory_root=h, leaf_count=11,
+            delta_hash=h, final_optimizer_hash=h, codec=Codec.INT8, tokens=5120,
+            env=EnvFingerprint(torch_version="2.13.0", threads=1),
+        ),
+        MsgSubmitVerdict(
+            creator=HOST, run_id=1, outer_step=3, host=HOST, reason=Reason.REPLAY_MISMATCH, evidence_hash=h
+        ),
+        MsgSend(from_address=HOST, to_address=HOST, amount=[Coin(amount=10**9)]),
+    ]
+    return [
+        {
+            "input": {"type_url": m.type_url(), "json": m.model_dump(mode="json")},
+            "output": to_any(m).value.hex(),
+        }
+        for m in msgs
+    ]
+
+
+BUILDERS = {
+    "tensors": tensor_vectors,
+    "merkle": merkle_vectors,
+    "codecs": codec_vectors,
+    "prf": prf_vectors,
+    "outer": outer_vectors,
+    "wire": wire_vectors,
+}
+
+
+def render(obj: Any) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True) + "\n"
+
+
+def main() -> None:
+    VECTORS.mkdir(parents=True, exist_ok=True)
+    for name, build in BUILDERS.items():
+        path = VECTORS / f"{name}.json"
+        path.write_text(render(build()))
+        print(f"{path.relative_to(VECTORS.parent.parent)}  {path.stat().st_size:>8} bytes")
+
+
+if __name__ == "__main__":
+    main()
