@@ -1,0 +1,210 @@
+"""The state machine alone: many hosts and verifiers running honest outer steps, no node, no signatures.
+
+Measures what a block costs the module (begin_block + its messages + end_block), what the app
+hash over the canonical JSON costs, and how the state grows. Run:
+`.venv/bin/python -m bench.chain_sim` (1,000 hosts, 100 verifiers, 20 outer steps) or `--quick`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from cosmpy.crypto.address import Address
+
+from chain import queries
+from chain.genesis import Genesis, genesis_state
+from chain.module import BlockContext, TxContext, begin_block, end_block, process_msg
+from chain.params import ZERO_HASH
+from chain.state import ChainState, app_hash, state_to_json
+from protocol import merkle
+from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
+from protocol.messages import (
+    EnvFingerprint,
+    MsgCommitPseudoGradient,
+    MsgCreateRun,
+    MsgJoinRun,
+    MsgRevealContribution,
+    MsgSubmitOuterResult,
+    MsgSubmitVerdict,
+    Reason,
+    Role,
+    SegmentOpening,
+)
+
+RESULTS = Path(__file__).parent / "results" / "chain_sim.json"
+GNK = 1_000_000_000
+
+
+def _addr(name: str) -> str:
+    return str(Address(hashlib.sha256(name.encode()).digest()[:20], prefix="gonka"))
+
+
+def _h(*parts: object) -> str:
+    return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()
+
+
+class Driver:
+    """Delivers blocks and records the module time and the app-hash time of each."""
+
+    def __init__(self, state: ChainState) -> None:
+        self.state, self.height, self.prev = state, 0, ZERO_HASH
+        self.module_s: list[float] = []
+        self.hash_s: list[float] = []
+        self.msgs = 0
+
+    def block(self, msgs: list[Any]) -> None:
+        h = self.height + 1
+        ctx = BlockContext(height=h, time=float(h), prev_block_hash=self.prev)
+        t0 = time.perf_counter()
+        begin_block(self.state, ctx)
+        for i, m in enumerate(msgs):
+            process_msg(self.state, m, TxContext(height=h, time=float(h), tx_hash=_h(h, i), signer=m.creator))
+        end_block(self.state, ctx)
+        t1 = time.perf_counter()
+        digest = app_hash(self.state)
+        self.hash_s.append(time.perf_counter() - t1)
+        self.module_s.append(t1 - t0)
+        self.msgs += len(msgs)
+        self.height, self.prev = h, hashlib.sha256(h.to_bytes(8, "big") + digest).hexdigest()
+
+    def until(self, height: int) -> None:
+        while self.height < height - 1:
+            self.block([])
+
+
+def simulate(n_hosts: int, n_verifiers: int, outer_steps: int) -> dict[str, Any]:
+    authority = _addr("authority")
+    hosts = [_addr(f"host{i}") for i in range(n_hosts)]
+    verifiers = [_addr(f"verifier{i}") for i in range(n_verifiers)]
+    genesis = Genesis(
+        authority=authority,
+        accounts={a: 1000 * GNK for a in [authority, *hosts, *verifiers]},
+        reward_pool=10**9 * GNK,
+    )
+    config = RunConfig(
+        model=ModelSpec(factory="trainer.model:tiny"),
+        dataset_manifest_hash=_h("data"),
+        initial_model_hash=_h("g", 0),
+        inner_steps=10,
+        segment_len=2,
+        sampled_segments=2,
+        verifiers_per_contribution=3,
+        codec=Codec.INT8,
+        max_outer_steps=outer_steps,
+        phases=Phases(join_blocks=1, train_blocks=2, reveal_blocks=2, verify_blocks=2, result_blocks=2),
+        stake=Stake(min_host_stake=GNK, min_verifier_stake=GNK),
+    )
+    leaves = {
+        h: [hashlib.sha256(f"{h}:{i}".encode()).digest() for i in range(config.n_segments + 1)] for h in hosts
+    }
+    root = {h: merkle.merkle_root(leaves[h]).hex() for h in hosts}
+    env = EnvFingerprint(torch_version="2.13.0", threads=1)
+    d = Driver(genesis_state(genesis))
+    d.block([MsgCreateRun(creator=authority, config=config)])
+    d.block(
+        [MsgJoinRun(creator=a, run_id=1, role=Role.HOST, endpoint="http://h", stake=GNK) for a in hosts]
+        + [
+            MsgJoinRun(creator=a, run_id=1, role=Role.VERIFIER, endpoint="http://v", stake=GNK)
+            for a in verifiers
+        ]
+    )
+    for n in range(outer_steps):
+        step = queries.outer_step(d.state, 1)
+        d.until(step["train_start"])
+        base = step["base_model_hash"]
+        d.block(
+            [
+                MsgCommitPseudoGradient(
+                    creator=h,
+                    run_id=1,
+                    outer_step=n,
+                    base_model_hash=base,
+                    trajectory_root=root[h],
+                    leaf_count=config.n_segments + 1,
+                    delta_hash=_h("d", h, n),
+                    final_optimizer_hash=_h("o", h, n),
+                    codec=config.codec,
+                    tokens=config.tokens_per_outer_step,
+                    env=env,
+                )
+                for h in hosts
+            ]
+        )
+        d.until(step["challenge_height"] + 1)
+        challenges = queries.challenges(d.state, 1)["challenges"]
+        reveals = []
+        for c in challenges:
+            lv = leaves[c["host"]]
+            openings = [
+                SegmentOpening(
+                    segment=j,
+                    start_leaf=lv[j].hex(),
+                    end_leaf=lv[j + 1].hex(),
+                    proof=[p.hex() for p in merkle.pair_proof(lv, j)],
+                )
+                for j in c["segments"]
+            ]
+            reveals.append(
+                MsgRevealContribution(creator=c["host"], run_id=1, outer_step=n, openings=openings)
+            )
+        d.block(reveals)
+        d.block(
+            [
+                MsgSubmitVerdict(
+                    creator=v,
+                    run_id=1,
+                    outer_step=n,
+                    host=c["host"],
+                    reason=Reason.ACCEPT,
+                    evidence_hash=_h("e", v, c["host"]),
+                )
+                for c in challenges
+                for v in c["verifiers"]
+            ]
+        )
+        d.until(step["verify_deadline"] + 1)
+        d.block(
+            [
+                MsgSubmitOuterResult(creator=h, run_id=1, outer_step=n, model_hash=_h("g", n + 1))
+                for h in hosts[: n_hosts // 2 + 1]
+            ]
+        )
+    assert queries.run(d.state, 1)["status"] == "finished"
+    busy = [m for m in d.module_s if m > 0.001]
+    return {
+        "hosts": n_hosts,
+        "verifiers": n_verifiers,
+        "outer_steps": outer_steps,
+        "blocks": d.height,
+        "messages": d.msgs,
+        "module_s_total": sum(d.module_s),
+        "module_ms_per_msg": 1000 * sum(d.module_s) / d.msgs,
+        "module_ms_per_block_mean": 1000 * statistics.mean(d.module_s),
+        "module_ms_per_block_max": 1000 * max(d.module_s),
+        "module_ms_per_busy_block_median": 1000 * statistics.median(busy) if busy else 0.0,
+        "app_hash_ms_mean": 1000 * statistics.mean(d.hash_s),
+        "app_hash_ms_last": 1000 * d.hash_s[-1],
+        "state_json_bytes": len(state_to_json(d.state)),
+    }
+
+
+def main(quick: bool = False) -> None:
+    sizes = (100, 10, 3) if quick else (1000, 100, 20)
+    result = simulate(*sizes)
+    print(f"{'metric':34s} value")
+    for k, v in result.items():
+        print(f"{k:34s} {v:,.2f}" if isinstance(v, float) else f"{k:34s} {v:,}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"quick": quick, **result}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    main(quick=ap.parse_args().quick)
