@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from google.protobuf import any_pb2
 
 from protocol import codecs, merkle, prf
 from protocol.messages import MsgCreateRun, MsgSend
@@ -16,8 +17,6 @@ from protocol.outer import global_model_hash, outer_update
 from protocol.tensors import StateKind, canonical_bytes, tensor_hash
 from protocol.wire import from_any, to_any
 from specs.make_vectors import BUILDERS, VECTORS, render, set_from_json, set_to_json
-
-from google.protobuf import any_pb2  # isort: skip
 
 
 def load(name: str) -> Any:
