@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -382,12 +383,18 @@ class App:
             )
         return gas_used
 
-    def check_tx(self, raw: bytes, *, expected_sequence: int | None = None) -> DecodedTx:
-        """Mempool admission (CheckTx): decode plus ante against the committed state."""
+    def check_tx(self, raw: bytes, pending_sequences: Mapping[str, int] | None = None) -> DecodedTx:
+        """Mempool admission (CheckTx): decode plus ante against the committed state; a signer
+        with txs already in the mempool must continue from `pending_sequences[signer]`."""
         tx = self.decode(raw)
-        self.ante(tx, expected_sequence=expected_sequence)
+        expected = pending_sequences.get(tx.signer) if pending_sequences else None
+        self.ante(tx, expected_sequence=expected)
         self._sig_verified.add(tx.hash)
         return tx
+
+    def forget(self, tx_hash_hex: str) -> None:
+        """Drop the signature-cache entry of a tx that left the mempool without a block."""
+        self._sig_verified.discard(tx_hash_hex)
 
     def simulate(self, raw: bytes) -> tuple[int, list[dict[str, Any]]]:
         """Gas estimate as the SDK's simulate: ante without signature/fee checks, msgs on a copy."""
