@@ -1,14 +1,221 @@
-"""The `gonka-diloco` command line: one typer app, sub-apps per node kind."""
+"""The `gonka-diloco` command line: one typer app, sub-apps per node kind.
+
+Sub-apps are imported only when they run: the node sub-apps pull in torch, FastAPI and cosmpy,
+which would make `gonka-diloco --help` take seconds. A sub-app whose package is not installed (or
+not built yet) still shows in the help and fails with a clear message when called.
+"""
 
 from __future__ import annotations
 
-import typer
+import importlib
+from pathlib import Path
+from typing import Annotated, Any
 
-app = typer.Typer(help="Verifiable DiLoCo training on a Cosmos chain.", no_args_is_help=True)
+import click
+import typer
+from typer.core import TyperGroup
+
+LAZY: dict[str, tuple[str, str]] = {
+    "chain": ("chain.cli", "The devnet chain node (`chain start`)."),
+    "host": ("trainer.cli", "The host node: train, commit, reveal (`host run --config host.toml`)."),
+    "verifier": (
+        "verifier.cli",
+        "The verifier node: replay and judge (`verifier run --config verifier.toml`).",
+    ),
+    "keys": ("gonka_diloco.keys_cli", "Create, import and list account keys."),
+    "run": ("gonka_diloco.run_cli", "Create training runs from a TOML run config."),
+    "status": ("gonka_diloco.status_cli", "Show runs, outer steps, phases, contributions and verdicts."),
+}
+"""name -> (module with a typer `app`, the one-line help shown without importing it)."""
+
+
+class LazyGroup(TyperGroup):
+    """A typer group whose sub-commands are imported on first use, not to print the help."""
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *LAZY})
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands or cmd_name not in LAZY:
+            return self.commands.get(cmd_name)
+        module_name, help_text = LAZY[cmd_name]
+        if self._listing:
+            return click.Command(cmd_name, help=help_text, short_help=help_text)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            return _unavailable(cmd_name, help_text, f"{module_name} is not installed ({e.name} missing)")
+        command = typer.main.get_command(module.app)
+        command.name = cmd_name
+        self.commands[cmd_name] = command
+        return command
+
+
+def _unavailable(name: str, help_text: str, why: str) -> click.Command:
+    def callback() -> None:
+        raise click.UsageError(f"`{name}` is unavailable: {why}")
+
+    return click.Command(name, help=f"{help_text} (unavailable: {why})", callback=callback)
+
+
+app = typer.Typer(cls=LazyGroup, help="Verifiable DiLoCo training on a Cosmos chain.", no_args_is_help=True)
 
 
 @app.command()
-def devnet() -> None:
-    """Run a local devnet (chain, hosts, verifiers as separate processes)."""
-    typer.echo("make devnet is not built yet (issue 6).", err=True)
-    raise typer.Exit(2)
+def devnet(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Devnet TOML (DevnetConfig fields).")
+    ] = None,
+    hosts: Annotated[int | None, typer.Option(help="Number of hosts (default 4).")] = None,
+    verifiers: Annotated[int | None, typer.Option(help="Number of verifiers (default 2).")] = None,
+    adversary: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--adversary",
+            "-a",
+            help="Adversarial hosts, NAME[:COUNT[:k=v,…]], repeatable (default random_noise:1; 'none').",
+        ),
+    ] = None,
+    verifier_adversary: Annotated[
+        list[str] | None, typer.Option("--verifier-adversary", help="Adversarial verifiers, same form.")
+    ] = None,
+    outer_steps: Annotated[
+        int | None, typer.Option("--outer-steps", help="Outer steps to run (default 5).")
+    ] = None,
+    inner_steps: Annotated[
+        int | None, typer.Option("--inner-steps", "-H", help="H: inner steps per outer step.")
+    ] = None,
+    segment_len: Annotated[
+        int | None, typer.Option("--segment-len", "-k", help="k: inner steps per segment.")
+    ] = None,
+    sampled_segments: Annotated[
+        int | None, typer.Option("--sampled", "-s", help="s: segments opened.")
+    ] = None,
+    verifiers_per_contribution: Annotated[
+        int | None, typer.Option("--verifiers-per", "-v", help="v: verifiers per contribution.")
+    ] = None,
+    codec: Annotated[str | None, typer.Option(help="Δ codec: fp32, bf16, int8, int4.")] = None,
+    model_size: Annotated[str | None, typer.Option("--model-size", help="tiny, small or base.")] = None,
+    block_interval: Annotated[
+        float | None, typer.Option("--block-interval", help="Seconds per block.")
+    ] = None,
+    replay_mode: Annotated[str | None, typer.Option("--replay-mode", help="bitwise or tolerance.")] = None,
+    tolerance: Annotated[float | None, typer.Option(help="Tolerance-mode threshold.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Run seed (model init, data, batches).")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Seconds before the run counts as stalled.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out-dir", help="Where runs/<timestamp>/ goes.")] = None,
+    live: Annotated[
+        bool | None, typer.Option("--live/--no-live", help="Show the live terminal view.")
+    ] = None,
+) -> None:
+    """Run a local devnet (chain, hosts, verifiers as separate processes); writes runs/<time>/report.md."""
+    from gonka_diloco.devnet_config import DevnetConfigError, load_config, parse_adversary
+    from gonka_diloco.report import summary_rows
+
+    overrides: dict[str, Any] = {
+        "hosts": hosts,
+        "verifiers": verifiers,
+        "outer_steps": outer_steps,
+        "inner_steps": inner_steps,
+        "segment_len": segment_len,
+        "sampled_segments": sampled_segments,
+        "verifiers_per_contribution": verifiers_per_contribution,
+        "codec": codec,
+        "model_size": model_size,
+        "block_interval": block_interval,
+        "replay_mode": replay_mode,
+        "tolerance": tolerance,
+        "seed": seed,
+        "timeout": timeout,
+        "out_dir": out_dir,
+        "live": live,
+    }
+    try:
+        if adversary:
+            specs = [] if adversary == ["none"] else [parse_adversary(a) for a in adversary]
+            overrides["adversaries"] = [s.model_dump() for s in specs]
+        if verifier_adversary:
+            overrides["verifier_adversaries"] = [parse_adversary(a).model_dump() for a in verifier_adversary]
+        cfg = load_config(config, overrides)
+        from gonka_diloco.devnet import run_devnet
+
+        snap = run_devnet(cfg, echo=typer.echo)
+    except DevnetConfigError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    _print_summary(summary_rows(snap), snap.failures)
+    if snap.failures:
+        raise typer.Exit(1)
+
+
+def _print_summary(rows: list[tuple[str, str]], failures: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("", "", title="devnet summary", show_header=False)
+    for k, v in rows:
+        table.add_row(k, v)
+    console = Console()
+    console.print(table)
+    for f in failures:
+        console.print(f"[red]FAIL[/red] {f}", highlight=False)
+
+
+@app.command()
+def report(
+    target: Annotated[str, typer.Argument(help="A devnet run folder (with snapshot.json) or a chain URL.")],
+    run_id: Annotated[int, typer.Option("--run-id", help="With a chain URL: which run.")] = 1,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder to write into (default: the run folder).")
+    ] = None,
+) -> None:
+    """Write report.md and loss.png for a run folder or a run on a chain, and print the summary."""
+    from gonka_diloco.report import ReportError, load_snapshot, summary_rows, write_report
+
+    try:
+        if target.startswith(("http://", "https://")):
+            snap = _snapshot_from_chain(target, run_id)
+            folder = out or Path("runs") / f"report-run{run_id}"
+        else:
+            snap = load_snapshot(Path(target))
+            folder = out or Path(target)
+    except ReportError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    path = write_report(snap, folder)
+    _print_summary(summary_rows(snap), snap.failures)
+    typer.echo(f"report: {path}")
+
+
+def _snapshot_from_chain(url: str, run_id: int) -> Any:
+    from chain.client import HttpChainClient
+    from gonka_diloco.collect import BlockTally, collect, fetch_status, scan_blocks, update_from_status
+    from gonka_diloco.report import ReportError, evaluate
+
+    client = HttpChainClient(url, timeout=10.0)
+    try:
+        tally = scan_blocks(client, run_id, BlockTally(), client.height())
+        snap = collect(client, run_id, tally=tally, measure_deltas=True)
+    except Exception as e:  # transport or unknown run: one clear line
+        raise ReportError(f"cannot read run {run_id} from {url}: {e}") from None
+    finally:
+        client.close()
+    for i, node in enumerate(snap.nodes):
+        status = fetch_status(node.url) if node.url else None
+        if status is not None:
+            snap.nodes[i] = update_from_status(node, status)
+    snap.failures = evaluate(snap, expect_finished=False, expect_all_honest=False)
+    return snap
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,248 @@
+"""Build a report `Snapshot` from what a chain and its nodes say over HTTP.
+
+Everything comes from public interfaces — the module's JSON queries, the block stream and each
+node's `/status` — so `gonka-diloco report <chain URL>` can describe any run, not only one this
+process started. Node names are optional: a devnet passes its own (host-0, verifier-1, …); a
+bare chain URL gets short addresses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from gonka_diloco.report import UNKNOWN, ChainStats, ContributionRow, NodeRow, Snapshot, StepRow
+
+MAX_STATUS_BYTES = 1 << 20
+MAX_SCAN_BLOCKS = 20_000
+"""A report scans every block for txs, slashes and rewards; beyond this it gives up on the counts."""
+
+REASONS = {
+    0: "ACCEPT",
+    1: "BAD_PROOF",
+    2: "WRONG_START",
+    3: "REPLAY_MISMATCH",
+    4: "DELTA_MISMATCH",
+    5: "MISSING_DATA",
+    6: "MALFORMED_BLOB",
+    7: "BAD_TOKENS",
+    8: "BAD_ENVIRONMENT",
+}
+
+
+class Chain(Protocol):
+    """The part of `chain.client.ChainClient` a report needs (kept narrow for test stand-ins)."""
+
+    def query(self, name: str, **params: Any) -> Any: ...
+
+    def height(self) -> int: ...
+
+
+@dataclass
+class BlockTally:
+    """Counts over the block stream: the only place txs and verifier slashes are visible."""
+
+    scanned_to: int = 0
+    txs: int = 0
+    verifier_slashed: int = 0
+    host_slashed: int = 0
+    rewards: int = 0
+    finalized: dict[tuple[int, str], tuple[int, int]] = field(
+        default_factory=dict
+    )  # (step, host) -> reward, slash
+
+    def add_block(
+        self, run_id: int, height: int, tx_count: int, events: list[tuple[str, Mapping[str, str]]]
+    ) -> None:
+        self.scanned_to = max(self.scanned_to, height)
+        self.txs += tx_count
+        for kind, attrs in events:
+            if attrs.get("run_id") != str(run_id):
+                continue
+            if kind == "slash_verifier":
+                self.verifier_slashed += int(attrs.get("amount", 0))
+            elif kind == "contribution_finalized":
+                reward, slashed = int(attrs.get("reward", 0)), int(attrs.get("slashed", 0))
+                self.finalized[(int(attrs["outer_step"]), attrs["host"])] = (reward, slashed)
+                self.rewards += reward
+                self.host_slashed += slashed
+
+
+def scan_blocks(client: Any, run_id: int, tally: BlockTally, up_to: int) -> BlockTally:
+    """Extend `tally` with blocks (tally.scanned_to, up_to]; the client needs `block(height)`."""
+    if up_to - tally.scanned_to > MAX_SCAN_BLOCKS:
+        return tally
+    for height in range(tally.scanned_to + 1, up_to + 1):
+        block = client.block(height)
+        events = [(e.type, e.attributes) for e in block.all_events()]
+        tally.add_block(run_id, height, len(block.txs), events)
+    return tally
+
+
+def short(address: str) -> str:
+    return f"{address[:10]}…{address[-4:]}" if len(address) > 16 else address
+
+
+def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """A node's `/status`, or None if it does not answer (a report must not fail on a dead node)."""
+    try:
+        r = httpx.get(url.rstrip("/") + "/status", timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200 or len(r.content) > MAX_STATUS_BYTES:
+        return None
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def delta_bytes(
+    endpoint: str | None, delta_hash: str, timeout: float = 5.0, limit: int = 256 << 20
+) -> int | None:
+    """Size of the revealed Δ blob as its host serves it; None when it is not (or no longer) served."""
+    if not endpoint:
+        return None
+    try:
+        with httpx.stream("GET", f"{endpoint.rstrip('/')}/blobs/delta/{delta_hash}", timeout=timeout) as r:
+            if r.status_code != 200:
+                return None
+            size = 0
+            for chunk in r.iter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    return None
+            return size
+    except httpx.HTTPError:
+        return None
+
+
+def losses(status: Mapping[str, Any]) -> tuple[dict[int, float], float | None]:
+    """(global val loss per outer step, last local loss) from a node's `/status`, tolerant of shape."""
+    val: dict[int, float] = {}
+    raw = status.get("val_loss")
+    if isinstance(raw, Mapping):
+        for k, v in raw.items():
+            try:
+                val[int(k)] = float(v)
+            except (TypeError, ValueError):
+                continue
+    local = status.get("loss", status.get("local_loss"))
+    return val, float(local) if isinstance(local, int | float) else None
+
+
+def collect(
+    client: Chain,
+    run_id: int,
+    nodes: list[NodeRow] | None = None,
+    *,
+    tally: BlockTally | None = None,
+    measure_deltas: bool = False,
+) -> Snapshot:
+    """Query the chain for run `run_id` and merge in what is known about the nodes."""
+    run = client.query("run", run_id=run_id)
+    participants = client.query("participants", run_id=run_id)["participants"]
+    rows = {n.address: n for n in (nodes or []) if n.address}
+    for p in participants:
+        if p["address"] not in rows:
+            rows[p["address"]] = NodeRow(
+                name=short(p["address"]),
+                role=p["role"],
+                address=p["address"],
+                url=p.get("endpoint", ""),
+                behaviour=UNKNOWN,
+            )
+    name = {a: n.name for a, n in rows.items()}
+
+    def nm(address: str) -> str:
+        return name.get(address, short(address))
+
+    endpoints = {p["address"]: p.get("endpoint") for p in participants}
+    finalized = tally.finalized if tally else {}
+    steps: list[StepRow] = []
+    contributions: list[ContributionRow] = []
+    for index in range(int(run["current_step"]) + 1):
+        s = client.query("outer_step", run_id=run_id, outer_step=index)
+        steps.append(
+            StepRow(
+                index=index,
+                phase=s["phase"],
+                accepted=[nm(a) for a in s["accepted"]],
+                base_model_hash=s["base_model_hash"],
+                result_hash=s.get("result_hash"),
+                result_votes={nm(a): h for a, h in (s.get("result_votes") or {}).items()},
+                open_height=s.get("open_height"),
+                done_height=s.get("done_height"),
+            )
+        )
+        commits = client.query("commitments", run_id=run_id, outer_step=index)["commitments"]
+        if not commits:
+            continue
+        challenges = {
+            c["host"]: c for c in client.query("challenges", run_id=run_id, outer_step=index)["challenges"]
+        }
+        verdicts: dict[str, list[str]] = {}
+        for v in client.query("verdicts", run_id=run_id, outer_step=index)["verdicts"]:
+            verdicts.setdefault(v["host"], []).append(
+                f"{nm(v['verifier'])}: {REASONS.get(v['reason'], v['reason'])}"
+            )
+        for c in commits:
+            host = c["host"]
+            reward, slashed = finalized.get((index, host), (0, 0))
+            outcome = (s.get("outcomes") or {}).get(host) or "pending"
+            contributions.append(
+                ContributionRow(
+                    host=nm(host),
+                    address=host,
+                    outer_step=index,
+                    outcome=outcome,
+                    reasons=verdicts.get(host, []),
+                    verifiers=[nm(v) for v in challenges.get(host, {}).get("verifiers", [])],
+                    delta_bytes=delta_bytes(endpoints.get(host), c["delta_hash"]) if measure_deltas else None,
+                    tokens=int(c["tokens"]),
+                    reward=reward,
+                    slashed=slashed,
+                )
+            )
+    stats = ChainStats(height=client.height())
+    if tally is not None and tally.scanned_to:
+        stats = ChainStats(
+            height=stats.height,
+            txs=tally.txs,
+            host_slashed=tally.host_slashed,
+            verifier_slashed=tally.verifier_slashed,
+            rewards=tally.rewards,
+        )
+    return Snapshot(
+        run_id=run_id,
+        chain_url=str(getattr(client, "url", "")),
+        run_status=run["status"],
+        config=run.get("config", {}),
+        current_step=int(run["current_step"]),
+        steps=steps,
+        contributions=contributions,
+        nodes=list(rows.values()),
+        chain=stats,
+    )
+
+
+def update_from_status(node: NodeRow, status: Mapping[str, Any]) -> NodeRow:
+    """Fold one `/status` answer into a node row (keeps every local loss seen so far)."""
+    val, local = losses(status)
+    local_loss = dict(node.local_loss)
+    step = status.get("outer_step")
+    if local is not None and isinstance(step, int):
+        local_loss[step] = local
+    phase = status.get("phase") or status.get("state") or node.state
+    return node.model_copy(
+        update={
+            "val_loss": {**node.val_loss, **val},
+            "local_loss": local_loss,
+            "state": str(phase),
+            "address": node.address or str(status.get("address", "")),
+        }
+    )

@@ -1,0 +1,421 @@
+"""The devnet orchestrator: one chain, N hosts, M verifiers, each its own OS process over HTTP.
+
+It does only what an operator would do by hand — start a chain, create a run from the authority
+key, write each node's TOML, start the nodes, watch the chain and the nodes' `/status` — and
+then writes the report. Nothing is shared between nodes but the chain URL, so the devnet
+exercises exactly the code paths separate machines would. `Devnet` is also the handle the fault
+tests use to kill and restart nodes mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gonka_diloco.collect import (
+    BlockTally,
+    collect,
+    delta_bytes,
+    fetch_status,
+    scan_blocks,
+    update_from_status,
+)
+from gonka_diloco.devnet_config import MODEL_SIZES, DevnetConfig, DevnetConfigError
+from gonka_diloco.live import LiveState, NodeView, render
+from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
+from gonka_diloco.report import NodeRow, Snapshot, evaluate, write_report
+from protocol.config import ModelSpec, Phases, RunConfig, Stake
+
+AUTHORITY_INDEX = 0
+"""test_wallet(0) is the authority that creates runs; hosts are 1..N, verifiers N+1..N+M."""
+HOST_STAKE = 2_000_000_000
+VERIFIER_STAKE = 2_000_000_000
+START_TIMEOUT = 120.0
+"""Seconds a node may take to print its listening line (torch import on a loaded 2-core box)."""
+
+
+class DevnetError(RuntimeError):
+    """The devnet could not be set up or did not complete; the message says what and where."""
+
+
+def check_behaviours(cfg: DevnetConfig) -> None:
+    """Every adversary named must exist in the adversary library (a clear error otherwise)."""
+    try:
+        from gonka_diloco import adversaries
+    except ImportError:
+        if cfg.adversaries or cfg.verifier_adversaries:
+            raise DevnetConfigError(
+                "the adversary library (gonka_diloco.adversaries) is not installed"
+            ) from None
+        return
+    for spec in cfg.adversaries:
+        _resolve(adversaries.resolve_host, "host", spec.behaviour, spec.params)
+    for spec in cfg.verifier_adversaries:
+        _resolve(adversaries.resolve_verifier, "verifier", spec.behaviour, spec.params)
+
+
+def _resolve(resolver: Callable[..., Any], role: str, name: str, params: dict[str, Any]) -> None:
+    try:
+        resolver(name, params)
+    except (KeyError, ValueError, TypeError) as e:
+        raise DevnetConfigError(f"{role} adversary {name!r}: {e}") from None
+
+
+def run_config(cfg: DevnetConfig) -> RunConfig:
+    """The run's config: tiny model, seeded init, G_0's hash, the Shakespeare manifest's hash."""
+    from trainer.data import shakespeare_manifest
+    from trainer.globalmodel import GlobalModel
+    from trainer.spec import build_model
+
+    model = ModelSpec(
+        factory="trainer.model:small_gpt", config={**MODEL_SIZES[cfg.model_size], "seed": cfg.seed}
+    )
+    _, manifest = shakespeare_manifest()
+    phases = Phases(
+        join_blocks=cfg.blocks(cfg.phases.join),
+        train_blocks=cfg.blocks(cfg.phases.train),
+        reveal_blocks=cfg.blocks(cfg.phases.reveal),
+        verify_blocks=cfg.blocks(cfg.phases.verify),
+        escalation_blocks=cfg.blocks(cfg.phases.escalation),
+        result_blocks=cfg.blocks(cfg.phases.result),
+        epoch_length=1_000_000,
+        poc_window=0,
+    )
+    return RunConfig(
+        name="devnet",
+        model=model,
+        dataset_manifest_hash=manifest.manifest_hash(),
+        initial_model_hash=GlobalModel.from_module(build_model(model)).hash,
+        seed=cfg.seed,
+        inner_steps=cfg.inner_steps,
+        segment_len=cfg.segment_len,
+        sampled_segments=cfg.sampled_segments,
+        verifiers_per_contribution=cfg.verifiers_per_contribution,
+        batch_size=cfg.batch_size,
+        seq_len=cfg.seq_len,
+        codec=cfg.codec,
+        phases=phases,
+        stake=Stake(min_host_stake=HOST_STAKE // 2, min_verifier_stake=VERIFIER_STAKE // 2),
+        replay_mode=cfg.replay_mode,
+        tolerance=cfg.tolerance,
+        threads=cfg.threads,
+        max_outer_steps=cfg.outer_steps,
+    )
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def node_toml(fields: dict[str, Any], key: dict[str, Any]) -> str:
+    """host.toml / verifier.toml text (flat fields plus the [key] table)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    lines += ["", "[key]", *[f"{k} = {_toml_value(v)}" for k, v in key.items()]]
+    return "\n".join(lines) + "\n"
+
+
+class Devnet:
+    """One devnet: its folder, its processes and its chain client. Use as a context manager."""
+
+    def __init__(self, cfg: DevnetConfig, folder: Path | None = None, *, echo: Callable[[str], None] = print):
+        self.cfg = cfg
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        self.folder = folder or cfg.out_dir / stamp
+        self.echo = echo
+        self.sup = Supervisor()
+        self.rows: dict[str, NodeRow] = {}
+        self.procs: dict[str, NodeProcess] = {}
+        self.run_id = 0
+        self.client: Any = None
+        self.chain_port = 0
+        self.tally = BlockTally()
+        self.deltas: dict[tuple[int, str], int | None] = {}
+        self.restarts: dict[str, int] = {}
+        self.started = time.monotonic()
+        self.live = LiveState(outer_steps=cfg.outer_steps)
+
+    # ------------------------------------------------------------------ setup
+
+    def __enter__(self) -> Devnet:
+        self.sup.install_handlers()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sup.close()
+        if self.client is not None:
+            self.client.close()
+
+    def _log(self, name: str) -> Path:
+        return self.folder / "logs" / f"{name}.log"
+
+    def _on_event(self, node: str, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind in ("commit", "committed", "reveal", "revealed", "verdict", "outer_result", "error"):
+            extra = {
+                k: v for k, v in event.items() if k not in ("ts", "node", "event") and not isinstance(v, dict)
+            }
+            detail = " ".join(f"{k}={str(v)[:16]}" for k, v in list(extra.items())[:4])
+            self.live.events.append(f"{node}: {kind} {detail}")
+
+    def start_chain(self) -> str:
+        home = self.folder / "chain"
+        proc = NodeProcess(
+            "chain",
+            python_cli(
+                "chain",
+                "start",
+                "--home",
+                str(home),
+                "--port",
+                str(self.chain_port),
+                "--block-interval",
+                str(self.cfg.block_interval),
+            ),
+            self._log("chain"),
+        )
+        if "chain" not in self.sup.nodes:
+            self.sup.add(proc)
+            self.procs["chain"] = proc
+        else:
+            proc = self.procs["chain"]
+        proc.start()
+        url = proc.wait_listening(START_TIMEOUT)
+        self.chain_port = int(url.rsplit(":", 1)[1].split("/")[0])
+        return url
+
+    def create_run(self, url: str) -> int:
+        from chain.client import HttpChainClient
+        from protocol.keys import test_wallet
+        from protocol.messages import MsgCreateRun
+
+        self.client = HttpChainClient(url)
+        authority = test_wallet(AUTHORITY_INDEX)
+        config = run_config(self.cfg)
+        (self.folder / "run.json").write_text(config.model_dump_json(indent=2))
+        result = self.client.broadcast(
+            authority, [MsgCreateRun(creator=str(authority.address()), config=config)]
+        )
+        for event in result.events:
+            if event.type == "create_run":
+                return int(event.attributes["run_id"])
+        runs = self.client.query("runs")["runs"]
+        if not runs:
+            raise DevnetError("MsgCreateRun was committed but the chain lists no run")
+        return int(runs[-1]["run_id"])
+
+    def _add_node(
+        self, name: str, role: str, index: int, behaviour: str, params: dict[str, Any], url: str
+    ) -> None:
+        from protocol.keys import test_wallet
+
+        home = self.folder / name
+        home.mkdir(parents=True, exist_ok=True)
+        fields: dict[str, Any] = {
+            "chain_url": url,
+            "run_id": self.run_id,
+            "data_dir": str(home / "data"),
+            "listen": "127.0.0.1:0",
+            "stake": HOST_STAKE if role == "host" else VERIFIER_STAKE,
+            "threads": self.cfg.threads,
+            "behaviour": behaviour,
+            "behaviour_params": params,
+        }
+        config_path = home / f"{role}.toml"
+        config_path.write_text(node_toml(fields, {"test_index": index}))
+        proc = NodeProcess(
+            name,
+            python_cli(role, "run", "--config", str(config_path)),
+            self._log(name),
+            on_event=self._on_event,
+        )
+        self.sup.add(proc)
+        self.procs[name] = proc
+        self.rows[name] = NodeRow(
+            name=name,
+            role=role,
+            behaviour=behaviour,
+            address=str(test_wallet(index).address()),
+            log=str(self._log(name).relative_to(self.folder)),
+        )
+
+    def start(self) -> None:
+        """Chain, run, then every node; returns once all of them are listening."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "devnet.json").write_text(self.cfg.model_dump_json(indent=2))
+        url = self.start_chain()
+        self.rows["chain"] = NodeRow(name="chain", role="chain", url=url, log="logs/chain.log")
+        self.run_id = self.create_run(url)
+        for i, (behaviour, params) in enumerate(self.cfg.host_behaviours()):
+            self._add_node(f"host-{i}", "host", 1 + i, behaviour, params, url)
+        for j, (behaviour, params) in enumerate(self.cfg.verifier_behaviours()):
+            self._add_node(f"verifier-{j}", "verifier", 1 + self.cfg.hosts + j, behaviour, params, url)
+        for name, proc in self.procs.items():
+            if name != "chain":
+                proc.start()
+        for name, proc in self.procs.items():
+            self.rows[name] = self.rows[name].model_copy(update={"url": proc.wait_listening(START_TIMEOUT)})
+        self.live.run_id = self.run_id
+        self.live.nodes = [
+            NodeView(n.name, n.role, n.behaviour) for n in self.rows.values() if n.role != "chain"
+        ]
+
+    # ------------------------------------------------------------------ faults
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a node's process group (fault injection)."""
+        self.procs[name].kill()
+
+    def restart(self, name: str) -> None:
+        """Start a killed node again with the same config, disk and (for the chain) port."""
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        if name == "chain":
+            self.start_chain()
+            return
+        proc = self.procs[name]
+        proc.start()
+        self.rows[name] = self.rows[name].model_copy(update={"url": proc.wait_listening(START_TIMEOUT)})
+
+    # ------------------------------------------------------------------ watching
+
+    def poll(self) -> dict[str, Any]:
+        """One look at the chain and every node; updates the live view; returns the run summary."""
+        run = self.client.query("run", run_id=self.run_id)
+        step = self.client.query("outer_step", run_id=self.run_id, outer_step=run["current_step"])
+        self._measure_deltas(run["current_step"])
+        names = {r.address: r.name for r in self.rows.values() if r.address}
+        for view in self.live.nodes:
+            proc = self.procs[view.name]
+            view.alive = proc.alive
+            status = fetch_status(self.rows[view.name].url) if proc.alive else None
+            if status is not None:
+                view.status = status
+                self.rows[view.name] = update_from_status(self.rows[view.name], status)
+        self.live.height = step["height"]
+        self.live.outer_step = run["current_step"]
+        self.live.phase = step["phase"]
+        self.live.run_status = run["status"]
+        self.live.committed = len(step["committed"])
+        self.live.accepted = [names.get(a, a) for a in step["accepted"]]
+        self.live.outcomes = {names.get(a, a): o or "" for a, o in step["outcomes"].items()}
+        snap_losses = Snapshot(run_id=self.run_id, nodes=list(self.rows.values())).val_loss()
+        self.live.val_loss = snap_losses
+        self.live.elapsed_s = time.monotonic() - self.started
+        return run
+
+    def _measure_deltas(self, current: int) -> None:
+        """Δ blob sizes of a step, read while its hosts still serve them (after finalization)."""
+        for index in range(max(0, current - 1), current + 1):
+            acc = self.client.query("accepted", run_id=self.run_id, outer_step=index)
+            if acc["finalized_height"] is None:
+                continue
+            reveals = self.client.query("reveals", run_id=self.run_id, outer_step=index)["reveals"]
+            for r in reveals:
+                key = (index, r["host"])
+                if key not in self.deltas:
+                    self.deltas[key] = delta_bytes(r["endpoint"], r["delta_hash"])
+
+    def watch(
+        self,
+        until: Callable[[dict[str, Any]], bool] | None = None,
+        *,
+        timeout: float | None = None,
+        live: bool = False,
+    ) -> dict[str, Any]:
+        """Follow blocks until `until(run)` (default: the run finished); raises on crash or stall."""
+        from rich.live import Live
+
+        until = until or (lambda run: run["status"] == "finished")
+        deadline = time.monotonic() + (timeout if timeout is not None else self.cfg.timeout)
+        height = self.client.height()
+        view = Live(render(self.live), refresh_per_second=4, transient=False) if live else nullcontext()
+        with view as screen:
+            while True:
+                run = self.poll()
+                if screen is not None:
+                    screen.update(render(self.live))
+                if until(run):
+                    return run
+                crashed = self.sup.crashed()
+                if crashed:
+                    raise DevnetError(
+                        f"{crashed[0].name} crashed (exit {crashed[0].returncode}); see {crashed[0].log_path}"
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DevnetError(
+                        f"run stalled: not done within the timeout (step {run['current_step']})"
+                    )
+                height = self.client.wait_for_block(height, timeout=min(remaining, 30.0)).height
+
+    # ------------------------------------------------------------------ the end
+
+    def settle_losses(self, timeout: float = 20.0) -> None:
+        """Wait (block by block) until every honest host reported the final model's validation loss."""
+        honest = [r.name for r in self.rows.values() if r.role == "host" and r.behaviour == "honest"]
+        deadline = time.monotonic() + timeout
+        height = self.client.height()
+        while time.monotonic() < deadline:
+            self.poll()
+            alive = [h for h in honest if self.procs[h].alive]
+            if all(len(self.rows[h].val_loss) >= self.cfg.outer_steps for h in alive):
+                return
+            height = self.client.wait_for_block(height, timeout=max(0.1, deadline - time.monotonic())).height
+
+    def snapshot(self, failures: list[str] | None = None) -> Snapshot:
+        scan_blocks(self.client, self.run_id, self.tally, self.client.height())
+        rows = [
+            r.model_copy(
+                update={
+                    "alive": self.procs[r.name].alive or self.procs[r.name].expected_exit,
+                    "restarts": self.restarts.get(r.name, 0),
+                }
+            )
+            for r in self.rows.values()
+        ]
+        snap = collect(self.client, self.run_id, rows, tally=self.tally)
+        for c in snap.contributions:
+            c.delta_bytes = self.deltas.get((c.outer_step, c.address))
+        snap.wall_s = time.monotonic() - self.started
+        snap.failures = [*(failures or [])]
+        return snap
+
+
+def run_devnet(
+    cfg: DevnetConfig, folder: Path | None = None, *, echo: Callable[[str], None] = print
+) -> Snapshot:
+    """Run a whole devnet and write its report; the snapshot's `failures` decide the exit code."""
+    check_behaviours(cfg)
+    with Devnet(cfg, folder, echo=echo) as dn:
+        failures: list[str] = []
+        try:
+            echo(f"devnet: starting in {dn.folder}")
+            dn.start()
+            echo(
+                f"devnet: chain {dn.rows['chain'].url}, run {dn.run_id}, {len(dn.procs) - 1} nodes listening"
+            )
+            dn.watch(live=cfg.live)
+            dn.settle_losses()
+        except (DevnetError, OSError, RuntimeError) as e:
+            failures.append(str(e))
+        snap = dn.snapshot(failures) if dn.client is not None else Snapshot(run_id=0, failures=failures)
+        snap.failures = [*failures, *(f for f in evaluate(snap) if f not in failures)]
+        dn.close()
+        report = write_report(snap, dn.folder)
+        echo(f"devnet: report at {report}")
+        return snap

@@ -1,0 +1,201 @@
+"""`DevnetConfig`: everything one `gonka-diloco devnet` needs, from flags or a TOML file.
+
+The defaults are sized to finish in about three minutes on a 2-core machine: a tiny GPT, short
+outer steps, half-second blocks. Phase lengths are given in seconds and turned into blocks with
+the block interval, so changing the block interval does not silently shrink the time a host has
+to train. Bad input raises `DevnetConfigError` with one readable line per problem.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from protocol.config import Codec, ReplayMode
+
+ParamValue = int | float | str | bool
+
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 64},
+    "small": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64},
+    "base": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},
+}
+"""Model presets for `small_gpt`; the default GPT of the trainer is `base`."""
+
+ModelSize = Literal["tiny", "small", "base"]
+
+
+class DevnetConfigError(ValueError):
+    """The devnet configuration (flags or TOML) is invalid; the message says which field and why."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AdversarySpec(Strict):
+    """`count` nodes that run the library behaviour `behaviour` with `params`."""
+
+    behaviour: str = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_-]*$")
+    count: int = Field(1, ge=1, le=64)
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+
+
+class PhaseSeconds(Strict):
+    """Phase lengths in seconds of wall time (rounded up to whole blocks)."""
+
+    join: float = Field(25.0, gt=0, description="from run creation to outer step 0: nodes start and bond")
+    train: float = Field(10.0, gt=0)
+    reveal: float = Field(5.0, gt=0)
+    verify: float = Field(8.0, gt=0)
+    escalation: float = Field(5.0, gt=0)
+    result: float = Field(8.0, gt=0)
+
+
+class DevnetConfig(Strict):
+    """The devnet's shape; field names follow the run config (H, k, s, v in comments)."""
+
+    hosts: int = Field(4, ge=1, le=32)
+    verifiers: int = Field(2, ge=1, le=32)
+    adversaries: list[AdversarySpec] = Field(
+        default_factory=lambda: [AdversarySpec(behaviour="random_noise")],
+        description="adversarial hosts, taken from the end of the host list",
+    )
+    verifier_adversaries: list[AdversarySpec] = Field(default_factory=list)
+    outer_steps: int = Field(5, ge=1, le=1000)
+    inner_steps: int = Field(20, ge=1, description="H")
+    segment_len: int = Field(5, ge=1, description="k")
+    sampled_segments: int = Field(2, ge=1, description="s")
+    verifiers_per_contribution: int = Field(1, ge=1, description="v")
+    batch_size: int = Field(8, ge=1, le=1024)
+    seq_len: int = Field(64, ge=2, le=4096)
+    codec: Codec = Codec.INT8
+    model_size: ModelSize = "small"
+    block_interval: float = Field(0.5, gt=0, le=10)
+    replay_mode: ReplayMode = ReplayMode.BITWISE
+    tolerance: float = Field(0.0, ge=0)
+    seed: int = Field(0, ge=0, lt=2**63)
+    threads: int = Field(1, ge=1, le=64)
+    phases: PhaseSeconds = PhaseSeconds()
+    timeout: float = Field(900.0, gt=0, description="seconds before the run counts as stalled")
+    out_dir: Path = Path("runs")
+    live: bool = True
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DevnetConfig:
+        if self.inner_steps % self.segment_len:
+            raise ValueError("inner_steps (H) must be a multiple of segment_len (k)")
+        if self.sampled_segments > self.inner_steps // self.segment_len:
+            raise ValueError("sampled_segments (s) cannot exceed H/k")
+        if self.verifiers_per_contribution > self.verifiers:
+            raise ValueError("verifiers_per_contribution (v) cannot exceed the number of verifiers")
+        if self.n_adversarial_hosts >= self.hosts:
+            raise ValueError("at least one host must be honest (adversaries take up every host)")
+        if sum(a.count for a in self.verifier_adversaries) > self.verifiers:
+            raise ValueError("more adversarial verifiers than verifiers")
+        if self.replay_mode is ReplayMode.TOLERANCE and self.tolerance <= 0:
+            raise ValueError("replay_mode 'tolerance' needs a positive tolerance")
+        if self.seq_len > MODEL_SIZES[self.model_size]["block_size"]:
+            raise ValueError(f"seq_len exceeds the {self.model_size} model's context")
+        return self
+
+    @property
+    def n_adversarial_hosts(self) -> int:
+        return sum(a.count for a in self.adversaries)
+
+    def blocks(self, seconds: float) -> int:
+        """Whole blocks covering `seconds` (at least one)."""
+        return max(1, math.ceil(seconds / self.block_interval))
+
+    def host_behaviours(self) -> list[tuple[str, dict[str, ParamValue]]]:
+        """Behaviour per host index: honest first, adversaries last (so host-0 is always honest)."""
+        out: list[tuple[str, dict[str, ParamValue]]] = [("honest", {})] * (
+            self.hosts - self.n_adversarial_hosts
+        )
+        for adv in self.adversaries:
+            out += [(adv.behaviour, dict(adv.params))] * adv.count
+        return out
+
+    def verifier_behaviours(self) -> list[tuple[str, dict[str, ParamValue]]]:
+        bad = sum(a.count for a in self.verifier_adversaries)
+        out: list[tuple[str, dict[str, ParamValue]]] = [("honest", {})] * (self.verifiers - bad)
+        for adv in self.verifier_adversaries:
+            out += [(adv.behaviour, dict(adv.params))] * adv.count
+        return out
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        lines.append(f"{where}: {e['msg']}")
+    return "; ".join(lines)
+
+
+def make_config(data: dict[str, Any]) -> DevnetConfig:
+    """Validate a plain dict (from TOML and/or flags) into a `DevnetConfig`."""
+    try:
+        return DevnetConfig.model_validate(data)
+    except ValidationError as e:
+        raise DevnetConfigError(f"invalid devnet config: {_format_errors(e)}") from None
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML file into a dict, with a clear error for a missing or malformed file."""
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise DevnetConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise DevnetConfigError(f"{path} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise DevnetConfigError(f"cannot read {path}: {e.strerror}") from None
+
+
+def parse_adversary(text: str) -> AdversarySpec:
+    """`name`, `name:count` or `name:count:key=value,key=value` — the command-line form."""
+    name, _, rest = text.partition(":")
+    count_text, _, params_text = rest.partition(":")
+    try:
+        count = int(count_text) if count_text else 1
+    except ValueError:
+        raise DevnetConfigError(f"adversary {text!r}: count {count_text!r} is not an integer") from None
+    params: dict[str, ParamValue] = {}
+    for item in filter(None, params_text.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise DevnetConfigError(f"adversary {text!r}: parameter {item!r} is not key=value")
+        params[key] = _scalar(value)
+    try:
+        return AdversarySpec(behaviour=name, count=count, params=params)
+    except ValidationError as e:
+        raise DevnetConfigError(f"adversary {text!r}: {_format_errors(e)}") from None
+
+
+def _scalar(text: str) -> ParamValue:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def load_config(path: Path | None, overrides: dict[str, Any]) -> DevnetConfig:
+    """TOML file (if any) first, then every flag the user actually set on top of it."""
+    data: dict[str, Any] = load_toml(path) if path is not None else {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "phases":
+            data["phases"] = {**data.get("phases", {}), **value}
+        else:
+            data[key] = value
+    return make_config(data)

@@ -1,0 +1,107 @@
+"""The devnet's live terminal view (rich): chain height, outer step and phase, every node.
+
+The view is a pure function of a `LiveState`, so it can be rendered (and tested) without a
+terminal or a running devnet; the orchestrator only fills the state and refreshes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+PHASE_STYLE = {
+    "PENDING": "dim",
+    "TRAIN": "cyan",
+    "CHALLENGE": "magenta",
+    "REVEAL": "yellow",
+    "VERIFY": "blue",
+    "ESCALATION": "red",
+    "AWAITING_RESULT": "green",
+    "DONE": "bold green",
+}
+
+
+@dataclass
+class NodeView:
+    name: str
+    role: str
+    behaviour: str = "honest"
+    alive: bool = True
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LiveState:
+    run_id: int = 0
+    height: int = 0
+    outer_step: int = 0
+    outer_steps: int = 0
+    phase: str = "-"
+    run_status: str = "-"
+    elapsed_s: float = 0.0
+    committed: int = 0
+    accepted: list[str] = field(default_factory=list)
+    outcomes: dict[str, str] = field(default_factory=dict)  # node name -> outcome of this step
+    val_loss: dict[int, float] = field(default_factory=dict)
+    nodes: list[NodeView] = field(default_factory=list)
+    events: deque[str] = field(default_factory=lambda: deque(maxlen=8))
+
+
+def _fmt_loss(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, int | float) else "-"
+
+
+def _node_table(state: LiveState) -> Table:
+    table = Table(expand=True, show_edge=False, pad_edge=False)
+    for col in ("node", "role", "behaviour", "state", "step", "commits", "acc/rej", "loss", "this step"):
+        table.add_column(col, no_wrap=True)
+    for n in state.nodes:
+        s = n.status
+        alive = Text(n.name, style="bold" if n.alive else "strike red")
+        behaviour = Text(n.behaviour, style="" if n.behaviour == "honest" else "bold red")
+        phase = str(s.get("phase", "-")) if n.alive else "down"
+        table.add_row(
+            alive,
+            n.role,
+            behaviour,
+            Text(phase, style=PHASE_STYLE.get(phase, "")),
+            str(s.get("outer_step", "-")),
+            str(s.get("commits", "-")),
+            f"{s.get('accepted', '-')}/{s.get('rejected', '-')}",
+            _fmt_loss(s.get("loss", s.get("local_loss"))),
+            state.outcomes.get(n.name, ""),
+        )
+    return table
+
+
+def render(state: LiveState) -> Panel:
+    """The whole view as one rich renderable."""
+    phase = Text(state.phase, style=PHASE_STYLE.get(state.phase, ""))
+    head = Text.assemble(
+        ("block ", "dim"),
+        (str(state.height), "bold"),
+        ("   outer step ", "dim"),
+        (f"{state.outer_step}/{state.outer_steps}", "bold"),
+        ("   phase ", "dim"),
+        phase,
+        ("   commits ", "dim"),
+        (str(state.committed), "bold"),
+        ("   run ", "dim"),
+        (state.run_status, "bold"),
+        ("   ", ""),
+        (f"{state.elapsed_s:.0f}s", "dim"),
+    )
+    losses = "  ".join(f"{k}:{v:.3f}" for k, v in sorted(state.val_loss.items())[-8:]) or "-"
+    loss_line = Text.assemble(("global validation loss  ", "dim"), (losses, "bold"))
+    events = Text("\n".join(state.events) or "-", style="dim")
+    return Panel(
+        Group(head, loss_line, _node_table(state), Text("recent", style="dim underline"), events),
+        title=f"gonka-diloco devnet · run {state.run_id}",
+        border_style="blue",
+    )

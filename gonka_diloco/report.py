@@ -1,0 +1,334 @@
+"""The run report: `report.md`, `loss.png`, the contribution table and the chain stats.
+
+A report is rendered from a `Snapshot` — a plain, JSON-serialisable record of what the chain and
+the nodes said — so the same code renders a live devnet, a recorded run folder
+(`snapshot.json`) or a chain URL, and tests can render a recorded fixture without any node.
+`evaluate` turns the snapshot into the list of failures that decide the devnet's exit code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SNAPSHOT_FILE = "snapshot.json"
+UNKNOWN = "unknown"
+"""The behaviour of a node found on chain, not started by us: neither judged honest nor adversarial."""
+MAX_SNAPSHOT_BYTES = 64 << 20
+
+
+class ReportError(ValueError):
+    """A run folder or snapshot that cannot be read; the message says which and why."""
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContributionRow(Model):
+    host: str  # node name when known (host-2), else the address
+    address: str
+    outer_step: int
+    outcome: str  # accepted / rejected / missing_reveal / equivocated / unverified / pending
+    reasons: list[str] = Field(default_factory=list)  # one per verdict: "verifier-0: ACCEPT"
+    verifiers: list[str] = Field(default_factory=list)
+    delta_bytes: int | None = None
+    tokens: int = 0
+    reward: int = 0
+    slashed: int = 0
+
+
+class StepRow(Model):
+    index: int
+    phase: str
+    accepted: list[str] = Field(default_factory=list)  # node names
+    base_model_hash: str = ""
+    result_hash: str | None = None
+    result_votes: dict[str, str] = Field(default_factory=dict)  # node name -> hash it computed
+    open_height: int | None = None
+    done_height: int | None = None
+
+
+class NodeRow(Model):
+    name: str
+    role: str  # chain / host / verifier
+    address: str = ""
+    behaviour: str = "honest"
+    url: str = ""
+    state: str = ""  # last phase or status the node reported
+    alive: bool = True
+    restarts: int = 0
+    log: str = ""  # path relative to the run folder
+    local_loss: dict[int, float] = Field(default_factory=dict)  # outer step -> last local loss
+    val_loss: dict[int, float] = Field(default_factory=dict)
+
+
+class ChainStats(Model):
+    height: int = 0
+    txs: int | None = None
+    host_slashed: int = 0
+    verifier_slashed: int = 0
+    rewards: int = 0
+
+
+class Snapshot(Model):
+    run_id: int
+    chain_url: str = ""
+    run_status: str = ""
+    config: dict[str, Any] = Field(default_factory=dict)
+    current_step: int = 0
+    steps: list[StepRow] = Field(default_factory=list)
+    contributions: list[ContributionRow] = Field(default_factory=list)
+    nodes: list[NodeRow] = Field(default_factory=list)
+    chain: ChainStats = ChainStats()
+    wall_s: float | None = None
+    failures: list[str] = Field(default_factory=list)
+
+    def node(self, name: str) -> NodeRow | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def val_loss(self) -> dict[int, float]:
+        """Global validation loss per outer step, from honest hosts (they compute the same model)."""
+        merged: dict[int, float] = {}
+        for n in self.nodes:
+            if n.role == "host" and n.behaviour in ("honest", UNKNOWN):
+                for step, loss in n.val_loss.items():
+                    merged.setdefault(step, loss)
+        return dict(sorted(merged.items()))
+
+
+# ---------------------------------------------------------------- checks
+
+
+def evaluate(snap: Snapshot, *, expect_finished: bool = True, expect_all_honest: bool = True) -> list[str]:
+    """Every reason this run counts as failed; empty means it passed."""
+    failures: list[str] = []
+    behaviour = {n.name: n.behaviour for n in snap.nodes}
+    for node in snap.nodes:
+        if not node.alive:
+            failures.append(f"{node.name} crashed")
+    if expect_finished and snap.run_status != "finished":
+        failures.append(
+            f"run did not finish (status {snap.run_status or 'unknown'}, step {snap.current_step})"
+        )
+    finalized = [c for c in snap.contributions if c.outcome != "pending"]
+    for c in finalized:
+        if behaviour.get(c.host, UNKNOWN) == UNKNOWN:
+            continue
+        honest = behaviour[c.host] == "honest"
+        if honest and c.outcome != "accepted":
+            failures.append(f"honest {c.host} was {c.outcome} at outer step {c.outer_step}")
+        if not honest and c.outcome == "accepted":
+            failures.append(
+                f"adversary {c.host} ({behaviour[c.host]}) was accepted at outer step {c.outer_step}"
+            )
+    if expect_all_honest:
+        committed = {(c.host, c.outer_step) for c in snap.contributions}
+        honest_hosts = [n.name for n in snap.nodes if n.role == "host" and n.behaviour == "honest"]
+        for step in snap.steps:
+            if step.phase != "DONE":
+                continue
+            missing = [h for h in honest_hosts if (h, step.index) not in committed]
+            if missing:
+                failures.append(f"honest hosts made no contribution at outer step {step.index}: {missing}")
+    for step in snap.steps:
+        if step.result_hash is None:
+            continue
+        disagree = sorted(
+            h for h, v in step.result_votes.items() if h in step.accepted and v != step.result_hash
+        )
+        if disagree:
+            failures.append(f"outer step {step.index}: accepted hosts computed another model: {disagree}")
+    losses = snap.val_loss()
+    if len(losses) < 2:
+        failures.append("fewer than two global validation losses were reported")
+    else:
+        values = list(losses.values())
+        if not values[-1] < values[0]:
+            failures.append(f"global validation loss did not fall ({values[0]:.4f} -> {values[-1]:.4f})")
+    return failures
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def plot_loss(snap: Snapshot, path: Path) -> None:
+    """Global validation loss per outer step, and each host's last local loss per outer step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    try:
+        val = snap.val_loss()
+        if val:
+            ax.plot(list(val), list(val.values()), "k-o", linewidth=2, label="global validation")
+        for node in snap.nodes:
+            if node.role == "host" and node.local_loss:
+                steps = sorted(node.local_loss)
+                style = "--" if node.behaviour == "honest" else ":"
+                label = f"{node.name} local" + ("" if node.behaviour == "honest" else f" ({node.behaviour})")
+                ax.plot(steps, [node.local_loss[s] for s in steps], style, alpha=0.7, label=label)
+        ax.set_xlabel("outer step")
+        ax.set_ylabel("loss (nats/byte)")
+        ax.set_title(f"run {snap.run_id}")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+
+
+def _gnk(ngonka: int) -> str:
+    return f"{ngonka / 1e9:,.3f} GNK"
+
+
+def summary_rows(snap: Snapshot) -> list[tuple[str, str]]:
+    """The headline numbers, shared by report.md and the terminal summary."""
+    accepted = sum(c.outcome == "accepted" for c in snap.contributions)
+    rejected = sum(c.outcome not in ("accepted", "pending", "unverified") for c in snap.contributions)
+    val = snap.val_loss()
+    loss = f"{next(iter(val.values())):.4f} → {list(val.values())[-1]:.4f}" if val else "n/a"
+    hosts = [n for n in snap.nodes if n.role == "host"]
+    bad = [n for n in hosts if n.behaviour != "honest"]
+    return [
+        ("outer steps done", f"{sum(s.phase == 'DONE' for s in snap.steps)}"),
+        (
+            "hosts (adversarial)",
+            f"{len(hosts)} ({', '.join(f'{n.name}={n.behaviour}' for n in bad) or 'none'})",
+        ),
+        ("verifiers", str(sum(n.role == "verifier" for n in snap.nodes))),
+        ("contributions accepted / rejected", f"{accepted} / {rejected}"),
+        ("global validation loss", loss),
+        ("blocks / txs", f"{snap.chain.height} / {snap.chain.txs if snap.chain.txs is not None else 'n/a'}"),
+        (
+            "slashed (hosts / verifiers)",
+            f"{_gnk(snap.chain.host_slashed)} / {_gnk(snap.chain.verifier_slashed)}",
+        ),
+        ("rewards paid", _gnk(snap.chain.rewards)),
+        ("wall time", f"{snap.wall_s:.0f} s" if snap.wall_s is not None else "n/a"),
+        ("result", "PASS" if not snap.failures else "FAIL"),
+    ]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
+    parts = [f"# gonka-diloco run {snap.run_id}", ""]
+    if snap.chain_url:
+        parts += [f"Chain: `{snap.chain_url}`", ""]
+    parts += ["## Summary", "", _table(["", ""], [list(r) for r in summary_rows(snap)]), ""]
+    if snap.failures:
+        parts += ["## Failures", "", *[f"- {f}" for f in snap.failures], ""]
+    if has_plot:
+        parts += ["## Loss", "", "![loss](loss.png)", ""]
+    val = snap.val_loss()
+    if val:
+        parts += [
+            _table(["outer step", "global validation loss"], [[str(k), f"{v:.4f}"] for k, v in val.items()])
+        ]
+        parts += [""]
+    parts += ["## Contributions", ""]
+    rows = [
+        [
+            c.host,
+            str(c.outer_step),
+            c.outcome,
+            "; ".join(c.reasons) or "-",
+            ", ".join(c.verifiers) or "-",
+            str(c.delta_bytes) if c.delta_bytes is not None else "n/a",
+            str(c.tokens),
+            _gnk(c.reward) if c.reward else "-",
+            _gnk(c.slashed) if c.slashed else "-",
+        ]
+        for c in sorted(snap.contributions, key=lambda c: (c.outer_step, c.host))
+    ]
+    header = [
+        "host",
+        "outer step",
+        "verdict",
+        "reasons",
+        "verifiers",
+        "Δ bytes",
+        "tokens",
+        "reward",
+        "slashed",
+    ]
+    parts += [_table(header, rows), ""]
+    parts += ["## Outer steps", ""]
+    step_rows = [
+        [
+            str(s.index),
+            s.phase,
+            ", ".join(s.accepted) or "-",
+            (s.result_hash or "-")[:16],
+            str(s.done_height or "-"),
+        ]
+        for s in snap.steps
+    ]
+    parts += [_table(["outer step", "phase", "accepted", "global model", "done at block"], step_rows), ""]
+    parts += ["## Chain", ""]
+    chain_rows = [
+        ["blocks", str(snap.chain.height)],
+        ["transactions", str(snap.chain.txs) if snap.chain.txs is not None else "n/a"],
+        ["slashed from hosts", _gnk(snap.chain.host_slashed)],
+        ["slashed from verifiers", _gnk(snap.chain.verifier_slashed)],
+        ["rewards", _gnk(snap.chain.rewards)],
+    ]
+    parts += [_table(["", ""], chain_rows), ""]
+    parts += ["## Nodes", ""]
+    node_rows = [
+        [n.name, n.role, n.behaviour, n.address or "-", n.state or "-", str(n.restarts), n.log or "-"]
+        for n in snap.nodes
+    ]
+    parts += [
+        _table(["node", "role", "behaviour", "address", "last state", "restarts", "log"], node_rows),
+        "",
+    ]
+    if snap.config:
+        parts += [
+            "## Run config",
+            "",
+            "```json",
+            json.dumps(snap.config, indent=2, sort_keys=True),
+            "```",
+            "",
+        ]
+    return "\n".join(parts)
+
+
+def write_report(snap: Snapshot, folder: Path) -> Path:
+    """Write snapshot.json, loss.png and report.md into `folder`; returns the report's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SNAPSHOT_FILE).write_text(snap.model_dump_json(indent=2))
+    has_plot = bool(snap.val_loss()) or any(n.local_loss for n in snap.nodes)
+    if has_plot:
+        plot_loss(snap, folder / "loss.png")
+    report = folder / "report.md"
+    report.write_text(render_markdown(snap, has_plot=has_plot))
+    return report
+
+
+def load_snapshot(folder: Path) -> Snapshot:
+    """Read a run folder's recorded snapshot, with a clear error for anything wrong with it."""
+    path = folder / SNAPSHOT_FILE if folder.is_dir() else folder
+    try:
+        if path.stat().st_size > MAX_SNAPSHOT_BYTES:
+            raise ReportError(f"{path} is larger than {MAX_SNAPSHOT_BYTES} bytes")
+        return Snapshot.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise ReportError(f"no {SNAPSHOT_FILE} in {folder} (is it a devnet run folder?)") from None
+    except ValidationError as e:
+        raise ReportError(
+            f"{path} is not a valid snapshot: {e.error_count()} errors, first: {e.errors()[0]['msg']}"
+        ) from None

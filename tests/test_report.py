@@ -1,0 +1,154 @@
+"""Report rendering and the devnet's pass/fail verdict, from a recorded snapshot (no nodes needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gonka_diloco.cli import app
+from gonka_diloco.report import (
+    SNAPSHOT_FILE,
+    ReportError,
+    Snapshot,
+    evaluate,
+    load_snapshot,
+    summary_rows,
+    write_report,
+)
+
+H0, H1, H2 = "gonka1" + "q" * 38, "gonka1" + "p" * 38, "gonka1" + "z" * 38
+
+
+def recorded() -> dict:
+    """A two-step run as a devnet records it: host-2 is a random-noise adversary."""
+    contributions = []
+    for step in (0, 1):
+        for name, address, outcome, reason in (
+            ("host-0", H0, "accepted", "ACCEPT"),
+            ("host-1", H1, "accepted", "ACCEPT"),
+            ("host-2", H2, "rejected", "DELTA_MISMATCH"),
+        ):
+            contributions.append(
+                {
+                    "host": name,
+                    "address": address,
+                    "outer_step": step,
+                    "outcome": outcome,
+                    "reasons": [f"verifier-0: {reason}"],
+                    "verifiers": ["verifier-0"],
+                    "delta_bytes": 51234,
+                    "tokens": 10240,
+                    "reward": 5_000_000_000 if outcome == "accepted" else 0,
+                    "slashed": 200_000_000 if outcome != "accepted" else 0,
+                }
+            )
+    steps = [
+        {
+            "index": i,
+            "phase": "DONE",
+            "accepted": ["host-0", "host-1"],
+            "base_model_hash": f"{i}" * 64,
+            "result_hash": f"{i + 1}" * 64,
+            "result_votes": {"host-0": f"{i + 1}" * 64, "host-1": f"{i + 1}" * 64},
+            "done_height": 40 * (i + 1),
+        }
+        for i in (0, 1)
+    ]
+    host = {"role": "host", "val_loss": {"0": 5.5, "1": 4.9, "2": 4.1}}
+    nodes = [
+        {"name": "chain", "role": "chain", "log": "logs/chain.log"},
+        {**host, "name": "host-0", "address": H0, "local_loss": {"0": 5.2, "1": 4.6}},
+        {**host, "name": "host-1", "address": H1, "local_loss": {"0": 5.3, "1": 4.7}},
+        {"name": "host-2", "role": "host", "address": H2, "behaviour": "random_noise", "local_loss": {"0": 5.6}},
+        {"name": "verifier-0", "role": "verifier"},
+    ]
+    return {
+        "run_id": 1,
+        "chain_url": "http://127.0.0.1:1234",
+        "run_status": "finished",
+        "config": {"inner_steps": 20},
+        "current_step": 1,
+        "steps": steps,
+        "contributions": contributions,
+        "nodes": nodes,
+        "chain": {"height": 85, "txs": 61, "host_slashed": 400_000_000, "verifier_slashed": 0, "rewards": 2 * 10**10},
+        "wall_s": 171.4,
+    }
+
+
+@pytest.fixture
+def snap() -> Snapshot:
+    return Snapshot.model_validate(recorded())
+
+
+def test_a_clean_run_passes(snap: Snapshot) -> None:
+    assert evaluate(snap) == []
+    assert snap.val_loss() == {0: 5.5, 1: 4.9, 2: 4.1}
+
+
+def test_each_failure_is_named(snap: Snapshot) -> None:
+    snap.contributions[2].outcome = "accepted"  # the adversary at step 0
+    snap.contributions[3].outcome = "rejected"  # honest host-0 at step 1
+    snap.nodes[1].alive = False
+    snap.nodes[1].val_loss = snap.nodes[2].val_loss = {0: 4.0, 1: 4.5}
+    snap.steps[1].result_votes["host-1"] = "9" * 64
+    snap.run_status = "active"
+    failures = evaluate(snap)
+    assert "adversary host-2 (random_noise) was accepted at outer step 0" in failures
+    assert "honest host-0 was rejected at outer step 1" in failures
+    assert "host-0 crashed" in failures
+    assert any(f.startswith("global validation loss did not fall") for f in failures)
+    assert any("accepted hosts computed another model: ['host-1']" in f for f in failures)
+    assert any(f.startswith("run did not finish") for f in failures)
+
+
+def test_a_missing_honest_commit_fails_only_when_expected(snap: Snapshot) -> None:
+    snap.contributions = [c for c in snap.contributions if not (c.host == "host-1" and c.outer_step == 1)]
+    assert evaluate(snap) == ["honest hosts made no contribution at outer step 1: ['host-1']"]
+    assert evaluate(snap, expect_all_honest=False) == []
+
+
+def test_report_files(snap: Snapshot, tmp_path: Path) -> None:
+    report = write_report(snap, tmp_path)
+    text = report.read_text()
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![loss](loss.png)" in text
+    row = "| host-2 | 0 | rejected | verifier-0: DELTA_MISMATCH | verifier-0 | 51234 | 10240 | - | 0.200 GNK |"
+    assert row in text
+    assert "| contributions accepted / rejected | 4 / 2 |" in text
+    assert "| global validation loss | 5.5000 → 4.1000 |" in text
+    assert "| transactions | 61 |" in text
+    assert load_snapshot(tmp_path) == snap  # the snapshot round-trips through the folder
+
+
+def test_summary_marks_failures(snap: Snapshot) -> None:
+    snap.failures = ["something broke"]
+    assert dict(summary_rows(snap))["result"] == "FAIL"
+
+
+def test_load_snapshot_errors(tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match="no snapshot.json"):
+        load_snapshot(tmp_path)
+    (tmp_path / SNAPSHOT_FILE).write_text(json.dumps({"run_id": "one"}))
+    with pytest.raises(ReportError, match="not a valid snapshot"):
+        load_snapshot(tmp_path)
+    (tmp_path / SNAPSHOT_FILE).write_text("{not json")
+    with pytest.raises(ReportError, match="not a valid snapshot"):
+        load_snapshot(tmp_path)
+
+
+def test_report_command_on_a_run_folder(tmp_path: Path) -> None:
+    (tmp_path / SNAPSHOT_FILE).write_text(json.dumps(recorded()))
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"report: {tmp_path / 'report.md'}" in result.output
+    assert (tmp_path / "loss.png").exists()
+
+
+def test_report_command_on_a_bad_folder(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    assert "no snapshot.json" in result.output
