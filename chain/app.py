@@ -303,6 +303,10 @@ class App:
             raise TxRejected(ERR_INVALID_PUBKEY, "malformed secp256k1 public key") from None
         if len(key) != 33 or key[0] not in (2, 3):
             raise TxRejected(ERR_INVALID_PUBKEY, "secp256k1 public key must be 33 bytes compressed")
+        try:
+            ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256K1(), bytes(key))
+        except ValueError:
+            raise TxRejected(ERR_INVALID_PUBKEY, "public key is not a point on secp256k1") from None
         return bytes(key)
 
     @staticmethod
