@@ -1,0 +1,393 @@
+"""Dishonest hosts: every way we know to get paid without doing (or while sabotaging) the work.
+
+Each adversary is a `trainer.behaviour.HostBehaviour` that overrides the hook its attack needs
+(`make_contribution`, `commit_messages`, `should_reveal`, `serve_blob`). Forging uses the host's
+own building blocks (the same step, store, codec and Merkle tree), so a forged contribution is
+exactly as well-formed as an honest one except where the attack lies — which is what the verifier
+must find.
+
+| name          | what it does                                                  | caught by            |
+|---------------|---------------------------------------------------------------|----------------------|
+| noise         | trains honestly, commits a random Δ                           | DELTA_MISMATCH       |
+| zero          | free rider: no training, all leaves = start, Δ = 0            | REPLAY_MISMATCH      |
+| scaled        | trains honestly, commits Δ × factor (10)                      | DELTA_MISMATCH       |
+| sign_flip     | trains honestly, commits −Δ                                   | DELTA_MISMATCH       |
+| lazy          | skips a fraction f of segments, extrapolates their end states | REPLAY_MISMATCH (p)  |
+| wrong_data    | trains on another host's PRF batches                          | REPLAY_MISMATCH      |
+| stale         | no training: re-commits its Δ of an earlier outer step        | REPLAY_MISMATCH      |
+| copycat       | no training: commits a peer's Δ of the previous outer step    | REPLAY_MISMATCH      |
+| no_reveal     | commits, then reveals nothing (or reveals but serves nothing) | chain / MISSING_DATA |
+| malformed     | serves a zstd bomb, wrong shapes, NaN Δ or garbage state      | MALFORMED_BLOB       |
+| equivocation  | sends a second, different commit for the same outer step      | chain (EQUIVOCATED)  |
+| bad_tokens    | trains honestly, claims more tokens than H × batch × seq_len  | BAD_TOKENS           |
+
+`stale` and `copycat` fake a consistent trajectory (θ_H = G_n − Δ_copied, boundaries
+interpolated), so the Δ check alone would pass: replay of the always-opened last segment fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import zstandard
+from torch import Tensor
+
+from protocol import codecs
+from protocol.config import RunConfig
+from protocol.messages import MsgCommitPseudoGradient
+from trainer.behaviour import HostBehaviour, OuterContext, register
+from trainer.commit import Contribution
+from trainer.step import State, load_training_state, train_segment, training_hash, training_state
+from trainer.store import clone_state
+
+PARAM = "param/"
+
+
+def start_state(ctx: OuterContext) -> State:
+    """G_n's params with the host's carried optimizer state: where every honest trajectory starts."""
+    with torch.no_grad():
+        for n, p in ctx.model.named_parameters():
+            p.copy_(ctx.global_model.params[n])
+    return clone_state(training_state(ctx.model, ctx.optimizer))
+
+
+def assemble(ctx: OuterContext, states: list[State], losses: list[float] | None = None) -> Contribution:
+    """A contribution from hand-made boundary states, each saved so it can be served like real ones."""
+    if len(states) != ctx.cfg.n_segments + 1:
+        raise ValueError(f"need {ctx.cfg.n_segments + 1} boundary states, got {len(states)}")
+    leaves = []
+    for st in states:
+        h = training_hash(st)
+        ctx.store.put_hashed(st, ctx.outer_step, h)
+        leaves.append(h)
+    return ctx.assemble(leaves, states[-1], losses or [])
+
+
+def _advance_step(st: State, k: int) -> State:
+    out = dict(st)
+    out["step"] = st["step"] + float(k)
+    return out
+
+
+def interpolated(ctx: OuterContext, target_params: Mapping[str, Tensor]) -> list[State]:
+    """Boundaries on the straight line from the start to `target_params`, step counter advanced."""
+    start = start_state(ctx)
+    n = ctx.cfg.n_segments
+    out = [start]
+    for j in range(1, n + 1):
+        st = _advance_step(start, j * ctx.cfg.segment_len)
+        for name, target in target_params.items():
+            a = start[PARAM + name]
+            st[PARAM + name] = a + (target - a) * (j / n)
+        out.append(st)
+    return out
+
+
+def _seeded_gen(*parts: object) -> torch.Generator:
+    seed = int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big") >> 1
+    return torch.Generator().manual_seed(seed)
+
+
+class HostAdversary(HostBehaviour):
+    """An honest host unless a subclass overrides a hook; `expected` is what a verifier must answer."""
+
+    name = "honest"
+    expected: tuple[str, ...] = ("ACCEPT",)  # Reason names a verifier answers (tests, bench)
+    chain_outcome = "accepted"  # chain.params.Outcome once finalized
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__()  # params are explicit keyword arguments of each subclass instead
+        if params:
+            raise TypeError(f"{self.name} takes no parameters, got {sorted(params)}")
+
+
+class NoiseDelta(HostAdversary):
+    """Trains honestly, commits random noise as its Δ."""
+
+    name = "noise"
+    expected = ("DELTA_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def __init__(self, scale: float = 1e-3, seed: int = 0) -> None:
+        super().__init__()
+        self.scale, self.seed = float(scale), seed
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        c = ctx.train()
+        g = _seeded_gen("noise", self.seed, ctx.address, ctx.outer_step)
+        noise = {n: torch.randn(t.shape, generator=g) * self.scale for n, t in sorted(c.delta.items())}
+        return ctx.with_delta(c, noise)
+
+
+class ZeroDelta(HostAdversary):
+    """Free rider: trains nothing, claims it stayed at G_n (Δ = 0, consistent with its leaves)."""
+
+    name = "zero"
+    expected = ("REPLAY_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        return assemble(ctx, [start_state(ctx)] * (ctx.cfg.n_segments + 1))
+
+
+class ScaledDelta(HostAdversary):
+    """Trains honestly, commits Δ × factor (pushes the global model harder than its share)."""
+
+    name = "scaled"
+    expected = ("DELTA_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def __init__(self, factor: float = 10.0) -> None:
+        super().__init__()
+        self.factor = float(factor)
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        c = ctx.train()
+        return ctx.with_delta(c, {n: t * self.factor for n, t in c.delta.items()})
+
+
+class SignFlipDelta(HostAdversary):
+    """Trains honestly, commits −Δ (undoes everyone else's progress)."""
+
+    name = "sign_flip"
+    expected = ("DELTA_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        c = ctx.train()
+        return ctx.with_delta(c, {n: -t for n, t in c.delta.items()})
+
+
+class LazyHost(HostAdversary):
+    """Skips a fraction f of its segments and extrapolates their end states from the last real one.
+
+    It never fakes the last segment (always opened, so faking it is always caught): it fakes
+    m = round(f · (n − 1)) of the other n − 1 segments, chosen by its own seed. A faked segment is
+    caught only when sampled: P(caught) = 1 − C(n−1−m, s−1) / C(n−1, s−1) ≈ 1 − (1 − f)^(s−1).
+    """
+
+    name = "lazy"
+    expected = ("REPLAY_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def __init__(self, fraction: float = 0.5, seed: int = 0) -> None:
+        super().__init__()
+        if not 0.0 <= float(fraction) <= 1.0:
+            raise ValueError("fraction must be in [0, 1]")
+        self.fraction, self.seed = float(fraction), seed
+
+    def faked(self, cfg: RunConfig, host: str, outer_step: int) -> set[int]:
+        n = cfg.n_segments
+        m = round(self.fraction * (n - 1))
+        key = f"{self.seed}:{host}:{outer_step}"
+        order = sorted(range(n - 1), key=lambda j: hashlib.sha256(f"{key}:{j}".encode()).digest())
+        return set(order[:m])
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        cfg, k = ctx.cfg, ctx.cfg.segment_len
+        fake = self.faked(cfg, ctx.address, ctx.outer_step)
+        prev = cur = start_state(ctx)
+        states = [cur]
+        losses: list[float] = []
+        for j in range(cfg.n_segments):
+            if j in fake:  # θ_{j+1} = θ_j + (θ_j − θ_{j−1}): the last real progress, repeated
+                nxt = _advance_step(cur, k)
+                for name, t in cur.items():
+                    if name != "step":
+                        nxt[name] = t + (t - prev[name])
+                load_training_state(ctx.model, ctx.optimizer, nxt)
+            else:
+                losses += train_segment(
+                    ctx.model, ctx.optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
+                    loss_fn=ctx.loss_fn,
+                )  # fmt: skip
+                nxt = clone_state(training_state(ctx.model, ctx.optimizer))
+            prev, cur = cur, nxt
+            states.append(cur)
+        return assemble(ctx, states, losses)
+
+
+class WrongData(HostAdversary):
+    """Trains for real, but on batches the PRF did not assign (another address's shard and draws)."""
+
+    name = "wrong_data"
+    expected = ("REPLAY_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def __init__(self, other_host: str = "gonka1wrongdata") -> None:
+        super().__init__()
+        self.other_host = other_host
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        return ctx.train(host=self.other_host)
+
+
+def _copy_payload(ctx: OuterContext, payload: bytes) -> Contribution:
+    """Claim θ_H = G_n − Δ_copied with interpolated boundaries, and commit the copied payload."""
+    copied = codecs.decode(payload, ctx.global_model.layout)
+    target = {n: ctx.global_model.params[n] - copied[n] for n in ctx.global_model.params}
+    c = assemble(ctx, interpolated(ctx, target))
+    return ctx.with_payload(c, payload, copied)
+
+
+class StaleDelta(HostAdversary):
+    """Re-submits its own Δ of an earlier outer step, on a trajectory faked to be consistent with it."""
+
+    name = "stale"
+    expected = ("REPLAY_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: dict[int, bytes] = {}
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        earlier = [n for n in self.history if n < ctx.outer_step]
+        if not earlier:  # nothing to re-submit yet: works honestly once
+            c = ctx.train()
+            self.history[ctx.outer_step] = c.payload
+            return c
+        return _copy_payload(ctx, self.history[max(earlier)])
+
+
+class Copycat(HostAdversary):
+    """Submits a peer's accepted Δ of the previous outer step (those blobs are public)."""
+
+    name = "copycat"
+    expected = ("REPLAY_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        offline: Mapping[str, bytes] = ctx.extra.get("peer_payloads", {})  # benches without a network
+        peers = sorted(h for h in offline if h != ctx.address)
+        if peers:
+            return _copy_payload(ctx, offline[peers[0]])
+        entries = sorted((e for e in ctx.previous_accepted if e.host != ctx.address), key=lambda e: e.host)
+        if not entries:
+            return ctx.train()
+        return _copy_payload(ctx, ctx.fetch_delta(entries[0]))
+
+
+class NoReveal(HostAdversary):
+    """Commits, then `mode="chain"` never reveals; `mode="serve"` reveals but serves nothing."""
+
+    name = "no_reveal"
+    expected = ("MISSING_DATA",)
+    chain_outcome = "missing_reveal"
+
+    def __init__(self, mode: str = "chain") -> None:
+        super().__init__()
+        if mode not in ("chain", "serve"):
+            raise ValueError("mode must be 'chain' or 'serve'")
+        self.mode = mode
+        if mode == "serve":
+            self.chain_outcome = "rejected"
+
+    def should_reveal(self, contribution: Contribution, ctx: OuterContext) -> bool:
+        return self.mode != "chain"
+
+    def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
+        return None if kind in ("state", "delta") else data
+
+
+MALFORMED_KINDS = ("zstd_bomb", "wrong_shapes", "nan", "garbage_state")
+GARBAGE_SAFETENSORS = b"\x08\x00\x00\x00\x00\x00\x00\x00" + b'{"a":1}'
+
+
+class MalformedBlob(HostAdversary):
+    """Commits honestly, then serves a Δ (zstd bomb, wrong shapes, NaN) or state that must not decode."""
+
+    name = "malformed"
+    expected = ("MALFORMED_BLOB",)
+    chain_outcome = "rejected"
+
+    def __init__(self, kind: str = "zstd_bomb") -> None:
+        super().__init__()
+        if kind not in MALFORMED_KINDS:
+            raise ValueError(f"kind must be one of {MALFORMED_KINDS}")
+        self.kind = kind
+
+    def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
+        if self.kind == "garbage_state":
+            return GARBAGE_SAFETENSORS if kind == "state" else data
+        if kind != "delta":
+            return data
+        h = codecs.read_header(data)
+        payload = codecs.from_blob(data, h.shapes, max_payload_bytes=h.header_len + h.body_len)
+        return malformed_delta_blob(payload, self.kind)
+
+
+def malformed_delta_blob(payload: bytes, kind: str) -> bytes:
+    """A hostile Δ blob built from the real payload, so only the attacked property is wrong."""
+    h = codecs.read_header(payload)
+    head = payload[: h.header_len]
+    if kind == "zstd_bomb":  # the real header, then frames that inflate to 128 MiB of zeros
+        frame = zstandard.ZstdCompressor(level=19, write_content_size=False).compress(b"\x00" * (16 << 20))
+        return head + frame * 8
+    if kind == "wrong_shapes":  # a well-formed payload for a model that is not this one
+        return codecs.to_blob(codecs.encode({"bogus": torch.zeros(3, 5)}, h.codec, h.block_size or 8))
+    if kind == "nan":  # the real payload with its first float (a value or a block scale) set to NaN
+        body = bytearray(payload[h.header_len :])
+        body[:4] = struct.pack("<f", float("nan")) if h.codec.value != "bf16" else b"\xc0\x7f\xc0\x7f"
+        return codecs.to_blob(head + bytes(body))
+    raise ValueError(f"unknown malformed kind {kind!r}")
+
+
+class Equivocation(HostAdversary):
+    """Sends a second, different commit (half its Δ) for the same outer step."""
+
+    name = "equivocation"
+    expected = ("ACCEPT",)  # each commit alone is honest work: the chain, not replay, catches this
+    chain_outcome = "equivocated"
+
+    def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
+        other = ctx.with_delta(contribution, {n: t * 0.5 for n, t in contribution.delta.items()})
+        return [contribution.to_msg(ctx.address, ctx.run_id), other.to_msg(ctx.address, ctx.run_id)]
+
+
+class BadTokens(HostAdversary):
+    """Trains honestly, claims more tokens than H × batch × seq_len (a larger reward share)."""
+
+    name = "bad_tokens"
+    expected = ("BAD_TOKENS",)
+    chain_outcome = "rejected"
+
+    def __init__(self, factor: int = 4) -> None:
+        super().__init__()
+        self.factor = int(factor)
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        c = ctx.train()
+        return dataclasses.replace(c, tokens=c.tokens * self.factor)
+
+
+HOSTS: dict[str, Callable[..., HostAdversary]] = {
+    "honest": HostBehaviour,
+    "noise": NoiseDelta,
+    "zero": ZeroDelta,
+    "scaled": ScaledDelta,
+    "sign_flip": SignFlipDelta,
+    "lazy": LazyHost,
+    "wrong_data": WrongData,
+    "stale": StaleDelta,
+    "copycat": Copycat,
+    "no_reveal": NoReveal,
+    "malformed": MalformedBlob,
+    "equivocation": Equivocation,
+    "bad_tokens": BadTokens,
+}
+
+
+def describe(cls: Any) -> str:
+    doc = (cls.__doc__ or "").strip().splitlines()
+    return doc[0] if doc else cls.__name__
+
+
+for _name, _factory in HOSTS.items():  # selectable by name in host.toml
+    if _name != "honest":
+        register(_name, _factory)

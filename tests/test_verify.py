@@ -1,0 +1,210 @@
+"""verifier.verify on real contributions of a tiny GPT: the honest host is accepted and every host
+adversary is rejected with its own reason, in one setup (two outer steps, two hosts)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from gonka_diloco.adversaries import resolve_host
+from gonka_diloco.adversaries.hosts import MALFORMED_KINDS, LazyHost
+from gonka_diloco.adversaries.lab import (
+    HostRun,
+    Lab,
+    carried_optimizer,
+    next_global,
+    synthetic_corpus,
+    tiny_config,
+)
+from protocol.config import ReplayMode
+from protocol.messages import EnvFingerprint, Reason
+from trainer.behaviour import HostBehaviour
+from trainer.globalmodel import GlobalModel
+from trainer.step import configure_determinism, env_fingerprint
+from verifier.verify import CannotVerify, Job, MissingData, check_verifier_env, param_distance, verify
+
+A = "gonka1" + "a" * 38
+B = "gonka1" + "b" * 38
+SEED = "ab" * 32
+LAST = 5  # tiny_config: H = 12, k = 2 -> 6 segments
+
+
+@dataclasses.dataclass
+class World:
+    lab: Lab
+    g0: GlobalModel
+    g1: GlobalModel
+    step0: dict[str, HostRun]
+    stale: HostBehaviour  # the same object that already worked honestly at step 0
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    configure_determinism(1)
+    lab = Lab(tiny_config(), synthetic_corpus(), tmp_path_factory.mktemp("lab"))
+    g0 = GlobalModel.from_module(lab.build()[0])
+    stale = resolve_host("stale")
+    step0 = {A: lab.train(stale, A, 0, g0), B: lab.train(HostBehaviour(), B, 0, g0)}
+    yield World(lab, g0, next_global(g0, list(step0.values()), lab.cfg), step0, stale)
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(det)
+
+
+def step1(w: World, behaviour: HostBehaviour) -> HostRun:
+    """Host A's outer step 1, carrying its accepted step-0 optimizer state, as the chain expects."""
+    carried, h = carried_optimizer(w.step0[A])
+    peers = {B: w.step0[B].contribution.payload}
+    return w.lab.train(behaviour, A, 1, w.g1, carried, h, extra={"peer_payloads": peers})
+
+
+def check(w: World, run: HostRun, sampled: list[int] | None = None, **job_kw: object) -> tuple[Reason, str]:
+    job = w.lab.job(run, 1, SEED, sampled=sampled or [0, LAST], **job_kw)  # type: ignore[arg-type]
+    out = verify(job, run.source(), w.lab.replay_context(w.g1))
+    return out.reason, out.detail
+
+
+def test_honest_host_is_accepted_at_its_first_and_later_outer_steps(world: World) -> None:
+    for addr, run in world.step0.items():
+        job = world.lab.job(run, 0, SEED, sampled=[0, LAST])
+        assert verify(job, run.source(), world.lab.replay_context(world.g0)).reason is Reason.ACCEPT, addr
+    honest = step1(world, HostBehaviour())
+    for seed in ("01" * 32, "02" * 32, "03" * 32):  # challenge-chosen segments, no proofs from the chain
+        job = world.lab.job(honest, 1, seed, with_proofs=False)
+        out = verify(job, honest.source(), world.lab.replay_context(world.g1))
+        assert out.reason is Reason.ACCEPT, out.detail
+        assert out.replay_steps == world.lab.cfg.sampled_segments * world.lab.cfg.segment_len
+
+
+@pytest.mark.parametrize(
+    "name", ["noise", "zero", "scaled", "sign_flip", "wrong_data", "stale", "copycat", "bad_tokens"]
+)
+def test_each_host_adversary_is_rejected_with_its_reason(world: World, name: str) -> None:
+    adversary = world.stale if name == "stale" else resolve_host(name)
+    reason, detail = check(world, step1(world, adversary))
+    assert reason.name in adversary.expected, detail  # type: ignore[attr-defined]
+    assert reason is not Reason.ACCEPT
+
+
+def test_lazy_host_is_caught_exactly_when_a_faked_segment_is_sampled(world: World) -> None:
+    lazy = LazyHost(fraction=0.5, seed=3)
+    run = step1(world, lazy)
+    faked = lazy.faked(world.lab.cfg, A, 1)
+    real = sorted(set(range(LAST)) - faked)
+    assert faked and real
+    reason, detail = check(world, run, sampled=[min(faked), LAST])
+    assert reason is Reason.REPLAY_MISMATCH and f"segment {min(faked)}" in detail and "distance" in detail
+    assert check(world, run, sampled=[real[0], LAST])[0] is Reason.ACCEPT  # the known escape
+
+
+@pytest.mark.parametrize("kind", MALFORMED_KINDS)
+def test_malformed_blobs_are_rejected_and_the_verifier_keeps_working(world: World, kind: str) -> None:
+    honest = step1(world, HostBehaviour())
+    bad = dataclasses.replace(honest, behaviour=resolve_host("malformed", {"kind": kind}))
+    reason, detail = check(world, bad)
+    assert reason is Reason.MALFORMED_BLOB, detail
+    assert check(world, honest)[0] is Reason.ACCEPT  # same verifier context, next job
+
+
+def test_no_reveal_and_unreachable_host_are_missing_data(world: World) -> None:
+    honest = step1(world, HostBehaviour())
+    assert check(world, honest, revealed=False)[0] is Reason.MISSING_DATA
+    silent = dataclasses.replace(honest, behaviour=resolve_host("no_reveal", {"mode": "serve"}))
+    assert check(world, silent)[0] is Reason.MISSING_DATA
+
+    class Unreachable:
+        def state(self, leaf_hash: str) -> dict[str, torch.Tensor]:
+            raise MissingData("connection refused")
+
+        def delta(self, delta_hash: str) -> bytes:
+            raise MissingData("connection refused")
+
+    job = world.lab.job(honest, 1, SEED)
+    ctx = world.lab.replay_context(world.g1)
+    assert verify(job, Unreachable(), ctx).reason is Reason.MISSING_DATA
+    assert verify(job, honest.source(), ctx).reason is Reason.ACCEPT
+
+
+def test_wrong_start_params_or_optimizer(world: World) -> None:
+    # trained from G_1 but with a fresh optimizer although the chain recorded its step-0 state
+    fresh_opt = world.lab.train(HostBehaviour(), A, 1, world.g1, None, carried_optimizer(world.step0[A])[1])
+    reason, detail = check(world, fresh_opt)
+    assert reason is Reason.WRONG_START and "optimizer" in detail
+    # trained from the old G_0 with the right optimizer
+    carried, h = carried_optimizer(world.step0[A])
+    old_base = world.lab.train(HostBehaviour(), A, 1, world.g0, carried, h)
+    reason, detail = check(world, old_base)
+    assert reason is Reason.WRONG_START and "G_n" in detail
+    # without segment 0 opened the start is not visible; the replay still binds the end state
+    assert check(world, old_base, sampled=[2, LAST])[0] is Reason.DELTA_MISMATCH
+
+
+def test_bad_proofs_and_wrong_openings(world: World) -> None:
+    honest = step1(world, HostBehaviour())
+    job = world.lab.job(honest, 1, SEED, sampled=[0, LAST])
+    ctx = world.lab.replay_context(world.g1)
+    o, last = job.openings
+    bent = dataclasses.replace(o, proof=(o.proof[0][::-1], *o.proof[1:]))  # type: ignore[index]
+    cases: dict[str, Job] = {
+        "proof": dataclasses.replace(job, openings=(bent, last)),
+        "not hex": dataclasses.replace(job, openings=(dataclasses.replace(o, proof=("zz",)), last)),
+        "segments": dataclasses.replace(job, openings=job.openings[:1]),
+        "leaf_count": dataclasses.replace(job, leaf_count=job.leaf_count + 1),
+        "swapped ends": dataclasses.replace(
+            job, openings=(dataclasses.replace(o, start_leaf=o.end_leaf, end_leaf=o.start_leaf), last)
+        ),
+    }
+    for what, bad in cases.items():
+        assert verify(bad, honest.source(), ctx).reason is Reason.BAD_PROOF, what
+
+
+def test_environment_checks(world: World) -> None:
+    honest = step1(world, HostBehaviour())
+    job = world.lab.job(honest, 1, SEED)
+    two = EnvFingerprint(torch_version=job.env.torch_version, threads=2)
+    out = verify(dataclasses.replace(job, env=two), honest.source(), world.lab.replay_context(world.g1))
+    assert out.reason is Reason.BAD_ENVIRONMENT
+    check_verifier_env(job, env_fingerprint(1))
+    with pytest.raises(CannotVerify):
+        check_verifier_env(job, two)
+    tol = dataclasses.replace(job, cfg=world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE}))
+    check_verifier_env(tol, two)  # tolerance mode exists for exactly this case
+
+
+def test_tolerance_mode_accepts_honest_and_rejects_lazy_with_distance(world: World) -> None:
+    cfg = world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": 1e-3})
+    lab = dataclasses.replace(world.lab, cfg=cfg)
+    honest = step1(world, HostBehaviour())
+    ctx = lab.replay_context(world.g1)
+    assert verify(lab.job(honest, 1, SEED, sampled=[0, LAST]), honest.source(), ctx).reason is Reason.ACCEPT
+    lazy = LazyHost(fraction=0.5, seed=3)
+    run = step1(world, lazy)
+    seg = min(lazy.faked(cfg, A, 1))
+    out = verify(lab.job(run, 1, SEED, sampled=[seg, LAST]), run.source(), ctx)
+    assert out.reason is Reason.REPLAY_MISMATCH and f"segment {seg}" in out.detail
+    dist = float(out.detail.rsplit("distance ", 1)[1])
+    assert dist > 100 * cfg.tolerance
+
+
+def test_param_distance() -> None:
+    s = {"param/w": torch.zeros(3), "step": torch.tensor(0.0)}
+    c = {"param/w": torch.tensor([3.0, 4.0, 0.0]), "step": torch.tensor(1.0)}
+    r = {"param/w": torch.tensor([3.0, 4.0, 0.5]), "step": torch.tensor(1.0)}
+    assert param_distance(r, c, s) == pytest.approx(0.1)
+    assert param_distance(c, c, c) == 0.0
+    assert param_distance(r, c, c) == float("inf")
+
+
+def test_evidence_hash_is_reproducible_and_binds_the_replay(world: World, tmp_path: Path) -> None:
+    honest = step1(world, HostBehaviour())
+    job = world.lab.job(honest, 1, SEED)
+    a = verify(job, honest.source(), world.lab.replay_context(world.g1))
+    b = verify(job, honest.source(), world.lab.replay_context(world.g1))
+    assert a.evidence_hash == b.evidence_hash and a.replayed_leaves == b.replayed_leaves
+    other = verify(dataclasses.replace(job, host=B), honest.source(), world.lab.replay_context(world.g1))
+    assert other.evidence_hash != a.evidence_hash  # replayed B's batches: different leaves, different hash
+    assert other.reason is Reason.REPLAY_MISMATCH

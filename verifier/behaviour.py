@@ -1,0 +1,26 @@
+"""The verifier's behaviour hooks; the honest base class. Adversaries subclass it.
+
+The node calls `decide` once per assignment with a thunk that runs the real checks, so a lazy
+verifier can skip the work entirely and a malicious one can overturn the result — exactly the
+two ways a verifier can cheat the chain — and `online` before every chain interaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from verifier.verify import Job, Outcome
+
+
+class VerifierBehaviour:
+    """Honest: always online, always runs every check and reports what it found."""
+
+    name = "honest"
+
+    def online(self) -> bool:
+        """False: the node neither fetches nor submits (its verdicts go missing)."""
+        return True
+
+    def decide(self, job: Job, check: Callable[[], Outcome]) -> Outcome | None:
+        """The verdict to submit, or None to submit nothing."""
+        return check()
