@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 LAZY: dict[str, tuple[str, str]] = {
     "chain": ("chain.cli", "The devnet chain node (`chain start`)."),
@@ -49,7 +49,7 @@ class LazyGroup(TyperGroup):
             return self.commands.get(cmd_name)
         module_name, help_text = LAZY[cmd_name]
         if self._listing:
-            return click.Command(cmd_name, help=help_text, short_help=help_text)
+            return TyperCommand(cmd_name, help=help_text, short_help=help_text)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -64,7 +64,7 @@ def _unavailable(name: str, help_text: str, why: str) -> click.Command:
     def callback() -> None:
         raise click.UsageError(f"`{name}` is unavailable: {why}")
 
-    return click.Command(name, help=f"{help_text} (unavailable: {why})", callback=callback)
+    return TyperCommand(name, help=f"{help_text} (unavailable: {why})", callback=callback)
 
 
 app = typer.Typer(cls=LazyGroup, help="Verifiable DiLoCo training on a Cosmos chain.", no_args_is_help=True)
@@ -82,7 +82,7 @@ def devnet(
         typer.Option(
             "--adversary",
             "-a",
-            help="Adversarial hosts, NAME[:COUNT[:k=v,…]], repeatable (default random_noise:1; 'none').",
+            help="Adversarial hosts, NAME[:COUNT[:k=v,…]], repeatable (default noise:1; 'none').",
         ),
     ] = None,
     verifier_adversary: Annotated[
@@ -116,11 +116,19 @@ def devnet(
     live: Annotated[
         bool | None, typer.Option("--live/--no-live", help="Show the live terminal view.")
     ] = None,
+    list_adversaries: Annotated[
+        bool, typer.Option("--list-adversaries", help="List the adversary library's behaviours and exit.")
+    ] = False,
 ) -> None:
     """Run a local devnet (chain, hosts, verifiers as separate processes); writes runs/<time>/report.md."""
     from gonka_diloco.devnet_config import DevnetConfigError, load_config, parse_adversary
     from gonka_diloco.report import summary_rows
 
+    if list_adversaries:
+        from gonka_diloco.adversaries import listing
+
+        typer.echo(listing())
+        return
     overrides: dict[str, Any] = {
         "hosts": hosts,
         "verifiers": verifiers,

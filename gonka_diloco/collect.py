@@ -166,7 +166,7 @@ def collect(
     steps: list[StepRow] = []
     contributions: list[ContributionRow] = []
     for index in range(int(run["current_step"]) + 1):
-        s = client.query("outer_step", run_id=run_id, outer_step=index)
+        s = client.query("outer_step", run_id=run_id, step=index)
         steps.append(
             StepRow(
                 index=index,
@@ -179,14 +179,14 @@ def collect(
                 done_height=s.get("done_height"),
             )
         )
-        commits = client.query("commitments", run_id=run_id, outer_step=index)["commitments"]
+        commits = client.query("commitments", run_id=run_id, step=index)["commitments"]
         if not commits:
             continue
         challenges = {
-            c["host"]: c for c in client.query("challenges", run_id=run_id, outer_step=index)["challenges"]
+            c["host"]: c for c in client.query("challenges", run_id=run_id, step=index)["challenges"]
         }
         verdicts: dict[str, list[str]] = {}
-        for v in client.query("verdicts", run_id=run_id, outer_step=index)["verdicts"]:
+        for v in client.query("verdicts", run_id=run_id, step=index)["verdicts"]:
             verdicts.setdefault(v["host"], []).append(
                 f"{nm(v['verifier'])}: {REASONS.get(v['reason'], v['reason'])}"
             )

@@ -133,7 +133,8 @@ class Devnet:
     def __init__(self, cfg: DevnetConfig, folder: Path | None = None, *, echo: Callable[[str], None] = print):
         self.cfg = cfg
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        self.folder = folder or cfg.out_dir / stamp
+        # Absolute: node TOMLs resolve relative paths against their own directory.
+        self.folder = (folder or cfg.out_dir / stamp).resolve()
         self.echo = echo
         self.sup = Supervisor()
         self.rows: dict[str, NodeRow] = {}
@@ -296,7 +297,7 @@ class Devnet:
     def poll(self) -> dict[str, Any]:
         """One look at the chain and every node; updates the live view; returns the run summary."""
         run = self.client.query("run", run_id=self.run_id)
-        step = self.client.query("outer_step", run_id=self.run_id, outer_step=run["current_step"])
+        step = self.client.query("outer_step", run_id=self.run_id, step=run["current_step"])
         self._measure_deltas(run["current_step"])
         names = {r.address: r.name for r in self.rows.values() if r.address}
         for view in self.live.nodes:
@@ -321,10 +322,10 @@ class Devnet:
     def _measure_deltas(self, current: int) -> None:
         """Δ blob sizes of a step, read while its hosts still serve them (after finalization)."""
         for index in range(max(0, current - 1), current + 1):
-            acc = self.client.query("accepted", run_id=self.run_id, outer_step=index)
+            acc = self.client.query("accepted", run_id=self.run_id, step=index)
             if acc["finalized_height"] is None:
                 continue
-            reveals = self.client.query("reveals", run_id=self.run_id, outer_step=index)["reveals"]
+            reveals = self.client.query("reveals", run_id=self.run_id, step=index)["reveals"]
             for r in reveals:
                 key = (index, r["host"])
                 if key not in self.deltas:

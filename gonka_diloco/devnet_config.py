@@ -26,6 +26,9 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 }
 """Model presets for `small_gpt`; the default GPT of the trainer is `base`."""
 
+MAX_NODES = 31
+"""The devnet genesis funds test wallets 0..31; wallet 0 is the authority, the rest are nodes."""
+
 ModelSize = Literal["tiny", "small", "base"]
 
 
@@ -62,7 +65,7 @@ class DevnetConfig(Strict):
     hosts: int = Field(4, ge=1, le=32)
     verifiers: int = Field(2, ge=1, le=32)
     adversaries: list[AdversarySpec] = Field(
-        default_factory=lambda: [AdversarySpec(behaviour="random_noise")],
+        default_factory=lambda: [AdversarySpec(behaviour="noise")],
         description="adversarial hosts, taken from the end of the host list",
     )
     verifier_adversaries: list[AdversarySpec] = Field(default_factory=list)
@@ -93,6 +96,10 @@ class DevnetConfig(Strict):
             raise ValueError("sampled_segments (s) cannot exceed H/k")
         if self.verifiers_per_contribution > self.verifiers:
             raise ValueError("verifiers_per_contribution (v) cannot exceed the number of verifiers")
+        if self.hosts + self.verifiers > MAX_NODES:
+            raise ValueError(
+                f"hosts + verifiers must be at most {MAX_NODES} (the devnet's funded test wallets)"
+            )
         if self.n_adversarial_hosts >= self.hosts:
             raise ValueError("at least one host must be honest (adversaries take up every host)")
         if sum(a.count for a in self.verifier_adversaries) > self.verifiers:

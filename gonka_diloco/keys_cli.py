@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 DEFAULT_KEYRING = Path("~/.gonka-diloco/keyring")
 
@@ -38,7 +39,7 @@ def _keyring(directory: Path):  # -> protocol.keys.Keyring, imported late to kee
 
 
 def _fail(message: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {message}")
+    Console(stderr=True, soft_wrap=True).print(Text.assemble(("error: ", "red"), message))
     raise typer.Exit(1)
 
 

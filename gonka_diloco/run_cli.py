@@ -15,8 +15,14 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 
-app = typer.Typer(help="Create and inspect training runs.", no_args_is_help=True)
+app = typer.Typer(help="Create training runs.", no_args_is_help=True)
+
+
+@app.callback()
+def _group() -> None:
+    """Create training runs (a group, so that `run create` keeps its name as more commands come)."""
 
 
 class RunConfigFileError(ValueError):
@@ -71,7 +77,7 @@ def _errors(e: ValidationError) -> str:
 
 
 def _fail(message: str, code: int = 2) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(Text.assemble(("error: ", "red"), message))
     raise typer.Exit(code)
 
 
@@ -119,14 +125,14 @@ def create(
             json.dumps({"config_hash": cfg.config_hash(), "config": cfg.model_dump(mode="json")}, indent=2)
         )
         return
-    from chain.client import ChainClientError, HttpChainClient
+    from chain.client import HttpChainClient
     from protocol.messages import MsgCreateRun
 
     wallet = _wallet(key, keyring_dir, test_index)
     client = HttpChainClient(chain_url)
     try:
         result = client.broadcast(wallet, [MsgCreateRun(creator=str(wallet.address()), config=cfg)])
-    except (ChainClientError, OSError) as e:
+    except Exception as e:  # transport, tx or ante failure: one clear line, no traceback
         _fail(f"MsgCreateRun failed: {e}", 1)
         return
     finally:

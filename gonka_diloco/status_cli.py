@@ -12,11 +12,16 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gonka_diloco.collect import REASONS, short
 from gonka_diloco.live import PHASE_STYLE
 
 app = typer.Typer(help="Show the runs on a chain.")
+
+
+def _error(message: str) -> None:
+    Console(stderr=True, soft_wrap=True).print(Text.assemble(("error: ", "red"), message))
 
 
 def _console() -> Console:
@@ -44,10 +49,10 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
 
 def contributions_table(client: Any, run_id: int, step: int) -> Table:
     """One outer step: every commitment, its outcome and each verifier's verdict."""
-    s = client.query("outer_step", run_id=run_id, outer_step=step)
-    commits = client.query("commitments", run_id=run_id, outer_step=step)["commitments"]
+    s = client.query("outer_step", run_id=run_id, step=step)
+    commits = client.query("commitments", run_id=run_id, step=step)["commitments"]
     verdicts: dict[str, list[str]] = {}
-    for v in client.query("verdicts", run_id=run_id, outer_step=step)["verdicts"]:
+    for v in client.query("verdicts", run_id=run_id, step=step)["verdicts"]:
         verdicts.setdefault(v["host"], []).append(
             f"{short(v['verifier'])}:{REASONS.get(v['reason'], v['reason'])}"
         )
@@ -88,7 +93,7 @@ def status(
         if run_id is not None:
             runs = [r for r in runs if r["run_id"] == run_id]
             if not runs:
-                Console(stderr=True).print(f"[red]error:[/red] no run {run_id} on {chain_url}")
+                _error(f"no run {run_id} on {chain_url}")
                 raise typer.Exit(1)
         console.print(f"chain {chain_url} · height {client.height()}")
         console.print(runs_table(runs))
@@ -99,7 +104,7 @@ def status(
     except typer.Exit:
         raise
     except Exception as e:  # any transport or protocol failure: one clear line, no traceback
-        Console(stderr=True).print(f"[red]error:[/red] cannot read {chain_url}: {e}", highlight=False)
+        _error(f"cannot read {chain_url}: {e}")
         raise typer.Exit(1) from None
     finally:
         client.close()

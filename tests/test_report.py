@@ -62,7 +62,7 @@ def recorded() -> dict:
         {"name": "chain", "role": "chain", "log": "logs/chain.log"},
         {**host, "name": "host-0", "address": H0, "local_loss": {"0": 5.2, "1": 4.6}},
         {**host, "name": "host-1", "address": H1, "local_loss": {"0": 5.3, "1": 4.7}},
-        {"name": "host-2", "role": "host", "address": H2, "behaviour": "random_noise", "local_loss": {"0": 5.6}},
+        {"name": "host-2", "role": "host", "address": H2, "behaviour": "noise", "local_loss": {"0": 5.6}},
         {"name": "verifier-0", "role": "verifier"},
     ]
     return {
@@ -74,7 +74,13 @@ def recorded() -> dict:
         "steps": steps,
         "contributions": contributions,
         "nodes": nodes,
-        "chain": {"height": 85, "txs": 61, "host_slashed": 400_000_000, "verifier_slashed": 0, "rewards": 2 * 10**10},
+        "chain": {
+            "height": 85,
+            "txs": 61,
+            "host_slashed": 400_000_000,
+            "verifier_slashed": 0,
+            "rewards": 2 * 10**10,
+        },
         "wall_s": 171.4,
     }
 
@@ -97,7 +103,7 @@ def test_each_failure_is_named(snap: Snapshot) -> None:
     snap.steps[1].result_votes["host-1"] = "9" * 64
     snap.run_status = "active"
     failures = evaluate(snap)
-    assert "adversary host-2 (random_noise) was accepted at outer step 0" in failures
+    assert "adversary host-2 (noise) was accepted at outer step 0" in failures
     assert "honest host-0 was rejected at outer step 1" in failures
     assert "host-0 crashed" in failures
     assert any(f.startswith("global validation loss did not fall") for f in failures)
@@ -116,7 +122,9 @@ def test_report_files(snap: Snapshot, tmp_path: Path) -> None:
     text = report.read_text()
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![loss](loss.png)" in text
-    row = "| host-2 | 0 | rejected | verifier-0: DELTA_MISMATCH | verifier-0 | 51234 | 10240 | - | 0.200 GNK |"
+    row = (
+        "| host-2 | 0 | rejected | verifier-0: DELTA_MISMATCH | verifier-0 | 51234 | 10240 | - | 0.200 GNK |"
+    )
     assert row in text
     assert "| contributions accepted / rejected | 4 / 2 |" in text
     assert "| global validation loss | 5.5000 → 4.1000 |" in text
@@ -130,7 +138,7 @@ def test_summary_marks_failures(snap: Snapshot) -> None:
 
 
 def test_load_snapshot_errors(tmp_path: Path) -> None:
-    with pytest.raises(ReportError, match="no snapshot.json"):
+    with pytest.raises(ReportError, match=r"no snapshot\.json"):
         load_snapshot(tmp_path)
     (tmp_path / SNAPSHOT_FILE).write_text(json.dumps({"run_id": "one"}))
     with pytest.raises(ReportError, match="not a valid snapshot"):

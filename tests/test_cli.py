@@ -1,0 +1,282 @@
+"""The `gonka-diloco` CLI: help everywhere, keys, run create, devnet config errors, status."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gonka_diloco.cli import LAZY, app
+from gonka_diloco.devnet_config import DevnetConfigError, load_config, parse_adversary
+from gonka_diloco.procs import NodeProcess, python_cli
+from protocol.keys import TEST_MNEMONIC, test_wallet
+
+runner = CliRunner()
+
+TINY_RUN = """
+name = "cli-test"
+seed = 3
+inner_steps = 10
+segment_len = 5
+[model]
+factory = "trainer.model:small_gpt"
+config = { n_layer = 1, n_head = 2, n_embd = 16, block_size = 32 }
+"""
+
+
+def invoke(*args: str, input: str | None = None):
+    return runner.invoke(app, list(args), input=input)
+
+
+# ---------------------------------------------------------------- help
+
+
+def test_top_level_help_does_not_import_the_nodes() -> None:
+    """`--help` must stay fast: it lists lazy sub-apps without importing torch, FastAPI or cosmpy."""
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from gonka_diloco.cli import app\n"
+        "r = CliRunner().invoke(app, ['--help'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "heavy = sorted(m for m in ('torch', 'fastapi', 'cosmpy') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["devnet"],
+        ["report"],
+        ["keys"],
+        ["keys", "add"],
+        ["keys", "list"],
+        ["keys", "show"],
+        ["run"],
+        ["run", "create"],
+        ["status"],
+        ["chain"],
+        ["host"],
+        ["verifier"],
+    ],
+)
+def test_every_command_has_help(args: list[str]) -> None:
+    result = invoke(*args, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+    assert "--help" in result.output
+
+
+def test_help_lists_every_command() -> None:
+    out = invoke("--help").output
+    for name in [*LAZY, "devnet", "report"]:
+        assert name in out
+
+
+# ---------------------------------------------------------------- keys
+
+
+def test_keys_add_list_show(tmp_path: Path) -> None:
+    ring = str(tmp_path / "ring")
+    made = invoke("keys", "add", "alice", "--keyring-dir", ring)
+    assert made.exit_code == 0, made.output
+    assert "Write this mnemonic down" in made.output
+    alice = next(line.split(": ")[1] for line in made.output.splitlines() if line.startswith("address: "))
+    assert alice.startswith("gonka1")
+    assert (tmp_path / "ring" / "alice.json").stat().st_mode & 0o077 == 0
+
+    mnemonic = tmp_path / "m.txt"
+    mnemonic.write_text(TEST_MNEMONIC + "\n")
+    imported = invoke("keys", "add", "dev", "--keyring-dir", ring, "--mnemonic-file", str(mnemonic))
+    assert imported.exit_code == 0, imported.output
+    assert "mnemonic" not in imported.output.lower().replace("--mnemonic", "")  # never echoes an imported one
+
+    shown = invoke("keys", "show", "dev", "--address", "--keyring-dir", ring)
+    assert shown.output.strip() == str(test_wallet(0).address())  # coin type 1200, index 0
+
+    listed = invoke("keys", "list", "--keyring-dir", ring)
+    assert listed.exit_code == 0
+    assert "alice" in listed.output and alice in listed.output and "dev" in listed.output
+
+
+def test_keys_recover_from_stdin(tmp_path: Path) -> None:
+    result = invoke(
+        "keys", "add", "r", "--recover", "--keyring-dir", str(tmp_path), input=TEST_MNEMONIC + "\n"
+    )
+    assert result.exit_code == 0, result.output
+    assert str(test_wallet(0).address()) in result.output
+
+
+def test_keys_errors_are_one_clear_line(tmp_path: Path) -> None:
+    ring = str(tmp_path)
+    assert invoke("keys", "add", "a", "--keyring-dir", ring).exit_code == 0
+    dup = invoke("keys", "add", "a", "--keyring-dir", ring)
+    assert dup.exit_code == 1 and "already exists" in dup.output
+    missing = invoke("keys", "show", "nobody", "--keyring-dir", ring)
+    assert missing.exit_code == 1 and "no key named 'nobody'" in missing.output
+    bad = invoke("keys", "add", "b", "--recover", "--keyring-dir", ring, input="not a mnemonic\n")
+    assert bad.exit_code == 1 and "error" in bad.output
+    assert "Traceback" not in dup.output + missing.output + bad.output
+
+
+# ---------------------------------------------------------------- run create
+
+
+def test_run_create_dry_run_fills_in_the_hashes(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(TINY_RUN)
+    result = invoke("run", "create", str(path), "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert '"initial_model_hash": "' in result.output
+    assert '"dataset_manifest_hash": "' in result.output
+    assert '"inner_steps": 10' in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("inner_steps = [", "not valid TOML"),
+        ("inner_steps = 10", "[model] is required"),
+        (TINY_RUN.replace("segment_len = 5", "segment_len = 3"), "multiple of segment_len"),
+        (TINY_RUN + "bogus = 1\n", "bogus: Extra inputs are not permitted"),
+        (TINY_RUN.replace("trainer.model:small_gpt", "os:system"), "not on this node's allow-list"),
+    ],
+)
+def test_run_create_bad_config(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    result = invoke("run", "create", str(path), "--dry-run")
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_run_create_missing_file(tmp_path: Path) -> None:
+    result = invoke("run", "create", str(tmp_path / "none.toml"), "--dry-run")
+    assert result.exit_code == 2 and "run config not found" in result.output
+
+
+# ---------------------------------------------------------------- devnet config
+
+
+def test_devnet_config_from_toml_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "devnet.toml"
+    path.write_text(
+        'hosts = 5\nverifiers = 3\nblock_interval = 0.25\n[[adversaries]]\nbehaviour = "lazy"\ncount = 2\n'
+        "params = { fraction = 0.5 }\n[phases]\ntrain = 4.0\n"
+    )
+    cfg = load_config(path, {"hosts": 6, "seed": None, "phases": {"reveal": 2.0}})
+    assert cfg.hosts == 6 and cfg.verifiers == 3  # the flag wins, an unset flag does not
+    assert cfg.phases.train == 4.0 and cfg.phases.reveal == 2.0
+    assert cfg.blocks(cfg.phases.train) == 16
+    assert [b for b, _ in cfg.host_behaviours()] == ["honest"] * 4 + ["lazy", "lazy"]
+    assert cfg.host_behaviours()[-1][1] == {"fraction": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"hosts": 0}, "hosts: Input should be greater than or equal to 1"),
+        (
+            {"hosts": 2, "adversaries": [{"behaviour": "noise", "count": 2}]},
+            "at least one host must be honest",
+        ),
+        ({"inner_steps": 12, "segment_len": 5}, "multiple of segment_len"),
+        ({"verifiers": 1, "verifiers_per_contribution": 2}, "cannot exceed the number of verifiers"),
+        ({"hosts": 20, "verifiers": 12}, "at most 31"),
+        ({"codec": "fp64"}, "codec: Input should be"),
+        ({"hots": 3}, "hots: Extra inputs are not permitted"),
+    ],
+)
+def test_devnet_config_errors_name_the_field(tmp_path: Path, data: dict, message: str) -> None:
+    with pytest.raises(DevnetConfigError, match="invalid devnet config") as err:
+        load_config(None, data)
+    assert message in str(err.value)
+
+
+def test_devnet_toml_errors(tmp_path: Path) -> None:
+    with pytest.raises(DevnetConfigError, match="config file not found"):
+        load_config(tmp_path / "none.toml", {})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("hosts = = 3")
+    with pytest.raises(DevnetConfigError, match="is not valid TOML"):
+        load_config(bad, {})
+
+
+def test_adversary_flag_form() -> None:
+    spec = parse_adversary("lazy:2:fraction=0.5,loud=true,tag=x")
+    assert (spec.behaviour, spec.count, spec.params) == (
+        "lazy",
+        2,
+        {"fraction": 0.5, "loud": True, "tag": "x"},
+    )
+    with pytest.raises(DevnetConfigError, match="count 'two' is not an integer"):
+        parse_adversary("lazy:two")
+    with pytest.raises(DevnetConfigError, match="is not key=value"):
+        parse_adversary("lazy:1:fraction")
+
+
+def test_devnet_command_rejects_bad_input_without_starting_anything(tmp_path: Path) -> None:
+    result = invoke("devnet", "--hosts", "1", "--adversary", "noise", "--out-dir", str(tmp_path))
+    assert result.exit_code == 2
+    assert "at least one host must be honest" in result.output
+    unknown = invoke("devnet", "--adversary", "teleport", "--out-dir", str(tmp_path))
+    assert unknown.exit_code == 2
+    assert "unknown host behaviour 'teleport'" in unknown.output
+    assert list(tmp_path.iterdir()) == []  # nothing was started or written
+
+
+def test_devnet_lists_adversaries() -> None:
+    result = invoke("devnet", "--list-adversaries")
+    assert result.exit_code == 0
+    assert "noise" in result.output and "malicious" in result.output
+
+
+# ---------------------------------------------------------------- status (against a real chain node)
+
+
+@pytest.fixture
+def chain_url(tmp_path: Path) -> Iterator[str]:
+    node = NodeProcess(
+        "chain",
+        python_cli(
+            "chain", "start", "--home", str(tmp_path / "chain"), "--port", "0", "--block-interval", "0.05"
+        ),
+        tmp_path / "chain.log",
+    )
+    node.start()
+    try:
+        yield node.wait_listening(60)
+    finally:
+        node.stop()
+
+
+@pytest.mark.slow
+def test_run_create_and_status_against_a_chain(tmp_path: Path, chain_url: str) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(TINY_RUN)
+    created = invoke("run", "create", str(path), "--chain-url", chain_url, "--test-index", "0")
+    assert created.exit_code == 0, created.output
+    assert '"run_id": 1' in created.output
+    status = invoke("status", "--chain-url", chain_url)
+    assert status.exit_code == 0, status.output
+    assert "cli-test" in status.output and "PENDING" in status.output
+    not_authority = invoke("run", "create", str(path), "--chain-url", chain_url, "--test-index", "5")
+    assert not_authority.exit_code == 1 and "MsgCreateRun failed" in not_authority.output
+    missing = invoke("status", "--chain-url", chain_url, "--run-id", "9")
+    assert missing.exit_code == 1 and "no run 9" in missing.output
+
+
+def test_status_unreachable_chain() -> None:
+    result = invoke("status", "--chain-url", "http://127.0.0.1:9")
+    assert result.exit_code == 1
+    assert "cannot read http://127.0.0.1:9" in result.output
