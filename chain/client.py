@@ -285,7 +285,7 @@ class ChainClient(ABC):
         return self.query("run", run_id=run_id)
 
     def outer_step(self, run_id: int, outer_step: int) -> dict[str, Any]:
-        return self.query("outer_step", run_id=run_id, outer_step=outer_step)
+        return self.query("outer_step", run_id=run_id, step=outer_step)
 
     def account(self, address: str) -> dict[str, Any]:
         return self.query("account", address=address)
