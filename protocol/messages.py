@@ -46,6 +46,7 @@ class EnvFingerprint(Frozen):
     threads: int = Field(ge=1, le=256)
     deterministic: bool = True
     device: str = Field("cpu", max_length=32)
+    micro_batches: int = Field(1, ge=1, le=1024, description="data-parallel slices per step (DDP ranks)")
 
 
 class Msg(Frozen):

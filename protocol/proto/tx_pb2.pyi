@@ -143,16 +143,18 @@ class RunConfig(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ...) -> None: ...
 
 class EnvFingerprint(_message.Message):
-    __slots__ = ("torch_version", "threads", "deterministic", "device")
+    __slots__ = ("torch_version", "threads", "deterministic", "device", "micro_batches")
     TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
     DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
     torch_version: str
     threads: int
     deterministic: bool
     device: str
-    def __init__(self, torch_version: _Optional[str] = ..., threads: _Optional[int] = ..., deterministic: bool = ..., device: _Optional[str] = ...) -> None: ...
+    micro_batches: int
+    def __init__(self, torch_version: _Optional[str] = ..., threads: _Optional[int] = ..., deterministic: bool = ..., device: _Optional[str] = ..., micro_batches: _Optional[int] = ...) -> None: ...
 
 class MsgCreateRun(_message.Message):
     __slots__ = ("creator", "config")
