@@ -102,7 +102,7 @@ def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
 
 
 def delta_bytes(
-    endpoint: str | None, delta_hash: str, timeout: float = 5.0, limit: int = 256 << 20
+    endpoint: str | None, delta_hash: str, timeout: float = 5.0, limit: int = 64 << 20
 ) -> int | None:
     """Size of the revealed Δ blob as its host serves it; None when it is not (or no longer) served."""
     if not endpoint:

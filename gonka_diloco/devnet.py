@@ -10,6 +10,7 @@ tests use to kill and restart nodes mid-run.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -35,6 +36,20 @@ AUTHORITY_INDEX = 0
 """test_wallet(0) is the authority that creates runs; hosts are 1..N, verifiers N+1..N+M."""
 HOST_STAKE = 2_000_000_000
 VERIFIER_STAKE = 2_000_000_000
+FEED_EVENTS = frozenset(
+    {
+        "joined",
+        "trained",
+        "committed",
+        "revealed",
+        "verdict",
+        "outcome",
+        "outer_step_applied",
+        "sitting_out",
+        "error",
+    }
+)
+"""Node log events shown in the live view's feed."""
 START_TIMEOUT = 120.0
 """Seconds a node may take to print its listening line (torch import on a loaded 2-core box)."""
 
@@ -147,6 +162,9 @@ class Devnet:
         self.restarts: dict[str, int] = {}
         self.started = time.monotonic()
         self.live = LiveState(outer_steps=cfg.outer_steps)
+        self._lock = threading.Lock()
+        self.local_loss: dict[str, dict[int, float]] = {}
+        self.val_loss: dict[str, dict[int, float]] = {}
 
     # ------------------------------------------------------------------ setup
 
@@ -166,13 +184,36 @@ class Devnet:
         return self.folder / "logs" / f"{name}.log"
 
     def _on_event(self, node: str, event: dict[str, Any]) -> None:
+        """Node log lines (reader threads): losses for the report, a short feed for the live view."""
         kind = event.get("event")
-        if kind in ("commit", "committed", "reveal", "revealed", "verdict", "outer_result", "error"):
+        step = event.get("outer_step")
+        losses = {"trained": ("loss", self.local_loss), "outer_step_applied": ("val_loss", self.val_loss)}
+        if kind in losses and isinstance(step, int):
+            key, target = losses[kind]
+            if isinstance(event.get(key), int | float):
+                with self._lock:
+                    target.setdefault(node, {})[step] = float(event[key])
+        if kind in FEED_EVENTS:
             extra = {
-                k: v for k, v in event.items() if k not in ("ts", "node", "event") and not isinstance(v, dict)
+                k: v
+                for k, v in event.items()
+                if k not in ("ts", "node", "event") and not isinstance(v, dict | list)
             }
             detail = " ".join(f"{k}={str(v)[:16]}" for k, v in list(extra.items())[:4])
             self.live.events.append(f"{node}: {kind} {detail}")
+
+    def row(self, name: str) -> NodeRow:
+        """The node's row with everything its log said so far."""
+        proc = self.procs.get(name)
+        with self._lock:
+            update: dict[str, Any] = {
+                "local_loss": dict(self.local_loss.get(name, {})),
+                "val_loss": dict(self.val_loss.get(name, {})),
+                "restarts": self.restarts.get(name, 0),
+            }
+        if proc is not None and proc.proc is not None:
+            update["alive"] = proc not in self.sup.crashed()
+        return self.rows[name].model_copy(update=update)
 
     def start_chain(self) -> str:
         home = self.folder / "chain"
@@ -314,22 +355,17 @@ class Devnet:
         self.live.committed = len(step["committed"])
         self.live.accepted = [names.get(a, a) for a in step["accepted"]]
         self.live.outcomes = {names.get(a, a): o or "" for a, o in step["outcomes"].items()}
-        snap_losses = Snapshot(run_id=self.run_id, nodes=list(self.rows.values())).val_loss()
-        self.live.val_loss = snap_losses
+        rows = [self.row(n) for n in self.rows]
+        self.live.val_loss = Snapshot(run_id=self.run_id, nodes=rows).val_loss()
         self.live.elapsed_s = time.monotonic() - self.started
         return run
 
     def _measure_deltas(self, current: int) -> None:
-        """Δ blob sizes of a step, read while its hosts still serve them (after finalization)."""
-        for index in range(max(0, current - 1), current + 1):
-            acc = self.client.query("accepted", run_id=self.run_id, step=index)
-            if acc["finalized_height"] is None:
-                continue
-            reveals = self.client.query("reveals", run_id=self.run_id, step=index)["reveals"]
-            for r in reveals:
-                key = (index, r["host"])
-                if key not in self.deltas:
-                    self.deltas[key] = delta_bytes(r["endpoint"], r["delta_hash"])
+        """Δ blob sizes, read as soon as each is revealed (hosts prune them once a step is done)."""
+        for r in self.client.query("reveals", run_id=self.run_id, step=current)["reveals"]:
+            key = (current, r["host"])
+            if key not in self.deltas:
+                self.deltas[key] = delta_bytes(r["endpoint"], r["delta_hash"])
 
     def watch(
         self,
@@ -366,30 +402,28 @@ class Devnet:
 
     # ------------------------------------------------------------------ the end
 
-    def settle_losses(self, timeout: float = 20.0) -> None:
-        """Wait (block by block) until every honest host reported the final model's validation loss."""
+    def settle_losses(self, timeout: float = 30.0) -> None:
+        """Wait (block by block) until every running honest host logged the final validation loss."""
         honest = [r.name for r in self.rows.values() if r.role == "host" and r.behaviour == "honest"]
         deadline = time.monotonic() + timeout
         height = self.client.height()
         while time.monotonic() < deadline:
-            self.poll()
-            alive = [h for h in honest if self.procs[h].alive]
-            if all(len(self.rows[h].val_loss) >= self.cfg.outer_steps for h in alive):
+            pending = [
+                h for h in honest if self.procs[h].alive and len(self.row(h).val_loss) < self.cfg.outer_steps
+            ]
+            if not pending:
                 return
             height = self.client.wait_for_block(height, timeout=max(0.1, deadline - time.monotonic())).height
 
     def snapshot(self, failures: list[str] | None = None) -> Snapshot:
-        scan_blocks(self.client, self.run_id, self.tally, self.client.height())
-        rows = [
-            r.model_copy(
-                update={
-                    "alive": self.procs[r.name].alive or self.procs[r.name].expected_exit,
-                    "restarts": self.restarts.get(r.name, 0),
-                }
-            )
-            for r in self.rows.values()
-        ]
-        snap = collect(self.client, self.run_id, rows, tally=self.tally)
+        """Everything the chain and the nodes said, as the report's input."""
+        rows = [self.row(n) for n in self.rows]
+        try:
+            scan_blocks(self.client, self.run_id, self.tally, self.client.height())
+            snap = collect(self.client, self.run_id, rows, tally=self.tally)
+        except Exception as e:  # the chain itself is gone: report what we know
+            failures = [*(failures or []), f"cannot read the chain at the end: {e}"]
+            snap = Snapshot(run_id=self.run_id, nodes=rows, chain_url=self.rows["chain"].url)
         for c in snap.contributions:
             c.delta_bytes = self.deltas.get((c.outer_step, c.address))
         snap.wall_s = time.monotonic() - self.started

@@ -190,8 +190,13 @@ class Supervisor:
         return node
 
     def crashed(self) -> list[NodeProcess]:
-        """Nodes that exited although nobody stopped them."""
-        return [n for n in self.nodes.values() if n.proc is not None and not n.alive and not n.expected_exit]
+        """Nodes that exited with an error although nobody stopped them (exit 0 is a clean finish:
+        a node leaves once its run is over)."""
+        return [
+            n
+            for n in self.nodes.values()
+            if n.proc is not None and not n.alive and not n.expected_exit and n.returncode != 0
+        ]
 
     def close(self) -> None:
         """Terminate all groups at once, then wait for each and kill what is left."""

@@ -1,0 +1,204 @@
+"""The devnet: process supervision (no process left behind, Ctrl-C too), node configs, and the
+end-to-end run over real processes and loopback HTTP (`issues show 6`, "Done when")."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gonka_diloco.procs import NodeProcess, NodeStartError, Supervisor
+
+# A node stand-in: spawns a grandchild (as uvicorn or torchrun would), announces itself, waits.
+NODE = textwrap.dedent(
+    """
+    import json, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("not json: warming up", flush=True)
+    print(json.dumps({"event": "listening", "url": "http://127.0.0.1:5", "grandchild": child.pid}), flush=True)
+    print(json.dumps({"event": "commit", "outer_step": 0}), flush=True)
+    mode = sys.argv[1] if len(sys.argv) > 1 else "wait"
+    if mode == "exit":
+        sys.exit(7)
+    time.sleep(600)
+    """
+)
+
+
+def gone(pid: int, timeout: float = 10.0) -> bool:
+    """Wait for a process we did not spawn to end: a pidfd becomes readable when it exits."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        return bool(readable) or _zombie(pid)
+    finally:
+        os.close(fd)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
+def node(tmp_path: Path, name: str = "n", *args: str, events: list | None = None) -> NodeProcess:
+    script = tmp_path / "node.py"
+    script.write_text(NODE)
+    sink = (lambda n, e: events.append((n, e))) if events is not None else None
+    return NodeProcess(name, [sys.executable, str(script), *args], tmp_path / f"{name}.log", on_event=sink)
+
+
+def grandchild_pid(log: Path) -> int:
+    import json
+
+    line = next(x for x in log.read_text().splitlines() if '"listening"' in x)
+    return int(json.loads(line)["grandchild"])
+
+
+def test_listening_line_log_and_group_stop(tmp_path: Path) -> None:
+    events: list = []
+    proc = node(tmp_path, events=events)
+    proc.start()
+    try:
+        assert proc.wait_listening(30) == "http://127.0.0.1:5"
+        grandchild = grandchild_pid(proc.log_path)
+    finally:
+        proc.stop(grace=5)
+    assert not proc.alive
+    assert gone(grandchild), "the node's grandchild survived the group stop"
+    log = proc.log_path.read_text()
+    assert "not json: warming up" in log and '"event": "commit"' in log  # the whole stdout is kept
+    assert ("n", {"event": "commit", "outer_step": 0}) in events
+
+
+def test_a_node_that_dies_before_listening_is_a_named_error(tmp_path: Path) -> None:
+    proc = NodeProcess("bad", [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "bad.log")
+    proc.start()
+    with pytest.raises(NodeStartError, match=r"bad exited with code 3; see .*bad\.log"):
+        proc.wait_listening(30)
+
+
+def test_crashes_are_told_apart_from_stops(tmp_path: Path) -> None:
+    sup = Supervisor(grace=5)
+    crasher = sup.add(node(tmp_path, "crasher", "exit"))
+    stopped = sup.add(node(tmp_path, "stopped"))
+    for p in (crasher, stopped):
+        p.start()
+        p.wait_listening(30)
+    assert crasher.proc is not None and crasher.proc.wait(30) == 7
+    stopped.stop()
+    assert [n.name for n in sup.crashed()] == ["crasher"]
+    sup.close()
+    with pytest.raises(ValueError, match="duplicate node name"):
+        sup.add(node(tmp_path, "stopped"))
+
+
+def test_kill_and_restart_appends_to_the_same_log(tmp_path: Path) -> None:
+    proc = node(tmp_path)
+    proc.start()
+    proc.wait_listening(30)
+    proc.kill()
+    assert proc.returncode == -signal.SIGKILL and proc.expected_exit
+    proc.start()
+    try:
+        proc.wait_listening(30)
+        assert proc.log_path.read_text().count('"listening"') == 2
+    finally:
+        proc.stop()
+
+
+ORCHESTRATOR = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from gonka_diloco.procs import NodeProcess, Supervisor
+    sup = Supervisor(grace=5)
+    sup.install_handlers()
+    for i in range(2):
+        p = sup.add(NodeProcess(f"n{i}", [sys.executable, sys.argv[1]], Path(sys.argv[2]) / f"n{i}.log"))
+        p.start()
+        p.wait_listening(60)
+        print(p.pid, flush=True)
+    print("ready", flush=True)
+    sys.stdin.read()  # until a signal arrives
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    (tmp_path / "node.py").write_text(NODE)
+    (tmp_path / "orch.py").write_text(ORCHESTRATOR)
+    orch = subprocess.Popen(
+        [sys.executable, str(tmp_path / "orch.py"), str(tmp_path / "node.py"), str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert orch.stdout is not None
+        pids = [int(orch.stdout.readline()) for _ in range(2)]
+        assert orch.stdout.readline().strip() == "ready"
+        grandchildren = [grandchild_pid(tmp_path / f"n{i}.log") for i in range(2)]
+        orch.send_signal(sig)
+        assert orch.wait(30) != 0
+    finally:
+        if orch.poll() is None:
+            orch.kill()
+            orch.wait()
+    for pid in pids + grandchildren:
+        assert gone(pid), f"process {pid} outlived the orchestrator"
+
+
+# ---------------------------------------------------------------- node configs and the run config
+
+
+def test_node_tomls_are_what_the_nodes_accept(tmp_path: Path) -> None:
+    """The TOML the devnet writes must validate against the nodes' own config models."""
+    from gonka_diloco.devnet import node_toml
+
+    trainer_cfg = pytest.importorskip("trainer.node_config")
+    verifier_cfg = pytest.importorskip("verifier.node_config")
+    fields = {
+        "chain_url": "http://127.0.0.1:26657",
+        "run_id": 1,
+        "data_dir": str(tmp_path / "data"),
+        "listen": "127.0.0.1:0",
+        "stake": 2_000_000_000,
+        "threads": 1,
+        "behaviour": "lazy",
+        "behaviour_params": {"fraction": 0.5, "note": 'a "quoted" \\ path'},
+    }
+    (tmp_path / "host.toml").write_text(node_toml(fields, {"test_index": 3}))
+    host = trainer_cfg.load_host_config(tmp_path / "host.toml")
+    assert host.behaviour_params == fields["behaviour_params"]
+    assert host.key.test_index == 3 and host.data_path == tmp_path / "data"
+    (tmp_path / "verifier.toml").write_text(node_toml({**fields, "behaviour": "honest"}, {"test_index": 4}))
+    assert verifier_cfg.load_verifier_config(tmp_path / "verifier.toml").key.test_index == 4
+
+
+def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
+    from gonka_diloco.devnet import run_config
+    from gonka_diloco.devnet_config import DevnetConfig
+    from trainer.data import shakespeare_manifest
+    from trainer.globalmodel import GlobalModel
+    from trainer.spec import build_model
+
+    cfg = DevnetConfig(model_size="tiny", seed=5, block_interval=0.5, outer_steps=3)
+    rc = run_config(cfg)
+    assert rc.phases.train_blocks == cfg.blocks(cfg.phases.train) == 20
+    assert rc.max_outer_steps == 3 and rc.model.config["seed"] == 5
+    assert rc.initial_model_hash == GlobalModel.from_module(build_model(rc.model)).hash
+    assert rc.dataset_manifest_hash == shakespeare_manifest()[1].manifest_hash()
+    other = run_config(DevnetConfig(model_size="tiny", seed=6))
+    assert other.initial_model_hash != rc.initial_model_hash  # the seed reaches the init
