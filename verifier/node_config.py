@@ -1,7 +1,7 @@
-"""`verifier.toml`: the verifier operator's file, validated strictly (unknown keys are errors).
+"""verifier.toml: what a verifier operator configures, validated with named errors.
 
-Mirrors `trainer.node_config.HostConfig` (DEVELOPERS-nodes.md) so one devnet orchestrator can
-write both; `threads` is the verifier's replay thread count and the pool bounds are its own.
+Same shape as host.toml (DEVELOPERS-nodes.md) so one orchestrator writes both; `threads` is the
+replay thread count (bitwise mode needs the run's), and the pool bounds are the verifier's own.
 """
 
 from __future__ import annotations
@@ -10,18 +10,23 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from cosmpy.aerial.wallet import LocalWallet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from protocol.keys import Keyring, test_wallet, wallet_from_mnemonic
+
+MAX_CONFIG_BYTES = 64 * 1024
+MAX_MNEMONIC_BYTES = 4096
+STATES_PER_VERIFICATION = 2
+"""Besides its worker's model, a verification holds the start state and at most the claimed end."""
 
 
 class ConfigError(ValueError):
-    """The TOML file is missing, unreadable, too large or does not validate."""
+    """verifier.toml is missing, unreadable, not TOML, or does not validate."""
 
 
-MAX_CONFIG_BYTES = 1 << 20
-
-
-class KeyRef(BaseModel):
-    """Where the signing key comes from; exactly one source."""
+class KeySource(BaseModel):
+    """Exactly one way to get the verifier's key."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -31,51 +36,89 @@ class KeyRef(BaseModel):
     test_index: int = Field(-1, ge=-1)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> KeyRef:
-        sources = [bool(self.mnemonic_file), bool(self.keyring_dir), self.test_index >= 0]
-        if sum(sources) != 1:
+    def _exactly_one(self) -> KeySource:
+        chosen = [bool(self.mnemonic_file), bool(self.keyring_dir), self.test_index >= 0]
+        if sum(chosen) != 1:
             raise ValueError("[key] needs exactly one of mnemonic_file, keyring_dir (+ name), test_index")
         if self.keyring_dir and not self.name:
-            raise ValueError("[key] keyring_dir needs a name")
+            raise ValueError("[key] keyring_dir needs a key `name`")
         return self
+
+    def wallet(self, base: Path = Path(".")) -> LocalWallet:
+        if self.test_index >= 0:
+            return test_wallet(self.test_index)
+        if self.keyring_dir:
+            try:
+                return Keyring(base / self.keyring_dir).wallet(self.name)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"keyring {base / self.keyring_dir}: {e}") from e
+        path = base / self.mnemonic_file
+        try:
+            if path.stat().st_mode & 0o077:
+                raise ConfigError(f"{path} is readable by group or others; chmod 600 it")
+            raw = path.read_bytes()[: MAX_MNEMONIC_BYTES + 1]
+        except OSError as e:
+            raise ConfigError(f"cannot read mnemonic file {path}: {e}") from e
+        if len(raw) > MAX_MNEMONIC_BYTES:
+            raise ConfigError(f"mnemonic file {path} is too large")
+        try:
+            return wallet_from_mnemonic(raw.decode().strip())
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ConfigError(f"mnemonic file {path}: {e}") from e
 
 
 class VerifierConfig(BaseModel):
+    """A verifier node's configuration; relative paths are relative to the TOML file's directory."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    chain_url: str = Field("http://127.0.0.1:26657", pattern=r"^https?://")
-    run_id: int = Field(1, ge=1)
-    data_dir: str = Field("verifier-data", min_length=1)
-    listen: str = "127.0.0.1:0"
-    public_url: str = ""
+    chain_url: str = Field(pattern=r"^https?://")
+    run_id: int = Field(ge=1)
+    data_dir: str = Field(min_length=1)
+    listen: str = Field("127.0.0.1:0", pattern=r"^[^:\s]+:\d{1,5}$")
+    public_url: str = Field("", pattern=r"^(https?://.*)?$", max_length=256)
     stake: int = Field(2_000_000_000, ge=0)
     threads: int = Field(1, ge=1, le=256)
-    behaviour: str = "honest"
+    behaviour: str = Field("honest", min_length=1)
     behaviour_params: dict[str, Any] = Field(default_factory=dict)
     max_concurrent: int = Field(2, ge=1, le=64)
-    max_states_in_memory: int = Field(4, ge=3, le=1024, description="one verification holds up to 3")
-    fetch_timeout_s: float = Field(30.0, gt=0)
-    fetch_retries: int = Field(2, ge=0, le=10)
-    poll_interval_s: float = Field(1.0, gt=0)
-    key: KeyRef
+    max_states_in_memory: int = Field(4, ge=STATES_PER_VERIFICATION, le=4096)
+    key: KeySource
+    base_dir: Path = Field(Path("."), exclude=True)
+
+    def path(self, p: str) -> Path:
+        return Path(p) if Path(p).is_absolute() else self.base_dir / p
+
+    @property
+    def data_path(self) -> Path:
+        return self.path(self.data_dir)
+
+    def wallet(self) -> LocalWallet:
+        return self.key.wallet(self.base_dir)
 
     @property
     def workers(self) -> int:
-        """Concurrent verifications: bounded by the pool and by the states each one may hold."""
-        return max(1, min(self.max_concurrent, self.max_states_in_memory // 3))
+        """Verifications at once: the pool, capped so at most `max_states_in_memory` fetched states live."""
+        return max(1, min(self.max_concurrent, self.max_states_in_memory // STATES_PER_VERIFICATION))
 
 
-def load_config(path: str | Path) -> VerifierConfig:
-    p = Path(path)
+def load_verifier_config(path: str | Path) -> VerifierConfig:
+    """Read and validate verifier.toml; every failure is a `ConfigError` naming the file and field."""
+    path = Path(path)
     try:
-        if p.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES} bytes")
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        raw = path.read_bytes()[: MAX_CONFIG_BYTES + 1]
     except OSError as e:
-        raise ConfigError(f"{p}: {e.strerror or e}") from e
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: not valid TOML: {e}") from e
+        raise ConfigError(f"cannot read {path}: {e}") from e
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        return VerifierConfig.model_validate(raw)
+        data = tomllib.loads(raw.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from e
+    if "base_dir" in data:
+        raise ConfigError(f"{path}: unknown field 'base_dir'")
+    try:
+        return VerifierConfig.model_validate({**data, "base_dir": path.parent})
     except ValidationError as e:
-        raise ConfigError(f"{p}: {e}") from e
+        problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or '(top)'}: {x['msg']}" for x in e.errors())
+        raise ConfigError(f"{path}: {problems}") from e

@@ -6,15 +6,16 @@ the node plugs in HTTP with retries, tests plug in a dict. The source raises `Mi
 (unreachable, absent after the deadline) or `MalformedBlob` (too large, undecodable, wrong hash);
 every other failure mode of the host's data is turned into a reason code here, never a crash.
 
-Memory: segments are checked one at a time, so one verification holds at most three training
-states (the start, the replay, and in tolerance mode the claimed end); the node bounds how many
-verifications run at once from that figure.
+Memory: segments are checked one at a time and the replayed end is read from the live model
+without a copy, so besides its model a verification holds at most two training states (the start
+and, in tolerance mode or on a mismatch, the claimed end); the node sizes its pool from that.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -118,6 +119,7 @@ class Outcome:
     evidence_hash: str
     replayed_leaves: tuple[str, ...] = ()
     replay_steps: int = 0
+    replay_seconds: float = 0.0
 
     @property
     def accept(self) -> bool:
@@ -245,7 +247,10 @@ def param_distance(replay: State, claim: State, start: State) -> float:
 
 
 def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> State:
-    """The host's own step function from `start`, over the PRF batches of `segment`."""
+    """The host's own step function from `start`, over the PRF batches of `segment`.
+
+    Returns the live state of `ctx.model` (no copy): it changes with the next replay.
+    """
     k = job.cfg.segment_len
     opt = make_optimizer(ctx.model, job.cfg.inner)
     load_training_state(ctx.model, opt, start)
@@ -254,7 +259,7 @@ def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> 
         job.micro_batches, loss_fn=ctx.loss_fn,
     )
     ctx.on_replay_steps(k)
-    return training_state(ctx.model, opt, copy=True)
+    return training_state(ctx.model, opt)  # aliases the live model: valid until the next replay
 
 
 def _checked_state(source: BlobSource, leaf: str) -> State:
@@ -306,6 +311,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
     """
     replayed: list[str] = []
     steps = 0
+    seconds = 0.0
     try:
         check_proofs(job)
         check_claims(job)
@@ -315,10 +321,12 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
             start = _checked_state(source, o.start_leaf)
             if o.segment == 0:
                 check_start(job, ctx, start)
+            t0 = time.perf_counter()
             try:
                 end = replay_segment(job, ctx, start, o.segment)
             except StateError as e:
                 raise MalformedBlob(f"segment {o.segment} start state does not load: {e}") from e
+            seconds += time.perf_counter() - t0
             steps += job.cfg.segment_len
             leaf = training_hash(end)
             replayed.append(leaf)
@@ -350,4 +358,5 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
     except MalformedBlob as e:
         reason, detail = Reason.MALFORMED_BLOB, str(e)
     detail = detail[:256]
-    return Outcome(reason, detail, evidence_hash(job, reason, replayed, detail), tuple(replayed), steps)
+    evidence = evidence_hash(job, reason, replayed, detail)
+    return Outcome(reason, detail, evidence, tuple(replayed), steps, seconds)

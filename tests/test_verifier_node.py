@@ -1,0 +1,152 @@
+"""The verifier node against the in-process chain, with real host nodes serving over HTTP.
+
+One outer step, four hosts (honest, free rider, zstd bomb, reveals-but-serves-nothing) and three
+verifiers (honest, lazy, malicious) with v = 3: the honest host is accepted, every adversary is
+rejected, the lazy and malicious verifiers are outvoted and slashed, the honest one is not, and
+it answered the bomb and the silent host with the right reasons while judging the others.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from gonka_diloco.adversaries import resolve_host, resolve_verifier
+from tests.test_host_node import LockstepChain, create_run, host_config, run_config, running, tiny_corpus
+from trainer.blobs import BlobClient
+from trainer.node import HostNode
+from verifier.node import HttpSource, VerifierNode
+from verifier.node_config import ConfigError, KeySource, VerifierConfig, load_verifier_config
+from verifier.verify import MissingData
+
+HOSTS = {1: "honest", 2: "zero", 3: "malformed", 4: "no_reveal"}
+HOST_PARAMS: dict[str, dict[str, Any]] = {"malformed": {"kind": "zstd_bomb"}, "no_reveal": {"mode": "serve"}}
+VERIFIERS = {11: "honest", 12: "lazy", 13: "malicious"}
+STAKE = 1000
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_globals() -> Iterator[None]:
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(det)
+
+
+def verifier_config(tmp: Path, index: int, run_id: int, **kw: Any) -> VerifierConfig:
+    return VerifierConfig(
+        chain_url="http://in-process", run_id=run_id, data_dir=str(tmp / f"verifier-{index}"), stake=STAKE,
+        key=KeySource(test_index=index), **kw,
+    )  # fmt: skip
+
+
+def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_path: Path) -> None:
+    corpus = tiny_corpus()
+    chain = LockstepChain()
+    cfg = run_config(corpus, max_outer_steps=1, verifiers_per_contribution=3, sampled_segments=2)
+    run_id = create_run(chain, cfg)
+    logs: list[dict[str, Any]] = []
+    quick: dict[str, Any] = {"log": logs.append, "poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
+    hosts = {
+        i: HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus,
+                    behaviour=resolve_host(name, HOST_PARAMS.get(name)), **quick)
+        for i, name in HOSTS.items()
+    }  # fmt: skip
+    verifiers = {
+        i: VerifierNode(verifier_config(tmp_path, i, run_id, max_concurrent=2), chain, corpus=corpus,
+                        behaviour=resolve_verifier(name), blob_timeout=5, **quick)
+        for i, name in VERIFIERS.items()
+    }  # fmt: skip
+    with running([n.run for n in [*hosts.values(), *verifiers.values()]], chain):
+        pass
+
+    step = chain.query("outer_step", run_id=run_id, step=0)
+    addr = {name: hosts[i].address for i, name in HOSTS.items()}
+    assert step["outcomes"] == {
+        addr["honest"]: "accepted", addr["zero"]: "rejected", addr["malformed"]: "rejected",
+        addr["no_reveal"]: "rejected",
+    }  # fmt: skip
+    assert step["accepted"] == [addr["honest"]] and step["phase"] == "DONE"
+
+    honest, lazy, malicious = (verifiers[i] for i in VERIFIERS)
+    assert honest.snapshot()["verdicts"] == {
+        f"0:{addr['honest']}": "ACCEPT", f"0:{addr['zero']}": "REPLAY_MISMATCH",
+        f"0:{addr['malformed']}": "MALFORMED_BLOB", f"0:{addr['no_reveal']}": "MISSING_DATA",
+    }  # fmt: skip
+    assert set(lazy.snapshot()["verdicts"].values()) == {"ACCEPT"}
+    assert malicious.snapshot()["verdicts"][f"0:{addr['honest']}"] == "REPLAY_MISMATCH"
+
+    stakes = {p["address"]: p["stake"] for p in chain.query("participants", run_id=run_id)["participants"]}
+
+    def slashed(times: int) -> int:  # each slash takes its fraction of what is left
+        stake = STAKE
+        for _ in range(times):
+            stake -= stake * cfg.stake.verifier_slash_bps // 10_000
+        return stake
+
+    assert stakes[honest.address] == STAKE
+    assert stakes[lazy.address] == slashed(3)  # accepted three bad contributions
+    assert stakes[malicious.address] == slashed(1)  # rejected the honest one
+    assert stakes[addr["honest"]] == STAKE and stakes[addr["zero"]] < STAKE
+
+    # the honest verifier followed the outer step: it holds the chain's G_1, computed itself
+    g1 = chain.run(run_id)["global_model_hash"]
+    assert any(e["event"] == "outer_step_applied" and e["model_hash"] == g1 and e["node"] == "verifier-11"
+               for e in logs)  # fmt: skip
+    assert (tmp_path / "verifier-11" / "global" / f"{g1}.safetensors").is_file()
+    text = json.dumps([e for e in logs if e.get("node", "").startswith("verifier")])
+    assert "verify_error" not in text
+
+
+def test_verifier_node_metrics_and_status_are_served(tmp_path: Path) -> None:
+    node = VerifierNode(verifier_config(tmp_path, 11, 1), chain=None, log=lambda e: None)  # type: ignore[arg-type]
+    node.server.start()
+    try:
+        with httpx.Client() as c:
+            status = c.get(f"{node.server.url}/status").json()
+            metrics = c.get(f"{node.server.url}/metrics").text
+    finally:
+        node.server.stop()
+    assert status["role"] == "verifier" and status["address"] == node.address
+    assert 'verifier_verdicts_total{reason="REPLAY_MISMATCH"} 0.0' in metrics
+    assert "verifier_cost_fraction" in metrics and "verifier_bytes_fetched_total" in metrics
+
+
+def test_unreachable_host_is_missing_data_fast() -> None:
+    with BlobClient([], timeout=2, retries=1, backoff=0) as client:
+        source = HttpSource(client, "http://127.0.0.1:9", 1 << 20, 1 << 20)  # discard port: refused
+        with pytest.raises(MissingData, match="not served"):
+            source.state("ab" * 32)
+        with pytest.raises(MissingData):
+            source.delta("cd" * 32)
+
+
+def test_verifier_toml(tmp_path: Path) -> None:
+    good = tmp_path / "verifier.toml"
+    good.write_text(
+        'chain_url = "http://127.0.0.1:26657"\nrun_id = 1\ndata_dir = "v0"\nbehaviour = "malicious"\n'
+        "max_concurrent = 4\nmax_states_in_memory = 6\n[key]\ntest_index = 5\n"
+    )
+    cfg = load_verifier_config(good)
+    assert cfg.data_path == tmp_path / "v0" and cfg.workers == 3 and cfg.behaviour == "malicious"
+    assert load_verifier_config(good).model_copy(update={"max_states_in_memory": 4}).workers == 2
+    base = 'chain_url = "http://x"\nrun_id = 1\ndata_dir = "d"\n'
+    cases = {
+        base + "typo = 1\n[key]\ntest_index = 1\n": "typo",
+        base + "max_states_in_memory = 1\n[key]\ntest_index = 1\n": "max_states_in_memory",
+        base + "[key]\ntest_index = 1\nmnemonic_file = 'm'\n": "exactly one",
+        "[[[": "not valid TOML",
+    }
+    for body, needle in cases.items():
+        bad = tmp_path / "bad.toml"
+        bad.write_text(body)
+        with pytest.raises(ConfigError, match=needle):
+            load_verifier_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_verifier_config(tmp_path / "missing.toml")
