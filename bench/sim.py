@@ -1,0 +1,440 @@
+"""In-process DiLoCo simulation for the benchmarks: M hosts, one global model, no chain, no HTTP.
+
+It runs the real protocol code paths a node runs: `trainer.commit.run_committed` per host (PRF
+batches, trajectory leaves, encoded Δ), `verifier.verify.verify` on every contribution (replay of
+the sampled segments, Δ check), `protocol.codecs` blob round trips, and
+`protocol.outer.outer_update` over the accepted decoded Δs. What it leaves out is transport and
+consensus, which do not change the numbers measured here (losses and bytes).
+
+Runs are described by JSON-able dicts and executed in child processes (`python -m bench.sim`),
+two at a time on two cores, each pinned to one thread: results cross the process boundary as
+JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
+from protocol.config import Codec, ModelSpec, RunConfig
+from protocol.merkle import merkle_root
+from protocol.outer import global_model_hash, outer_update
+from protocol.prf import sample_segments
+from trainer.commit import Contribution, openings, param_tensors, run_committed
+from trainer.data import Corpus, batch, eval_loss, load_corpus, shakespeare_manifest
+from trainer.model import lm_loss
+from trainer.spec import build_model
+from trainer.step import (
+    State,
+    configure_determinism,
+    lr_at,
+    make_optimizer,
+    training_hash,
+)
+
+Params = dict[str, Tensor]
+RESULTS_DIR = Path(__file__).parent / "results"
+
+# A model that trains visibly within minutes on 2 CPU cores (≈135k parameters).
+BENCH_MODEL: dict[str, int | float | bool] = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One experiment's shape. Total inner-step compute = hosts × inner_steps × outer_steps batches."""
+
+    hosts: int = 4
+    inner_steps: int = 50  # H
+    outer_steps: int = 10  # T
+    segment_len: int = 5  # k
+    sampled_segments: int = 2  # s
+    batch_size: int = 8
+    seq_len: int = 64
+    codec: str = "int8"
+    seed: int = 0
+    eval_batches: int = 16
+    model: tuple[tuple[str, Any], ...] = tuple(BENCH_MODEL.items())
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(factory="trainer.model:small_gpt", config=dict(self.model))
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Setup:
+        d = dict(d)
+        if "model" in d:
+            d["model"] = tuple((k, v) for k, v in d["model"])
+        return cls(**d)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["model"] = [list(kv) for kv in self.model]
+        return d
+
+
+def host_names(n: int) -> list[str]:
+    """Stable pseudo-addresses; the PRF and the outer step's sort order only need distinct strings."""
+    return [f"gonka1bench{i:03d}" for i in range(n)]
+
+
+@dataclass
+class Env:
+    setup: Setup
+    cfg: RunConfig
+    corpus: Corpus
+    hosts: list[str]
+
+
+def make_env(setup: Setup) -> Env:
+    root, manifest = shakespeare_manifest()
+    corpus = load_corpus(root, manifest)
+    cfg = RunConfig(
+        model=setup.spec(), dataset_manifest_hash=manifest.manifest_hash(), initial_model_hash="0" * 64,
+        seed=setup.seed, inner_steps=setup.inner_steps, segment_len=setup.segment_len,
+        sampled_segments=setup.sampled_segments, batch_size=setup.batch_size, seq_len=setup.seq_len,
+        data_shards=max(8, setup.hosts), codec=Codec(setup.codec), threads=1,
+    )  # fmt: skip
+    return Env(setup, cfg, corpus, host_names(setup.hosts))
+
+
+def n_params(params: Mapping[str, Tensor]) -> int:
+    return sum(t.numel() for t in params.values())
+
+
+def ring_allreduce_bytes(hosts: int, params: int, steps: int) -> float:
+    """Bytes each worker sends in a ring all-reduce of fp32 gradients, `steps` times."""
+    return 2 * (hosts - 1) / hosts * 4 * params * steps
+
+
+def evaluate(env: Env, model: nn.Module, params: Mapping[str, Tensor] | None = None) -> float:
+    """Validation loss on the same PRF-chosen windows for every contender."""
+    if params is not None:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(params[n])
+    return eval_loss(model, env.corpus.val, env.setup.eval_batches, seed=1234, batch_size=16, seq_len=64)
+
+
+def roundtrip(delta: Mapping[str, Tensor], codec: Codec, block: int) -> tuple[Params, int]:
+    """What every node does with a Δ: encode → blob (the bytes on the wire) → decode."""
+    payload = encode(delta, codec, block)
+    blob = to_blob(payload)
+    layout = {n: tuple(t.shape) for n, t in delta.items()}
+    return decode(from_blob(blob, layout, max_payload_bytes=len(payload)), layout), len(blob)
+
+
+# ---------------------------------------------------------------- hosts and verification
+
+
+class MemStore:
+    """In-memory stand-in for `trainer.store.StateStore` that also serves as a verifier BlobSource.
+
+    Disk I/O is what `bench.host_overhead` measures; here it would only slow the runs down.
+    """
+
+    def __init__(self) -> None:
+        self.states: dict[str, State] = {}
+        self.blobs: dict[str, bytes] = {}
+
+    def put_hashed(self, state: Mapping[str, Tensor], outer_step: int, h: str) -> None:
+        self.states[h] = dict(state)
+
+    def state(self, leaf_hash: str) -> State:
+        return {k: v.clone() for k, v in self.states[leaf_hash].items()}
+
+    def delta(self, delta_hash: str) -> bytes:
+        return self.blobs[delta_hash]
+
+    def clear(self) -> None:
+        self.states.clear()
+        self.blobs.clear()
+
+
+@dataclass
+class Host:
+    """A host's own model and carried AdamW state (DiLoCo keeps inner moments across outer steps)."""
+
+    name: str
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    prev_optimizer_hash: str | None = None
+
+    @classmethod
+    def new(cls, env: Env, name: str) -> Host:
+        model = build_model(env.setup.spec())
+        return cls(name, model, make_optimizer(model, env.cfg.inner))
+
+    def contribute(self, env: Env, n: int, g: Params, g_hash: str, store: MemStore | None) -> Contribution:
+        return run_committed(self.model, self.opt, env.cfg, env.corpus, self.name, n, g, g_hash, store)  # type: ignore[arg-type]
+
+
+def forge(env: Env, c: Contribution, bad: Mapping[str, Tensor], g: Params, store: MemStore) -> Contribution:
+    """A consistent liar: the last leaf claims θ_H = G − Δ_bad, so root, Δ hash and Δ all agree.
+
+    Only the replay of the (always sampled) last segment can expose it.
+    """
+    final = store.state(c.leaves[-1])
+    for n, t in bad.items():
+        final[f"param/{n}"] = g[n] - t
+    leaf = training_hash(final)
+    store.put_hashed(final, c.outer_step, leaf)
+    leaves = [*c.leaves[:-1], leaf]
+    delta = {n: g[n] - final[f"param/{n}"] for n in g}
+    payload = encode(delta, env.cfg.codec, env.cfg.codec_block_size)
+    return dataclasses.replace(
+        c, leaves=leaves, trajectory_root=merkle_root([bytes.fromhex(h) for h in leaves]).hex(),
+        delta=delta, payload=payload, delta_hash=delta_hash(payload),
+    )  # fmt: skip
+
+
+def verify_contribution(
+    env: Env,
+    c: Contribution,
+    host: str,
+    prev_opt: str | None,
+    g: Params,
+    store: MemStore,
+    verifier: nn.Module,
+) -> tuple[bool, str, int]:
+    """Challenge from a per-step pseudo block hash, then the verifier node's own `verify`.
+
+    Returns (accepted, reason name, replayed inner steps).
+    """
+    from verifier.verify import Job, OpeningData, ReplayContext, verify
+
+    block = hashlib.sha256(f"bench:{env.cfg.seed}:{c.outer_step}".encode()).hexdigest()
+    sampled = sample_segments(block, host, env.cfg.n_segments, env.cfg.sampled_segments)
+    store.blobs[c.delta_hash] = to_blob(c.payload)
+    ops = tuple(
+        OpeningData(o.segment, o.start_leaf, o.end_leaf, tuple(o.proof)) for o in openings(c, sampled)
+    )
+    job = Job(
+        run_id=1, outer_step=c.outer_step, host=host, cfg=env.cfg, trajectory_root=c.trajectory_root,
+        leaf_count=c.leaf_count, delta_hash=c.delta_hash, final_optimizer_hash=c.final_optimizer_hash,
+        tokens=c.tokens, env=c.env, sampled=tuple(sampled), openings=ops, prev_optimizer_hash=prev_opt,
+    )  # fmt: skip
+    out = verify(job, store, ReplayContext(verifier, lm_loss, env.corpus, g))
+    return out.accept, out.reason.name, out.replay_steps
+
+
+# ---------------------------------------------------------------- the DiLoCo run
+
+
+def run_diloco(
+    setup: Setup,
+    *,
+    aggregator: str = "protocol",
+    attack: str | None = None,
+    adversaries: int = 0,
+    verify: bool = False,
+    exclude_adversaries: bool = False,
+    save_params: str | None = None,
+) -> dict[str, Any]:
+    """T outer steps of M hosts; the last `adversaries` hosts (sorted order) lie with `attack`.
+
+    aggregator "protocol": `outer_update` over the Δs that enter (all, or the verified ones).
+    Other names: a robust rule from `bench.aggregators` over all decoded Δs, then Nesterov.
+    `exclude_adversaries`: the honest-only reference (adversaries neither train nor submit).
+    """
+    from bench.aggregators import AGGREGATORS, ATTACKS
+
+    env = make_env(setup)
+    cfg = env.cfg
+    init = build_model(setup.spec())
+    g = param_tensors(init)
+    mom = {n: torch.zeros_like(t) for n, t in g.items()}
+    bad_hosts = set(env.hosts[len(env.hosts) - adversaries :]) if adversaries else set()
+    active = [h for h in env.hosts if not (exclude_adversaries and h in bad_hosts)]
+    hosts = {h: Host.new(env, h) for h in active}
+    verifier = build_model(setup.spec()) if verify else None
+    rng = torch.Generator().manual_seed(setup.seed + 7)
+    curve = [{"outer_step": 0, "inner_steps": 0, "val_loss": evaluate(env, init, g), "bytes_per_host": 0}]
+    sent = 0.0
+    verdicts: dict[str, int] = {}
+    t_train = t_verify = 0.0
+    replay_steps = 0
+    store = MemStore() if (verify or attack) else None  # boundary states only when someone reads them
+    for n in range(setup.outer_steps):
+        g_hash = global_model_hash(g, mom)
+        t0 = time.perf_counter()
+        contribs = {h: hosts[h].contribute(env, n, g, g_hash, store) for h in active}
+        t_train += time.perf_counter() - t0
+        if attack is not None and bad_hosts:
+            honest = [contribs[h].delta for h in active if h not in bad_hosts]
+            for h in sorted(bad_hosts & set(active)):
+                bad = ATTACKS[attack](contribs[h].delta, honest, len(bad_hosts), rng)
+                assert store is not None
+                contribs[h] = forge(env, contribs[h], bad, g, store)
+        entering = list(active)
+        if verify:
+            assert verifier is not None and store is not None
+            t0 = time.perf_counter()
+            entering = []
+            for h in active:
+                ok, reason, steps = verify_contribution(
+                    env, contribs[h], h, hosts[h].prev_optimizer_hash, g, store, verifier
+                )
+                replay_steps += steps
+                key = f"{'adversary' if h in bad_hosts else 'honest'}:{reason}"
+                verdicts[key] = verdicts.get(key, 0) + 1
+                if ok:
+                    entering.append(h)
+            t_verify += time.perf_counter() - t0
+        for h in active:
+            hosts[h].prev_optimizer_hash = contribs[h].final_optimizer_hash
+        decoded: dict[str, Params] = {}
+        sizes = []
+        for h in entering:
+            decoded[h], size = roundtrip(contribs[h].delta, cfg.codec, cfg.codec_block_size)
+            sizes.append(size)
+        sent += sum(sizes) / max(1, len(sizes))
+        if aggregator == "protocol":
+            accepted = [(h, contribs[h].tokens, decoded[h]) for h in entering]
+            g, mom = outer_update(g, mom, accepted, cfg.outer.lr, cfg.outer.momentum)
+        else:
+            agg = AGGREGATORS[aggregator]([decoded[h] for h in sorted(decoded)], len(bad_hosts))
+            g, mom = outer_update(g, mom, [("aggregate", 1, agg)], cfg.outer.lr, cfg.outer.momentum)
+        if store is not None:
+            store.clear()
+        curve.append({
+            "outer_step": n + 1, "inner_steps": (n + 1) * setup.inner_steps,
+            "val_loss": evaluate(env, init, g), "bytes_per_host": sent,
+        })  # fmt: skip
+    if save_params:
+        from safetensors.torch import save_file
+
+        save_file(g, save_params)
+    total_inner = setup.outer_steps * setup.inner_steps * len(active)
+    return {
+        "final_val_loss": curve[-1]["val_loss"],
+        "curve": curve,
+        "params": n_params(g),
+        "bytes_per_host": sent,
+        "final_global_hash": global_model_hash(g, mom),
+        "verdicts": verdicts,
+        "train_s": t_train,
+        "verify_s": t_verify,
+        "replay_fraction": replay_steps / total_inner if verify else 0.0,
+        "verify_time_fraction": t_verify / t_train if verify else 0.0,
+    }
+
+
+# ---------------------------------------------------------------- synchronous data-parallel baseline
+
+
+def run_data_parallel(setup: Setup, *, evals_per_outer: int = 5) -> dict[str, Any]:
+    """M workers, gradients averaged every step, on exactly the batches the DiLoCo hosts see.
+
+    Averaging M equal-size per-worker mean losses equals the mean loss of the concatenated batch,
+    so one backward over M·B samples gives the all-reduced gradient without threads.
+    """
+    env = make_env(setup)
+    cfg = env.cfg
+    model = build_model(setup.spec())
+    evaluator = build_model(setup.spec())
+    opt = make_optimizer(model, cfg.inner)
+    params = list(model.parameters())
+    p = n_params(param_tensors(model))
+    H, M = setup.inner_steps, setup.hosts
+    every = max(1, H // evals_per_outer)
+    l0 = evaluate(env, evaluator, param_tensors(model))
+    curve = [{"inner_steps": 0, "val_loss": l0, "bytes_per_host": 0}]
+    t0 = time.perf_counter()
+    for t in range(setup.outer_steps * H):
+        n, i = divmod(t, H)
+        xs, ys = zip(*(batch(cfg, env.corpus, h, n, i) for h in env.hosts), strict=True)
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(cfg.inner, t)
+        opt.zero_grad(set_to_none=True)
+        lm_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.inner.grad_clip)
+        opt.step()
+        if (t + 1) % every == 0:
+            curve.append({
+                "inner_steps": t + 1, "val_loss": evaluate(env, evaluator, param_tensors(model)),
+                "bytes_per_host": ring_allreduce_bytes(M, p, t + 1),
+            })  # fmt: skip
+    return {
+        "final_val_loss": curve[-1]["val_loss"],
+        "curve": curve,
+        "params": p,
+        "bytes_per_host": ring_allreduce_bytes(M, p, setup.outer_steps * H),
+        "train_s": time.perf_counter() - t0,
+    }
+
+
+# ---------------------------------------------------------------- child-process runner
+
+RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {"diloco": run_diloco, "data_parallel": run_data_parallel}
+
+
+def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Execute one job dict {"kind", "setup", **kwargs} in this process (1 thread, deterministic)."""
+    configure_determinism(1)
+    kind = job["kind"]
+    kwargs = {k: v for k, v in job.items() if k not in ("kind", "setup", "label")}
+    if kind == "torchft":
+        from bench.torchft_diloco import run_torchft
+
+        fn: Callable[..., dict[str, Any]] = run_torchft
+    else:
+        fn = RUNNERS[kind]
+    t0 = time.perf_counter()
+    out = fn(Setup.from_json(job["setup"]), **kwargs)
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def _child(job: Mapping[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        src.write_text(json.dumps(job))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.sim", str(src), str(dst)],
+            cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        if proc.returncode != 0 or not dst.exists():
+            tail = (proc.stderr or proc.stdout)[-2000:]
+            return {"error": f"exit {proc.returncode}: {tail}"}
+        return json.loads(dst.read_text())
+
+
+def run_jobs(jobs: Sequence[Mapping[str, Any]], workers: int = 2) -> list[dict[str, Any]]:
+    """Run jobs in child processes, `workers` at a time; results in job order, labelled."""
+
+    def one(job: Mapping[str, Any]) -> dict[str, Any]:
+        out = _child(job)
+        status = "error" if "error" in out else f"{out['final_val_loss']:.4f} in {out['wall_s']:.0f}s"
+        print(f"  {job.get('label', job['kind'])}: {status}", flush=True)
+        return {"label": job.get("label", job["kind"]), "job": dict(job), **out}
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, jobs))
+
+
+def write_result(name: str, result: Mapping[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    job_path, out_path = sys.argv[1], sys.argv[2]
+    result = run_job(json.loads(Path(job_path).read_text()))
+    Path(out_path).write_text(json.dumps(result))
