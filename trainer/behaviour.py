@@ -53,7 +53,8 @@ class OuterContext:
     """Everything a hook may use for outer step `outer_step` of run `run_id`.
 
     `model` and `optimizer` are the host's own: the optimizer already carries the state the
-    chain expects this step to start from (the last accepted one, or fresh).
+    chain expects this step to start from (the last accepted one, or fresh). `optimizer` is
+    None in hooks called after a restart, when the node did not train in this process.
     """
 
     cfg: RunConfig
@@ -62,7 +63,7 @@ class OuterContext:
     outer_step: int
     global_model: GlobalModel
     model: nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None
     loss_fn: LossFn
     data: Corpus
     store: StateStore
@@ -74,6 +75,8 @@ class OuterContext:
 
     def train(self, *, host: str | None = None, data: Corpus | None = None) -> Contribution:
         """The honest committed loop from G_n; `host`/`data` let a wrong-data adversary lie."""
+        if self.optimizer is None:
+            raise BehaviourError("train() is only available in make_contribution")
         return run_committed(
             self.model,
             self.optimizer,

@@ -1,0 +1,435 @@
+"""The host node against the in-process chain: host.toml, G_n on disk, and one full honest outer step.
+
+Also the shared harness of the host tests: `LockstepChain` produces a block only when every
+node thread is blocked on the chain, so phases advance exactly as fast as the nodes work (no
+wall-clock block timer, no sleeps), and `StandInVerifier`, a minimal verifier loop around the
+real checks of `verifier.verify` (fetch, proofs, start state, bitwise replay, Δ).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from chain.client import ChainTimeout
+from chain.inprocess import InProcessChain
+from protocol.codecs import delta_hash
+from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
+from protocol.keys import test_wallet
+from protocol.messages import EnvFingerprint, MsgCreateRun, MsgJoinRun, MsgSubmitVerdict, Role
+from trainer.blobs import BlobClient, BlobInvalid, BlobUnavailable, state_verifier, tensors_from_bytes
+from trainer.data import Corpus, shakespeare_files
+from trainer.globalmodel import GlobalModel, GlobalModelError, GlobalStore, model_verifier
+from trainer.node import HostNode
+from trainer.node_config import ConfigError, HostConfig, KeySource, load_host_config
+from trainer.spec import build_model
+
+TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}
+SPEC = ModelSpec(factory="trainer.model:small_gpt", config=TINY)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_globals() -> Iterator[None]:
+    """The node pins threads and deterministic algorithms process-wide; give them back."""
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(det)
+
+
+# ---------------------------------------------------------------- harness
+
+
+class LockstepChain(InProcessChain):
+    """Produces the next block only when every registered actor waits on the chain for
+    something that is not there yet: the run advances as fast as its slowest node works."""
+
+    def __init__(self, max_height: int = 3000) -> None:
+        super().__init__(auto=False)
+        self._actors = 0
+        self._blocked: dict[object, Callable[[], Any]] = {}
+        self.max_height = max_height
+
+    @contextmanager
+    def actor(self) -> Iterator[None]:
+        with self._cond:
+            self._actors += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._actors -= 1
+                self._maybe_produce()
+
+    def _maybe_produce(self) -> None:
+        while (
+            self._blocked
+            and len(self._blocked) >= self._actors
+            and all(r() is None for r in self._blocked.values())
+            and self.app.height < self.max_height
+        ):
+            self.produce_block()
+
+    def _wait(self, ready: Any, timeout: float, what: str) -> Any:
+        key = object()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            try:
+                while (value := ready()) is None:
+                    self._blocked[key] = ready
+                    self._maybe_produce()
+                    if ready() is not None:
+                        continue
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self._cond.wait(remaining):
+                        raise ChainTimeout(f"{what} within {timeout}s")
+                return value
+            finally:
+                self._blocked.pop(key, None)
+
+
+def tiny_corpus() -> Corpus:
+    """60 kB of one play: structured enough that a tiny GPT's loss visibly falls in a few steps."""
+    _, files = shakespeare_files()
+    data = files[0].read_bytes()[:60_000]
+    cut = 54_000
+    as_t = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
+    return Corpus(as_t(data[:cut]), as_t(data[cut:]), hashlib.sha256(data).hexdigest())
+
+
+def run_config(corpus: Corpus, **kw: Any) -> RunConfig:
+    g0 = GlobalModel.from_module(build_model(SPEC))
+    base: dict[str, Any] = dict(
+        model=SPEC,
+        dataset_manifest_hash=corpus.manifest_hash,
+        initial_model_hash=g0.hash,
+        batch_size=4,
+        seq_len=32,
+        inner_steps=10,
+        segment_len=5,
+        sampled_segments=1,
+        data_shards=3,
+        codec=Codec.INT8,
+        inner={"lr": 3e-3},
+        threads=1,
+        phases=Phases(
+            join_blocks=3,
+            train_blocks=3,
+            reveal_blocks=3,
+            verify_blocks=3,
+            escalation_blocks=2,
+            result_blocks=3,
+            epoch_length=1000,
+            poc_window=0,
+        ),
+        stake=Stake(min_host_stake=10, min_verifier_stake=10),
+    )
+    return RunConfig(**{**base, **kw})
+
+
+def create_run(chain: InProcessChain, cfg: RunConfig) -> int:
+    authority = test_wallet(0)
+    chain.broadcast(authority, [MsgCreateRun(creator=str(authority.address()), config=cfg)])
+    return max(chain.state.runs)
+
+
+def host_config(tmp: Path, index: int, run_id: int, **kw: Any) -> HostConfig:
+    return HostConfig(
+        chain_url="http://in-process",
+        run_id=run_id,
+        data_dir=str(tmp / f"host-{index}"),
+        stake=1000,
+        key=KeySource(test_index=index),
+        **kw,
+    )
+
+
+class _Source:
+    """`verifier.verify.BlobSource` over the host's HTTP server."""
+
+    def __init__(self, client: BlobClient, endpoint: str) -> None:
+        self.client, self.endpoint = client, endpoint
+
+    def _get(self, kind: str, h: str, verify: Callable[[bytes], None]) -> bytes:
+        from verifier.verify import MalformedBlob, MissingData
+
+        try:
+            return self.client.get(kind, h, verify, endpoints=[self.endpoint])
+        except BlobUnavailable as e:
+            raise MissingData(str(e)) from e
+        except BlobInvalid as e:
+            raise MalformedBlob(str(e)) from e
+
+    def state(self, leaf_hash: str) -> dict[str, torch.Tensor]:
+        return tensors_from_bytes(self._get("state", leaf_hash, state_verifier(leaf_hash)))
+
+    def delta(self, h: str) -> bytes:
+        return self._get("delta", h, lambda _b: None)
+
+
+class StandInVerifier:
+    """A bonded verifier whose loop is minimal but whose checks are the real ones
+    (`verifier.verify.verify`: proofs, start = G_n + carried optimizer, bitwise replay, Δ)."""
+
+    def __init__(
+        self, chain: InProcessChain, run_id: int, index: int, cfg: RunConfig, corpus: Corpus
+    ) -> None:
+        self.chain, self.run_id, self.cfg, self.corpus = chain, run_id, cfg, corpus
+        self.wallet = test_wallet(index)
+        self.address = str(self.wallet.address())
+        self.verdicts: list[tuple[int, str, int]] = []
+        self.stop = threading.Event()
+        self.client = BlobClient([], timeout=10, retries=2, backoff=0.05)
+
+    def join(self) -> None:
+        msg = MsgJoinRun(
+            creator=self.address,
+            run_id=self.run_id,
+            role=Role.VERIFIER,
+            endpoint="http://127.0.0.1:9",
+            stake=1000,
+        )
+        self.chain.broadcast(self.wallet, [msg])
+
+    def run(self) -> None:
+        h = self.chain.height()
+        while not self.stop.is_set():
+            run = self.chain.run(self.run_id)
+            if run["status"] != "active":
+                return
+            self._judge(run["current_step"])
+            try:
+                h = self.chain.wait_for_block(h, timeout=0.5).height
+            except ChainTimeout:
+                h = self.chain.height()
+
+    def _judge(self, n: int) -> None:
+        from trainer.spec import build
+        from verifier.verify import Job, OpeningData, ReplayContext, verify
+
+        todo = self.chain.query("assignments", run_id=self.run_id, verifier=self.address, step=n)["hosts"]
+        reveals = {r["host"]: r for r in self.chain.query("reveals", run_id=self.run_id, step=n)["reveals"]}
+        challenges = self.chain.query("challenges", run_id=self.run_id, step=n)["challenges"]
+        info = self.chain.query("outer_step", run_id=self.run_id, step=n)
+        for host in todo:
+            if host not in reveals:
+                continue
+            c = self.chain.query("commitment", run_id=self.run_id, host=host, step=n)
+            sampled = next(x["segments"] for x in challenges if x["host"] == host)
+            job = Job(
+                run_id=self.run_id,
+                outer_step=n,
+                host=host,
+                cfg=self.cfg,
+                trajectory_root=c["trajectory_root"],
+                leaf_count=c["leaf_count"],
+                delta_hash=c["delta_hash"],
+                final_optimizer_hash=c["final_optimizer_hash"],
+                tokens=c["tokens"],
+                env=EnvFingerprint(**c["env"]),
+                sampled=tuple(sampled),
+                openings=tuple(
+                    OpeningData(o["segment"], o["start_leaf"], o["end_leaf"])
+                    for o in reveals[host]["openings"]
+                ),
+                prev_optimizer_hash=self.chain.query("prev_optimizer_hash", run_id=self.run_id, host=host),
+            )
+            endpoint = reveals[host]["endpoint"]
+            base = info["base_model_hash"]
+            gm = GlobalModel.from_tensors(
+                tensors_from_bytes(
+                    self.client.get("model", base, model_verifier(base), endpoints=[endpoint])
+                ),
+                base,
+            )
+            built = build(self.cfg.model)
+            out = verify(
+                job,
+                _Source(self.client, endpoint),
+                ReplayContext(built.module, built.loss_fn, self.corpus, gm.params),
+            )
+            self.chain.broadcast(
+                self.wallet,
+                [
+                    MsgSubmitVerdict(
+                        creator=self.address,
+                        run_id=self.run_id,
+                        outer_step=n,
+                        host=host,
+                        reason=out.reason,
+                        evidence_hash=out.evidence_hash,
+                        detail=out.detail,
+                    )
+                ],
+            )
+            self.verdicts.append((n, host, int(out.reason)))
+
+
+@contextmanager
+def running(targets: list[Callable[[], None]], chain: LockstepChain) -> Iterator[list[threading.Thread]]:
+    """Start each target as a chain actor thread; always join them (callers stop the nodes)."""
+    errors: list[BaseException] = []
+
+    def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+        def go() -> None:
+            try:
+                with chain.actor():
+                    fn()
+            except BaseException as e:  # surfaced in the test thread below
+                errors.append(e)
+
+        return go
+
+    threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    try:
+        yield threads
+    finally:
+        for t in threads:
+            t.join(120)
+    assert not [t for t in threads if t.is_alive()], "a node thread did not stop"
+    if errors:
+        raise errors[0]
+
+
+# ---------------------------------------------------------------- host.toml
+
+
+def test_host_toml_loads_and_rejects_bad_configs(tmp_path: Path) -> None:
+    good = tmp_path / "host.toml"
+    good.write_text(
+        'chain_url = "http://127.0.0.1:26657"\nrun_id = 1\ndata_dir = "h0"\n'
+        "behaviour_params = {fraction = 0.5}\n[key]\ntest_index = 3\n"
+    )
+    cfg = load_host_config(good)
+    assert cfg.data_path == tmp_path / "h0" and cfg.threads == 1 and cfg.listen == "127.0.0.1:0"
+    assert str(cfg.wallet().address()) == str(test_wallet(3).address())
+    head = 'chain_url = "http://x"\ndata_dir = "d"\n'
+    key = "[key]\ntest_index = 1\n"
+    cases = {
+        head + "run_id = 1\ntypo = 1\n" + key: "typo",
+        head + "run_id = 0\n" + key: "run_id",
+        head + "run_id = 'x'\n" + key: "run_id",
+        head + "run_id = 1\nlisten = 'nope'\n" + key: "listen",
+        head + "run_id = 1\n[key]\nmnemonic_file = 'm'\ntest_index = 1\n": "exactly one",
+        head + "run_id = 1\n": "key",
+        "[[[": "not valid TOML",
+    }
+    bad = tmp_path / "bad.toml"
+    for body, needle in cases.items():
+        bad.write_text(body)
+        with pytest.raises(ConfigError, match=needle):
+            load_host_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_host_config(tmp_path / "missing.toml")
+    loose = tmp_path / "m.txt"
+    loose.write_text("abandon " * 11 + "about")
+    loose.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        HostConfig(
+            chain_url="http://x", run_id=1, data_dir="d", key=KeySource(mnemonic_file=str(loose))
+        ).wallet()
+
+
+# ---------------------------------------------------------------- the global model on disk
+
+
+def test_global_store_verifies_on_read_and_fetches_from_peers(tmp_path: Path) -> None:
+    from trainer.blobs import BlobCatalog, ServerThread, build_app
+
+    g0 = GlobalModel.from_module(build_model(SPEC))
+    assert all(torch.equal(m, torch.zeros_like(m)) for m in g0.momentum.values())
+    store = GlobalStore(tmp_path / "a")
+    store.save(g0)
+    assert store.load(g0.hash).hash == g0.hash
+    catalog = BlobCatalog()
+    catalog.publish("model", g0.hash, lambda: store.get_bytes(g0.hash))
+    other = GlobalStore(tmp_path / "b")
+    with (
+        ServerThread(build_app(catalog, dict)) as server,
+        BlobClient([server.url], timeout=5, retries=0) as c,
+    ):
+        got = other.fetch(g0.hash, c)
+        assert got.hash == g0.hash and other.has(g0.hash)
+        with pytest.raises(BlobUnavailable):
+            other.fetch("ab" * 32, c)
+    # a flipped byte on disk is caught on the next read
+    path = tmp_path / "a" / f"{g0.hash}.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(GlobalModelError, match="hash"):
+        store.load(g0.hash)
+    with pytest.raises(GlobalModelError, match="not a global model hash"):
+        store.has("../etc")
+
+
+def test_outer_step_only_moves_with_accepted_deltas(tmp_path: Path) -> None:
+    from protocol.config import OuterOptim
+
+    g0 = GlobalModel.from_module(build_model(SPEC))
+    assert g0.apply([], OuterOptim()) is g0
+    delta = {n: torch.full_like(p, 0.01) for n, p in g0.params.items()}
+    g1 = g0.apply([("gonka1b", 10, delta), ("gonka1a", 30, delta)], OuterOptim())
+    assert g1.hash != g0.hash
+    name = next(iter(g0.params))
+    # Nesterov from zero momentum: p - lr * (g + mu * g) with g the (equal) mean Δ
+    want = g0.params[name] - 0.7 * (0.01 + 0.9 * 0.01)
+    assert torch.allclose(g1.params[name], want, atol=1e-6)
+    with pytest.raises(GlobalModelError, match="layout"):
+        g0.apply([("gonka1a", 1, {name: delta[name]})], OuterOptim())
+    with pytest.raises(GlobalModelError, match="tokens"):
+        g0.apply([("gonka1a", 0, delta)], OuterOptim())
+
+
+# ---------------------------------------------------------------- one honest outer step
+
+
+def test_honest_host_joins_commits_reveals_and_applies_its_accepted_delta(tmp_path: Path) -> None:
+    corpus = tiny_corpus()
+    chain = LockstepChain()
+    cfg = run_config(corpus, max_outer_steps=1)
+    run_id = create_run(chain, cfg)
+    verifier = StandInVerifier(chain, run_id, 9, cfg, corpus)
+    verifier.join()
+    logs: list[dict[str, Any]] = []
+    node = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
+    with running([node.run, verifier.run], chain):
+        pass
+    events = [e["event"] for e in logs]
+    for expected in (
+        "listening",
+        "joined",
+        "trained",
+        "committed",
+        "revealed",
+        "outcome",
+        "outer_step_applied",
+    ):
+        assert expected in events, (expected, events)
+    assert verifier.verdicts == [(0, node.address, 0)]
+    step = chain.query("outer_step", run_id=run_id, step=0)
+    assert step["accepted"] == [node.address] and step["phase"] == "DONE"
+    c = chain.query("commitment", run_id=run_id, host=node.address, step=0)
+    assert c["equivocation_tx"] is None
+    # the chain adopted the node's G_1, which is on its disk and differs from G_0
+    g1 = chain.run(run_id)["global_model_hash"]
+    assert g1 != cfg.initial_model_hash and g1 == step["result_hash"]
+    assert GlobalStore(tmp_path / "host-1" / "global").load(g1).hash == g1
+    assert node.snapshot()["accepted"] == 1 and node.snapshot()["commits"] == 1
+    assert "0" in node.snapshot()["val_loss"]
+    # finalized states were pruned and the Δ payload on disk is the committed one
+    assert not list((tmp_path / "host-1" / "states").glob("*/*.safetensors"))
+    payload = (tmp_path / "host-1" / "commits" / "0.payload").read_bytes()
+    assert delta_hash(payload) == c["delta_hash"]
+    text = "".join(f"{e}\n" for e in events)
+    assert "sitting_out" not in text
