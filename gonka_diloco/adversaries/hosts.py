@@ -384,10 +384,6 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
 
 
 def describe(cls: Any) -> str:
-    doc = (cls.__doc__ or "").strip().splitlines()
-    return doc[0] if doc else cls.__name__
-
-
-for _name, _factory in HOSTS.items():  # selectable by name in host.toml
-    if _name != "honest":
-        register(_name, _factory)
+    """The first paragraph of a behaviour's docstring, on one line."""
+    doc = (cls.__doc__ or cls.__name__).strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in doc.splitlines())

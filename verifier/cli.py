@@ -1,0 +1,88 @@
+"""`gonka-diloco verifier …`: run a verifier node, or calibrate the tolerance-mode threshold."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="The verifier node: replay and judge contributions.", no_args_is_help=True)
+
+
+def _listing() -> str:
+    from gonka_diloco.adversaries import listing
+
+    return listing()
+
+
+@app.command(epilog="\b\n" + _listing())
+def run(
+    config: Annotated[Path, typer.Option("--config", help="verifier.toml")],
+) -> None:
+    """Join the run in verifier.toml and judge every contribution assigned to this key."""
+    from chain.client import HttpChainClient
+    from verifier.node import NodeError, VerifierNode
+    from verifier.node_config import ConfigError, load_verifier_config
+
+    try:
+        cfg = load_verifier_config(config)
+        chain = HttpChainClient(cfg.chain_url)
+        node = VerifierNode(cfg, chain)
+    except (ConfigError, ValueError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    signal.signal(signal.SIGTERM, lambda *_: node.stop())
+    signal.signal(signal.SIGINT, lambda *_: node.stop())
+    try:
+        node.run()
+    except NodeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        chain.close()
+
+
+@app.command()
+def behaviours() -> None:
+    """List the host and verifier behaviours (honest and adversarial) with their parameters."""
+    typer.echo(_listing())
+
+
+@app.command()
+def calibrate(
+    size: Annotated[str, typer.Option(help="Model: 'tiny' or 'small' (the default small GPT).")] = "small",
+    ks: Annotated[str, typer.Option(help="Segment lengths k, comma-separated.")] = "1,2,5,10,20,50",
+    threads: Annotated[str, typer.Option(help="Verifier,host thread counts.")] = "1,2",
+    trials: Annotated[int, typer.Option(min=1, help="Start states per k (max noise, min signal).")] = 2,
+    factor: Annotated[float, typer.Option(min=1.0, help="Threshold = factor × honest noise.")] = 8.0,
+    out: Annotated[Path, typer.Option(help="Where to write the JSON result.")] = Path("calibration.json"),
+) -> None:
+    """Measure honest replay noise between two thread counts (separate processes) against the signal
+    of one skipped step and one swapped batch; propose a threshold and the largest safe k."""
+    from gonka_diloco.adversaries.lab import TINY_GPT
+    from protocol.config import ModelSpec, RunConfig
+    from verifier.calibrate import CalibrationError, table, to_json
+    from verifier.calibrate import calibrate as measure
+
+    try:
+        k_list = [int(x) for x in ks.split(",")]
+        a, b = (int(x) for x in threads.split(","))
+        spec = {"tiny": TINY_GPT, "small": ModelSpec(factory="trainer.model:small_gpt")}[size]
+    except (ValueError, KeyError):
+        typer.echo("error: --ks and --threads take comma-separated integers, --size tiny|small", err=True)
+        raise typer.Exit(2) from None
+    kmax = max(k_list)
+    cfg = RunConfig(model=spec, dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
+                    inner_steps=kmax, segment_len=kmax, sampled_segments=1)  # fmt: skip
+    try:
+        proposal = measure(cfg, "shakespeare", k_list, (a, b), trials, factor=factor)
+    except (CalibrationError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(table(proposal, (a, b)))
+    result = {"model": size, "threads": [a, b], "trials": trials, **to_json(proposal)}
+    out.write_text(json.dumps(result, indent=2))
+    typer.echo(f"wrote {out}")
