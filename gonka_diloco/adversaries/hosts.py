@@ -387,3 +387,8 @@ def describe(cls: Any) -> str:
     """The first paragraph of a behaviour's docstring, on one line."""
     doc = (cls.__doc__ or cls.__name__).strip().split("\n\n")[0]
     return " ".join(line.strip() for line in doc.splitlines())
+
+
+for _name, _factory in HOSTS.items():  # selectable by name in host.toml
+    if _name != "honest":
+        register(_name, _factory)
