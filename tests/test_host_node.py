@@ -118,7 +118,7 @@ def run_config(corpus: Corpus, **kw: Any) -> RunConfig:
         sampled_segments=1,
         data_shards=3,
         codec=Codec.INT8,
-        inner={"lr": 3e-3},
+        inner={"lr": 1e-3},
         threads=1,
         phases=Phases(
             join_blocks=3,
