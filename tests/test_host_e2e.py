@@ -22,7 +22,7 @@ from tests.test_host_node import (
     tiny_corpus,
 )
 from trainer.data import eval_loss
-from trainer.globalmodel import GlobalModel, GlobalStore
+from trainer.globalmodel import GlobalStore
 from trainer.node import VAL_BATCHES, HostNode
 from trainer.spec import build_model
 
@@ -58,9 +58,8 @@ def test_three_honest_hosts_three_outer_steps_loss_falls(tmp_path: Path) -> None
         assert GlobalStore(h.dir / "global").load(final).hash == final
         statuses.append(h.snapshot())
     # the global validation loss falls, and every host computed the same figure
-    model = build_model(SPEC)
-    GlobalModel.from_module(model)
-    initial = eval_loss(model, corpus.val, VAL_BATCHES, cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len)
+    model = build_model(SPEC)  # G_0
+    initial = eval_loss(model, corpus.val, VAL_BATCHES, cfg.seed, batch_size=4, seq_len=cfg.seq_len)
     curves = [[s["val_loss"][str(n)] for n in range(STEPS)] for s in statuses]
     assert curves[0] == curves[1] == curves[2]
     curve = curves[0]
