@@ -1,0 +1,67 @@
+"""Tolerance calibration: honest replays in two processes, attack signals, and the proposal rule."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gonka_diloco.adversaries.lab import tiny_config
+from verifier.calibrate import FLOOR, calibrate, propose, table, to_json
+from verifier.cli import app
+
+CORPUS = "synthetic:40000:0"
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_globals() -> Iterator[None]:
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(det)
+
+
+def test_proposal_takes_the_largest_k_whose_attacks_clear_factor_times_noise() -> None:
+    ks = [1, 5, 10, 20]
+    noise = [1e-6, 1e-4, 1e-3, 5e-3]
+    skip = [1.0, 5e-2, 1e-2, 1e-2]
+    swap = [1.0, 5e-2, 9e-3, 2e-2]
+    p = propose(ks, noise, skip, swap, factor=8)
+    assert [r.ok for r in p.rows] == [True, True, True, False]
+    assert p.k == 10 and p.tolerance == pytest.approx(8e-3)
+    assert propose(ks, noise, skip, swap, factor=10).k == 5  # 1e-2 no longer clears 10 × 1e-3
+    none = propose([5], [1e-2], [1e-2], [1e-2])
+    assert none.k is None and none.tolerance is None and "no k keeps" in table(none)
+    exact = propose([5], [0.0], [1e-3], [1e-3])
+    assert exact.rows[0].threshold == FLOOR and exact.k == 5
+
+
+def test_same_environment_in_two_processes_has_zero_noise() -> None:
+    p = calibrate(tiny_config(), CORPUS, ks=(2, 4), threads=(1, 1), trials=1, warmup=2)
+    assert [r.noise for r in p.rows] == [0.0, 0.0]  # bitwise across processes: the protocol's footing
+    assert all(r.skip > 1e-3 and r.swap > 1e-3 for r in p.rows) and p.k == 4
+
+
+def test_one_versus_two_threads_noise_is_far_below_the_attack_signals() -> None:
+    p = calibrate(tiny_config(), CORPUS, ks=(1, 3), threads=(1, 2), trials=1, warmup=2)
+    for r in p.rows:
+        assert r.noise < 1e-3 < min(r.skip, r.swap), r
+    assert math.isinf(p.rows[0].skip)  # skipping the only step of k = 1 leaves the start state
+    data = json.loads(json.dumps(to_json(p)))  # strict JSON: no Infinity
+    assert data["rows"][0]["skip"] is None and data["k"] == 3
+
+
+def test_cli_lists_behaviours_and_refuses_a_bad_config(tmp_path: Path) -> None:
+    runner = CliRunner()
+    listed = runner.invoke(app, ["behaviours"])
+    assert listed.exit_code == 0 and "malicious" in listed.output and "lazy(fraction=0.5" in listed.output
+    bad = tmp_path / "verifier.toml"
+    bad.write_text("run_id = 'x'\n")
+    result = runner.invoke(app, ["run", "--config", str(bad)])
+    assert result.exit_code == 2 and "run_id" in result.output
+    assert runner.invoke(app, ["calibrate", "--ks", "a,b"]).exit_code == 2
