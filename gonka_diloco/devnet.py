@@ -266,12 +266,12 @@ class Devnet:
     ) -> None:
         from protocol.keys import test_wallet
 
-        home = self.folder / name
+        home = self.folder / name  # the node's own disk; its name is the folder's
         home.mkdir(parents=True, exist_ok=True)
         fields: dict[str, Any] = {
             "chain_url": url,
             "run_id": self.run_id,
-            "data_dir": str(home / "data"),
+            "data_dir": str(home),
             "listen": "127.0.0.1:0",
             "stake": HOST_STAKE if role == "host" else VERIFIER_STAKE,
             "threads": self.cfg.threads,
