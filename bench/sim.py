@@ -399,10 +399,11 @@ def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _child(job: Mapping[str, Any]) -> dict[str, Any]:
+def _child(jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Run a chunk of jobs in one child process (one torch import per chunk)."""
     with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        src.write_text(json.dumps(job))
+        src, dst = Path(tmp) / "jobs.json", Path(tmp) / "out.json"
+        src.write_text(json.dumps(list(jobs)))
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         proc = subprocess.run(
             [sys.executable, "-m", "bench.sim", str(src), str(dst)],
@@ -410,21 +411,24 @@ def _child(job: Mapping[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
         if proc.returncode != 0 or not dst.exists():
             tail = (proc.stderr or proc.stdout)[-2000:]
-            return {"error": f"exit {proc.returncode}: {tail}"}
+            return [{"error": f"exit {proc.returncode}: {tail}"} for _ in jobs]
         return json.loads(dst.read_text())
 
 
-def run_jobs(jobs: Sequence[Mapping[str, Any]], workers: int = 2) -> list[dict[str, Any]]:
-    """Run jobs in child processes, `workers` at a time; results in job order, labelled."""
+def run_jobs(jobs: Sequence[Mapping[str, Any]], workers: int = 2, per_child: int = 3) -> list[dict[str, Any]]:
+    """Run jobs in child processes, `workers` at a time, `per_child` jobs each; results in job order."""
+    chunks = [jobs[i : i + per_child] for i in range(0, len(jobs), per_child)]
 
-    def one(job: Mapping[str, Any]) -> dict[str, Any]:
-        out = _child(job)
-        status = "error" if "error" in out else f"{out['final_val_loss']:.4f} in {out['wall_s']:.0f}s"
-        print(f"  {job.get('label', job['kind'])}: {status}", flush=True)
-        return {"label": job.get("label", job["kind"]), "job": dict(job), **out}
+    def one(chunk: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        outs = []
+        for job, out in zip(chunk, _child(chunk), strict=True):
+            status = "error" if "error" in out else f"{out['final_val_loss']:.4f} in {out['wall_s']:.0f}s"
+            print(f"  {job.get('label', job['kind'])}: {status}", flush=True)
+            outs.append({"label": job.get("label", job["kind"]), "job": dict(job), **out})
+        return outs
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(one, jobs))
+        return [r for rs in pool.map(one, chunks) for r in rs]
 
 
 def write_result(name: str, result: Mapping[str, Any]) -> Path:
@@ -434,7 +438,19 @@ def write_result(name: str, result: Mapping[str, Any]) -> Path:
     return path
 
 
+def _run_chunk(jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One job's failure is reported in its slot, not fatal to the others in the chunk."""
+    outs = []
+    for job in jobs:
+        try:
+            outs.append(run_job(job))
+        except Exception as e:  # reported in the results table, the benchmark goes on
+            import traceback
+
+            outs.append({"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"})
+    return outs
+
+
 if __name__ == "__main__":
     job_path, out_path = sys.argv[1], sys.argv[2]
-    result = run_job(json.loads(Path(job_path).read_text()))
-    Path(out_path).write_text(json.dumps(result))
+    Path(out_path).write_text(json.dumps(_run_chunk(json.loads(Path(job_path).read_text()))))

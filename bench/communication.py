@@ -1,0 +1,115 @@
+"""Communication: bytes per host per outer step for each codec vs data-parallel for the same H steps.
+
+Data-parallel side (analytic): a ring all-reduce of fp32 gradients every step sends
+2·(M−1)/M · 4 · params bytes per worker, H times. DiLoCo side (measured): the real zstd blob of
+a real Δ = θ_0 − θ_H after H AdamW steps of one host, for every codec. Also counted, because
+the protocol needs it: what a host serves its v verifiers per outer step (s sampled start
+states as safetensors, plus the Δ blob again). Then the ratio at EQUAL final loss, from the
+convergence runs: the DP bytes needed to reach our final validation loss / our bytes.
+
+Run: `.venv/bin/python -m bench.communication [--quick]` (after `bench.convergence`, whose JSON
+it reads for the equal-loss ratio) → bench/results/communication.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from typing import Any
+
+from bench.sim import RESULTS_DIR, Host, Setup, make_env, n_params, ring_allreduce_bytes, write_result
+from protocol.codecs import encode, to_blob
+from protocol.config import Codec
+from trainer.commit import param_tensors
+from trainer.spec import build_model
+from trainer.step import configure_determinism, training_state
+from trainer.store import state_to_bytes
+
+M = 8  # workers in the data-parallel ring (the DiLoCo paper's 8)
+VERIFIERS = 1  # v, the protocol default
+
+
+def codec_rows(setup: Setup) -> dict[str, Any]:
+    """Train one host H steps from the initial model, then measure every codec's blob."""
+    env = make_env(setup)
+    g = param_tensors(build_model(setup.spec()))
+    host = Host.new(env, env.hosts[0])
+    c = host.contribute(env, 0, g, "0" * 64, None)
+    p = n_params(g)
+    dp = ring_allreduce_bytes(M, p, setup.inner_steps)
+    state_bytes = len(state_to_bytes(training_state(host.model, host.opt)))
+    rows = []
+    for codec in Codec:
+        blob = len(to_blob(encode(c.delta, codec, env.cfg.codec_block_size)))
+        verification = VERIFIERS * (setup.sampled_segments * state_bytes + blob)
+        rows.append({
+            "codec": codec.value, "blob_bytes": blob, "dp_bytes": dp, "ratio": dp / blob,
+            "verification_bytes": verification, "ratio_with_verification": dp / (blob + verification),
+        })  # fmt: skip
+    return {
+        "H": setup.inner_steps, "params": p, "hosts_in_ring": M, "state_bytes": state_bytes,
+        "sampled_segments": setup.sampled_segments, "verifiers": VERIFIERS, "rows": rows,
+    }  # fmt: skip
+
+
+def equal_loss(setting: dict[str, Any]) -> dict[str, Any] | None:
+    """DP bytes until DP's validation loss first reaches ours (linear between evals) / our bytes."""
+    runs = {r["label"].split("/", 1)[1]: r for r in setting["runs"]}
+    ours, dp = runs.get("ours_int8_verified", {}), runs.get("data_parallel", {})
+    if "curve" not in ours or "curve" not in dp:
+        return None
+    target = ours["final_val_loss"]
+    curve = dp["curve"]
+    reached = None
+    for a, b in itertools.pairwise(curve):
+        if b["val_loss"] <= target:
+            drop = a["val_loss"] - b["val_loss"]
+            frac = (a["val_loss"] - target) / drop if a["val_loss"] > target else 0.0
+            reached = a["bytes_per_host"] + frac * (b["bytes_per_host"] - a["bytes_per_host"])
+            break
+    st = setting["setup"]
+    out = {
+        "H": st["inner_steps"], "hosts": st["hosts"], "outer_steps": st["outer_steps"],
+        "ours_final_loss": target, "dp_final_loss": dp["final_val_loss"],
+        "ours_bytes": ours["bytes_per_host"],
+        "dp_reached": reached is not None,
+    }  # fmt: skip
+    # If DP never reaches our loss with the same compute, its whole run is a LOWER bound on its bytes.
+    dp_bytes = reached if reached is not None else dp["bytes_per_host"]
+    out["dp_bytes"] = dp_bytes
+    out["ratio"] = dp_bytes / ours["bytes_per_host"]
+    return out
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    configure_determinism(1)
+    hs = [500] if quick else [50, 500]
+    tables = [codec_rows(Setup(hosts=M, inner_steps=h, segment_len=h // 10)) for h in hs]
+    conv_path = RESULTS_DIR / "convergence.json"
+    equal = []
+    if conv_path.exists():
+        conv = json.loads(conv_path.read_text())
+        equal = [e for s in conv.get("settings", []) if (e := equal_loss(s)) is not None]
+    result = {"quick": quick, "codec_tables": tables, "equal_loss": equal}
+    for t in tables:
+        print(f"\nH={t['H']}, {t['params']} params, DP ring of {M}: {t['rows'][0]['dp_bytes'] / 1e6:.1f} MB "
+              f"per worker per H steps")  # fmt: skip
+        print("| codec | Δ blob bytes | ratio vs DP | + verification bytes | ratio incl. verification |")
+        print("|---|---|---|---|---|")
+        for r in t["rows"]:
+            print(f"| {r['codec']} | {r['blob_bytes']} | {r['ratio']:.0f}x | {r['verification_bytes']} "
+                  f"| {r['ratio_with_verification']:.0f}x |")  # fmt: skip
+    for e in equal:
+        bound = "" if e["dp_reached"] else " (DP never reached it: lower bound)"
+        print(f"equal loss, M={e['hosts']} H={e['H']}: ours {e['ours_final_loss']:.4f} with "
+              f"{e['ours_bytes'] / 1e6:.2f} MB/host; DP needs {e['dp_bytes'] / 1e6:.1f} MB "
+              f"→ {e['ratio']:.0f}x{bound}")  # fmt: skip
+    write_result("communication", result)
+    return result
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    main(quick=ap.parse_args().quick)
