@@ -1,23 +1,79 @@
-"""Run every benchmark: `.venv/bin/python -m bench [--quick]`. Add your module to BENCHES."""
+"""Run every benchmark: `.venv/bin/python -m bench [--quick] [--only a,b]`. Add your module to BENCHES.
+
+A module that is missing or fails is reported and the others still run; `bench.report` then
+rebuilds bench/RESULTS.md from whatever results exist. Exit status 1 if any module failed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import sys
+import time
+import traceback
 
+# Order matters: bench.communication reads bench.convergence's results.
 BENCHES = [
     "bench.hashing",
     "bench.codecs",
+    "bench.host_overhead",
+    "bench.convergence",
+    "bench.communication",
+    "bench.attack",
+    "bench.detection",
+    "bench.chain_tps",
+    "bench.chain_sim",
 ]
+
+
+def run_one(name: str, quick: bool) -> str:
+    """'ok', 'missing: …' or 'failed: …'. Modules without a `quick` parameter run their defaults."""
+    try:
+        module = importlib.import_module(name)
+    except ImportError as e:
+        return f"missing: {e}"
+    main = module.main
+    argv = sys.argv
+    try:
+        if "quick" in inspect.signature(main).parameters:
+            main(quick=quick)
+        else:
+            sys.argv = [name]  # its own argparse must not see our flags
+            main()
+    except Exception as e:  # reported below; the other benchmarks still run
+        traceback.print_exc()
+        return f"failed: {type(e).__name__}: {e}"
+    except SystemExit as e:
+        if e.code not in (0, None):
+            return f"failed: exit {e.code}"
+    finally:
+        sys.argv = argv
+    return "ok"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller inputs, for a smoke run")
-    quick = ap.parse_args().quick
+    ap.add_argument("--only", default="", help="comma-separated module names, e.g. convergence,attack")
+    args = ap.parse_args()
+    only = {f"bench.{n.strip().removeprefix('bench.')}" for n in args.only.split(",") if n.strip()}
+    status = {}
     for name in BENCHES:
-        print(f"\n## {name}")
-        importlib.import_module(name).main(quick=quick)
+        if only and name not in only:
+            continue
+        print(f"\n## {name}", flush=True)
+        t0 = time.perf_counter()
+        status[name] = run_one(name, args.quick)
+        print(f"## {name}: {status[name]} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    from bench.report import main as report
+
+    report(quick=args.quick)
+    print("\n| benchmark | status |\n|---|---|")
+    for name, s in status.items():
+        print(f"| {name} | {s} |")
+    if any(s.startswith("failed") for s in status.values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,331 @@
+"""Collect bench/results/*.json into bench/RESULTS.md: one section per issue item, plots as PNG.
+
+Every section names the command that reproduces it and says whether its figures come from a
+`--quick` run. Results of modules this file does not know are rendered generically (scalars as a
+key/value table, lists of records as tables), so a new benchmark shows up without code here.
+
+Run: `.venv/bin/python -m bench.report` (the `python -m bench` runner calls it at the end).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+OUT = Path(__file__).parent / "RESULTS.md"
+
+Lines = list[str]
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+    if isinstance(v, list) and all(not isinstance(x, dict | list) for x in v):
+        return ", ".join(fmt(x) for x in v)
+    return str(v).replace("|", "/").replace("\n", " ")
+
+
+def table(header: list[str], rows: list[list[Any]]) -> Lines:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(fmt(c) for c in r) + " |" for r in rows]
+    return [*out, ""]
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# ---------------------------------------------------------------- convergence
+
+
+def convergence(d: dict[str, Any]) -> Lines:
+    out: Lines = []
+    plt = _plt()
+    for s in d["settings"]:
+        st = s["setup"]
+        tag = f"M{st['hosts']}_H{st['inner_steps']}"
+        out.append(
+            f"**M = {st['hosts']} hosts, H = {st['inner_steps']}, T = {st['outer_steps']} outer steps** "
+            f"(k = {st['segment_len']}, s = {st['sampled_segments']}, "
+            f"batch {st['batch_size']}×{st['seq_len']}; "
+            f"every contender does M·H·T = {st['hosts'] * st['inner_steps'] * st['outer_steps']:,} "
+            "batch-gradient computations)"
+        )
+        out.append("")
+        rows = []
+        for r in s["rows"]:
+            if "error" in r:
+                rows.append([r["contender"], "error: " + r["error"][-200:], "", "", ""])
+            else:
+                rows.append([r["contender"], r["final_val_loss"], r["mb_per_host"], r["loss_drop_per_mb"],
+                             _verdicts(r.get("verdicts"))])  # fmt: skip
+        header = ["contender", "final val loss", "MB sent per host", "loss drop per MB", "verdicts"]
+        out += table(header, rows)
+        if a := s.get("agreement"):
+            p = a["ours_fp32_vs_torchft_params"]
+            out += [
+                f"- ours (fp32 Δ) vs torchft: |Δ final loss| = {a['ours_fp32_vs_torchft_loss']:.2e}, "
+                f"global parameters max abs diff {p['max_abs']:.2e} (relative L2 {p['rel_l2']:.2e})",
+                f"- ours (int8 Δ, the protocol default) vs torchft: |Δ final loss| = "
+                f"{a['ours_int8_vs_torchft_loss']:.2e}",
+                f"- noise (ours, data seed 0 vs 1): |Δ final loss| = {a['seed_noise_loss']:.2e} → "
+                f"**agree within noise: {a['within_noise']}**",
+                "",
+            ]
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        for run in s["runs"]:
+            if "curve" not in run:
+                continue
+            name = run["label"].split("/", 1)[1]
+            xs = [c["inner_steps"] for c in run["curve"]]
+            ys = [c["val_loss"] for c in run["curve"]]
+            ax1.plot(xs, ys, label=name, marker="." if len(xs) < 40 else None)
+            if all("bytes_per_host" in c for c in run["curve"]):
+                bx = [max(c["bytes_per_host"], 1) / 1e6 for c in run["curve"]]
+                ax2.plot(bx[1:], ys[1:], label=name, marker=".")
+        ax1.set(xlabel="inner steps per host", ylabel="validation loss", title=f"convergence {tag}")
+        ax2.set(xlabel="MB sent per host (log)", ylabel="validation loss", xscale="log")
+        ax2.set_title("loss vs bytes")
+        ax1.legend(fontsize=8)
+        ax2.legend(fontsize=8)
+        fig.tight_layout()
+        png = f"convergence_{tag}.png"
+        fig.savefig(RESULTS / png, dpi=90)
+        plt.close(fig)
+        out += [f"![convergence {tag}](results/{png})", ""]
+    return out
+
+
+def _verdicts(v: dict[str, int] | None) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(v.items())) if v else ""
+
+
+# ---------------------------------------------------------------- attack
+
+
+def attack(d: dict[str, Any]) -> Lines:
+    st = d["setup"]
+    contenders = ["mean", "median", "trimmed_mean", "centered_clipping", "ours_verified"]
+    out = [
+        f"M = {st['hosts']} hosts of which {d['adversaries']} adversarial (25%), H = {st['inner_steps']}, "
+        f"T = {st['outer_steps']}, k = {st['segment_len']}, s = {st['sampled_segments']}. Adversaries are "
+        "consistent liars (their last leaf claims θ_H = G − Δ_bad). Final validation loss, and its gap to "
+        f"the honest-only run (the 6 honest hosts alone: {d['honest_only']:.4f}; all 8 honest, no attack: "
+        f"{d['all_honest']:.4f}).",
+        "",
+    ]
+    rows = []
+    for a, row in d["table"].items():
+        cells = [f"{v['final_val_loss']:.4f} ({v['vs_honest_only_pct']:+.2f}%)" if "final_val_loss" in v
+                 else "error" for v in (row[c] for c in contenders)]  # fmt: skip
+        rows.append([a, *cells])
+    out += table(["attack", "(d) mean", "(e) median", "(f) trimmed mean", "(g) centered clipping",
+                  "(h) ours, verified"], rows)  # fmt: skip
+    rows = []
+    for a, row in d["table"].items():
+        o = row["ours_verified"]
+        if "verdicts" in o:
+            same = o["same_model_as_honest_only"]
+            rows.append([a, _verdicts(o["verdicts"]), same, o["verify_time_fraction"]])
+    out += table(["attack", "verdicts (host kind: reason × outer steps)", "(h) model bitwise = honest-only",
+                  "verification time / training time"], rows)  # fmt: skip
+    plt = _plt()
+    attacks = list(d["table"])
+    fig, axes = plt.subplots(1, len(attacks), figsize=(4 * len(attacks), 3.6), sharey=True)
+    by = {r["label"]: r for r in d["runs"]}
+    for ax, a in zip(axes, attacks, strict=True):
+        ref = by.get("reference/honest_only", {})
+        if "curve" in ref:
+            ax.plot([c["inner_steps"] for c in ref["curve"]], [c["val_loss"] for c in ref["curve"]],
+                    "k--", label="honest only")  # fmt: skip
+        for c in contenders:
+            r = by.get(f"{a}/{c}", {})
+            if "curve" in r:
+                ax.plot([p["inner_steps"] for p in r["curve"]], [p["val_loss"] for p in r["curve"]], label=c)
+        ax.set(title=a, xlabel="inner steps per host")
+    axes[0].set_ylabel("validation loss")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "attack_curves.png", dpi=90)
+    plt.close(fig)
+    return [*out, "![loss curves under attack](results/attack_curves.png)", ""]
+
+
+# ---------------------------------------------------------------- communication
+
+
+def communication(d: dict[str, Any]) -> Lines:
+    out: Lines = []
+    for t in d["codec_tables"]:
+        out.append(
+            f"**H = {t['H']}**, {t['params']:,} parameters; data-parallel ring of {t['hosts_in_ring']} moves "
+            f"{t['rows'][0]['dp_bytes'] / 1e6:.1f} MB per worker over H steps. Verification adds, per "
+            f"contribution and verifier (v = {t['verifiers']}), s = {t['sampled_segments']} start states of "
+            f"{t['state_bytes']:,} bytes plus the Δ blob."
+        )
+        out.append("")
+        out += table(
+            ["codec", "Δ blob bytes (measured)", "ratio vs DP", "verification bytes",
+             "ratio incl. verification"],
+            [[r["codec"], r["blob_bytes"], f"{r['ratio']:.0f}×", r["verification_bytes"],
+              f"{r['ratio_with_verification']:.0f}×"] for r in t["rows"]],
+        )  # fmt: skip
+    if d["equal_loss"]:
+        out.append("**At equal final loss** (from the convergence runs: DP bytes until DP's validation loss "
+                   "first reaches ours, int8 Δs):")  # fmt: skip
+        out.append("")
+        out += table(
+            ["M", "H", "T", "ours final loss", "DP final loss", "ours MB/host", "DP MB/host to that loss",
+             "ratio"],
+            [[e["hosts"], e["H"], e["outer_steps"], e["ours_final_loss"], e["dp_final_loss"],
+              e["ours_bytes"] / 1e6,
+              e["dp_bytes"] / 1e6, f"{'≥ ' if not e['dp_reached'] else ''}{e['ratio']:.0f}×"]
+             for e in d["equal_loss"]],
+        )  # fmt: skip
+        out.append("(≥: data-parallel never reached our loss within the same compute; its whole run is a "
+                   "lower bound on the bytes it would need.)")  # fmt: skip
+        out.append("")
+    return out
+
+
+# ---------------------------------------------------------------- everything else
+
+
+def generic(d: Any) -> Lines:
+    if not isinstance(d, dict):
+        return [f"`{fmt(d)}`", ""]
+    scalars = [[k, v] for k, v in d.items() if not isinstance(v, dict | list) or _flat_list(v)]
+    out = table(["figure", "value"], scalars) if scalars else []
+    for k, v in d.items():
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            cols = [c for c in dict.fromkeys(c for x in v for c in x) if all(_cell_ok(x.get(c)) for x in v)]
+            out += [f"*{k}*", "", *table(cols, [[x.get(c) for c in cols] for x in v])]
+        elif isinstance(v, dict) and v and all(_cell_ok(x) for x in v.values()):
+            out += [f"*{k}*", "", *table(["key", "value"], [[a, b] for a, b in v.items()])]
+    return out
+
+
+def _flat_list(v: Any) -> bool:
+    return isinstance(v, list) and all(not isinstance(x, dict | list) for x in v)
+
+
+def _cell_ok(v: Any) -> bool:
+    return not isinstance(v, dict | list) or _flat_list(v)
+
+
+SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
+    ("convergence", "1. Convergence: data-parallel vs ours (verified) vs torchft DiLoCo", "bench.convergence",
+     convergence),
+    ("attack", "2. Under attack: robust aggregation vs replay verification", "bench.attack", attack),
+    ("communication", "3. Communication: bytes per host per outer step vs data-parallel",
+     "bench.communication",
+     communication),
+    ("codecs", "4. Codecs", "bench.codecs", generic),
+    ("detection", "5. Verification cost vs detection", "bench.detection", generic),
+    ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
+    ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
+    ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
+    ("hashing", "Hashing throughput", "bench.hashing", generic),
+]  # fmt: skip
+
+
+def goals(res: dict[str, Any]) -> Lines:
+    """The issue's goals, judged from the figures above (never asserted by hand)."""
+    out = []
+    if c := res.get("convergence"):
+        for s in c["settings"]:
+            if a := s.get("agreement"):
+                h = s["setup"]["inner_steps"]
+                out.append(f"- (b) ours and (c) torchft agree within noise (H = {h}): "
+                           f"**{'met' if a['within_noise'] else 'NOT met'}**")  # fmt: skip
+    if a := res.get("attack"):
+        for name, g in a["goals"].items():
+            robust = ", ".join(f"{x:+.2f}%" for x in g["robust_gaps_pct"] if x is not None)
+            met = "met" if g["ours_within_1pct"] else "NOT met"
+            out.append(f"- {name}: (h) within 1% of honest-only **{met}**"
+                       f"; (d) mean {g['mean_gap_pct']:+.2f}%; (e)–(g) {robust}")  # fmt: skip
+    if cm := res.get("communication"):
+        for t in cm["codec_tables"]:
+            if t["H"] == 500:
+                r = next(r for r in t["rows"] if r["codec"] == "int8")
+                out.append(f"- int8 at H = 500: {r['ratio']:.0f}× vs data-parallel (goal ≥ 1000×: "
+                           f"**{'met' if r['ratio'] >= 1000 else 'NOT met'}**); counting the verification "
+                           f"traffic too: {r['ratio_with_verification']:.0f}×")  # fmt: skip
+    h = res.get("host_overhead") or {}
+    if "overhead" in h:
+        crit = 100 * h.get("critical_path_overhead", float("nan"))
+        wall = 100 * h["overhead"]
+        out.append(f"- host overhead: {wall:.1f}% wall-clock (critical path {crit:.2f}%), goal ≤ 3%")
+    tps = res.get("chain_tps") or {}
+    if "committed_tps" in tps:
+        out.append(f"- chain: {tps['committed_tps']} committed tx/s (goal {tps.get('goal_tps', '?')})")
+    return [*out, ""]
+
+
+def main(quick: bool = False) -> Path:
+    res: dict[str, Any] = {}
+    for p in sorted(RESULTS.glob("*.json")):
+        try:
+            res[p.stem] = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            res[p.stem] = {"error": f"unreadable: {e}"}
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Generated {now} by `.venv/bin/python -m bench.report` from `bench/results/*.json`. "
+        "`make bench-quick` (`python -m bench --quick`) makes every table in minutes with small inputs; "
+        "`make bench` runs the full sizes (up to an hour on 2 cores). Sections marked *quick* come from "
+        "a quick run: the figures are real measurements, at the smaller size.",
+        "",
+        "Machine: 2 CPU cores, torch CPU, 1 training thread per process; contenders of one comparison run "
+        "in the same invocation and are reported side by side.",
+        "",
+        "## Goals",
+        "",
+        *goals(res),
+    ]
+    known = set()
+    for stem, title, module, render in SECTIONS:
+        known.add(stem)
+        lines += _section(res, stem, title, module, render)
+    for stem in sorted(set(res) - known):
+        lines += _section(res, stem, stem, f"bench.{stem}", generic)
+    OUT.write_text("\n".join(lines).rstrip() + "\n")
+    print(f"wrote {OUT}")
+    return OUT
+
+
+def _section(
+    res: dict[str, Any], stem: str, title: str, module: str, render: Callable[[Any], Lines]
+) -> Lines:
+    out = [f"## {title}", ""]
+    d = res.get(stem)
+    if d is None:
+        return [*out, f"No results yet: run `.venv/bin/python -m {module}`.", ""]
+    mtime = datetime.fromtimestamp((RESULTS / f"{stem}.json").stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M")
+    q = isinstance(d, dict) and d.get("quick")
+    out += [f"*{'quick' if q else 'full'} run, {mtime} UTC* — reproduce: "
+            f"`.venv/bin/python -m {module}{' --quick' if q else ''}`", ""]  # fmt: skip
+    try:
+        out += render(d)
+    except (KeyError, TypeError, ValueError, StopIteration) as e:
+        out += [f"(could not render: {type(e).__name__}: {e})", "", *generic(d)]
+    return out
+
+
+if __name__ == "__main__":
+    main()
