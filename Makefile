@@ -28,9 +28,13 @@ devnet: $(STAMP)
 	$(BIN)/gonka-diloco devnet $(ARGS)
 
 bench-quick: $(STAMP)
+	# torchft (the DiLoCo reference of bench.convergence) with torch pinned: never a CUDA build.
+	$(BIN)/python -c "import torchft" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0 -e '.[bench]'
 	$(BIN)/python -m bench --quick
 
 bench: $(STAMP)
+	# torchft (the DiLoCo reference of bench.convergence) with torch pinned: never a CUDA build.
+	$(BIN)/python -c "import torchft" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0 -e '.[bench]'
 	$(BIN)/python -m bench
 
 vectors: $(STAMP)
