@@ -57,17 +57,31 @@ class LockstepChain(InProcessChain):
         self._actors = 0
         self._blocked: dict[object, Callable[[], Any]] = {}
         self.max_height = max_height
+        self._pause_at: int | None = None
 
-    @contextmanager
-    def actor(self) -> Iterator[None]:
+    def hold(self) -> None:
+        """Count one more actor that never waits: no block is produced until `release`."""
         with self._cond:
             self._actors += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._actors -= 1
+
+    def release(self) -> None:
+        with self._cond:
+            self._actors -= 1
+            self._maybe_produce()
+
+    def run_until(self, height: int, timeout: float = 60.0) -> None:
+        """Give up one held slot until the others, in lockstep, reach `height`; then hold again."""
+        with self._cond:
+            self._pause_at = height
+            self._actors -= 1
+            try:
                 self._maybe_produce()
+                while self.app.height < height:
+                    if not self._cond.wait(timeout):
+                        raise ChainTimeout(f"height {height} not reached within {timeout}s")
+            finally:
+                self._actors += 1
+                self._pause_at = None
 
     def _maybe_produce(self) -> None:
         while (
@@ -75,6 +89,7 @@ class LockstepChain(InProcessChain):
             and len(self._blocked) >= self._actors
             and all(r() is None for r in self._blocked.values())
             and self.app.height < self.max_height
+            and (self._pause_at is None or self.app.height < self._pause_at)
         ):
             self.produce_block()
 
@@ -275,21 +290,24 @@ class StandInVerifier:
 
 @contextmanager
 def running(targets: list[Callable[[], None]], chain: LockstepChain) -> Iterator[list[threading.Thread]]:
-    """Start each target as a chain actor thread; always join them (callers stop the nodes)."""
+    """Run each target in a thread that counts as a chain actor from before it starts (so no
+    block slips past it) until it ends; always joined, and its exception re-raised here."""
     errors: list[BaseException] = []
 
     def wrap(fn: Callable[[], None]) -> Callable[[], None]:
         def go() -> None:
             try:
-                with chain.actor():
-                    fn()
+                fn()
             except BaseException as e:  # surfaced in the test thread below
                 errors.append(e)
+            finally:
+                chain.release()
 
         return go
 
     threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
     for t in threads:
+        chain.hold()
         t.start()
     try:
         yield threads

@@ -381,6 +381,8 @@ class HostNode:
     def _global(self, h: str) -> GlobalModel:
         """G by hash: memory, else own disk (verified), else peers (verified), then kept on disk."""
         if h not in self._gm_cache:
+            if not self.globals.has(h):
+                self.log("fetching_global", model_hash=h)
             self._gm_cache[h] = self.globals.fetch(h, self.blobs, endpoints=self._peers())
             self.catalog.publish("model", h, lambda: self.globals.get_bytes(h))
         return self._gm_cache[h]
@@ -554,7 +556,9 @@ class HostNode:
                     self.log("result_refused", outer_step=n, error=e.log)
         done = self._wait_step(n, lambda i: i["phase"] == DONE)
         if done["result_hash"] and (new is None or new.hash != done["result_hash"]):
-            self.log("fetching_global", outer_step=n, model_hash=done["result_hash"])
+            self.log(
+                "result_differs", outer_step=n, chain=done["result_hash"], mine=new.hash if new else None
+            )
             self._adopt(n, self._global(done["result_hash"]))
         self._prune(n)
 

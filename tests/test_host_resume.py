@@ -1,0 +1,180 @@
+"""Crash safety: a host stopped mid outer step and restarted on the same data_dir carries on.
+
+The chain is held still while the host is down (`LockstepChain.hold`), so "restarted before the
+deadline" and "restarted after it" are exact, not timing accidents.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from tests.test_host_node import (
+    LockstepChain,
+    StandInVerifier,
+    create_run,
+    host_config,
+    run_config,
+    running,
+    tiny_corpus,
+)
+from trainer.behaviour import HostBehaviour, OuterContext
+from trainer.commit import Contribution
+from trainer.node import HostNode
+
+
+def _commit_txs(chain: LockstepChain, address: str) -> int:
+    """Commit messages from `address` that made it into blocks (successful or not)."""
+    return sum(
+        1
+        for b in chain.blocks
+        for tx in b.txs
+        for e in tx.events
+        if e.type == "commit" and e.attributes.get("host") == address
+    )
+
+
+def _crash_on(node: HostNode, chain: LockstepChain, event: str, step: int) -> Any:
+    """A log sink that, at `event` of outer step `step`, holds the chain and stops the node."""
+
+    def sink(e: dict[str, Any]) -> None:
+        node_logs.append(e)
+        if e["event"] == event and e.get("outer_step") == step and not crashed.is_set():
+            crashed.set()
+            chain.hold()
+            node.stop()
+
+    node_logs: list[dict[str, Any]] = []
+    crashed = threading.Event()
+    sink.logs = node_logs  # type: ignore[attr-defined]
+    return sink
+
+
+def _setup(tmp_path: Path, steps: int, n_hosts: int) -> tuple[LockstepChain, Any, int, list, Any]:
+    corpus = tiny_corpus()
+    chain = LockstepChain()
+    cfg = run_config(corpus, max_outer_steps=steps)
+    run_id = create_run(chain, cfg)
+    verifier = StandInVerifier(chain, run_id, 9, cfg, corpus)
+    verifier.join()
+    return chain, corpus, run_id, [verifier], cfg
+
+
+def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_global(tmp_path: Path) -> None:
+    chain, corpus, run_id, verifiers, _ = _setup(tmp_path, steps=3, n_hosts=2)
+    other = HostNode(
+        host_config(tmp_path, 2, run_id), chain, corpus=corpus, log=lambda e: None, poll_timeout=0.5
+    )
+    first = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, poll_timeout=0.5, log=print)
+    sink = _crash_on(first, chain, "committed", step=1)
+    first._log = sink
+    logs: list[dict[str, Any]] = []
+    chain.hold()  # nobody moves until the first host has started too
+    with running([other.run, verifiers[0].run], chain):
+        with running([first.run], chain):
+            chain.release()  # returns once the crashed node's thread has stopped; the chain is held
+        assert [e["event"] for e in sink.logs][-1] == "stopped"
+        shutil.rmtree(tmp_path / "host-1" / "global")  # G_1 lost with the crash: must come from a peer
+        second = HostNode(
+            host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5
+        )
+        assert second.server.port == first.server.port  # same endpoint as on chain
+        with running([second.run], chain):
+            chain.release()
+    events = [(e["event"], e.get("outer_step")) for e in logs]
+    assert ("resumed", 1) in events and ("trained", 1) not in events
+    assert ("fetching_global", None) in events
+    assert ("trained", 2) in events and ("sitting_out", 1) not in events
+    assert _commit_txs(chain, first.address) == 3
+    for n in range(3):
+        step = chain.query("outer_step", run_id=run_id, step=n)
+        assert step["accepted"] == sorted([first.address, other.address]), n
+        c = chain.query("commitment", run_id=run_id, host=first.address, step=n)
+        assert c["equivocation_tx"] is None
+    final = chain.run(run_id)["global_model_hash"]
+    assert (tmp_path / "host-1" / "global" / f"{final}.safetensors").exists()
+
+
+class CrashBeforeBroadcast(HostBehaviour):
+    """Trains honestly, then 'dies' between saving its record and broadcasting the commit."""
+
+    node: HostNode
+    chain: LockstepChain
+    crashed = False
+
+    def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list:
+        if not self.crashed:
+            self.crashed = True
+            self.chain.hold()
+            self.node.stop()
+            return []
+        return super().commit_messages(contribution, ctx)
+
+
+def test_restart_between_training_and_commit_commits_the_saved_record(tmp_path: Path) -> None:
+    chain, corpus, run_id, verifiers, _ = _setup(tmp_path, steps=2, n_hosts=1)
+    crashing = CrashBeforeBroadcast()
+    crashing.chain = chain
+    first = HostNode(
+        host_config(tmp_path, 1, run_id),
+        chain,
+        corpus=corpus,
+        behaviour=crashing,
+        log=lambda e: None,
+        poll_timeout=0.5,
+    )
+    crashing.node = first
+    logs: list[dict[str, Any]] = []
+    chain.hold()
+    with running([verifiers[0].run], chain):
+        with running([first.run], chain):
+            chain.release()
+        assert chain.query("commitment", run_id=run_id, host=first.address, step=0) is None
+        second = HostNode(
+            host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5
+        )
+        with running([second.run], chain):
+            chain.release()
+    events = [(e["event"], e.get("outer_step")) for e in logs]
+    assert ("trained", 0) not in events and ("committed", 0) in events  # the saved record, not a retrain
+    assert ("trained", 1) in events
+    assert chain.query("outer_step", run_id=run_id, step=0)["accepted"] == [first.address]
+    assert chain.query("outer_step", run_id=run_id, step=1)["accepted"] == [first.address]
+
+
+def test_missed_reveal_deadline_sits_out_then_rejoins_next_step(tmp_path: Path) -> None:
+    chain, corpus, run_id, verifiers, _ = _setup(tmp_path, steps=2, n_hosts=2)
+    other = HostNode(
+        host_config(tmp_path, 2, run_id), chain, corpus=corpus, log=lambda e: None, poll_timeout=0.5
+    )
+    first = HostNode(
+        host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=lambda e: None, poll_timeout=0.5
+    )
+    first._log = _crash_on(first, chain, "committed", step=0)
+    logs: list[dict[str, Any]] = []
+    chain.hold()
+    with running([other.run, verifiers[0].run], chain):
+        with running([first.run], chain):
+            chain.release()
+        deadline = chain.query("outer_step", run_id=run_id, step=0)["reveal_deadline"]
+        chain.run_until(deadline + 1)  # the others go on; this host stays down past its reveal deadline
+        second = HostNode(
+            host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5
+        )
+        with running([second.run], chain):
+            chain.release()
+    step0 = chain.query("outer_step", run_id=run_id, step=0)
+    assert step0["outcomes"][first.address] == "missing_reveal"
+    assert step0["accepted"] == [other.address]
+    events = [(e["event"], e.get("outer_step")) for e in logs]
+    assert ("reveal_refused", 0) in events
+    # it never applied its own unaccepted Δ: its G_1 is the chain's, from the other host alone
+    assert ("outer_step_applied", 0) in events and ("result_differs", 0) not in events
+    # next step: back in with a fresh optimizer (the chain dropped its unverified one), accepted
+    assert ("trained", 1) in events
+    assert chain.query("outer_step", run_id=run_id, step=1)["accepted"] == sorted(
+        [first.address, other.address]
+    )
+    assert second.snapshot()["rejected"] == 1 and second.snapshot()["accepted"] == 1
