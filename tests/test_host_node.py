@@ -451,3 +451,20 @@ def test_honest_host_joins_commits_reveals_and_applies_its_accepted_delta(tmp_pa
     assert delta_hash(payload) == c["delta_hash"]
     text = "".join(f"{e}\n" for e in events)
     assert "sitting_out" not in text
+
+
+def test_cli_refuses_bad_config_and_unknown_behaviour_clearly(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trainer.cli import app
+
+    runner = CliRunner()
+    missing = runner.invoke(app, ["run", "--config", str(tmp_path / "nope.toml")])
+    assert missing.exit_code == 2 and "cannot read" in missing.output
+    toml = tmp_path / "host.toml"
+    toml.write_text(
+        'chain_url = "http://127.0.0.1:1"\nrun_id = 1\ndata_dir = "d"\nbehaviour = "sneaky"\n'
+        "[key]\ntest_index = 1\n"
+    )
+    unknown = runner.invoke(app, ["run", "--config", str(toml)])
+    assert unknown.exit_code == 2 and "unknown behaviour 'sneaky'" in unknown.output

@@ -1,0 +1,102 @@
+"""`gonka-diloco host run --config host.toml`: the host node in the foreground.
+
+The first stdout line is `{"event": "listening", "url": ...}`; every later line is one JSON log
+record. On a terminal a rich progress line shows the outer step and phase above the log.
+SIGTERM/SIGINT stop the node at its next wait; all its state is on disk, so it resumes later.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from trainer import behaviour
+from trainer.node_config import ConfigError, load_host_config
+
+app = typer.Typer(help="The host node: train, commit, reveal, aggregate.", no_args_is_help=True)
+
+@app.callback()
+def main() -> None:
+    """The host node: train, commit, reveal, aggregate."""
+
+
+BEHAVIOUR_PLUGINS = ("gonka_diloco.adversaries",)
+"""Modules that register extra host behaviours by name when imported (the adversary library).
+Looked up by name at the command line only: the trainer package itself never imports them."""
+
+
+def _resolve(name: str, params: dict[str, Any]) -> behaviour.HostBehaviour:
+    if name not in behaviour.names():
+        for plugin in BEHAVIOUR_PLUGINS:
+            try:
+                importlib.import_module(plugin)
+            except ImportError:
+                continue
+    return behaviour.resolve(name, params)
+
+
+class _Progress:
+    """A one-line rich status (outer step, phase, losses) when stdout is a terminal."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console()
+        self.live = Live(console=self.console, transient=True, refresh_per_second=4)
+        self.state: dict[str, Any] = {}
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.console.print_json(json.dumps(event, default=str))
+        for key in ("outer_step", "loss", "val_loss"):
+            if key in event:
+                self.state[key] = event[key]
+        self.state["event"] = event.get("event")
+        line = "  ".join(f"{k}={v}" for k, v in self.state.items())
+        self.live.update(f"[bold]host[/bold] {line}")
+
+
+@app.command()
+def run(
+    config: Path = typer.Option(..., "--config", "-c", help="host.toml"),
+    max_outer_steps: int = typer.Option(
+        0, min=0, help="Stop after this many outer steps (0: run to the end)."
+    ),
+) -> None:
+    """Join the run, then train, commit, reveal and aggregate every outer step."""
+    from chain.client import ChainClientError, HttpChainClient
+    from trainer.node import HostNode, NodeError
+
+    try:
+        cfg = load_host_config(config)
+        node_behaviour = _resolve(cfg.behaviour, cfg.behaviour_params)
+        chain = HttpChainClient(cfg.chain_url)
+        progress = _Progress() if sys.stdout.isatty() else None
+        kwargs = {"log": progress} if progress is not None else {}
+        node = HostNode(cfg, chain, behaviour=node_behaviour, **kwargs)
+    except (ConfigError, behaviour.BehaviourError, NodeError, OSError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+    def stop(signum: int, _frame: Any) -> None:
+        node.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        if progress is not None:
+            with progress.live:
+                node.run(max_outer_steps or None)
+        else:
+            node.run(max_outer_steps or None)
+    except (NodeError, ChainClientError) as e:
+        node.log("fatal", error=f"{type(e).__name__}: {e}")
+        raise typer.Exit(1) from None
+    finally:
+        chain.close()
