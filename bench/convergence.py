@@ -1,7 +1,8 @@
 """Convergence against the baselines: same model, same data, same total inner-step compute, seeded.
 
 Contenders (one run, child processes two at a time):
-  (a) synchronous data-parallel: M workers, gradients averaged every step (ring all-reduce);
+  (a) synchronous data-parallel: M workers, gradients averaged every step (ring all-reduce), at
+      the DiLoCo inner lr and at 4× that lr (its batch is M× larger: a better-tuned baseline);
   (b) ours: committed inner loop per host, every contribution replay-verified, int8 Δ blobs,
       `protocol.outer.outer_update` over the accepted Δs; also with fp32 Δs;
   (c) torchft's `DiLoCo` (gloo, in-process Lighthouse), same inner/outer optimizers and H;
@@ -16,6 +17,8 @@ import argparse
 from typing import Any
 
 from bench.sim import Setup, run_jobs, write_result
+
+DP_LR_SCALE = 4  # a second data-parallel baseline with a 4× inner lr for its M× larger batch
 
 
 def settings(quick: bool) -> list[tuple[Setup, bool]]:
@@ -33,6 +36,8 @@ def jobs_for(setup: Setup, full_set: bool, tmp: str) -> list[dict[str, Any]]:
     tag = f"M{setup.hosts}_H{setup.inner_steps}"
     jobs: list[dict[str, Any]] = [
         {"label": f"{tag}/data_parallel", "kind": "data_parallel", "setup": s},
+        {"label": f"{tag}/data_parallel_lr_x{DP_LR_SCALE}", "kind": "data_parallel", "setup": s,
+         "lr_scale": DP_LR_SCALE},
         {"label": f"{tag}/ours_int8_verified", "kind": "diloco", "setup": s, "verify": True},
     ]
     if full_set:

@@ -102,7 +102,7 @@ def convergence(d: dict[str, Any]) -> Lines:
         ax1.legend(fontsize=8)
         ax2.legend(fontsize=8)
         fig.tight_layout()
-        png = f"convergence_{tag}.png"
+        png = f"convergence_{tag}{_kind(d)}.png"
         fig.savefig(RESULTS / png, dpi=90)
         plt.close(fig)
         out += [f"![convergence {tag}](results/{png})", ""]
@@ -159,9 +159,14 @@ def attack(d: dict[str, Any]) -> Lines:
     axes[0].set_ylabel("validation loss")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "attack_curves.png", dpi=90)
+    png = f"attack_curves{_kind(d)}.png"
+    fig.savefig(RESULTS / png, dpi=90)
     plt.close(fig)
-    return [*out, "![loss curves under attack](results/attack_curves.png)", ""]
+    return [*out, f"![loss curves under attack](results/{png})", ""]
+
+
+def _kind(d: dict[str, Any]) -> str:
+    return "_quick" if d.get("quick") else "_full"
 
 
 # ---------------------------------------------------------------- communication
@@ -184,14 +189,14 @@ def communication(d: dict[str, Any]) -> Lines:
               f"{r['ratio_with_verification']:.0f}×"] for r in t["rows"]],
         )  # fmt: skip
     if d["equal_loss"]:
-        out.append("**At equal final loss** (from the convergence runs: DP bytes until DP's validation loss "
-                   "first reaches ours, int8 Δs):")  # fmt: skip
+        out.append("**At equal final loss** (from the convergence runs: bytes until the cheapest "
+                   "data-parallel baseline's validation loss first reaches ours, int8 Δs):")  # fmt: skip
         out.append("")
         out += table(
-            ["M", "H", "T", "ours final loss", "DP final loss", "ours MB/host", "DP MB/host to that loss",
-             "ratio"],
-            [[e["hosts"], e["H"], e["outer_steps"], e["ours_final_loss"], e["dp_final_loss"],
-              e["ours_bytes"] / 1e6,
+            ["M", "H", "T", "ours final loss", "DP baseline", "DP final loss", "ours MB/host",
+             "DP MB/host to that loss", "ratio"],
+            [[e["hosts"], e["H"], e["outer_steps"], e["ours_final_loss"], e.get("dp_baseline"),
+              e["dp_final_loss"], e["ours_bytes"] / 1e6,
               e["dp_bytes"] / 1e6, f"{'≥ ' if not e['dp_reached'] else ''}{e['ratio']:.0f}×"]
              for e in d["equal_loss"]],
         )  # fmt: skip
@@ -276,54 +281,65 @@ def goals(res: dict[str, Any]) -> Lines:
 
 
 def main(quick: bool = False) -> Path:
-    res: dict[str, Any] = {}
+    """Quick and full results live side by side: `<name>.json` is the latest run, `<name>.full.json`
+    the latest full run of the modules that keep one. Goals are judged on the full run if any."""
+    runs: dict[str, list[tuple[Path, Any]]] = {}
     for p in sorted(RESULTS.glob("*.json")):
+        stem = p.name.removesuffix(".json").removesuffix(".full")
         try:
-            res[p.stem] = json.loads(p.read_text())
+            d = json.loads(p.read_text())
         except json.JSONDecodeError as e:
-            res[p.stem] = {"error": f"unreadable: {e}"}
+            d = {"error": f"unreadable: {e}"}
+        runs.setdefault(stem, []).append((p, d))
+    for stem, found in runs.items():
+        # the full run first; drop the plain file when it is that same full run
+        found.sort(key=lambda pd: (not pd[0].name.endswith(".full.json"), pd[0].name))
+        if len(found) == 2 and not (isinstance(found[1][1], dict) and found[1][1].get("quick")):
+            runs[stem] = found[:1]
+    best = {stem: found[0][1] for stem, found in runs.items()}
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmark results",
         "",
         f"Generated {now} by `.venv/bin/python -m bench.report` from `bench/results/*.json`. "
         "`make bench-quick` (`python -m bench --quick`) makes every table in minutes with small inputs; "
-        "`make bench` runs the full sizes (up to an hour on 2 cores). Sections marked *quick* come from "
-        "a quick run: the figures are real measurements, at the smaller size.",
+        "`make bench` runs the full sizes (up to an hour on 2 cores). Every table says whether it comes "
+        "from a *quick* or a *full* run and the command that reproduces it; quick figures are real "
+        "measurements at the smaller size.",
         "",
         "Machine: 2 CPU cores, torch CPU, 1 training thread per process; contenders of one comparison run "
         "in the same invocation and are reported side by side.",
         "",
         "## Goals",
         "",
-        *goals(res),
+        "Judged from the figures below (the full run where there is one, else the quick run).",
+        "",
+        *goals(best),
     ]
     known = set()
     for stem, title, module, render in SECTIONS:
         known.add(stem)
-        lines += _section(res, stem, title, module, render)
-    for stem in sorted(set(res) - known):
-        lines += _section(res, stem, stem, f"bench.{stem}", generic)
+        lines += _section(runs.get(stem, []), title, module, render)
+    for stem in sorted(set(runs) - known):
+        lines += _section(runs[stem], stem, f"bench.{stem}", generic)
     OUT.write_text("\n".join(lines).rstrip() + "\n")
     print(f"wrote {OUT}")
     return OUT
 
 
-def _section(
-    res: dict[str, Any], stem: str, title: str, module: str, render: Callable[[Any], Lines]
-) -> Lines:
+def _section(found: list[tuple[Path, Any]], title: str, module: str, render: Callable[[Any], Lines]) -> Lines:
     out = [f"## {title}", ""]
-    d = res.get(stem)
-    if d is None:
+    if not found:
         return [*out, f"No results yet: run `.venv/bin/python -m {module}`.", ""]
-    mtime = datetime.fromtimestamp((RESULTS / f"{stem}.json").stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M")
-    q = isinstance(d, dict) and d.get("quick")
-    out += [f"*{'quick' if q else 'full'} run, {mtime} UTC* — reproduce: "
-            f"`.venv/bin/python -m {module}{' --quick' if q else ''}`", ""]  # fmt: skip
-    try:
-        out += render(d)
-    except (KeyError, TypeError, ValueError, StopIteration) as e:
-        out += [f"(could not render: {type(e).__name__}: {e})", "", *generic(d)]
+    for path, d in found:
+        mtime = datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M")
+        q = isinstance(d, dict) and d.get("quick")
+        out += [f"*{'quick' if q else 'full'} run, {mtime} UTC* — reproduce: "
+                f"`.venv/bin/python -m {module}{' --quick' if q else ''}`", ""]  # fmt: skip
+        try:
+            out += render(d)
+        except (KeyError, TypeError, ValueError, StopIteration) as e:
+            out += [f"(could not render: {type(e).__name__}: {e})", "", *generic(d)]
     return out
 
 

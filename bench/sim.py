@@ -336,14 +336,16 @@ def run_diloco(
 # ---------------------------------------------------------------- synchronous data-parallel baseline
 
 
-def run_data_parallel(setup: Setup, *, evals_per_outer: int = 5) -> dict[str, Any]:
+def run_data_parallel(setup: Setup, *, lr_scale: float = 1.0, evals_per_outer: int = 5) -> dict[str, Any]:
     """M workers, gradients averaged every step, on exactly the batches the DiLoCo hosts see.
 
     Averaging M equal-size per-worker mean losses equals the mean loss of the concatenated batch,
-    so one backward over M·B samples gives the all-reduced gradient without threads.
+    so one backward over M·B samples gives the all-reduced gradient without threads. `lr_scale`
+    lets the baseline use a larger inner lr for its M× larger batch (a fairer DP).
     """
     env = make_env(setup)
-    cfg = env.cfg
+    inner = env.cfg.inner.model_copy(update={"lr": env.cfg.inner.lr * lr_scale})
+    cfg = env.cfg.model_copy(update={"inner": inner})
     model = build_model(setup.spec())
     evaluator = build_model(setup.spec())
     opt = make_optimizer(model, cfg.inner)
@@ -373,6 +375,7 @@ def run_data_parallel(setup: Setup, *, evals_per_outer: int = 5) -> dict[str, An
         "curve": curve,
         "params": p,
         "bytes_per_host": ring_allreduce_bytes(M, p, setup.outer_steps * H),
+        "inner_lr": cfg.inner.lr,
         "train_s": time.perf_counter() - t0,
     }
 
@@ -432,9 +435,13 @@ def run_jobs(jobs: Sequence[Mapping[str, Any]], workers: int = 2, per_child: int
 
 
 def write_result(name: str, result: Mapping[str, Any]) -> Path:
+    """`<name>.json`; a full run also keeps `<name>.full.json`, which later quick runs leave alone."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=2, sort_keys=True) + "\n"
     path = RESULTS_DIR / f"{name}.json"
-    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    path.write_text(text)
+    if not result.get("quick"):
+        (RESULTS_DIR / f"{name}.full.json").write_text(text)
     return path
 
 
