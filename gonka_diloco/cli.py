@@ -15,6 +15,8 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from gonka_diloco.devnet_config import DevnetConfig
+
 LAZY: dict[str, tuple[str, str]] = {
     "chain": ("chain.cli", "The devnet chain node (`chain start`)."),
     "host": ("trainer.cli", "The host node: train, commit, reveal (`host run --config host.toml`)."),
@@ -67,6 +69,9 @@ def _unavailable(name: str, help_text: str, why: str) -> click.Command:
     return TyperCommand(name, help=f"{help_text} (unavailable: {why})", callback=callback)
 
 
+D = DevnetConfig()
+"""The devnet defaults, shown in `devnet --help` (flags left unset fall back to the TOML, then these)."""
+
 app = typer.Typer(cls=LazyGroup, help="Verifiable DiLoCo training on a Cosmos chain.", no_args_is_help=True)
 
 
@@ -75,8 +80,10 @@ def devnet(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="Devnet TOML (DevnetConfig fields).")
     ] = None,
-    hosts: Annotated[int | None, typer.Option(help="Number of hosts (default 4).")] = None,
-    verifiers: Annotated[int | None, typer.Option(help="Number of verifiers (default 2).")] = None,
+    hosts: Annotated[int | None, typer.Option(help=f"Number of hosts (default {D.hosts}).")] = None,
+    verifiers: Annotated[
+        int | None, typer.Option(help=f"Number of verifiers (default {D.verifiers}).")
+    ] = None,
     adversary: Annotated[
         list[str] | None,
         typer.Option(
@@ -89,30 +96,56 @@ def devnet(
         list[str] | None, typer.Option("--verifier-adversary", help="Adversarial verifiers, same form.")
     ] = None,
     outer_steps: Annotated[
-        int | None, typer.Option("--outer-steps", help="Outer steps to run (default 5).")
+        int | None, typer.Option("--outer-steps", help=f"Outer steps to run (default {D.outer_steps}).")
     ] = None,
     inner_steps: Annotated[
-        int | None, typer.Option("--inner-steps", "-H", help="H: inner steps per outer step.")
+        int | None,
+        typer.Option("--inner-steps", "-H", help=f"H: inner steps per outer step (default {D.inner_steps})."),
     ] = None,
     segment_len: Annotated[
-        int | None, typer.Option("--segment-len", "-k", help="k: inner steps per segment.")
+        int | None,
+        typer.Option("--segment-len", "-k", help=f"k: inner steps per segment (default {D.segment_len})."),
     ] = None,
     sampled_segments: Annotated[
-        int | None, typer.Option("--sampled", "-s", help="s: segments opened.")
+        int | None,
+        typer.Option(
+            "--sampled", "-s", help=f"s: segments opened per contribution (default {D.sampled_segments})."
+        ),
     ] = None,
     verifiers_per_contribution: Annotated[
-        int | None, typer.Option("--verifiers-per", "-v", help="v: verifiers per contribution.")
+        int | None,
+        typer.Option(
+            "--verifiers-per",
+            "-v",
+            help=f"v: verifiers per contribution (default {D.verifiers_per_contribution}).",
+        ),
     ] = None,
-    codec: Annotated[str | None, typer.Option(help="Δ codec: fp32, bf16, int8, int4.")] = None,
-    model_size: Annotated[str | None, typer.Option("--model-size", help="tiny, small or base.")] = None,
+    codec: Annotated[
+        str | None, typer.Option(help=f"Δ codec: fp32, bf16, int8, int4 (default {D.codec.value}).")
+    ] = None,
+    model_size: Annotated[
+        str | None,
+        typer.Option("--model-size", help=f"Model preset: tiny, small or base (default {D.model_size})."),
+    ] = None,
     block_interval: Annotated[
-        float | None, typer.Option("--block-interval", help="Seconds per block.")
+        float | None,
+        typer.Option("--block-interval", help=f"Seconds per block (default {D.block_interval})."),
     ] = None,
-    replay_mode: Annotated[str | None, typer.Option("--replay-mode", help="bitwise or tolerance.")] = None,
+    replay_mode: Annotated[
+        str | None,
+        typer.Option("--replay-mode", help=f"bitwise or tolerance (default {D.replay_mode.value})."),
+    ] = None,
     tolerance: Annotated[float | None, typer.Option(help="Tolerance-mode threshold.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Run seed (model init, data, batches).")] = None,
-    timeout: Annotated[float | None, typer.Option(help="Seconds before the run counts as stalled.")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out-dir", help="Where runs/<timestamp>/ goes.")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help=f"Run seed: model init, data, batches (default {D.seed}).")
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help=f"Seconds before the run counts as stalled (default {D.timeout:.0f})."),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", help=f"Where <timestamp>/ goes (default {D.out_dir}).")
+    ] = None,
     live: Annotated[
         bool | None, typer.Option("--live/--no-live", help="Show the live terminal view.")
     ] = None,

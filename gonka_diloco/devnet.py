@@ -199,8 +199,8 @@ class Devnet:
                 for k, v in event.items()
                 if k not in ("ts", "node", "event") and not isinstance(v, dict | list)
             }
-            detail = " ".join(f"{k}={str(v)[:16]}" for k, v in list(extra.items())[:4])
-            self.live.events.append(f"{node}: {kind} {detail}")
+            detail = " ".join(f"{k}={str(v)[:12]}" for k, v in list(extra.items())[:3])
+            self.live.events.append(f"{node}: {kind} {detail}"[:76])
 
     def row(self, name: str) -> NodeRow:
         """The node's row with everything its log said so far."""
@@ -445,6 +445,8 @@ def run_devnet(
                 f"devnet: chain {dn.rows['chain'].url}, run {dn.run_id}, {len(dn.procs) - 1} nodes listening"
             )
             dn.watch(live=cfg.live)
+            if cfg.live:
+                echo("")
             dn.settle_losses()
         except (DevnetError, OSError, RuntimeError) as e:
             failures.append(str(e))

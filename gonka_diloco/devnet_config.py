@@ -51,12 +51,12 @@ class AdversarySpec(Strict):
 class PhaseSeconds(Strict):
     """Phase lengths in seconds of wall time (rounded up to whole blocks)."""
 
-    join: float = Field(25.0, gt=0, description="from run creation to outer step 0: nodes start and bond")
-    train: float = Field(10.0, gt=0)
-    reveal: float = Field(5.0, gt=0)
-    verify: float = Field(8.0, gt=0)
-    escalation: float = Field(5.0, gt=0)
-    result: float = Field(8.0, gt=0)
+    join: float = Field(15.0, gt=0, description="from run creation to outer step 0: nodes start and bond")
+    train: float = Field(8.0, gt=0)
+    reveal: float = Field(4.0, gt=0)
+    verify: float = Field(6.0, gt=0)
+    escalation: float = Field(4.0, gt=0)
+    result: float = Field(6.0, gt=0)
 
 
 class DevnetConfig(Strict):
@@ -69,8 +69,8 @@ class DevnetConfig(Strict):
         description="adversarial hosts, taken from the end of the host list",
     )
     verifier_adversaries: list[AdversarySpec] = Field(default_factory=list)
-    outer_steps: int = Field(5, ge=1, le=1000)
-    inner_steps: int = Field(20, ge=1, description="H")
+    outer_steps: int = Field(6, ge=1, le=1000)
+    inner_steps: int = Field(50, ge=1, description="H")
     segment_len: int = Field(5, ge=1, description="k")
     sampled_segments: int = Field(2, ge=1, description="s")
     verifiers_per_contribution: int = Field(1, ge=1, description="v")

@@ -59,23 +59,26 @@ def _fmt_loss(value: Any) -> str:
 
 def _node_table(state: LiveState) -> Table:
     table = Table(expand=True, show_edge=False, pad_edge=False)
-    for col in ("node", "role", "behaviour", "state", "step", "commits", "acc/rej", "loss", "this step"):
-        table.add_column(col, no_wrap=True)
+    table.add_column("node", no_wrap=True, min_width=10)
+    table.add_column("behaviour", no_wrap=True, max_width=12)
+    table.add_column("state", no_wrap=True, min_width=11)
+    for col in ("step", "commits", "acc/rej", "loss", "this step"):
+        table.add_column(col, no_wrap=True, justify="right")
     for n in state.nodes:
         s = n.status
-        alive = Text(n.name, style="bold" if n.alive else "strike red")
+        name = Text(n.name, style="bold" if n.alive else "strike red")
         behaviour = Text(n.behaviour, style="" if n.behaviour == "honest" else "bold red")
         phase = str(s.get("phase", "-")) if n.alive else "down"
+        outcome = state.outcomes.get(n.name, "")
         table.add_row(
-            alive,
-            n.role,
+            name,
             behaviour,
             Text(phase, style=PHASE_STYLE.get(phase, "")),
             str(s.get("outer_step", "-")),
             str(s.get("commits", "-")),
             f"{s.get('accepted', '-')}/{s.get('rejected', '-')}",
             _fmt_loss(s.get("loss", s.get("local_loss"))),
-            state.outcomes.get(n.name, ""),
+            Text(outcome, style="green" if outcome == "accepted" else "red"),
         )
     return table
 

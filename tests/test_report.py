@@ -160,3 +160,27 @@ def test_report_command_on_a_bad_folder(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["report", str(tmp_path / "nope")])
     assert result.exit_code == 2
     assert "no snapshot.json" in result.output
+
+
+def test_live_view_renders_every_node() -> None:
+    from rich.console import Console
+
+    from gonka_diloco.live import LiveState, NodeView, render
+
+    state = LiveState(
+        run_id=1, height=42, outer_step=2, outer_steps=5, phase="VERIFY", val_loss={0: 5.1, 1: 4.2}
+    )
+    state.nodes = [
+        NodeView("host-0", "host", status={"phase": "REVEALED", "outer_step": 2, "commits": 3, "loss": 4.5}),
+        NodeView("host-3", "host", "noise", alive=False),
+    ]
+    state.outcomes = {"host-0": "accepted"}
+    state.events.append("host-0: committed outer_step=2")
+    console = Console(record=True, width=120)
+    console.print(render(state))
+    text = console.export_text()
+    assert "block 42" in text and "outer step 2/5" in text and "VERIFY" in text
+    assert "0:5.100  1:4.200" in text
+    assert "host-0" in text and "REVEALED" in text and "4.5000" in text and "accepted" in text
+    assert "host-3" in text and "noise" in text and "down" in text
+    assert "host-0: committed outer_step=2" in text
