@@ -1,7 +1,9 @@
 """The state machine alone: many hosts and verifiers running honest outer steps, no node, no signatures.
 
 Measures what a block costs the module (begin_block + its messages + end_block), what the app
-hash over the canonical JSON costs, and how the state grows. Run:
+hash costs per block (cached digests: only what changed is re-hashed), what it costs cold (after a
+restart, every digest recomputed), what a full canonical-JSON snapshot costs (the node persists one
+per block) and how the state grows. Run:
 `.venv/bin/python -m bench.chain_sim` (1,000 hosts, 100 verifiers, 20 outer steps) or `--quick`.
 """
 
@@ -21,7 +23,7 @@ from chain import queries
 from chain.genesis import Genesis, genesis_state
 from chain.module import BlockContext, TxContext, begin_block, end_block, process_msg
 from chain.params import ZERO_HASH
-from chain.state import ChainState, app_hash, state_to_json
+from chain.state import ChainState, app_hash, state_from_json, state_to_json
 from protocol import merkle
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
 from protocol.messages import (
@@ -177,6 +179,14 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int) -> dict[str, Any]
         )
     assert queries.run(d.state, 1)["status"] == "finished"
     busy = [m for m in d.module_s if m > 0.001]
+    t0 = time.perf_counter()
+    text = state_to_json(d.state)
+    t1 = time.perf_counter()
+    restored = state_from_json(text)
+    t2 = time.perf_counter()
+    cold = app_hash(restored)
+    t3 = time.perf_counter()
+    assert cold == app_hash(d.state) == app_hash(d.state, cached=False), "cached app hash went stale"
     return {
         "hosts": n_hosts,
         "verifiers": n_verifiers,
@@ -189,8 +199,13 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int) -> dict[str, Any]
         "module_ms_per_block_max": 1000 * max(d.module_s),
         "module_ms_per_busy_block_median": 1000 * statistics.median(busy) if busy else 0.0,
         "app_hash_ms_mean": 1000 * statistics.mean(d.hash_s),
+        "app_hash_ms_median": 1000 * statistics.median(d.hash_s),
+        "app_hash_ms_max": 1000 * max(d.hash_s),
         "app_hash_ms_last": 1000 * d.hash_s[-1],
-        "state_json_bytes": len(state_to_json(d.state)),
+        "app_hash_cold_ms": 1000 * (t3 - t2),
+        "state_to_json_ms": 1000 * (t1 - t0),
+        "state_from_json_ms": 1000 * (t2 - t1),
+        "state_json_bytes": len(text),
     }
 
 

@@ -6,6 +6,9 @@ app relies on to discard failed txs without snapshots. `begin_block` moves outer
 their phases and derives challenges; `end_block` finalizes contributions and outer results.
 Deterministic: no wall clock, no randomness but block hashes through `protocol.prf`, every
 iteration over a collection in sorted order.
+
+Every write to a `Contribution` is followed by `touched(c)`, which drops its cached app-hash
+digest (chain.state); nothing ever writes to a DONE outer step, whose digest is sealed.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from chain.state import (
     Verdict,
     balance_of,
     get_or_create_account,
+    touched,
     transfer,
 )
 from protocol import merkle, prf
@@ -292,6 +296,7 @@ def process_commit(state: ChainState, msg: MsgCommitPseudoGradient, ctx: TxConte
 
     if existing is not None:  # a second, different commitment: evidence of equivocation
         existing.equivocation_tx = ctx.tx_hash
+        touched(existing)
         return [
             _event("equivocation", run_id=run.id, outer_step=step.index, host=msg.creator, tx=ctx.tx_hash)
         ]
@@ -330,6 +335,7 @@ def process_reveal(state: ChainState, msg: MsgRevealContribution, ctx: TxContext
 
     contribution.reveal_height = ctx.height
     contribution.openings = [Opening(o.segment, o.start_leaf, o.end_leaf) for o in msg.openings]
+    touched(contribution)
     return [_event("reveal", run_id=run.id, outer_step=step.index, host=msg.creator)]
 
 
@@ -363,6 +369,7 @@ def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) ->
         height=ctx.height,
         round=step.round,
     )
+    touched(contribution)
     return [
         _event(
             "verdict",
@@ -456,6 +463,7 @@ def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int) -> list
         c.sampled_segments = prf.sample_segments(seed, host, config.n_segments, config.sampled_segments)
         c.verifiers = prf.assign_verifiers(seed, host, verifiers, config.verifiers_per_contribution, 0)
         c.verifier_rounds = dict.fromkeys(c.verifiers, 0)
+        touched(c)
         events.append(
             _event(
                 "challenge",
@@ -548,6 +556,7 @@ def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) ->
         assert c.outcome is not None
         if c.outcome in SLASHED_OUTCOMES:
             c.slashed = _slash(state, run, host, stake.host_slash_bps)
+            touched(c)
         for verifier in sorted(c.verdicts):
             if _contradicts(c.verdicts[verifier], c.outcome):
                 amount = _slash(state, run, verifier, stake.verifier_slash_bps)
@@ -560,6 +569,7 @@ def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) ->
     for host in step.accepted:
         c = step.contributions[host]
         c.reward = budget * c.tokens // total_tokens if total_tokens else 0
+        touched(c)
         transfer(state, REWARD_POOL_ACCOUNT, host, c.reward)
     for host in sorted(step.contributions):
         c = step.contributions[host]
@@ -602,6 +612,7 @@ def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> lis
         c = step.contributions[host]
         if c.outcome is None:
             c.outcome = _round_outcome(c, final_round)
+            touched(c)
             if c.outcome is None:
                 undecided.append(c)
     if not undecided:
@@ -620,6 +631,7 @@ def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> lis
         new = [v for v in drawn if v not in c.verifier_rounds]
         c.verifiers += new
         c.verifier_rounds.update(dict.fromkeys(new, step.round))
+        touched(c)
         events.append(
             _event(
                 "escalation",

@@ -1,8 +1,15 @@
 """The module's whole state as plain typed data, its canonical JSON form and its app hash.
 
 Plain dataclasses (no methods that write) keep the state readable as a specification and make
-the canonical serialization mechanical: `state_to_json` / `state_from_json` round-trip exactly,
-the node persists with them, and `app_hash` is SHA-256 over the same bytes.
+the canonical serialization mechanical: `state_to_json` / `state_from_json` round-trip exactly and
+the node persists with them.
+
+`app_hash` is a hash tree over that same canonical JSON (specs/protocol.md §2.5): contributions,
+outer steps and runs are each hashed on their own and their parents carry the hex digests in
+their place. Its value depends only on the state's content, so it is identical after a JSON
+round-trip; the cost per block does not grow with the run's history because digests are cached
+on the objects: a contribution's until the module writes to it (`touched`), and a finished (DONE)
+outer step's for good, since nothing writes to a finished step ("sealed").
 """
 
 from __future__ import annotations
@@ -182,15 +189,41 @@ def module_accounts() -> tuple[str, str]:
 
 # ---------------------------------------------------------------- canonical JSON
 
+_SCALARS = (str, int, float, bool, type(None))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The dataclass's field names, cached: `dataclasses.fields` per object is the slow part."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None and dataclasses.is_dataclass(cls):
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
 
 def _to_jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, _SCALARS):
+        return obj
     if isinstance(obj, dict):
         return {str(k): _to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_to_jsonable(v) for v in obj]
+    names = _field_names(type(obj))
+    if names is not None:
+        return {name: _to_jsonable(getattr(obj, name)) for name in names}
     return obj
+
+
+_FIELD_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _field_hints(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, type) per field, cached: `typing.get_type_hints` per object made restarts slow."""
+    hints = _FIELD_HINTS.get(cls)
+    if hints is None:
+        resolved = typing.get_type_hints(cls)
+        hints = _FIELD_HINTS[cls] = tuple((f.name, resolved[f.name]) for f in dataclasses.fields(cls))
+    return hints
 
 
 def _from_jsonable(tp: Any, data: Any) -> Any:
@@ -202,8 +235,7 @@ def _from_jsonable(tp: Any, data: Any) -> Any:
         (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
         return _from_jsonable(inner, data)
     if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _from_jsonable(hints[f.name], data[f.name]) for f in dataclasses.fields(tp)})
+        return tp(**{name: _from_jsonable(hint, data[name]) for name, hint in _field_hints(tp)})
     if origin is dict:
         key_t, val_t = typing.get_args(tp)
         return {key_t(k): _from_jsonable(val_t, v) for k, v in data.items()}
@@ -213,19 +245,88 @@ def _from_jsonable(tp: Any, data: Any) -> Any:
     return data
 
 
+def _canon(obj: Any) -> str:
+    """Sorted keys, no spaces, ASCII: equal values give equal strings."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
 def state_to_dict(state: ChainState) -> dict[str, Any]:
     return _to_jsonable(state)
 
 
 def state_to_json(state: ChainState) -> str:
     """Canonical form: sorted keys, no spaces, ASCII. Equal states give equal strings."""
-    return json.dumps(state_to_dict(state), sort_keys=True, separators=(",", ":"))
+    return _canon(state_to_dict(state))
 
 
 def state_from_json(text: str | bytes) -> ChainState:
     return _from_jsonable(ChainState, json.loads(text))
 
 
-def app_hash(state: ChainState) -> bytes:
-    """SHA-256 of the canonical JSON: what each block header commits to."""
-    return hashlib.sha256(state_to_json(state).encode()).digest()
+# ---------------------------------------------------------------- app hash
+
+APP_HASH_TAGS = {
+    "contribution": b"gonka-diloco/contribution/v1\x00",
+    "outer_step": b"gonka-diloco/outer-step/v1\x00",
+    "run": b"gonka-diloco/run/v1\x00",
+    "app": b"gonka-diloco/app/v1\x00",
+}
+"""Domain separation: a digest of one kind of node can never stand for another kind."""
+
+_DIGEST = "_digest_cache"
+"""Instance attribute outside the dataclass fields: never serialized, compared or hashed."""
+
+
+def touched(obj: Contribution | OuterStep) -> None:
+    """Drop a cached digest; the module calls it right after every write to a contribution."""
+    obj.__dict__.pop(_DIGEST, None)
+
+
+def _digest(kind: str, body: dict[str, Any]) -> str:
+    return hashlib.sha256(APP_HASH_TAGS[kind] + _canon(body).encode()).hexdigest()
+
+
+def _fields_except(obj: Any, skip: str) -> dict[str, Any]:
+    names = _field_names(type(obj))
+    assert names is not None
+    return {name: _to_jsonable(getattr(obj, name)) for name in names if name != skip}
+
+
+def contribution_digest(c: Contribution, cached: bool = True) -> str:
+    """H(tag ‖ canonical JSON of the contribution)."""
+    digest = c.__dict__.get(_DIGEST) if cached else None
+    if digest is None:
+        digest = _digest("contribution", _to_jsonable(c))
+        if cached:
+            c.__dict__[_DIGEST] = digest
+    return digest
+
+
+def step_digest(step: OuterStep, cached: bool = True) -> str:
+    """H(tag ‖ canonical JSON of the step with each contribution replaced by its digest).
+
+    A DONE step is sealed: the module never writes to it again, so its digest is kept for good.
+    """
+    digest = step.__dict__.get(_DIGEST) if cached else None
+    if digest is None:
+        body = _fields_except(step, "contributions")
+        body["contributions"] = {h: contribution_digest(c, cached) for h, c in step.contributions.items()}
+        digest = _digest("outer_step", body)
+        if cached and step.phase == Phase.DONE:
+            step.__dict__[_DIGEST] = digest
+    return digest
+
+
+def run_digest(run: Run, cached: bool = True) -> str:
+    """H(tag ‖ canonical JSON of the run with each outer step replaced by its digest)."""
+    body = _fields_except(run, "steps")
+    body["steps"] = {str(i): step_digest(s, cached) for i, s in run.steps.items()}
+    return _digest("run", body)
+
+
+def app_hash(state: ChainState, cached: bool = True) -> bytes:
+    """H(tag ‖ canonical JSON of the state with each run replaced by its digest): what each block
+    header commits to. `cached=False` recomputes every digest from the content (tests compare)."""
+    body = _fields_except(state, "runs")
+    body["runs"] = {str(i): run_digest(r, cached) for i, r in state.runs.items()}
+    return hashlib.sha256(APP_HASH_TAGS["app"] + _canon(body).encode()).digest()

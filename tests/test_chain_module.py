@@ -1,7 +1,8 @@
 """The `inference.diloco` state machine: every message's success path and every named error.
 
 `Sim` drives blocks like the app does (begin_block, txs, end_block) and checks, for every failed
-message, that the state is byte-identical to before it: the "all checks before any write" rule.
+message, that the state is byte-identical to before it: the "all checks before any write" rule;
+and, after every block, that the cached app hash equals one recomputed from the content.
 """
 
 from __future__ import annotations
@@ -115,7 +116,9 @@ class Sim:
                 results.append(e)
         self.events += end_block(self.state, bctx)
         self.height = h
-        self.prev_hash = h32("block", h, app_hash(self.state).hex())
+        digest = app_hash(self.state)
+        assert digest == app_hash(self.state, cached=False), "a write to the state skipped `touched`"
+        self.prev_hash = h32("block", h, digest.hex())
         return results
 
     def ok(self, msg: object) -> list[Event]:

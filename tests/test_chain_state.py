@@ -1,10 +1,38 @@
-"""ChainState: canonical JSON round-trips exactly, app hash commits to every field, bank helpers."""
+"""ChainState: canonical JSON round-trips exactly, app hash commits to every field, bank helpers.
+
+The app hash caches digests (a contribution's until the module touches it, a DONE step's for good);
+these tests pin down that the cached value is a pure function of the state's content: every field
+and key anywhere changes it, a JSON round-trip keeps it, and an idle block re-hashes nothing sealed.
+"""
 
 from __future__ import annotations
 
-import pytest
-from test_chain_module import AUTH, HOSTS, STRANGER, addr, make_state, reveal_msg, started, to_reveal
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
+from test_chain_module import (
+    AUTH,
+    HOSTS,
+    STRANGER,
+    Sim,
+    addr,
+    assigned,
+    commit_msg,
+    h32,
+    make_state,
+    reveal_msg,
+    started,
+    to_reveal,
+    to_verify_deadline,
+    verdict_msg,
+)
+
+from chain import state as chain_state
+from chain.module import BlockContext, TxContext, begin_block, end_block, process_msg
+from chain.params import Phase
 from chain.state import (
     app_hash,
     balance_of,
@@ -14,6 +42,7 @@ from chain.state import (
     total_supply,
     transfer,
 )
+from protocol.messages import MsgSubmitOuterResult
 
 
 def test_round_trip_of_a_state_with_runs_commitments_and_reveals() -> None:
@@ -54,3 +83,131 @@ def test_transfer_conserves_supply_and_refuses_overdraft() -> None:
     with pytest.raises(ValueError, match="not covered"):
         transfer(state, STRANGER, addr("n3"), -1)
     assert total_supply(state) == supply
+
+
+# ---------------------------------------------------------------- app hash: a hash tree with cached digests
+
+
+def _history() -> Sim:
+    """Outer step 0 finished (sealed), step 1 live with commits, a reveal and a verdict."""
+    sim = started()
+    to_reveal(sim, HOSTS[:2])
+    for host in HOSTS[:2]:
+        sim.ok(reveal_msg(sim, host))
+        sim.ok(verdict_msg(assigned(sim, host)[0], host))
+    to_verify_deadline(sim)
+    for host in HOSTS[:2]:
+        sim.ok(MsgSubmitOuterResult(creator=host, run_id=1, outer_step=0, model_hash=h32("g1")))
+    assert sim.state.runs[1].steps[0].phase == Phase.DONE
+    sim.until(sim.step()["train_start"])
+    sim.block(*[commit_msg(h, step=1, base=h32("g1")) for h in HOSTS[:2]])
+    sim.until(sim.step()["challenge_height"] + 1)
+    sim.ok(reveal_msg(sim, HOSTS[0], step=1))
+    sim.ok(verdict_msg(assigned(sim, HOSTS[0])[0], HOSTS[0], step=1))
+    return sim
+
+
+def _mutations(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str, Any]]:
+    """Every leaf value and every dict key of the state JSON, with a changed value of the same kind."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            new_key = str(int(key) + 100) if key.isdigit() else key + "x"
+            yield path, "key", (key, new_key)
+            yield from _mutations(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _mutations(value, (*path, i))
+    elif isinstance(node, bool):
+        yield path, "value", not node
+    elif isinstance(node, int):
+        yield path, "value", node + 1
+    elif isinstance(node, str):
+        yield path, "value", node + "0"
+    elif node is None:
+        yield path, "value", 7
+
+
+def _apply(tree: Any, path: tuple[Any, ...], kind: str, change: Any) -> Any:
+    tree = json.loads(json.dumps(tree))
+    parent = tree
+    for part in path[:-1] if kind == "value" else path:
+        parent = parent[part]
+    if kind == "value":
+        parent[path[-1]] = change
+    else:
+        old, new = change
+        parent[new] = parent.pop(old)
+    return tree
+
+
+def test_changing_any_field_or_key_anywhere_changes_the_app_hash() -> None:
+    sim = _history()
+    before = app_hash(sim.state)
+    tree = json.loads(state_to_json(sim.state))
+    seen: Counter[str] = Counter()
+    for path, kind, change in _mutations(tree):
+        try:
+            mutated = state_from_json(json.dumps(_apply(tree, path, kind, change)))
+        except (KeyError, TypeError, ValueError):  # a renamed dataclass field: not a state at all
+            assert kind == "key"
+            continue
+        assert app_hash(mutated) != before, f"{kind} at {path} is not committed to"
+        where = "/".join(map(str, path[:4])) if path[:3] == ("runs", "1", "steps") else str(path[:1])
+        seen[f"{where} {kind}"] += 1
+    # the walk really went through accounts, the sealed step 0 and the live step 1, keys included
+    assert seen["('accounts',) key"] > 5 and seen["('accounts',) value"] > 20
+    assert seen["runs/1/steps/0 value"] > 50 and seen["runs/1/steps/0 key"] > 5
+    assert seen["runs/1/steps/1 value"] > 30 and seen["runs/1/steps/1 key"] > 5
+
+
+def test_app_hash_is_content_only_and_survives_json_round_trips() -> None:
+    sim = _history()
+    warm = app_hash(sim.state)  # every digest cached by the blocks so far
+    assert warm == app_hash(sim.state, cached=False)
+    cold = state_from_json(state_to_json(sim.state))
+    assert app_hash(cold) == warm and app_hash(cold, cached=False) == warm
+    assert app_hash(state_from_json(state_to_json(cold))) == warm
+    assert state_to_json(cold) == state_to_json(sim.state)  # the cache is never serialized
+
+
+def test_a_write_inside_a_sealed_step_or_an_account_changes_the_hash() -> None:
+    sim = _history()
+    before = app_hash(sim.state)
+    sealed = sim.state.runs[1].steps[0].contributions[HOSTS[0]]
+    sealed.reward += 1  # the module never does this; a tampered snapshot would
+    assert app_hash(sim.state, cached=False) != before
+    assert app_hash(state_from_json(state_to_json(sim.state))) != before
+    chain_state.touched(sealed)
+    chain_state.touched(sim.state.runs[1].steps[0])
+    assert app_hash(sim.state) != before
+    sealed.reward -= 1
+    chain_state.touched(sealed)
+    chain_state.touched(sim.state.runs[1].steps[0])
+    assert app_hash(sim.state) == before
+    sim.state.accounts[STRANGER].balance += 1
+    assert app_hash(sim.state) != before
+
+
+def test_an_idle_block_rehashes_no_contribution_and_no_sealed_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = _history()
+    app_hash(sim.state)
+    calls: Counter[str] = Counter()
+    digest = chain_state._digest
+
+    def counting(kind: str, body: dict) -> str:
+        calls[kind] += 1
+        return digest(kind, body)
+
+    monkeypatch.setattr(chain_state, "_digest", counting)
+    h = sim.height + 1
+    ctx = BlockContext(height=h, time=float(h), prev_block_hash=sim.prev_hash)
+    begin_block(sim.state, ctx)
+    end_block(sim.state, ctx)
+    app_hash(sim.state)
+    assert calls == Counter({"run": 1, "outer_step": 1})  # the run and its live step's own fields
+    calls.clear()
+    msg = verdict_msg(assigned(sim, HOSTS[1])[0], HOSTS[1], step=1)
+    process_msg(sim.state, msg, TxContext(height=h, time=float(h), tx_hash=h32("tx"), signer=msg.creator))
+    app_hash(sim.state)
+    assert calls == Counter({"run": 1, "outer_step": 1, "contribution": 1})  # + the judged one
+    assert app_hash(sim.state) == app_hash(sim.state, cached=False)
