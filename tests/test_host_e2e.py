@@ -14,12 +14,14 @@ import httpx
 from tests.test_host_node import (
     SPEC,
     LockstepChain,
-    StandInVerifier,
     create_run,
     host_config,
     run_config,
     running,
+    then_stop,
     tiny_corpus,
+    verdicts,
+    verifier_node,
 )
 from trainer.data import eval_loss
 from trainer.globalmodel import GlobalStore
@@ -34,20 +36,19 @@ def test_three_honest_hosts_three_outer_steps_loss_falls(tmp_path: Path) -> None
     chain = LockstepChain()
     cfg = run_config(corpus, max_outer_steps=STEPS)
     run_id = create_run(chain, cfg)
-    verifiers = [StandInVerifier(chain, run_id, 20 + i, cfg, corpus) for i in range(2)]
-    for v in verifiers:
-        v.join()
+    verifiers = [verifier_node(tmp_path, 20 + i, run_id, corpus) for i in range(2)]
     logs: list[dict[str, Any]] = []
     hosts = [
         HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
         for i in range(1, 4)
     ]
     statuses: list[dict[str, Any]] = []
-    with running([h.run for h in hosts] + [v.run for v in verifiers], chain):
+    with running(
+        [lambda h=h: h.run(linger=True) for h in hosts] + [then_stop(v.run, hosts) for v in verifiers], chain
+    ):
         pass
     # every host verified by replay, all accepted, every step
-    verdicts = sorted((n, h, r) for v in verifiers for (n, h, r) in v.verdicts)
-    assert verdicts == sorted((n, h.address, 0) for n in range(STEPS) for h in hosts)
+    assert verdicts(chain, run_id, STEPS) == sorted((n, h.address, 0) for n in range(STEPS) for h in hosts)
     for n in range(STEPS):
         step = chain.query("outer_step", run_id=run_id, step=n)
         assert step["accepted"] == sorted(h.address for h in hosts)
@@ -74,8 +75,7 @@ def test_status_and_metrics_are_served_while_running(tmp_path: Path) -> None:
     chain = LockstepChain()
     cfg = run_config(corpus, max_outer_steps=1)
     run_id = create_run(chain, cfg)
-    verifier = StandInVerifier(chain, run_id, 9, cfg, corpus)
-    verifier.join()
+    verifier = verifier_node(tmp_path, 9, run_id, corpus)
     seen: dict[str, Any] = {}
 
     node: HostNode
@@ -87,7 +87,7 @@ def test_status_and_metrics_are_served_while_running(tmp_path: Path) -> None:
                 seen["metrics"] = http.get("/metrics").text
 
     node = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=log, poll_timeout=0.5)
-    with running([node.run, verifier.run], chain):
+    with running([lambda: node.run(linger=True), then_stop(verifier.run, [node])], chain):
         pass
     status = seen["status"]
     assert status["role"] == "host" and status["address"] == node.address and status["phase"] == "REVEALED"

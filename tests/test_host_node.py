@@ -2,8 +2,7 @@
 
 Also the shared harness of the host tests: `LockstepChain` produces a block only when every
 node thread is blocked on the chain, so phases advance exactly as fast as the nodes work (no
-wall-clock block timer, no sleeps), and `StandInVerifier`, a minimal verifier loop around the
-real checks of `verifier.verify` (fetch, proofs, start state, bitwise replay, Δ).
+wall-clock block timer, no sleeps); verifiers are the real `verifier.node.VerifierNode`.
 """
 
 from __future__ import annotations
@@ -24,13 +23,16 @@ from chain.inprocess import InProcessChain
 from protocol.codecs import delta_hash
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
 from protocol.keys import test_wallet
-from protocol.messages import EnvFingerprint, MsgCreateRun, MsgJoinRun, MsgSubmitVerdict, Role
-from trainer.blobs import BlobClient, BlobInvalid, BlobUnavailable, state_verifier, tensors_from_bytes
+from protocol.messages import MsgCreateRun
+from trainer.blobs import BlobClient, BlobUnavailable
 from trainer.data import Corpus, shakespeare_files
-from trainer.globalmodel import GlobalModel, GlobalModelError, GlobalStore, model_verifier
+from trainer.globalmodel import GlobalModel, GlobalModelError, GlobalStore
 from trainer.node import HostNode
 from trainer.node_config import ConfigError, HostConfig, KeySource, load_host_config
 from trainer.spec import build_model
+from verifier.behaviour import VerifierBehaviour
+from verifier.node import VerifierNode
+from verifier.node_config import VerifierConfig
 
 TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}
 SPEC = ModelSpec(factory="trainer.model:small_gpt", config=TINY)
@@ -150,10 +152,16 @@ def run_config(corpus: Corpus, **kw: Any) -> RunConfig:
     return RunConfig(**{**base, **kw})
 
 
+chain_of: dict[int, InProcessChain] = {}
+"""run id -> the chain of the test that created it (tests create one run per chain)."""
+
+
 def create_run(chain: InProcessChain, cfg: RunConfig) -> int:
     authority = test_wallet(0)
     chain.broadcast(authority, [MsgCreateRun(creator=str(authority.address()), config=cfg)])
-    return max(chain.state.runs)
+    run_id = max(chain.state.runs)
+    chain_of[run_id] = chain
+    return run_id
 
 
 def host_config(tmp: Path, index: int, run_id: int, **kw: Any) -> HostConfig:
@@ -167,125 +175,46 @@ def host_config(tmp: Path, index: int, run_id: int, **kw: Any) -> HostConfig:
     )
 
 
-class _Source:
-    """`verifier.verify.BlobSource` over the host's HTTP server."""
+def verifier_node(tmp: Path, index: int, run_id: int, corpus: Corpus) -> VerifierNode:
+    """The real verifier node (fetch, proofs, start state, bitwise replay, Δ), honest."""
+    cfg = VerifierConfig(
+        chain_url="http://in-process",
+        run_id=run_id,
+        data_dir=str(tmp / f"verifier-{index}"),
+        stake=1000,
+        key={"test_index": index},
+        max_concurrent=1,
+    )
+    return VerifierNode(
+        cfg,
+        chain_of[run_id],
+        behaviour=VerifierBehaviour(),
+        corpus=corpus,
+        log=lambda e: None,
+        poll_timeout=0.5,
+    )
 
-    def __init__(self, client: BlobClient, endpoint: str) -> None:
-        self.client, self.endpoint = client, endpoint
 
-    def _get(self, kind: str, h: str, verify: Callable[[bytes], None]) -> bytes:
-        from verifier.verify import MalformedBlob, MissingData
+def verdicts(chain: InProcessChain, run_id: int, steps: int) -> list[tuple[int, str, int]]:
+    """(outer step, host, reason) of every verdict on chain."""
+    out = []
+    for n in range(steps):
+        for v in chain.query("verdicts", run_id=run_id, step=n)["verdicts"]:
+            out.append((n, v["host"], v["reason"]))
+    return sorted(out)
 
+
+def then_stop(fn: Callable[[], None], nodes: list[Any]) -> Callable[[], None]:
+    """Run `fn` (a verifier), then stop `nodes` (hosts lingering so it can still fetch from them)."""
+
+    def go() -> None:
         try:
-            return self.client.get(kind, h, verify, endpoints=[self.endpoint])
-        except BlobUnavailable as e:
-            raise MissingData(str(e)) from e
-        except BlobInvalid as e:
-            raise MalformedBlob(str(e)) from e
+            fn()
+        finally:
+            for node in nodes:
+                node.stop()
 
-    def state(self, leaf_hash: str) -> dict[str, torch.Tensor]:
-        return tensors_from_bytes(self._get("state", leaf_hash, state_verifier(leaf_hash)))
-
-    def delta(self, h: str) -> bytes:
-        return self._get("delta", h, lambda _b: None)
-
-
-class StandInVerifier:
-    """A bonded verifier whose loop is minimal but whose checks are the real ones
-    (`verifier.verify.verify`: proofs, start = G_n + carried optimizer, bitwise replay, Δ)."""
-
-    def __init__(
-        self, chain: InProcessChain, run_id: int, index: int, cfg: RunConfig, corpus: Corpus
-    ) -> None:
-        self.chain, self.run_id, self.cfg, self.corpus = chain, run_id, cfg, corpus
-        self.wallet = test_wallet(index)
-        self.address = str(self.wallet.address())
-        self.verdicts: list[tuple[int, str, int]] = []
-        self.stop = threading.Event()
-        self.client = BlobClient([], timeout=10, retries=2, backoff=0.05)
-
-    def join(self) -> None:
-        msg = MsgJoinRun(
-            creator=self.address,
-            run_id=self.run_id,
-            role=Role.VERIFIER,
-            endpoint="http://127.0.0.1:9",
-            stake=1000,
-        )
-        self.chain.broadcast(self.wallet, [msg])
-
-    def run(self) -> None:
-        h = self.chain.height()
-        while not self.stop.is_set():
-            run = self.chain.run(self.run_id)
-            if run["status"] != "active":
-                return
-            self._judge(run["current_step"])
-            try:
-                h = self.chain.wait_for_block(h, timeout=0.5).height
-            except ChainTimeout:
-                h = self.chain.height()
-
-    def _judge(self, n: int) -> None:
-        from trainer.spec import build
-        from verifier.verify import Job, OpeningData, ReplayContext, verify
-
-        todo = self.chain.query("assignments", run_id=self.run_id, verifier=self.address, step=n)["hosts"]
-        reveals = {r["host"]: r for r in self.chain.query("reveals", run_id=self.run_id, step=n)["reveals"]}
-        challenges = self.chain.query("challenges", run_id=self.run_id, step=n)["challenges"]
-        info = self.chain.query("outer_step", run_id=self.run_id, step=n)
-        for host in todo:
-            if host not in reveals:
-                continue
-            c = self.chain.query("commitment", run_id=self.run_id, host=host, step=n)
-            sampled = next(x["segments"] for x in challenges if x["host"] == host)
-            job = Job(
-                run_id=self.run_id,
-                outer_step=n,
-                host=host,
-                cfg=self.cfg,
-                trajectory_root=c["trajectory_root"],
-                leaf_count=c["leaf_count"],
-                delta_hash=c["delta_hash"],
-                final_optimizer_hash=c["final_optimizer_hash"],
-                tokens=c["tokens"],
-                env=EnvFingerprint(**c["env"]),
-                sampled=tuple(sampled),
-                openings=tuple(
-                    OpeningData(o["segment"], o["start_leaf"], o["end_leaf"])
-                    for o in reveals[host]["openings"]
-                ),
-                prev_optimizer_hash=self.chain.query("prev_optimizer_hash", run_id=self.run_id, host=host),
-            )
-            endpoint = reveals[host]["endpoint"]
-            base = info["base_model_hash"]
-            gm = GlobalModel.from_tensors(
-                tensors_from_bytes(
-                    self.client.get("model", base, model_verifier(base), endpoints=[endpoint])
-                ),
-                base,
-            )
-            built = build(self.cfg.model)
-            out = verify(
-                job,
-                _Source(self.client, endpoint),
-                ReplayContext(built.module, built.loss_fn, self.corpus, gm.params),
-            )
-            self.chain.broadcast(
-                self.wallet,
-                [
-                    MsgSubmitVerdict(
-                        creator=self.address,
-                        run_id=self.run_id,
-                        outer_step=n,
-                        host=host,
-                        reason=out.reason,
-                        evidence_hash=out.evidence_hash,
-                        detail=out.detail,
-                    )
-                ],
-            )
-            self.verdicts.append((n, host, int(out.reason)))
+    return go
 
 
 @contextmanager
@@ -417,11 +346,10 @@ def test_honest_host_joins_commits_reveals_and_applies_its_accepted_delta(tmp_pa
     chain = LockstepChain()
     cfg = run_config(corpus, max_outer_steps=1)
     run_id = create_run(chain, cfg)
-    verifier = StandInVerifier(chain, run_id, 9, cfg, corpus)
-    verifier.join()
+    verifier = verifier_node(tmp_path, 9, run_id, corpus)
     logs: list[dict[str, Any]] = []
     node = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
-    with running([node.run, verifier.run], chain):
+    with running([lambda: node.run(linger=True), then_stop(verifier.run, [node])], chain):
         pass
     events = [e["event"] for e in logs]
     for expected in (
@@ -434,7 +362,7 @@ def test_honest_host_joins_commits_reveals_and_applies_its_accepted_delta(tmp_pa
         "outer_step_applied",
     ):
         assert expected in events, (expected, events)
-    assert verifier.verdicts == [(0, node.address, 0)]
+    assert verdicts(chain, run_id, 1) == [(0, node.address, 0)]
     step = chain.query("outer_step", run_id=run_id, step=0)
     assert step["accepted"] == [node.address] and step["phase"] == "DONE"
     c = chain.query("commitment", run_id=run_id, host=node.address, step=0)

@@ -13,12 +13,13 @@ from typing import Any
 
 from tests.test_host_node import (
     LockstepChain,
-    StandInVerifier,
     create_run,
     host_config,
     run_config,
     running,
+    then_stop,
     tiny_corpus,
+    verifier_node,
 )
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution
@@ -57,8 +58,7 @@ def _setup(tmp_path: Path, steps: int, n_hosts: int) -> tuple[LockstepChain, Any
     chain = LockstepChain()
     cfg = run_config(corpus, max_outer_steps=steps)
     run_id = create_run(chain, cfg)
-    verifier = StandInVerifier(chain, run_id, 9, cfg, corpus)
-    verifier.join()
+    verifier = verifier_node(tmp_path, 9, run_id, corpus)
     return chain, corpus, run_id, [verifier], cfg
 
 
@@ -72,7 +72,8 @@ def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_glob
     first._log = sink
     logs: list[dict[str, Any]] = []
     chain.hold()  # nobody moves until the first host has started too
-    with running([other.run, verifiers[0].run], chain):
+    lingering = [other]
+    with running([lambda: other.run(linger=True), then_stop(verifiers[0].run, lingering)], chain):
         with running([first.run], chain):
             chain.release()  # returns once the crashed node's thread has stopped; the chain is held
         assert [e["event"] for e in sink.logs][-1] == "stopped"
@@ -81,7 +82,8 @@ def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_glob
             host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5
         )
         assert second.server.port == first.server.port  # same endpoint as on chain
-        with running([second.run], chain):
+        lingering.append(second)
+        with running([lambda: second.run(linger=True)], chain):
             chain.release()
     events = [(e["event"], e.get("outer_step")) for e in logs]
     assert ("resumed", 1) in events and ("trained", 1) not in events
@@ -155,7 +157,8 @@ def test_missed_reveal_deadline_sits_out_then_rejoins_next_step(tmp_path: Path) 
     first._log = _crash_on(first, chain, "committed", step=0)
     logs: list[dict[str, Any]] = []
     chain.hold()
-    with running([other.run, verifiers[0].run], chain):
+    lingering = [other]
+    with running([lambda: other.run(linger=True), then_stop(verifiers[0].run, lingering)], chain):
         with running([first.run], chain):
             chain.release()
         deadline = chain.query("outer_step", run_id=run_id, step=0)["reveal_deadline"]

@@ -68,6 +68,7 @@ def run(
     max_outer_steps: int = typer.Option(
         0, min=0, help="Stop after this many outer steps (0: run to the end)."
     ),
+    linger: bool = typer.Option(False, help="After the run ends, keep serving blobs until stopped."),
 ) -> None:
     """Join the run, then train, commit, reveal and aggregate every outer step."""
     from chain.client import ChainClientError, HttpChainClient
@@ -92,9 +93,9 @@ def run(
     try:
         if progress is not None:
             with progress.live:
-                node.run(max_outer_steps or None)
+                node.run(max_outer_steps or None, linger=linger)
         else:
-            node.run(max_outer_steps or None)
+            node.run(max_outer_steps or None, linger=linger)
     except (NodeError, ChainClientError) as e:
         node.log("fatal", error=f"{type(e).__name__}: {e}")
         raise typer.Exit(1) from None

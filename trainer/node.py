@@ -344,7 +344,9 @@ class HostNode:
 
     # ---------------------------------------------------------------- the loop
 
-    def run(self, max_outer_steps: int | None = None) -> None:
+    def run(self, max_outer_steps: int | None = None, *, linger: bool = False) -> None:
+        """With `linger`, keep serving (the final G, the last Δs) after the run ends, until `stop()`:
+        late peers and verifiers still fetch from us, and we keep following blocks meanwhile."""
         self.server.start()
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
         done = 0
@@ -359,6 +361,9 @@ class HostNode:
                 self.outer_step(run["current_step"])
                 done += 1
             self._set(phase="DONE")
+            if linger:
+                self.log("lingering", url=self.url)
+                self._wait_height(sys.maxsize)
         except Stopped:
             self.log("stopped")
         finally:
