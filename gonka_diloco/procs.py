@@ -106,15 +106,16 @@ class NodeProcess:
 
     def wait_listening(self, timeout: float) -> str:
         """Block until the node announced its URL; a clear error if it died or stayed silent."""
-        if not self._listening.wait(timeout) or self.url is None:
-            code = self.proc.poll() if self.proc else None
-            why = (
-                f"exited with code {code}"
-                if code is not None
-                else f"printed no listening line in {timeout:.0f}s"
-            )
-            raise NodeStartError(f"{self.name} {why}; see {self.log_path}")
-        return self.url
+        if self._listening.wait(timeout) and self.url is not None:
+            return self.url
+        code = None
+        if self.proc is not None:
+            try:  # stdout closed: the exit status follows at once
+                code = self.proc.wait(timeout=5) if self._listening.is_set() else self.proc.poll()
+            except subprocess.TimeoutExpired:
+                code = None
+        why = f"exited with code {code}" if code is not None else f"was silent for {timeout:.0f}s"
+        raise NodeStartError(f"{self.name} {why}; see {self.log_path}")
 
     @property
     def alive(self) -> bool:

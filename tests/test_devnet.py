@@ -16,15 +16,15 @@ import pytest
 
 from gonka_diloco.procs import NodeProcess, NodeStartError, Supervisor
 
-# A node stand-in: spawns a grandchild (as uvicorn or torchrun would), announces itself, waits.
+# A node stand-in: spawns a grandchild (as uvicorn or torchrun would), logs, announces itself, waits.
 NODE = textwrap.dedent(
     """
     import json, subprocess, sys, time
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     print("not json: warming up", flush=True)
+    print(json.dumps({"event": "commit", "outer_step": 0}), flush=True)
     line = {"event": "listening", "url": "http://127.0.0.1:5", "grandchild": child.pid}
     print(json.dumps(line), flush=True)
-    print(json.dumps({"event": "commit", "outer_step": 0}), flush=True)
     mode = sys.argv[1] if len(sys.argv) > 1 else "wait"
     if mode == "exit":
         sys.exit(7)
@@ -198,7 +198,7 @@ def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
 
     cfg = DevnetConfig(model_size="tiny", seed=5, block_interval=0.5, outer_steps=3)
     rc = run_config(cfg)
-    assert rc.phases.train_blocks == cfg.blocks(cfg.phases.train) == 20
+    assert rc.phases.train_blocks == cfg.blocks(cfg.phases.train) == 16  # 8 s of 0.5 s blocks
     assert rc.max_outer_steps == 3 and rc.model.config["seed"] == 5
     assert rc.initial_model_hash == GlobalModel.from_module(build_model(rc.model)).hash
     assert rc.dataset_manifest_hash == shakespeare_manifest()[1].manifest_hash()
