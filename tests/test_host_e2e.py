@@ -24,7 +24,7 @@ from tests.test_host_node import (
     verifier_node,
 )
 from trainer.data import eval_loss
-from trainer.globalmodel import GlobalStore
+from trainer.globalmodel import GlobalModel, GlobalStore
 from trainer.node import VAL_BATCHES, HostNode
 from trainer.spec import build_model
 
@@ -96,3 +96,46 @@ def test_status_and_metrics_are_served_while_running(tmp_path: Path) -> None:
     assert "gonka_host_inner_steps_total 10.0" in metrics
     assert 'gonka_host_phase{gonka_host_phase="REVEALED"} 1.0' in metrics
     assert "gonka_host_commits_total 1.0" in metrics
+
+
+def test_rejected_delta_never_reaches_the_global_model(tmp_path: Path) -> None:
+    """Two honest hosts and a sign-flipping one: G_1 is exactly the outer step over the two
+    accepted Δs (recomputed here from their committed payloads), not over all three."""
+    from gonka_diloco.adversaries import resolve_host
+    from protocol.codecs import decode
+
+    corpus = tiny_corpus()
+    chain = LockstepChain()
+    cfg = run_config(corpus, max_outer_steps=1)
+    run_id = create_run(chain, cfg)
+    verifier = verifier_node(tmp_path, 9, run_id, corpus)
+    honest = [
+        HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus, log=lambda e: None, poll_timeout=0.5)
+        for i in (1, 2)
+    ]
+    cheat = HostNode(
+        host_config(tmp_path, 3, run_id),
+        chain,
+        corpus=corpus,
+        behaviour=resolve_host("sign_flip"),
+        log=lambda e: None,
+        poll_timeout=0.5,
+    )
+    hosts = [*honest, cheat]
+    with running([lambda h=h: h.run(linger=True) for h in hosts] + [then_stop(verifier.run, hosts)], chain):
+        pass
+    step = chain.query("outer_step", run_id=run_id, step=0)
+    assert step["outcomes"][cheat.address] == "rejected"
+    assert step["accepted"] == sorted(h.address for h in honest)
+    g0 = GlobalModel.from_module(build_model(SPEC))
+
+    def delta_of(node: HostNode) -> tuple[str, int, dict]:
+        payload = (node.dir / "commits" / "0.payload").read_bytes()
+        return node.address, cfg.tokens_per_outer_step, decode(payload, g0.layout)
+
+    only_accepted = g0.apply([delta_of(h) for h in honest], cfg.outer)
+    with_cheat = g0.apply([delta_of(h) for h in hosts], cfg.outer)
+    assert step["result_hash"] == only_accepted.hash != with_cheat.hash
+    for node in hosts:  # the cheat computes the same G_1 too: it follows the chain like anyone
+        assert GlobalStore(node.dir / "global").load(only_accepted.hash).hash == only_accepted.hash
+    assert cheat.snapshot()["rejected"] == 1
