@@ -25,7 +25,7 @@ from torch import nn
 
 from chain.client import ChainClient, ChainTimeout, TxFailed
 from protocol.codecs import CodecError, decode, delta_hash, from_blob, to_blob
-from protocol.config import RunConfig
+from protocol.config import Codec, RunConfig
 from protocol.messages import EnvFingerprint, MsgJoinRun, MsgRevealContribution, MsgSubmitOuterResult, Role
 from protocol.tensors import StateKind
 from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
@@ -97,13 +97,13 @@ class Record:
             delta={},
             payload=payload,
             delta_hash=self.delta_hash,
-            codec=self.codec,
+            codec=Codec(self.codec),
             final_optimizer_hash=self.final_optimizer_hash,
             tokens=self.tokens,
             env=EnvFingerprint(**self.env),
             mean_loss=self.mean_loss,
             losses=[],
-        )  # type: ignore[arg-type]
+        )
 
 
 def _json_line(event: dict[str, Any]) -> None:
@@ -335,7 +335,10 @@ class HostNode:
             endpoint=self.url,
             stake=self.config.stake,
         )
-        self._broadcast([msg])
+        try:
+            self._broadcast([msg])
+        except TxFailed as e:
+            raise NodeError(f"cannot join run {self.config.run_id}: {e.log}") from e
         self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
 
     def _peers(self) -> list[str]:
@@ -358,7 +361,13 @@ class HostNode:
                 if run["status"] != "active":
                     self.log("run_finished", outer_step=run["current_step"])
                     break
-                self.outer_step(run["current_step"])
+                try:
+                    self.outer_step(run["current_step"])
+                except (BlobError, ValueError, OSError) as e:  # peers down, a bad G on offer, disk trouble
+                    self.log(
+                        "outer_step_failed", outer_step=run["current_step"], error=f"{type(e).__name__}: {e}"
+                    )
+                    self._wait_step(run["current_step"], lambda i: i["phase"] == DONE)
                 done += 1
             self._set(phase="DONE")
             if linger:
@@ -540,8 +549,11 @@ class HostNode:
             self._count("accepted" if ok else "rejected")
             (self.metrics.accepted if ok else self.metrics.rejected).inc()
             self.log("outcome", outer_step=n, outcome=info["outcomes"].get(self.address))
-        gm = self._global(acc["base_model_hash"])
-        new = self._apply(gm, accepted, mine)
+        try:
+            new = self._apply(self._global(acc["base_model_hash"]), accepted, mine)
+        except (BlobError, ValueError, OSError) as e:  # G_n itself unavailable: take the chain's G_{n+1}
+            self.log("outer_step_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
+            new = None
         voted = self.address in info["result_votes"]
         if new is not None:
             self._adopt(n, new)
@@ -594,8 +606,15 @@ class HostNode:
             return payload
 
         endpoints = [e for e in [a["endpoint"], *self._peers()] if e and e != self.url]
-        blob = self.blobs.get("delta", a["delta_hash"], payload_of, endpoints=endpoints, max_bytes=2 * limit)
-        return payload_of(blob)
+        got: list[bytes] = []
+        self.blobs.get(
+            "delta",
+            a["delta_hash"],
+            lambda b: got.append(payload_of(b)),
+            endpoints=endpoints,
+            max_bytes=2 * limit,
+        )
+        return got[-1]
 
     def _adopt(self, n: int, gm: GlobalModel) -> None:
         self.globals.save(gm)
