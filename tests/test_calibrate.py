@@ -44,6 +44,7 @@ def test_proposal_takes_the_largest_k_whose_attacks_clear_factor_times_noise() -
 def test_same_environment_in_two_processes_has_zero_noise() -> None:
     p = calibrate(tiny_config(), CORPUS, ks=(2, 4), threads=(1, 1), trials=1, warmup=2)
     assert [r.noise for r in p.rows] == [0.0, 0.0]  # bitwise across processes: the protocol's footing
+    assert [r.noisy for r in p.rows] == [0.0, 0.0]
     assert all(r.skip > 1e-3 and r.swap > 1e-3 for r in p.rows) and p.k == 4
 
 

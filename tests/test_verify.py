@@ -171,8 +171,10 @@ def test_environment_checks(world: World) -> None:
     check_verifier_env(job, env_fingerprint(1))
     with pytest.raises(CannotVerify):
         check_verifier_env(job, two)
-    tol = dataclasses.replace(job, cfg=world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE}))
-    check_verifier_env(tol, two)  # tolerance mode exists for exactly this case
+    tol_cfg = world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": 1e-3})
+    tol = dataclasses.replace(job, cfg=tol_cfg, env=two)
+    check_verifier_env(tol, env_fingerprint(1))  # tolerance mode exists for exactly this case
+    assert verify(tol, honest.source(), world.lab.replay_context(world.g1)).reason is Reason.ACCEPT
 
 
 def test_tolerance_mode_accepts_honest_and_rejects_lazy_with_distance(world: World) -> None:

@@ -56,7 +56,7 @@ def calibrate(
     size: Annotated[str, typer.Option(help="Model: 'tiny' or 'small' (the default small GPT).")] = "small",
     ks: Annotated[str, typer.Option(help="Segment lengths k, comma-separated.")] = "1,2,5,10,20,50",
     threads: Annotated[str, typer.Option(help="Verifier,host thread counts.")] = "1,2",
-    trials: Annotated[int, typer.Option(min=1, help="Start states per k (max noise, min signal).")] = 2,
+    trials: Annotated[int, typer.Option(min=1, help="Start states per k (max noise, min signal).")] = 8,
     factor: Annotated[float, typer.Option(min=1.0, help="Threshold = factor × honest noise.")] = 8.0,
     out: Annotated[Path, typer.Option(help="Where to write the JSON result.")] = Path("calibration.json"),
 ) -> None:

@@ -198,8 +198,9 @@ class LazyHost(HostAdversary):
             if j in fake:  # θ_{j+1} = θ_j + (θ_j − θ_{j−1}): the last real progress, repeated
                 nxt = _advance_step(cur, k)
                 for name, t in cur.items():
-                    if name != "step":
-                        nxt[name] = t + (t - prev[name])
+                    if name != "step":  # second moments stay non-negative, or AdamW's sqrt gives NaN
+                        x = t + (t - prev[name])
+                        nxt[name] = x.clamp_min(0) if name.startswith("exp_avg_sq/") else x
                 load_training_state(ctx.model, ctx.optimizer, nxt)
             else:
                 losses += train_segment(

@@ -1,0 +1,366 @@
+"""Detection benchmark: does replay catch each host adversary, how often does it wrong an honest
+host, and what does a verifier pay for it?
+
+Four tables (all with the real committed loop, store, codec and `verifier.verify`, no chain):
+
+1. per host adversary, the detection rate over seeded trials at the run defaults (H, k, s);
+2. a lazy host faking half of its non-final segments: measured detection per outer step for
+   several s, next to the exact prediction 1 − C(n−1−m, s−1)/C(n−1, s−1) (it never fakes the
+   always-opened last segment) and the naive 1 − (1 − f)^s, with the replay cost of each s;
+3. honest false rejections: bitwise (same environment) and tolerance mode with the host in a
+   2-thread process and the verifier at 1 thread, threshold from `verifier.calibrate`;
+4. verification cost as a fraction of the host's inner loop on the default small GPT.
+
+    .venv/bin/python -m bench.detection [--quick]
+
+Prints the tables and writes bench/results/detection.json. A measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gonka_diloco.adversaries import resolve_host
+from gonka_diloco.adversaries.hosts import MALFORMED_KINDS, LazyHost
+from gonka_diloco.adversaries.lab import (
+    HostRun,
+    Lab,
+    carried_optimizer,
+    next_global,
+    synthetic_corpus,
+    tiny_config,
+)
+from protocol import codecs
+from protocol.config import ModelSpec, ReplayMode, RunConfig
+from protocol.messages import EnvFingerprint, Reason
+from trainer.behaviour import HostBehaviour
+from trainer.commit import Contribution
+from trainer.globalmodel import GlobalModel
+from trainer.step import configure_determinism
+from trainer.store import StateStore
+from verifier.calibrate import calibrate
+from verifier.verify import verify
+
+A = "gonka1" + "a" * 38
+B = "gonka1" + "b" * 38
+CORPUS = "synthetic:40000:0"
+RESULTS = Path(__file__).parent / "results" / "detection.json"
+
+
+def seed_hex(*parts: object) -> str:
+    return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()
+
+
+def host_addr(i: int) -> str:
+    return f"gonka1host{i:04d}"  # only the PRF sees it: any distinct string is a distinct host
+
+
+# ---------------------------------------------------------------- 1. every adversary
+
+
+ADVERSARIES: list[tuple[str, dict[str, Any]]] = [
+    ("noise", {}), ("zero", {}), ("scaled", {}), ("sign_flip", {}), ("lazy", {"fraction": 0.5}),
+    ("wrong_data", {}), ("stale", {}), ("copycat", {}), ("bad_tokens", {}),
+    ("no_reveal", {"mode": "chain"}), ("no_reveal", {"mode": "serve"}),
+    *[("malformed", {"kind": k}) for k in MALFORMED_KINDS],
+]  # fmt: skip
+SEEDED = {"noise", "lazy"}  # their contribution depends on a seed: retrained per trial
+
+
+def adversary_table(cfg: RunConfig, trials: int, root: Path) -> list[dict[str, Any]]:
+    lab = Lab(cfg, synthetic_corpus(), root)
+    g0 = GlobalModel.from_module(lab.build()[0])
+    stale = resolve_host("stale")
+    step0 = {A: lab.train(stale, A, 0, g0), B: lab.train(HostBehaviour(), B, 0, g0)}
+    g1 = next_global(g0, list(step0.values()), cfg)
+    carried, prev = carried_optimizer(step0[A])
+    peers = {"peer_payloads": {B: step0[B].contribution.payload}}
+
+    def train(behaviour: HostBehaviour) -> HostRun:
+        return lab.train(behaviour, A, 1, g1, carried, prev, extra=peers)
+
+    rows = []
+    for name, params in [("honest", {}), *ADVERSARIES]:
+        label = name + "".join(f" {k}={v}" for k, v in params.items())
+        fixed: HostRun | None = None
+        reasons: dict[str, int] = {}
+        t0 = time.perf_counter()
+        for t in range(trials):
+            if name == "stale":
+                behaviour: HostBehaviour = stale
+            elif name in SEEDED:
+                behaviour = resolve_host(name, {**params, "seed": t})
+            else:
+                behaviour = resolve_host(name, params)
+            if fixed is None or name in SEEDED:
+                run = train(behaviour)
+                fixed = None if name in SEEDED else run
+            else:
+                run = fixed
+            revealed = not (name == "no_reveal" and params.get("mode") == "chain")
+            job = lab.job(run, 1, seed_hex("trial", t), revealed=revealed, with_proofs=True)
+            out = verify(job, run.source(), lab.replay_context(g1))
+            reasons[out.reason.name] = reasons.get(out.reason.name, 0) + 1
+        expected = getattr(behaviour, "expected", ("ACCEPT",))
+        caught = sum(n for r, n in reasons.items() if r != "ACCEPT")
+        right = sum(n for r, n in reasons.items() if r in expected)
+        rows.append({
+            "behaviour": label, "trials": trials, "rejected": caught / trials, "right_reason": right / trials,
+            "expected": list(expected), "reasons": reasons, "seconds": round(time.perf_counter() - t0, 2),
+        })  # fmt: skip
+    rows.append({"behaviour": "equivocation", "trials": 0, "rejected": None, "right_reason": None,
+                 "expected": ["chain: EQUIVOCATED"], "reasons": {}, "seconds": 0.0})  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------- 2. lazy host vs s
+
+
+def hypergeometric_escape(n: int, m: int, s: int) -> float:
+    """P(no faked segment among the s − 1 random ones), m faked of the n − 1 non-final segments."""
+    return math.comb(n - 1 - m, s - 1) / math.comb(n - 1, s - 1)
+
+
+def lazy_sweep(cfg: RunConfig, ss: list[int], seeds: int, challenges: int, root: Path) -> list[dict]:
+    lab = Lab(cfg, synthetic_corpus(), root)
+    g0 = GlobalModel.from_module(lab.build()[0])
+    t0 = time.perf_counter()
+    honest = lab.train(HostBehaviour(), A, 0, g0)
+    host_seconds = time.perf_counter() - t0
+    runs = [lab.train(LazyHost(0.5, seed=i), A, 0, g0) for i in range(seeds)]
+    n = cfg.n_segments
+    m = len(LazyHost(0.5).faked(cfg, A, 0))
+    rows = []
+    for s in ss:
+        sub = dataclasses.replace(lab, cfg=cfg.model_copy(update={"sampled_segments": s}))
+        caught = total = 0
+        for i, run in enumerate(runs):
+            for c in range(challenges):
+                out = verify(sub.job(run, 0, seed_hex("lazy", s, i, c)), run.source(), sub.replay_context(g0))
+                caught += out.reason is not Reason.ACCEPT
+                total += 1
+        t1 = time.perf_counter()
+        ok = verify(sub.job(honest, 0, seed_hex("cost", s)), honest.source(), sub.replay_context(g0))
+        verify_seconds = time.perf_counter() - t1
+        assert ok.accept, ok.detail
+        rows.append({
+            "H": cfg.inner_steps, "k": cfg.segment_len, "n_segments": n, "faked": m, "s": s, "trials": total,
+            "detected": caught / total, "predicted_exact": 1 - hypergeometric_escape(n, m, s),
+            "predicted_naive": 1 - 0.5**s, "replayed_steps_fraction": s * cfg.segment_len / cfg.inner_steps,
+            "cost_fraction": verify_seconds / host_seconds,
+        })  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------- 3. false rejections
+
+
+def honest_bitwise(cfg: RunConfig, trials: int, root: Path) -> dict[str, Any]:
+    lab = Lab(cfg, synthetic_corpus(), root)
+    g0 = GlobalModel.from_module(lab.build()[0])
+    rejected = 0
+    for t in range(trials):
+        run = lab.train(HostBehaviour(), host_addr(t), 0, g0)
+        out = verify(lab.job(run, 0, seed_hex("honest", t)), run.source(), lab.replay_context(g0))
+        rejected += not out.accept
+    return {"mode": "bitwise (1 vs 1 thread)", "trials": trials, "false_rejections": rejected / trials}
+
+
+def host_worker(job: dict[str, Any]) -> None:
+    """In a separate process with `threads` threads: train honest and lazy hosts, dump them."""
+    configure_determinism(job["threads"])
+    cfg = RunConfig.model_validate(job["cfg"])
+    root = Path(job["root"])
+    lab = Lab(cfg, synthetic_corpus(), root)
+    g0 = GlobalModel.from_module(lab.build()[0])
+    out = []
+    for t in range(job["trials"]):
+        for kind, behaviour in (("honest", HostBehaviour()), ("lazy", LazyHost(0.5, seed=t))):
+            run = lab.train(behaviour, host_addr(t), 0, g0)
+            c = run.contribution
+            (root / f"{kind}-{t}.payload").write_bytes(c.payload)
+            out.append({"kind": kind, "t": t, "host": run.address, "store": str(run.store.root),
+                        "leaves": c.leaves, "root": c.trajectory_root, "delta_hash": c.delta_hash,
+                        "final_optimizer_hash": c.final_optimizer_hash, "tokens": c.tokens,
+                        "env": c.env.model_dump(), "base": c.base_model_hash})  # fmt: skip
+    (root / "runs.json").write_text(json.dumps(out))
+
+
+def _load_run(lab: Lab, r: dict[str, Any], root: Path) -> HostRun:
+    payload = (root / f"{r['kind']}-{r['t']}.payload").read_bytes()
+    c = Contribution(
+        outer_step=0, base_model_hash=r["base"], leaves=r["leaves"], trajectory_root=r["root"], delta={},
+        payload=payload, delta_hash=r["delta_hash"], codec=lab.cfg.codec,
+        final_optimizer_hash=r["final_optimizer_hash"], tokens=r["tokens"], env=EnvFingerprint(**r["env"]),
+        mean_loss=0.0, losses=[],
+    )  # fmt: skip
+    store = StateStore(r["store"])
+    blobs = {c.delta_hash: codecs.to_blob(payload)}
+    return HostRun(r["host"], HostBehaviour(), c, store, blobs, None, store.get(c.leaves[-1]))
+
+
+def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Path) -> dict[str, Any]:
+    k = cfg.segment_len
+    proposal = calibrate(cfg, CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5)
+    tau = proposal.rows[0].threshold
+    tcfg = cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": tau})
+    job = {"cfg": tcfg.model_dump(mode="json"), "root": str(root), "trials": trials, "threads": 2}
+    (root / "job.json").write_text(json.dumps(job))
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-m", "bench.detection", "--host-worker", str(root / "job.json")],
+                          capture_output=True, text=True, env=env, check=False)  # fmt: skip
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-2000:])
+    lab = Lab(tcfg, synthetic_corpus(), root)
+    g0 = GlobalModel.from_module(lab.build()[0])
+    counts = {"honest": [0, 0], "lazy": [0, 0]}
+    dists: list[float] = []
+    for r in json.loads((root / "runs.json").read_text()):
+        run = _load_run(lab, r, root)
+        if r["kind"] == "lazy":  # open a faked segment: does tolerance mode still see it?
+            segs = [min(LazyHost(0.5, seed=r["t"]).faked(tcfg, run.address, 0)), tcfg.n_segments - 1]
+        else:
+            segs = None
+        job = lab.job(run, 0, seed_hex("tol", r["t"]), sampled=segs)
+        out = verify(job, run.source(), lab.replay_context(g0))
+        counts[r["kind"]][0] += not out.accept
+        counts[r["kind"]][1] += 1
+        if r["kind"] == "lazy" and "distance" in out.detail:
+            dists.append(float(out.detail.rsplit("distance ", 1)[1]))
+    return {
+        "mode": "tolerance (host 2 threads, verifier 1)", "k": k, "threshold": tau,
+        "calibrated_noise": proposal.rows[0].noise, "calibration_trials": calib_trials,
+        "calibration_share_differing": proposal.rows[0].noisy, "trials": counts["honest"][1],
+        "false_rejections": counts["honest"][0] / counts["honest"][1],
+        "lazy_detected_when_faked_segment_opened": counts["lazy"][0] / counts["lazy"][1],
+        "lazy_min_distance": min(dists) if dists else None,
+    }
+
+
+# ---------------------------------------------------------------- 4. cost on the default model
+
+
+def cost_row(cfg: RunConfig, root: Path, repeats: int = 3) -> dict[str, Any]:
+    lab = Lab(cfg, synthetic_corpus(), root)
+    g0 = GlobalModel.from_module(lab.build()[0])
+    t0 = time.perf_counter()
+    run = lab.train(HostBehaviour(), A, 0, g0)
+    host_seconds = time.perf_counter() - t0
+    ctx = lab.replay_context(g0)
+    best = math.inf
+    replay = 0.0
+    for i in range(repeats):
+        t1 = time.perf_counter()
+        out = verify(lab.job(run, 0, seed_hex("cost", i)), run.source(), ctx)
+        if time.perf_counter() - t1 < best:
+            best, replay = time.perf_counter() - t1, out.replay_seconds
+        assert out.accept, out.detail
+    return {
+        "model": cfg.model.config or "small_gpt defaults", "H": cfg.inner_steps, "k": cfg.segment_len,
+        "s": cfg.sampled_segments, "host_seconds": round(host_seconds, 3), "verify_seconds": round(best, 3),
+        "replay_seconds": round(replay, 3), "cost_fraction": best / host_seconds,
+        "replayed_steps_fraction": cfg.sampled_segments * cfg.segment_len / cfg.inner_steps,
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------- main
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def report(result: dict[str, Any]) -> None:
+    def table(title: str, head: list[str], rows: list[list[Any]]) -> None:
+        widths = [max(len(str(c)) for c in col) for col in zip(head, *rows, strict=True)]
+        print(f"\n{title}")
+        for row in [head, *rows]:
+            pairs = enumerate(zip(row, widths, strict=True))
+            print("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in pairs))
+
+    d = result["detection_config"]
+    table(
+        f"1. detection per outer step: tiny GPT, H={d['H']} k={d['k']} s={d['s']} v=1, seeded trials",
+        ["behaviour", "trials", "rejected", "right reason", "reasons seen"],
+        [[r["behaviour"], r["trials"], pct(r["rejected"]), pct(r["right_reason"]),
+          r["reasons"] or r["expected"]] for r in result["adversaries"]],
+    )  # fmt: skip
+    table(
+        "2. lazy host faking half of its non-final segments: detection per outer step vs s (tiny GPT)",
+        ["H", "k", "s", "trials", "detected", "exact pred.", "1-(1-f)^s", "replayed steps", "cost"],
+        [[r["H"], r["k"], r["s"], r["trials"], pct(r["detected"]), pct(r["predicted_exact"]),
+          pct(r["predicted_naive"]), pct(r["replayed_steps_fraction"]), pct(r["cost_fraction"])]
+         for r in result["lazy_sweep"]],
+    )  # fmt: skip
+    table(
+        "3. honest false rejections (and tolerance mode's view of a faked segment)",
+        ["mode", "trials", "false rejections", "threshold", "noise", "lazy caught", "lazy min dist"],
+        [[r["mode"], r["trials"], pct(r["false_rejections"]), f"{r.get('threshold', 0):.2e}",
+          f"{r.get('calibrated_noise', 0):.2e}", pct(r.get("lazy_detected_when_faked_segment_opened")),
+          f"{r.get('lazy_min_distance') or 0:.2e}"] for r in result["honest"]],
+    )  # fmt: skip
+    table(
+        "4. one verifier's cost vs the host's inner loop on the default small GPT",
+        ["H", "k", "s", "host s", "verify s", "replay s", "cost", "s*k/H"],
+        [[r["H"], r["k"], r["s"], r["host_seconds"], r["verify_seconds"], r["replay_seconds"],
+          pct(r["cost_fraction"]), pct(r["replayed_steps_fraction"])] for r in result["cost"]],
+    )  # fmt: skip
+
+
+def main(quick: bool) -> dict[str, Any]:
+    configure_determinism(1)
+    trials = 20
+    defaults = RunConfig.model_fields
+    h, k, s = (defaults[f].default for f in ("inner_steps", "segment_len", "sampled_segments"))
+    det_cfg = tiny_config(inner_steps=20 if quick else h, segment_len=k, sampled_segments=s)
+    sweep_cfg = tiny_config(inner_steps=100 if quick else 500, segment_len=5, sampled_segments=2)
+    small = ModelSpec(factory="trainer.model:small_gpt")
+    cost_cfgs = [
+        tiny_config(model=small, batch_size=8, seq_len=64, inner_steps=h, segment_len=k, sampled_segments=s)
+    ]
+    if not quick:
+        cost_cfgs.append(cost_cfgs[0].model_copy(update={"inner_steps": 500, "sampled_segments": 8}))
+    result: dict[str, Any] = {"quick": quick, "torch": torch.__version__, "machine": platform.machine(),
+                              "detection_config": {"H": det_cfg.inner_steps, "k": k, "s": s}}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        result["adversaries"] = adversary_table(det_cfg, trials, root / "adv")
+        seeds, challenges = (10, 4) if quick else (20, 10)
+        result["lazy_sweep"] = lazy_sweep(sweep_cfg, [2, 4, 6, 8], seeds, challenges, root / "sweep")
+        result["honest"] = [honest_bitwise(det_cfg, trials, root / "honest")]
+        (root / "tol").mkdir()
+        result["honest"].append(tolerance_cross_env(det_cfg, trials, 12 if quick else 24, root / "tol"))
+        result["cost"] = [cost_row(c, root / f"cost{i}") for i, c in enumerate(cost_cfgs)]
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+    report(result)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {RESULTS} ({result['seconds']} s)")
+    return result
+
+
+if __name__ == "__main__":
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--quick", action="store_true", help="smaller H and fewer sweep trials")
+    parser.add_argument("--host-worker", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.host_worker:
+        host_worker(json.loads(args.host_worker.read_text()))
+    else:
+        main(args.quick)
