@@ -6,6 +6,7 @@ recorded, and every contribution must have been accepted by a verifier that repl
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -69,31 +70,52 @@ def test_three_honest_hosts_three_outer_steps_loss_falls(tmp_path: Path) -> None
     assert not [e for e in logs if e["event"] in ("sitting_out", "delta_unavailable", "fetching_global")]
 
 
-def test_status_and_metrics_are_served_while_running(tmp_path: Path) -> None:
-    """One host, one step: /status and /metrics answer from the node's own server."""
+def test_only_revealed_blobs_are_served_and_status_metrics_answer(tmp_path: Path) -> None:
+    """One host, one step, looked at over HTTP at each point: nothing of its trajectory is served
+    after the commit, exactly the opened states and the Δ after the reveal, no states once
+    finalized; /status and /metrics answer from the same server."""
     corpus = tiny_corpus()
     chain = LockstepChain()
-    cfg = run_config(corpus, max_outer_steps=1)
+    cfg = run_config(corpus, inner_steps=20, segment_len=5, sampled_segments=2, max_outer_steps=1)
     run_id = create_run(chain, cfg)
     verifier = verifier_node(tmp_path, 9, run_id, corpus)
     seen: dict[str, Any] = {}
-
     node: HostNode
 
+    def codes(http: httpx.Client) -> dict[str, int]:
+        record = json.loads((node.dir / "commits" / "0.json").read_bytes())
+        out = {
+            f"state{i}": http.get(f"/blobs/state/{leaf}").status_code
+            for i, leaf in enumerate(record["leaves"])
+        }
+        out["delta"] = http.get(f"/blobs/delta/{record['delta_hash']}").status_code
+        return out
+
     def log(event: dict[str, Any]) -> None:
-        if event["event"] == "revealed":  # the server is up and the step half done: look at it now
+        if event["event"] in ("committed", "revealed", "outer_step_applied", "lingering"):
             with httpx.Client(base_url=node.server.url, timeout=5) as http:
-                seen["status"] = http.get("/status").json()
-                seen["metrics"] = http.get("/metrics").text
+                seen[event["event"]] = codes(http)
+                if event["event"] == "outer_step_applied":
+                    seen["model"] = http.get(f"/blobs/model/{event['model_hash']}").status_code
+                if event["event"] == "revealed":
+                    seen["segments"] = event["segments"]
+                    seen["status"] = http.get("/status").json()
+                    seen["metrics"] = http.get("/metrics").text
 
     node = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=log, poll_timeout=0.5)
     with running([lambda: node.run(linger=True), then_stop(verifier.run, [node])], chain):
         pass
+    assert set(seen["committed"].values()) == {404}
+    opened = {f"state{i}" for s in seen["segments"] for i in (s, s + 1)}
+    assert len(seen["segments"]) == 2 and len(opened) >= 3
+    assert {k for k, c in seen["revealed"].items() if c == 200} == opened | {"delta"}
+    assert {k for k, c in seen["lingering"].items() if c == 200} == {"delta"}  # finalized: states pruned
+    assert seen["model"] == 200  # G_1, by its hash, as soon as it is computed
     status = seen["status"]
     assert status["role"] == "host" and status["address"] == node.address and status["phase"] == "REVEALED"
     assert status["outer_step"] == 0 and status["commits"] == 1 and status["loss"] > 0
     metrics = seen["metrics"]
-    assert "gonka_host_inner_steps_total 10.0" in metrics
+    assert "gonka_host_inner_steps_total 20.0" in metrics
     assert 'gonka_host_phase{gonka_host_phase="REVEALED"} 1.0' in metrics
     assert "gonka_host_commits_total 1.0" in metrics
 
