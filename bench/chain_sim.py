@@ -3,7 +3,9 @@
 Measures what a block costs the module (begin_block + its messages + end_block), what the app
 hash costs per block (cached digests: only what changed is re-hashed), what it costs cold (after a
 restart, every digest recomputed), what a full canonical-JSON snapshot costs (the node persists one
-per block) and how the state grows. Run:
+per block) and how the state grows. For a before/after under the same load, every 10th block
+also times the previous definition, SHA-256 of the whole canonical JSON (`json_hash_*`; with
+today's faster serializer, so it understates the old cost). Run:
 `.venv/bin/python -m bench.chain_sim` (1,000 hosts, 100 verifiers, 20 outer steps) or `--quick`.
 """
 
@@ -40,6 +42,7 @@ from protocol.messages import (
 )
 
 RESULTS = Path(__file__).parent / "results" / "chain_sim.json"
+SAMPLE_EVERY = 10
 GNK = 1_000_000_000
 
 
@@ -58,6 +61,7 @@ class Driver:
         self.state, self.height, self.prev = state, 0, ZERO_HASH
         self.module_s: list[float] = []
         self.hash_s: list[float] = []
+        self.sampled: list[tuple[float, float]] = []  # (app_hash s, whole-JSON hash s) at the same block
         self.msgs = 0
 
     def block(self, msgs: list[Any]) -> None:
@@ -72,6 +76,10 @@ class Driver:
         digest = app_hash(self.state)
         self.hash_s.append(time.perf_counter() - t1)
         self.module_s.append(t1 - t0)
+        if h % SAMPLE_EVERY == 0:
+            t2 = time.perf_counter()
+            hashlib.sha256(state_to_json(self.state).encode()).digest()
+            self.sampled.append((self.hash_s[-1], time.perf_counter() - t2))
         self.msgs += len(msgs)
         self.height, self.prev = h, hashlib.sha256(h.to_bytes(8, "big") + digest).hexdigest()
 
@@ -203,6 +211,10 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int) -> dict[str, Any]
         "app_hash_ms_max": 1000 * max(d.hash_s),
         "app_hash_ms_last": 1000 * d.hash_s[-1],
         "app_hash_cold_ms": 1000 * (t3 - t2),
+        "sampled_blocks": len(d.sampled),
+        "sampled_app_hash_ms_mean": 1000 * statistics.mean(a for a, _ in d.sampled),
+        "sampled_json_hash_ms_mean": 1000 * statistics.mean(j for _, j in d.sampled),
+        "sampled_json_hash_ms_last": 1000 * d.sampled[-1][1],
         "state_to_json_ms": 1000 * (t1 - t0),
         "state_from_json_ms": 1000 * (t2 - t1),
         "state_json_bytes": len(text),

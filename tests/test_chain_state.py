@@ -7,6 +7,7 @@ and key anywhere changes it, a JSON round-trip keeps it, and an idle block re-ha
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -211,3 +212,28 @@ def test_an_idle_block_rehashes_no_contribution_and_no_sealed_step(monkeypatch: 
     app_hash(sim.state)
     assert calls == Counter({"run": 1, "outer_step": 1, "contribution": 1})  # + the judged one
     assert app_hash(sim.state) == app_hash(sim.state, cached=False)
+
+
+def _spec_app_hash(z: dict[str, Any]) -> bytes:
+    """specs/protocol.md §2.8 written out over the state JSON alone, independently of chain.state."""
+
+    def canon(x: Any) -> bytes:
+        return json.dumps(x, sort_keys=True, separators=(",", ":")).encode()
+
+    def d(tag: str, x: Any) -> str:
+        return hashlib.sha256(f"gonka-diloco/{tag}/v1".encode() + b"\x00" + canon(x)).hexdigest()
+
+    runs = {}
+    for run_id, run in z["runs"].items():
+        steps = {}
+        for index, step in run["steps"].items():
+            contributions = {h: d("contribution", c) for h, c in step["contributions"].items()}
+            steps[index] = d("outer-step", {**step, "contributions": contributions})
+        runs[run_id] = d("run", {**run, "steps": steps})
+    return hashlib.sha256(b"gonka-diloco/app/v1\x00" + canon({**z, "runs": runs})).digest()
+
+
+def test_the_app_hash_is_the_one_the_spec_defines() -> None:
+    sim = _history()
+    assert app_hash(sim.state) == _spec_app_hash(json.loads(state_to_json(sim.state)))
+    assert app_hash(make_state()) == _spec_app_hash(json.loads(state_to_json(make_state())))
