@@ -216,26 +216,15 @@ class Devnet:
         return self.rows[name].model_copy(update=update)
 
     def start_chain(self) -> str:
-        home = self.folder / "chain"
-        proc = NodeProcess(
-            "chain",
-            python_cli(
-                "chain",
-                "start",
-                "--home",
-                str(home),
-                "--port",
-                str(self.chain_port),
-                "--block-interval",
-                str(self.cfg.block_interval),
-            ),
-            self._log("chain"),
-        )
-        if "chain" not in self.sup.nodes:
-            self.sup.add(proc)
-            self.procs["chain"] = proc
-        else:
-            proc = self.procs["chain"]
+        """Start (or restart, on the same port and disk) the chain node; returns its URL."""
+        argv = python_cli(
+            "chain", "start", "--home", str(self.folder / "chain"), "--port", str(self.chain_port),
+            "--block-interval", str(self.cfg.block_interval),
+        )  # fmt: skip
+        proc = self.procs.get("chain")
+        if proc is None:
+            proc = self.procs["chain"] = self.sup.add(NodeProcess("chain", argv, self._log("chain")))
+        proc.argv = argv  # a restart must come back where every node already points
         proc.start()
         url = proc.wait_listening(START_TIMEOUT)
         self.chain_port = int(url.rsplit(":", 1)[1].split("/")[0])
