@@ -205,15 +205,18 @@ def _field_names(cls: type) -> tuple[str, ...] | None:
 _FLAT: dict[type, bool] = {}
 
 
+def _is_scalar_type(hint: Any) -> bool:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return all(_is_scalar_type(arg) for arg in typing.get_args(hint))
+    return hint in _SCALARS
+
+
 def _is_flat(cls: type) -> bool:
     """Are all the dataclass's fields scalars (Account, Participant, Verdict, Opening)? Those are
     the many small objects; converting them without recursion is most of the speed-up."""
     flat = _FLAT.get(cls)
     if flat is None:
-        scalar = set(_SCALARS)
-        flat = _FLAT[cls] = all(
-            set(typing.get_args(hint) or (hint,)) <= scalar for _, hint in _field_hints(cls)
-        )
+        flat = _FLAT[cls] = all(_is_scalar_type(hint) for _, hint in _field_hints(cls))
     return flat
 
 
