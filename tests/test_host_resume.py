@@ -6,10 +6,13 @@ deadline" and "restarted after it" are exact, not timing accidents.
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.test_host_node import (
     LockstepChain,
@@ -115,33 +118,39 @@ class CrashBeforeBroadcast(HostBehaviour):
         return super().commit_messages(contribution, ctx)
 
 
-def test_restart_between_training_and_commit_commits_the_saved_record(tmp_path: Path) -> None:
+@pytest.mark.parametrize("corrupt", [False, True], ids=["record-kept", "record-corrupted"])
+def test_restart_between_training_and_commit_commits_the_saved_record(tmp_path: Path, corrupt: bool) -> None:
+    """The record is on disk before the broadcast: a restart commits it without retraining; a
+    record that no longer matches its hash is not trusted, the host retrains (deterministically)."""
     chain, corpus, run_id, verifiers, _ = _setup(tmp_path, steps=2, n_hosts=1)
     crashing = CrashBeforeBroadcast()
     crashing.chain = chain
-    first = HostNode(
-        host_config(tmp_path, 1, run_id),
-        chain,
-        corpus=corpus,
-        behaviour=crashing,
-        log=lambda e: None,
-        poll_timeout=0.5,
-    )
+    cfg = host_config(tmp_path, 1, run_id)
+    first = HostNode(cfg, chain, corpus=corpus, behaviour=crashing, log=lambda e: None, poll_timeout=0.5)
     crashing.node = first
     logs: list[dict[str, Any]] = []
+    lingering: list[HostNode] = []
     chain.hold()
-    with running([verifiers[0].run], chain):
+    with running([then_stop(verifiers[0].run, lingering)], chain):
         with running([first.run], chain):
             chain.release()
         assert chain.query("commitment", run_id=run_id, host=first.address, step=0) is None
-        second = HostNode(
-            host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5
-        )
-        with running([second.run], chain):
+        saved = json.loads((tmp_path / "host-1" / "commits" / "0.json").read_bytes())
+        if corrupt:
+            payload = tmp_path / "host-1" / "commits" / "0.payload"
+            payload.write_bytes(payload.read_bytes()[:-1] + b"\x00")
+        second = HostNode(cfg, chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
+        lingering.append(second)
+        with running([lambda: second.run(linger=True)], chain):
             chain.release()
     events = [(e["event"], e.get("outer_step")) for e in logs]
-    assert ("trained", 0) not in events and ("committed", 0) in events  # the saved record, not a retrain
-    assert ("trained", 1) in events
+    assert ("committed", 0) in events and ("trained", 1) in events
+    if corrupt:
+        assert ("record_unreadable", 0) in events and ("trained", 0) in events
+    else:
+        assert ("trained", 0) not in events  # the saved record, not a retrain
+    committed = chain.query("commitment", run_id=run_id, host=first.address, step=0)
+    assert committed["trajectory_root"] == saved["trajectory_root"]  # retraining is deterministic
     assert chain.query("outer_step", run_id=run_id, step=0)["accepted"] == [first.address]
     assert chain.query("outer_step", run_id=run_id, step=1)["accepted"] == [first.address]
 
