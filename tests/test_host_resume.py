@@ -175,7 +175,8 @@ def test_missed_reveal_deadline_sits_out_then_rejoins_next_step(tmp_path: Path) 
         second = HostNode(
             host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5
         )
-        with running([second.run], chain):
+        lingering.append(second)
+        with running([lambda: second.run(linger=True)], chain):
             chain.release()
     step0 = chain.query("outer_step", run_id=run_id, step=0)
     assert step0["outcomes"][first.address] == "missing_reveal"
