@@ -65,6 +65,7 @@ def test_three_honest_hosts_three_outer_steps_loss_falls(tmp_path: Path) -> None
     curves = [[s["val_loss"][str(n)] for n in range(STEPS)] for s in statuses]
     assert curves[0] == curves[1] == curves[2]
     curve = curves[0]
+    print(f"global val loss: G_0 {initial:.4f} -> " + " -> ".join(f"{x:.4f}" for x in curve))
     assert initial > curve[0] > curve[1] > curve[2], (initial, curve)
     assert all(s["accepted"] == STEPS and s["rejected"] == 0 and s["commits"] == STEPS for s in statuses)
     assert not [e for e in logs if e["event"] in ("sitting_out", "delta_unavailable", "fetching_global")]
