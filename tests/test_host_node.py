@@ -396,3 +396,25 @@ def test_cli_refuses_bad_config_and_unknown_behaviour_clearly(tmp_path: Path) ->
     )
     unknown = runner.invoke(app, ["run", "--config", str(toml)])
     assert unknown.exit_code == 2 and "unknown behaviour 'sneaky'" in unknown.output
+
+
+def test_node_refuses_what_would_break_replay_or_mix_identities(tmp_path: Path) -> None:
+    from trainer.node import NodeError
+
+    corpus = tiny_corpus()
+    chain = InProcessChain()
+    run_id = create_run(chain, run_config(corpus))
+    wrong_threads = HostNode(
+        host_config(tmp_path, 1, run_id, threads=2), chain, corpus=corpus, log=lambda e: None
+    )
+    with pytest.raises(NodeError, match="threads=2"):
+        wrong_threads.run()
+    other_data = Corpus(corpus.train[:-1].clone(), corpus.val, "ab" * 32)
+    wrong_data = HostNode(host_config(tmp_path, 2, run_id), chain, corpus=other_data, log=lambda e: None)
+    with pytest.raises(NodeError, match="dataset"):
+        wrong_data.run()
+    # host-1's data_dir now belongs to wallet 1: wallet 3 must not pick up its records
+    cfg = host_config(tmp_path, 3, run_id).model_copy(update={"data_dir": str(tmp_path / "host-1")})
+    with pytest.raises(NodeError, match="belongs to"):
+        HostNode(cfg, chain, corpus=corpus, log=lambda e: None)
+    assert chain.query("participants", run_id=run_id)["participants"] == []  # nobody joined
