@@ -167,3 +167,21 @@ def test_state_verifier_checks_tensor_hash(node) -> None:
     client = BlobClient([server.url], timeout=5, retries=0)
     with client, pytest.raises(BlobInvalid, match="safetensors"):
         client.get("state", "22" * 32, state_verifier("22" * 32))
+
+
+def test_single_byte_ranges_for_resumed_downloads(node) -> None:
+    catalog, server, _ = node
+    data = bytes(range(100))
+    catalog.publish("model", sha(data), lambda: data)
+    url = f"/blobs/model/{sha(data)}"
+    with httpx.Client(base_url=server.url, timeout=5) as http:
+        part = http.get(url, headers={"Range": "bytes=10-19"})
+        assert part.status_code == 206 and part.content == data[10:20]
+        assert part.headers["content-range"] == "bytes 10-19/100"
+        assert http.get(url, headers={"Range": "bytes=90-"}).content == data[90:]
+        assert http.get(url, headers={"Range": "bytes=-5"}).content == data[95:]
+        assert http.get(url, headers={"Range": "bytes=95-1000"}).content == data[95:]
+        for bad in ("bytes=100-", "bytes=5-2", "bytes=-0", "bytes=-", "items=0-1", "bytes=0-1,3-4"):
+            assert http.get(url, headers={"Range": bad}).status_code == 416, bad
+        assert http.get(url, headers={"Range": "bytes=" + "9" * 80}).status_code == 422  # header too long
+        assert http.get(url).content == data

@@ -20,7 +20,7 @@ import httpx
 import safetensors
 import safetensors.torch
 import uvicorn
-from fastapi import FastAPI, Path, Response
+from fastapi import FastAPI, Header, Path, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from torch import Tensor
@@ -267,6 +267,7 @@ def build_app(
     def get_blob(
         kind: Literal["state", "delta", "model"],
         blob_hash: str = Path(pattern=r"^[0-9a-f]{64}$"),
+        range_header: str | None = Header(None, alias="range", max_length=64),
     ) -> Response:
         loader = catalog.lookup(kind, blob_hash)
         if loader is None:
@@ -279,9 +280,20 @@ def build_app(
             data = serve_filter(kind, blob_hash, data)
         if data is None:
             return JSONResponse({"error": "not served", "kind": kind, "hash": blob_hash}, status_code=404)
+        headers = {"Accept-Ranges": "bytes"}
+        status = 200
+        if range_header is not None:
+            span = parse_range(range_header, len(data))
+            if span is None:
+                return Response(status_code=416, headers={"Content-Range": f"bytes */{len(data)}"})
+            start, end = span
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+            data, status = data[start:end], 206
         if on_sent is not None:
             on_sent(kind, len(data))
-        return Response(content=data, media_type="application/octet-stream")
+        return Response(
+            content=data, status_code=status, headers=headers, media_type="application/octet-stream"
+        )
 
     @app.get("/status")
     def get_status() -> JSONResponse:
@@ -293,6 +305,24 @@ def build_app(
         return Response(content=body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+_RANGE = re.compile(r"^bytes=(\d{0,19})-(\d{0,19})$")
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """One `bytes=a-b` / `a-` / `-n` range -> [start, end) within `size`, else None (416).
+    Lets a peer resume a large model download; multi-range requests are not served."""
+    m = _RANGE.match(header.strip())
+    if m is None or (not m.group(1) and not m.group(2)):
+        return None
+    first, last = m.group(1), m.group(2)
+    if not first:  # the last n bytes
+        n = int(last)
+        return (size - n, size) if 0 < n <= size else None
+    start = int(first)
+    end = min(int(last) + 1, size) if last else size
+    return (start, end) if start < size and start < end else None
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
