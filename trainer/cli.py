@@ -53,7 +53,7 @@ class _Progress:
         self.state: dict[str, Any] = {}
 
     def __call__(self, event: dict[str, Any]) -> None:
-        self.console.print_json(json.dumps(event, default=str))
+        self.console.print(json.dumps(event, default=str), markup=False, soft_wrap=True)
         for key in ("outer_step", "loss", "val_loss"):
             if key in event:
                 self.state[key] = event[key]
