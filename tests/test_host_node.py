@@ -418,3 +418,16 @@ def test_node_refuses_what_would_break_replay_or_mix_identities(tmp_path: Path) 
     with pytest.raises(NodeError, match="belongs to"):
         HostNode(cfg, chain, corpus=corpus, log=lambda e: None)
     assert chain.query("participants", run_id=run_id)["participants"] == []  # nobody joined
+
+
+def test_behaviour_registry_refuses_unknown_names_and_params() -> None:
+    from trainer import behaviour
+
+    assert isinstance(behaviour.resolve("honest"), behaviour.HostBehaviour)
+    with pytest.raises(behaviour.BehaviourError, match="does not take"):
+        behaviour.resolve("honest", {"fraction": 0.5})
+    with pytest.raises(behaviour.BehaviourError, match="unknown behaviour 'nope'"):
+        behaviour.resolve("nope")
+    behaviour.register("test-not-a-behaviour", lambda: object())
+    with pytest.raises(behaviour.BehaviourError, match="not a HostBehaviour"):
+        behaviour.resolve("test-not-a-behaviour")

@@ -133,7 +133,7 @@ class OuterContext:
 
     def fetch_delta(self, entry: AcceptedDelta, max_payload_bytes: int | None = None) -> bytes:
         """Download and verify another host's accepted Δ payload (as any node may)."""
-        limit = max_payload_bytes or 64 * self.global_model.numel() + (1 << 20)
+        limit = max_payload_bytes or 8 * self.global_model.numel() + (1 << 20)  # fp32 is 4 bytes each
         layout = self.global_model.layout
 
         def payload_of(blob: bytes) -> bytes:
