@@ -429,5 +429,8 @@ def test_behaviour_registry_refuses_unknown_names_and_params() -> None:
     with pytest.raises(behaviour.BehaviourError, match="unknown behaviour 'nope'"):
         behaviour.resolve("nope")
     behaviour.register("test-not-a-behaviour", lambda: object())
-    with pytest.raises(behaviour.BehaviourError, match="not a HostBehaviour"):
-        behaviour.resolve("test-not-a-behaviour")
+    try:
+        with pytest.raises(behaviour.BehaviourError, match="not a HostBehaviour"):
+            behaviour.resolve("test-not-a-behaviour")
+    finally:
+        behaviour._REGISTRY.pop("test-not-a-behaviour")
