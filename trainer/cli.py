@@ -21,6 +21,7 @@ from trainer.node_config import ConfigError, load_host_config
 
 app = typer.Typer(help="The host node: train, commit, reveal, aggregate.", no_args_is_help=True)
 
+
 @app.callback()
 def main() -> None:
     """The host node: train, commit, reveal, aggregate."""
