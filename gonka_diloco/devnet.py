@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import UTC, datetime
@@ -437,8 +438,14 @@ def run_devnet(
             if cfg.live:
                 echo("")
             dn.settle_losses()
-        except (DevnetError, OSError, RuntimeError) as e:
+        except DevnetError as e:
             failures.append(str(e))
+        except Exception as e:  # anything else still ends in a report; the traceback goes to a log
+            (dn.folder / "logs").mkdir(parents=True, exist_ok=True)
+            (dn.folder / "logs" / "devnet-error.log").write_text(traceback.format_exc())
+            failures.append(f"{type(e).__name__}: {e} (see logs/devnet-error.log)")
+        except KeyboardInterrupt:
+            failures.append("interrupted (Ctrl-C)")
         snap = dn.snapshot(failures) if dn.client is not None else Snapshot(run_id=0, failures=failures)
         snap.failures = [*failures, *(f for f in evaluate(snap) if f not in failures)]
         dn.close()

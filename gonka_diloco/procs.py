@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -200,16 +201,17 @@ class Supervisor:
         ]
 
     def close(self) -> None:
-        """Terminate all groups at once, then wait for each and kill what is left."""
+        """Terminate all groups at once, then wait (one shared grace period) and kill what is left."""
         if self._closed:
             return
         self._closed = True
-        running = [n for n in self.nodes.values() if n.alive]
-        for node in running:
-            node.expected_exit = True
-            node.signal_group(signal.SIGTERM)
         for node in self.nodes.values():
-            node.stop(self.grace)
+            node.expected_exit = True
+            if node.alive:
+                node.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for node in self.nodes.values():
+            node.stop(max(0.0, deadline - time.monotonic()))
         self._restore_handlers()
 
     # ------------------------------------------------------------------ signals
@@ -223,9 +225,11 @@ class Supervisor:
             self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.close()
+        """Ctrl-C unwinds the program (so it can still report; `with` and atexit stop the nodes);
+        SIGTERM stops every node first, then exits."""
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
+        self.close()
         raise SystemExit(128 + signum)
 
     def _restore_handlers(self) -> None:
