@@ -153,10 +153,12 @@ def lazy_sweep(cfg: RunConfig, ss: list[int], seeds: int, challenges: int, root:
                 out = verify(sub.job(run, 0, seed_hex("lazy", s, i, c)), run.source(), sub.replay_context(g0))
                 caught += out.reason is not Reason.ACCEPT
                 total += 1
-        t1 = time.perf_counter()
-        ok = verify(sub.job(honest, 0, seed_hex("cost", s)), honest.source(), sub.replay_context(g0))
-        verify_seconds = time.perf_counter() - t1
-        assert ok.accept, ok.detail
+        verify_seconds = math.inf
+        for rep in range(3):  # the best of three: the machine is shared
+            t1 = time.perf_counter()
+            ok = verify(sub.job(honest, 0, seed_hex("cost", s, rep)), honest.source(), sub.replay_context(g0))
+            verify_seconds = min(verify_seconds, time.perf_counter() - t1)
+            assert ok.accept, ok.detail
         rows.append({
             "H": cfg.inner_steps, "k": cfg.segment_len, "n_segments": n, "faked": m, "s": s, "trials": total,
             "detected": caught / total, "predicted_exact": 1 - hypergeometric_escape(n, m, s),

@@ -30,13 +30,12 @@ from trainer.blobs import (
     BlobUnavailable,
     ServerThread,
     build_app,
-    state_verifier,
 )
 from trainer.data import Corpus, load_corpus, shakespeare_manifest
 from trainer.globalmodel import GlobalModel, GlobalStore
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
 from trainer.step import State, configure_determinism, env_fingerprint
-from trainer.store import StoreError, state_from_bytes
+from trainer.store import state_from_bytes
 from verifier.behaviour import VerifierBehaviour
 from verifier.metrics import VerifierMetrics
 from verifier.node_config import VerifierConfig
@@ -84,11 +83,13 @@ class HttpSource:
             raise MalformedBlob(str(e)) from e
 
     def state(self, leaf_hash: str) -> State:
-        data = self._get("state", leaf_hash, state_verifier(leaf_hash), self.max_state_bytes)
-        try:
-            return state_from_bytes(data, leaf_hash, max_bytes=self.max_state_bytes)
-        except StoreError as e:  # pragma: no cover - state_verifier already parsed it
-            raise MalformedBlob(str(e)) from e
+        parsed: list[State] = []
+
+        def check(data: bytes) -> None:  # parse and hash once, keep the result
+            parsed[:] = [state_from_bytes(data, leaf_hash, max_bytes=self.max_state_bytes)]
+
+        self._get("state", leaf_hash, check, self.max_state_bytes)
+        return parsed[0]
 
     def delta(self, delta_hash: str) -> bytes:
         return self._get("delta", delta_hash, lambda b: None, self.max_delta_bytes)  # verify.py decodes

@@ -26,6 +26,8 @@ from torch import Tensor, nn
 from protocol.config import ReplayMode, RunConfig, canonical_json
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
+from protocol.tensors import StateKind, tensor_hash
+from trainer.data import Corpus
 from trainer.step import (
     LossFn,
     State,
@@ -105,7 +107,7 @@ class ReplayContext:
 
     model: nn.Module
     loss_fn: LossFn
-    data: object  # trainer.data.Corpus
+    data: Corpus
     global_params: Mapping[str, Tensor]  # G_n, keyed by the model's parameter names
     on_replay_steps: Callable[[int], None] = field(default=lambda n: None)
 
@@ -216,18 +218,13 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
             raise _Reject(Reason.WRONG_START, f"start param {name} does not fit G_n")
         if not torch.equal(got, want):
             raise _Reject(Reason.WRONG_START, f"start param {name} differs from G_n")
-    want_opt = job.prev_optimizer_hash or _hash_fresh(ctx.model, job)
+    fresh = tensor_hash(fresh_optimizer_state(ctx.model, job), StateKind.OPTIMIZER)
+    want_opt = job.prev_optimizer_hash or fresh
     got_opt = optimizer_hash(start)
     if got_opt != want_opt:
         kind = "fresh" if job.prev_optimizer_hash is None else "previously committed"
         detail = f"start optimizer {got_opt[:12]} is not the {kind} state {want_opt[:12]}"
         raise _Reject(Reason.WRONG_START, detail)
-
-
-def _hash_fresh(model: nn.Module, job: Job) -> str:
-    from protocol.tensors import StateKind, tensor_hash
-
-    return tensor_hash(fresh_optimizer_state(model, job), StateKind.OPTIMIZER)
 
 
 def param_distance(replay: State, claim: State, start: State) -> float:
@@ -256,8 +253,8 @@ def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> 
     opt = make_optimizer(ctx.model, job.cfg.inner)
     load_training_state(ctx.model, opt, start)
     train_segment(
-        ctx.model, opt, job.cfg, ctx.data, job.host, job.outer_step, segment * k, k,  # type: ignore[arg-type]
-        job.micro_batches, loss_fn=ctx.loss_fn,
+        ctx.model, opt, job.cfg, ctx.data, job.host, job.outer_step, segment * k, k, job.micro_batches,
+        loss_fn=ctx.loss_fn,
     )
     ctx.on_replay_steps(k)
     return training_state(ctx.model, opt)  # aliases the live model: valid until the next replay
