@@ -388,7 +388,16 @@ class Devnet:
                     raise DevnetError(
                         f"run stalled: not done within the timeout (step {run['current_step']})"
                     )
-                height = self.client.wait_for_block(height, timeout=min(remaining, 30.0)).height
+                height = self._next_block(height, min(remaining, 30.0))
+
+    def _next_block(self, height: int, timeout: float) -> int:
+        """The next block's height, or the same height if none came within `timeout`."""
+        from chain.client import ChainTimeout
+
+        try:
+            return int(self.client.wait_for_block(height, timeout=timeout).height)
+        except ChainTimeout:
+            return height
 
     # ------------------------------------------------------------------ the end
 
@@ -403,7 +412,7 @@ class Devnet:
             ]
             if not pending:
                 return
-            height = self.client.wait_for_block(height, timeout=max(0.1, deadline - time.monotonic())).height
+            height = self._next_block(height, max(0.1, deadline - time.monotonic()))
 
     def snapshot(self, failures: list[str] | None = None) -> Snapshot:
         """Everything the chain and the nodes said, as the report's input."""

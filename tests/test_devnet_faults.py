@@ -12,10 +12,12 @@ from typing import Any
 import httpx
 import pytest
 from test_devnet import QUICK, leftover_processes, require_nodes
+from typer.testing import CliRunner
 
+from gonka_diloco.cli import app
 from gonka_diloco.devnet import Devnet
 from gonka_diloco.devnet_config import make_config
-from gonka_diloco.report import evaluate
+from gonka_diloco.report import evaluate, load_snapshot
 
 HONEST = {**QUICK, "adversaries": [], "verifiers": 1}
 
@@ -61,13 +63,9 @@ def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> 
         dn.start()
         address = dn.rows[victim].address
 
-        def training_without_victim(run: dict[str, Any]) -> bool:
-            if run["current_step"] != 1 or run["phase"] not in ("PENDING", "TRAIN"):
-                return False
-            step = dn.client.query("outer_step", run_id=dn.run_id, step=1)
-            return address not in step["committed"]
-
-        dn.watch(until=training_without_victim)
+        # Mid-outer-step: step 1's training phase. The victim may or may not have committed yet
+        # (its H steps take a fraction of a second); either way it will not reveal.
+        dn.watch(until=lambda run: run["current_step"] == 1 and run["phase"] == "TRAIN")
         dn.kill(victim)
         dn.watch(until=lambda run: run["current_step"] >= 2)
         step1 = dn.client.query("outer_step", run_id=dn.run_id, step=1)
@@ -77,6 +75,7 @@ def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> 
         dn.watch()
         dn.settle_losses()
         snap = dn.snapshot()
+        operator_view_of_the_same_run(dn.rows["chain"].url, tmp_path / "from-chain", snap)
     assert leftover_processes(str(folder)) == []
     mine = {c.outer_step: c.outcome for c in snap.contributions if c.host == victim}
     assert mine.get(0) == "accepted"
@@ -86,3 +85,16 @@ def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> 
     failures = evaluate(snap, expect_all_honest=False)
     assert [f for f in failures if not (victim in f and "outer step 1" in f)] == []
     assert snap.node(victim).restarts == 1
+
+
+def operator_view_of_the_same_run(url: str, out: Path, snap: Any) -> None:
+    """`report URL` and `status` rebuild the same contributions from the chain alone."""
+    result = CliRunner().invoke(app, ["report", url, "--run-id", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    from_chain = load_snapshot(out)
+    outcomes = sorted((c.address, c.outer_step, c.outcome) for c in from_chain.contributions)
+    assert outcomes == sorted((c.address, c.outer_step, c.outcome) for c in snap.contributions)
+    assert from_chain.chain.txs == snap.chain.txs and from_chain.chain.rewards == snap.chain.rewards
+    status = CliRunner().invoke(app, ["status", "--chain-url", url, "--steps", "1"])
+    assert status.exit_code == 0, status.output
+    assert "finished" in status.output and "accepted" in status.output
