@@ -146,7 +146,7 @@ def collect(
     """Query the chain for run `run_id` and merge in what is known about the nodes."""
     run = client.query("run", run_id=run_id)
     participants = client.query("participants", run_id=run_id)["participants"]
-    rows = {n.address: n for n in (nodes or []) if n.address}
+    rows = {n.address or n.name: n for n in (nodes or [])}  # the chain node has no address
     for p in participants:
         if p["address"] not in rows:
             rows[p["address"]] = NodeRow(

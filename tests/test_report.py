@@ -184,3 +184,70 @@ def test_live_view_renders_every_node() -> None:
     assert "host-0" in text and "REVEALED" in text and "4.5000" in text and "accepted" in text
     assert "host-3" in text and "noise" in text and "down" in text
     assert "host-0: committed outer_step=2" in text
+
+
+class FakeChain:
+    """Answers the module queries `collect` makes, for one finished two-host outer step."""
+
+    url = "http://chain"
+
+    def __init__(self) -> None:
+        step = {
+            "phase": "DONE",
+            "accepted": [H0],
+            "base_model_hash": "0" * 64,
+            "result_hash": "1" * 64,
+            "result_votes": {H0: "1" * 64},
+            "outcomes": {H0: "accepted", H1: "rejected"},
+            "open_height": 3,
+            "done_height": 30,
+        }
+        commits = [{"host": h, "delta_hash": "d" * 64, "tokens": 640} for h in (H0, H1)]
+        self.answers = {
+            "run": {"status": "finished", "current_step": 0, "config": {"inner_steps": 10}},
+            "participants": {
+                "participants": [
+                    {"address": H0, "role": "host", "endpoint": "http://h0"},
+                    {"address": H1, "role": "host", "endpoint": "http://h1"},
+                    {"address": H2, "role": "verifier", "endpoint": "http://v0"},
+                ]
+            },
+            "outer_step": step,
+            "commitments": {"commitments": commits},
+            "challenges": {"challenges": [{"host": h, "verifiers": [H2]} for h in (H0, H1)]},
+            "verdicts": {
+                "verdicts": [
+                    {"host": H0, "verifier": H2, "reason": 0},
+                    {"host": H1, "verifier": H2, "reason": 3},
+                ]
+            },
+        }
+
+    def query(self, name: str, **params: object) -> object:
+        return self.answers[name]
+
+    def height(self) -> int:
+        return 31
+
+
+def test_collect_names_known_nodes_and_keeps_the_rest_by_address() -> None:
+    from gonka_diloco.collect import BlockTally, collect
+    from gonka_diloco.report import UNKNOWN, NodeRow
+
+    tally = BlockTally()
+    tally.add_block(
+        1, 30, 2, [("contribution_finalized", {"run_id": "1", "outer_step": "0", "host": H1, "slashed": "7"})]
+    )
+    known = [NodeRow(name="chain", role="chain"), NodeRow(name="host-0", role="host", address=H0)]
+    snap = collect(FakeChain(), 1, known, tally=tally)
+    assert [n.name for n in snap.nodes][:2] == ["chain", "host-0"]
+    stranger = next(n for n in snap.nodes if n.address == H1)
+    assert stranger.behaviour == UNKNOWN and stranger.name.startswith("gonka1pppp")
+    rows = {c.address: c for c in snap.contributions}
+    assert rows[H0].outcome == "accepted" and rows[H0].reasons == [f"{snap.nodes[-1].name}: ACCEPT"]
+    assert rows[H1].reasons[0].endswith("REPLAY_MISMATCH") and rows[H1].slashed == 7
+    assert snap.chain.txs == 2 and snap.chain.host_slashed == 7
+    assert snap.steps[0].accepted == ["host-0"] and snap.steps[0].result_votes == {"host-0": "1" * 64}
+    assert evaluate(snap, expect_finished=True, expect_all_honest=False) == [
+        "fewer than two global validation losses were reported"
+    ]  # an unknown host's rejection is not judged; a known honest one would be
