@@ -65,4 +65,9 @@ def test_cli_lists_behaviours_and_refuses_a_bad_config(tmp_path: Path) -> None:
     bad.write_text("run_id = 'x'\n")
     result = runner.invoke(app, ["run", "--config", str(bad)])
     assert result.exit_code == 2 and "run_id" in result.output
+    typo = tmp_path / "typo.toml"
+    typo.write_text('chain_url = "http://127.0.0.1:9"\nrun_id = 1\ndata_dir = "v"\nbehaviour = "lazzy"\n'
+                    "[key]\ntest_index = 1\n")  # fmt: skip
+    result = runner.invoke(app, ["run", "--config", str(typo)])
+    assert result.exit_code == 2 and "unknown verifier behaviour 'lazzy'" in result.output
     assert runner.invoke(app, ["calibrate", "--ks", "a,b"]).exit_code == 2

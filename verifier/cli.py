@@ -24,13 +24,15 @@ def run(
 ) -> None:
     """Join the run in verifier.toml and judge every contribution assigned to this key."""
     from chain.client import HttpChainClient
+    from gonka_diloco.adversaries import resolve_verifier  # the process entry point composes
     from verifier.node import NodeError, VerifierNode
     from verifier.node_config import ConfigError, load_verifier_config
 
     try:
         cfg = load_verifier_config(config)
+        behaviour = resolve_verifier(cfg.behaviour, cfg.behaviour_params)
         chain = HttpChainClient(cfg.chain_url)
-        node = VerifierNode(cfg, chain)
+        node = VerifierNode(cfg, chain, behaviour=behaviour)
     except (ConfigError, ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -112,10 +112,10 @@ class VerifierNode:
         blob_retries: int = 2,
         blob_backoff: float = 0.5,
     ) -> None:
-        if behaviour is None:
-            from gonka_diloco.adversaries import resolve_verifier  # the library sits above verifier/
-
-            behaviour = resolve_verifier(config.behaviour, config.behaviour_params)
+        if behaviour is None:  # adversaries live above verifier/: the CLI resolves them and passes one in
+            if config.behaviour != "honest" or config.behaviour_params:
+                raise NodeError(f"behaviour {config.behaviour!r} must be resolved by the caller")
+            behaviour = VerifierBehaviour()
         self.config, self.chain, self.behaviour = config, chain, behaviour
         self.wallet = config.wallet()
         self.address = str(self.wallet.address())
