@@ -173,7 +173,10 @@ def plot_loss(snap: Snapshot, path: Path) -> None:
                 style = "--" if node.behaviour == "honest" else ":"
                 label = f"{node.name} local" + ("" if node.behaviour == "honest" else f" ({node.behaviour})")
                 ax.plot(steps, [node.local_loss[s] for s in steps], style, alpha=0.7, label=label)
-        ax.set_xlabel("outer step")
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("outer step (validation: after applying it)")
         ax.set_ylabel("loss (nats/byte)")
         ax.set_title(f"run {snap.run_id}")
         ax.grid(alpha=0.3)
