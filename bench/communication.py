@@ -1,10 +1,11 @@
 """Communication: bytes per host per outer step for each codec vs data-parallel for the same H steps.
 
-Data-parallel side (analytic): a ring all-reduce of fp32 gradients every step sends
-2·(M−1)/M · 4 · params bytes per worker, H times. DiLoCo side (measured): the real zstd blob of
-a real Δ = θ_0 − θ_H after H AdamW steps of one host, for every codec. Also counted, because
-the protocol needs it: what a host serves its v verifiers per outer step (s sampled start
-states as safetensors, plus the Δ blob again). Then the ratio at EQUAL final loss, from the
+Data-parallel side (analytic): a ring all-reduce of fp32 gradients every step sends (and
+receives) 2·(M−1)/M · 4 · params bytes per worker, H times. DiLoCo side (measured): the real zstd
+blob of a real Δ = θ_0 − θ_H after H AdamW steps of one host, for every codec: a host uploads it
+once per outer step (the headline ratio) and downloads the M−1 others' (the download ratio).
+Also counted, because the protocol needs it: what a host serves its v verifiers per outer step
+(s sampled start states as safetensors, plus the Δ blob again). Then the ratio at EQUAL final loss, from the
 convergence runs: the DP bytes needed to reach our final validation loss / our bytes.
 
 Run: `.venv/bin/python -m bench.communication [--quick]` (after `bench.convergence`, whose JSON
@@ -45,6 +46,7 @@ def codec_rows(setup: Setup) -> dict[str, Any]:
         verification = VERIFIERS * (setup.sampled_segments * state_bytes + blob)
         rows.append({
             "codec": codec.value, "blob_bytes": blob, "dp_bytes": dp, "ratio": dp / blob,
+            "ratio_download": dp / ((M - 1) * blob),
             "verification_bytes": verification, "ratio_with_verification": dp / (blob + verification),
         })  # fmt: skip
     return {
@@ -104,11 +106,12 @@ def main(quick: bool = False) -> dict[str, Any]:
     for t in tables:
         print(f"\nH={t['H']}, {t['params']} params, DP ring of {M}: {t['rows'][0]['dp_bytes'] / 1e6:.1f} MB "
               f"per worker per H steps")  # fmt: skip
-        print("| codec | Δ blob bytes | ratio vs DP | + verification bytes | ratio incl. verification |")
-        print("|---|---|---|---|---|")
+        print("| codec | Δ blob bytes | ratio vs DP | download ratio | + verification bytes "
+              "| ratio incl. verif. |")
+        print("|---|---|---|---|---|---|")
         for r in t["rows"]:
-            print(f"| {r['codec']} | {r['blob_bytes']} | {r['ratio']:.0f}x | {r['verification_bytes']} "
-                  f"| {r['ratio_with_verification']:.0f}x |")  # fmt: skip
+            print(f"| {r['codec']} | {r['blob_bytes']} | {r['ratio']:.0f}x | {r['ratio_download']:.0f}x "
+                  f"| {r['verification_bytes']} | {r['ratio_with_verification']:.0f}x |")  # fmt: skip
     for e in equal:
         bound = "" if e["dp_reached"] else " (DP never reached it: lower bound)"
         print(f"equal loss, M={e['hosts']} H={e['H']}: ours {e['ours_final_loss']:.4f} with "

@@ -74,6 +74,9 @@ def convergence(d: dict[str, Any]) -> Lines:
                              _verdicts(r.get("verdicts"))])  # fmt: skip
         header = ["contender", "final val loss", "MB sent per host", "loss drop per MB", "verdicts"]
         out += table(header, rows)
+        out += ["Bytes: data-parallel and torchft send 2·(M−1)/M·4·params per worker per all-reduce (and "
+                "receive as much); ours counts the host's one Δ blob upload per outer step (it downloads the "
+                "M−1 others' blobs; the communication section gives both ratios).", ""]  # fmt: skip
         if a := s.get("agreement"):
             p = a["ours_fp32_vs_torchft_params"]
             out += [
@@ -183,10 +186,10 @@ def communication(d: dict[str, Any]) -> Lines:
         )
         out.append("")
         out += table(
-            ["codec", "Δ blob bytes (measured)", "ratio vs DP", "verification bytes",
-             "ratio incl. verification"],
-            [[r["codec"], r["blob_bytes"], f"{r['ratio']:.0f}×", r["verification_bytes"],
-              f"{r['ratio_with_verification']:.0f}×"] for r in t["rows"]],
+            ["codec", "Δ blob bytes (measured)", "ratio vs DP (upload)", "download: M−1 blobs",
+             "verification bytes", "ratio incl. verification"],
+            [[r["codec"], r["blob_bytes"], f"{r['ratio']:.0f}×", _ratio(r.get("ratio_download")),
+              r["verification_bytes"], f"{r['ratio_with_verification']:.0f}×"] for r in t["rows"]],
         )  # fmt: skip
     if d["equal_loss"]:
         out.append("**At equal final loss** (from the convergence runs: bytes until the cheapest "
@@ -204,6 +207,10 @@ def communication(d: dict[str, Any]) -> Lines:
                    "lower bound on the bytes it would need.)")  # fmt: skip
         out.append("")
     return out
+
+
+def _ratio(x: float | None) -> str:
+    return "" if x is None else f"{x:.0f}×"
 
 
 # ---------------------------------------------------------------- everything else
