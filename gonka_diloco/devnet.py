@@ -10,6 +10,7 @@ tests use to kill and restart nodes mid-run.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import traceback
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gonka_diloco.collect import (
     BlockTally,
@@ -32,6 +33,9 @@ from gonka_diloco.live import LiveState, NodeView, render
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
 from gonka_diloco.report import NodeRow, Snapshot, evaluate, write_report
 from protocol.config import ModelSpec, Phases, RunConfig, Stake
+
+if TYPE_CHECKING:
+    from chain.client import HttpChainClient
 
 AUTHORITY_INDEX = 0
 """test_wallet(0) is the authority that creates runs; hosts are 1..N, verifiers N+1..N+M."""
@@ -83,7 +87,8 @@ def _resolve(resolver: Callable[..., Any], role: str, name: str, params: dict[st
 
 
 def run_config(cfg: DevnetConfig) -> RunConfig:
-    """The run's config: tiny model, seeded init, G_0's hash, the Shakespeare manifest's hash."""
+    """The run's config: the preset GPT seeded with the run seed, G_0's hash (those parameters, zero
+    momentum) and the Shakespeare manifest's hash — what every host recomputes and checks."""
     from trainer.data import shakespeare_manifest
     from trainer.globalmodel import GlobalModel
     from trainer.spec import build_model
@@ -132,8 +137,12 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
 def node_toml(fields: dict[str, Any], key: dict[str, Any]) -> str:
@@ -146,17 +155,16 @@ def node_toml(fields: dict[str, Any], key: dict[str, Any]) -> str:
 class Devnet:
     """One devnet: its folder, its processes and its chain client. Use as a context manager."""
 
-    def __init__(self, cfg: DevnetConfig, folder: Path | None = None, *, echo: Callable[[str], None] = print):
+    def __init__(self, cfg: DevnetConfig, folder: Path | None = None):
         self.cfg = cfg
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         # Absolute: node TOMLs resolve relative paths against their own directory.
         self.folder = (folder or cfg.out_dir / stamp).resolve()
-        self.echo = echo
         self.sup = Supervisor()
         self.rows: dict[str, NodeRow] = {}
         self.procs: dict[str, NodeProcess] = {}
         self.run_id = 0
-        self.client: Any = None
+        self.client: HttpChainClient | None = None
         self.chain_port = 0
         self.tally = BlockTally()
         self.deltas: dict[tuple[int, str], int | None] = {}
@@ -180,6 +188,13 @@ class Devnet:
         self.sup.close()
         if self.client is not None:
             self.client.close()
+
+    @property
+    def chain(self) -> HttpChainClient:
+        """The chain client (a clear error before `start`)."""
+        if self.client is None:
+            raise DevnetError("the devnet has not started: no chain yet")
+        return self.client
 
     def _log(self, name: str) -> Path:
         return self.folder / "logs" / f"{name}.log"
@@ -240,13 +255,13 @@ class Devnet:
         authority = test_wallet(AUTHORITY_INDEX)
         config = run_config(self.cfg)
         (self.folder / "run.json").write_text(config.model_dump_json(indent=2))
-        result = self.client.broadcast(
+        result = self.chain.broadcast(
             authority, [MsgCreateRun(creator=str(authority.address()), config=config)]
         )
         for event in result.events:
             if event.type == "create_run":
                 return int(event.attributes["run_id"])
-        runs = self.client.query("runs")["runs"]
+        runs = self.chain.query("runs")["runs"]
         if not runs:
             raise DevnetError("MsgCreateRun was committed but the chain lists no run")
         return int(runs[-1]["run_id"])
@@ -327,8 +342,8 @@ class Devnet:
 
     def poll(self) -> dict[str, Any]:
         """One look at the chain and every node; updates the live view; returns the run summary."""
-        run = self.client.query("run", run_id=self.run_id)
-        step = self.client.query("outer_step", run_id=self.run_id, step=run["current_step"])
+        run = self.chain.query("run", run_id=self.run_id)
+        step = self.chain.query("outer_step", run_id=self.run_id, step=run["current_step"])
         self._measure_deltas(run["current_step"])
         names = {r.address: r.name for r in self.rows.values() if r.address}
         for view in self.live.nodes:
@@ -352,7 +367,7 @@ class Devnet:
 
     def _measure_deltas(self, current: int) -> None:
         """Δ blob sizes, read as soon as each is revealed (hosts prune them once a step is done)."""
-        for r in self.client.query("reveals", run_id=self.run_id, step=current)["reveals"]:
+        for r in self.chain.query("reveals", run_id=self.run_id, step=current)["reveals"]:
             key = (current, r["host"])
             if key not in self.deltas:
                 self.deltas[key] = delta_bytes(r["endpoint"], r["delta_hash"])
@@ -369,7 +384,7 @@ class Devnet:
 
         until = until or (lambda run: run["status"] == "finished")
         deadline = time.monotonic() + (timeout if timeout is not None else self.cfg.timeout)
-        height = self.client.height()
+        height = self.chain.height()
         view = Live(render(self.live), refresh_per_second=4, transient=False) if live else nullcontext()
         with view as screen:
             while True:
@@ -395,7 +410,7 @@ class Devnet:
         from chain.client import ChainTimeout
 
         try:
-            return int(self.client.wait_for_block(height, timeout=timeout).height)
+            return int(self.chain.wait_for_block(height, timeout=timeout).height)
         except ChainTimeout:
             return height
 
@@ -405,7 +420,7 @@ class Devnet:
         """Wait (block by block) until every running honest host logged the final validation loss."""
         honest = [r.name for r in self.rows.values() if r.role == "host" and r.behaviour == "honest"]
         deadline = time.monotonic() + timeout
-        height = self.client.height()
+        height = self.chain.height()
         while time.monotonic() < deadline:
             pending = [
                 h for h in honest if self.procs[h].alive and len(self.row(h).val_loss) < self.cfg.outer_steps
@@ -418,8 +433,8 @@ class Devnet:
         """Everything the chain and the nodes said, as the report's input."""
         rows = [self.row(n) for n in self.rows]
         try:
-            scan_blocks(self.client, self.run_id, self.tally, self.client.height())
-            snap = collect(self.client, self.run_id, rows, tally=self.tally)
+            scan_blocks(self.chain, self.run_id, self.tally, self.chain.height())
+            snap = collect(self.chain, self.run_id, rows, tally=self.tally)
         except Exception as e:  # the chain itself is gone: report what we know
             failures = [*(failures or []), f"cannot read the chain at the end: {e}"]
             snap = Snapshot(run_id=self.run_id, nodes=rows, chain_url=self.rows["chain"].url)
@@ -435,7 +450,7 @@ def run_devnet(
 ) -> Snapshot:
     """Run a whole devnet and write its report; the snapshot's `failures` decide the exit code."""
     check_behaviours(cfg)
-    with Devnet(cfg, folder, echo=echo) as dn:
+    with Devnet(cfg, folder) as dn:
         failures: list[str] = []
         try:
             echo(f"devnet: starting in {dn.folder}")

@@ -35,15 +35,15 @@ def test_chain_killed_mid_run_resumes_and_the_run_completes(tmp_path: Path) -> N
         dn.start()
         dn.watch(until=lambda run: run["current_step"] >= 1)
         before = chain_status(dn)
-        block = dn.client.block(before["height"])
-        step0 = dn.client.query("outer_step", run_id=dn.run_id, step=0)
+        block = dn.chain.block(before["height"])
+        step0 = dn.chain.query("outer_step", run_id=dn.run_id, step=0)
         dn.kill("chain")
         dn.restart("chain")
         after = chain_status(dn)
         # Nothing committed is lost: the same block, the same outer step record, height not behind.
         assert after["height"] >= before["height"]
-        assert dn.client.block(before["height"]).hash == block.hash
-        assert dn.client.query("outer_step", run_id=dn.run_id, step=0)["result_hash"] == step0["result_hash"]
+        assert dn.chain.block(before["height"]).hash == block.hash
+        assert dn.chain.query("outer_step", run_id=dn.run_id, step=0)["result_hash"] == step0["result_hash"]
         dn.watch()
         dn.settle_losses()
         snap = dn.snapshot()
@@ -68,7 +68,7 @@ def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> 
         dn.watch(until=lambda run: run["current_step"] == 1 and run["phase"] == "TRAIN")
         dn.kill(victim)
         dn.watch(until=lambda run: run["current_step"] >= 2)
-        step1 = dn.client.query("outer_step", run_id=dn.run_id, step=1)
+        step1 = dn.chain.query("outer_step", run_id=dn.run_id, step=1)
         assert step1["phase"] == "DONE"  # the outer step finalized without the killed host
         assert address not in step1["accepted"] and len(step1["accepted"]) == 2
         dn.restart(victim)
