@@ -8,6 +8,7 @@ bare chain URL gets short addresses.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ import httpx
 from gonka_diloco.report import UNKNOWN, ChainStats, ContributionRow, NodeRow, Snapshot, StepRow
 
 MAX_STATUS_BYTES = 1 << 20
+MAX_DELTA_BYTES = 64 << 20
 MAX_SCAN_BLOCKS = 20_000
 """A report scans every block for txs, slashes and rewards; beyond this it gives up on the counts."""
 
@@ -86,39 +88,39 @@ def short(address: str) -> str:
     return f"{address[:10]}…{address[-4:]}" if len(address) > 16 else address
 
 
-def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
-    """A node's `/status`, or None if it does not answer (a report must not fail on a dead node)."""
+def bounded_get(url: str, limit: int, timeout: float) -> bytes | None:
+    """GET a body of at most `limit` bytes, streamed; None on any failure (a report never dies of a
+    node that is down, slow, or answers with something huge)."""
     try:
-        r = httpx.get(url.rstrip("/") + "/status", timeout=timeout)
+        with httpx.stream("GET", url, timeout=timeout) as r:
+            if r.status_code != 200:
+                return None
+            body = bytearray()
+            for chunk in r.iter_raw():
+                body += chunk
+                if len(body) > limit:
+                    return None
+            return bytes(body)
     except httpx.HTTPError:
         return None
-    if r.status_code != 200 or len(r.content) > MAX_STATUS_BYTES:
-        return None
+
+
+def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """A node's `/status` as a dict, or None if it does not answer with one."""
+    raw = bounded_get(url.rstrip("/") + "/status", MAX_STATUS_BYTES, timeout)
     try:
-        body = r.json()
+        body = json.loads(raw) if raw is not None else None
     except ValueError:
         return None
     return body if isinstance(body, dict) else None
 
 
-def delta_bytes(
-    endpoint: str | None, delta_hash: str, timeout: float = 5.0, limit: int = 64 << 20
-) -> int | None:
-    """Size of the revealed Δ blob as its host serves it; None when it is not (or no longer) served."""
+def delta_bytes(endpoint: str | None, delta_hash: str, timeout: float = 5.0) -> int | None:
+    """Size on the wire of the revealed Δ blob as its host serves it; None when it is not served."""
     if not endpoint:
         return None
-    try:
-        with httpx.stream("GET", f"{endpoint.rstrip('/')}/blobs/delta/{delta_hash}", timeout=timeout) as r:
-            if r.status_code != 200:
-                return None
-            size = 0
-            for chunk in r.iter_bytes():
-                size += len(chunk)
-                if size > limit:
-                    return None
-            return size
-    except httpx.HTTPError:
-        return None
+    blob = bounded_get(f"{endpoint.rstrip('/')}/blobs/delta/{delta_hash}", MAX_DELTA_BYTES, timeout)
+    return None if blob is None else len(blob)
 
 
 def losses(status: Mapping[str, Any]) -> tuple[dict[int, float], float | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,55 @@ def test_collect_names_known_nodes_and_keeps_the_rest_by_address() -> None:
     assert evaluate(snap, expect_finished=True, expect_all_honest=False) == [
         "fewer than two global validation losses were reported"
     ]  # an unknown host's rejection is not judged; a known honest one would be
+
+
+@pytest.fixture
+def http_url() -> Iterator[str]:
+    """A loopback HTTP server answering a few fixed paths (stopped after the test)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies = {
+        "/ok/status": b'{"phase": "TRAINING", "outer_step": 2, "loss": 4.5, "val_loss": {"0": 5.0, "x": 1}}',
+        "/list/status": b"[1, 2]",
+        "/huge/status": b"{" + b" " * (2 << 20) + b"}",
+        "/ok/blobs/delta/" + "d" * 64: b"z" * 1234,
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = bodies.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_node_reads_are_bounded_and_never_raise(http_url: str) -> None:
+    from gonka_diloco.collect import delta_bytes, fetch_status, update_from_status
+    from gonka_diloco.report import NodeRow
+
+    status = fetch_status(f"{http_url}/ok")
+    assert status is not None and status["phase"] == "TRAINING"
+    row = update_from_status(NodeRow(name="host-0", role="host"), status)
+    assert (row.state, row.local_loss, row.val_loss) == ("TRAINING", {2: 4.5}, {0: 5.0})  # "x" skipped
+    assert fetch_status(f"{http_url}/list") is None  # JSON, but not an object
+    assert fetch_status(f"{http_url}/huge") is None  # over the 1 MiB bound
+    assert fetch_status(f"{http_url}/missing") is None
+    assert fetch_status("http://127.0.0.1:9") is None  # nobody listening
+    assert delta_bytes(f"{http_url}/ok", "d" * 64) == 1234
+    assert delta_bytes(f"{http_url}/ok", "e" * 64) is None
+    assert delta_bytes(None, "d" * 64) is None
