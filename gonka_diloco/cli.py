@@ -193,16 +193,16 @@ def devnet(
     except DevnetConfigError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from None
-    _print_summary(summary_rows(snap), snap.failures)
+    _print_summary(snap.run_id, summary_rows(snap), snap.failures)
     if snap.failures:
         raise typer.Exit(1)
 
 
-def _print_summary(rows: list[tuple[str, str]], failures: list[str]) -> None:
+def _print_summary(run_id: int, rows: list[tuple[str, str]], failures: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("", "", title="devnet summary", show_header=False)
+    table = Table("", "", title=f"run {run_id} summary", show_header=False)
     for k, v in rows:
         table.add_row(k, v)
     console = Console()
@@ -227,13 +227,14 @@ def report(
             snap = _snapshot_from_chain(target, run_id)
             folder = out or Path("runs") / f"report-run{run_id}"
         else:
-            snap = load_snapshot(Path(target))
-            folder = out or Path(target)
+            path = Path(target)
+            snap = load_snapshot(path)
+            folder = out or (path if path.is_dir() else path.parent)
     except ReportError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from None
     path = write_report(snap, folder)
-    _print_summary(summary_rows(snap), snap.failures)
+    _print_summary(snap.run_id, summary_rows(snap), snap.failures)
     typer.echo(f"report: {path}")
 
 

@@ -157,6 +157,13 @@ def test_report_command_on_a_run_folder(tmp_path: Path) -> None:
     assert (tmp_path / "loss.png").exists()
 
 
+def test_report_command_on_the_snapshot_file_itself(tmp_path: Path) -> None:
+    (tmp_path / SNAPSHOT_FILE).write_text(json.dumps(recorded()))
+    result = CliRunner().invoke(app, ["report", str(tmp_path / SNAPSHOT_FILE)])
+    assert result.exit_code == 0, result.output
+    assert "run 1 summary" in result.output and (tmp_path / "report.md").exists()
+
+
 def test_report_command_on_a_bad_folder(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["report", str(tmp_path / "nope")])
     assert result.exit_code == 2
