@@ -1,9 +1,10 @@
 """The verifier node against the in-process chain, with real host nodes serving over HTTP.
 
-One outer step, four hosts (honest, free rider, zstd bomb, reveals-but-serves-nothing) and three
-verifiers (honest, lazy, malicious) with v = 3: the honest host is accepted, every adversary is
-rejected, the lazy and malicious verifiers are outvoted and slashed, the honest one is not, and
-it answered the bomb and the silent host with the right reasons while judging the others.
+Two outer steps, five hosts (honest, free rider, zstd bomb, reveals-but-serves-nothing, copycat)
+and three verifiers (honest, lazy, malicious) with v = 3: the honest host is accepted, every
+adversary is rejected, the lazy and malicious verifiers are outvoted and slashed, the honest one
+is not, and it answered the bomb and the silent host with the right reasons while judging the
+others, following G_n from one outer step to the next.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from verifier.node import HttpSource, VerifierNode
 from verifier.node_config import ConfigError, KeySource, VerifierConfig, load_verifier_config
 from verifier.verify import MissingData
 
-HOSTS = {1: "honest", 2: "zero", 3: "malformed", 4: "no_reveal"}
+HOSTS = {1: "honest", 2: "zero", 3: "malformed", 4: "no_reveal", 5: "copycat"}
 HOST_PARAMS: dict[str, dict[str, Any]] = {"malformed": {"kind": "zstd_bomb"}, "no_reveal": {"mode": "serve"}}
 VERIFIERS = {11: "honest", 12: "lazy", 13: "malicious"}
 STAKE = 1000
@@ -49,7 +50,7 @@ def verifier_config(tmp: Path, index: int, run_id: int, **kw: Any) -> VerifierCo
 def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_path: Path) -> None:
     corpus = tiny_corpus()
     chain = LockstepChain()
-    cfg = run_config(corpus, max_outer_steps=1, verifiers_per_contribution=3, sampled_segments=2)
+    cfg = run_config(corpus, max_outer_steps=2, verifiers_per_contribution=3, sampled_segments=2)
     run_id = create_run(chain, cfg)
     logs: list[dict[str, Any]] = []
     quick: dict[str, Any] = {"log": logs.append, "poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
@@ -66,23 +67,34 @@ def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_p
     with running([n.run for n in [*hosts.values(), *verifiers.values()]], chain):
         pass
 
-    step = chain.query("outer_step", run_id=run_id, step=0)
     addr = {name: hosts[i].address for i, name in HOSTS.items()}
-    assert step["outcomes"] == {
-        addr["honest"]: "accepted", addr["zero"]: "rejected", addr["malformed"]: "rejected",
-        addr["no_reveal"]: "rejected",
-    }  # fmt: skip
-    assert step["accepted"] == [addr["honest"]] and step["phase"] == "DONE"
+    steps = [chain.query("outer_step", run_id=run_id, step=n) for n in (0, 1)]
+    bad = {addr[n]: "rejected" for n in ("zero", "malformed", "no_reveal")}
+    # the copycat has nothing to copy in step 0 and works honestly; in step 1 it copies the honest Δ
+    assert steps[0]["outcomes"] == {addr["honest"]: "accepted", addr["copycat"]: "accepted", **bad}
+    assert steps[1]["outcomes"] == {addr["honest"]: "accepted", addr["copycat"]: "rejected", **bad}
+    assert all(s["phase"] == "DONE" for s in steps)
 
     honest, lazy, malicious = (verifiers[i] for i in VERIFIERS)
-    assert honest.snapshot()["verdicts"] == {
-        f"0:{addr['honest']}": "ACCEPT", f"0:{addr['zero']}": "REPLAY_MISMATCH",
-        f"0:{addr['malformed']}": "MALFORMED_BLOB", f"0:{addr['no_reveal']}": "MISSING_DATA",
-    }  # fmt: skip
+    seen = honest.snapshot()["verdicts"]
+    for n in (0, 1):
+        assert seen[f"{n}:{addr['honest']}"] == "ACCEPT"  # at step 1 from G_1 and its carried optimizer
+        assert seen[f"{n}:{addr['zero']}"] == "REPLAY_MISMATCH"
+        assert seen[f"{n}:{addr['malformed']}"] == "MALFORMED_BLOB"  # a zstd bomb, and it kept working
+        assert seen[f"{n}:{addr['no_reveal']}"] == "MISSING_DATA"  # revealed on chain, never served
+    assert seen[f"1:{addr['copycat']}"] == "REPLAY_MISMATCH"
     assert set(lazy.snapshot()["verdicts"].values()) == {"ACCEPT"}
     assert malicious.snapshot()["verdicts"][f"0:{addr['honest']}"] == "REPLAY_MISMATCH"
 
     stakes = {p["address"]: p["stake"] for p in chain.query("participants", run_id=run_id)["participants"]}
+
+    def contradicted(verifier: str) -> int:  # verdicts on chain that the final outcome overturned
+        count = 0
+        for n, s in enumerate(steps):
+            for v in chain.query("verdicts", run_id=run_id, step=n)["verdicts"]:
+                outcome = s["outcomes"][v["host"]]
+                count += v["verifier"] == verifier and (outcome == "accepted") != (v["reason"] == 0)
+        return count
 
     def slashed(times: int) -> int:  # each slash takes its fraction of what is left
         stake = STAKE
@@ -90,18 +102,21 @@ def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_p
             stake -= stake * cfg.stake.verifier_slash_bps // 10_000
         return stake
 
-    assert stakes[honest.address] == STAKE
-    assert stakes[lazy.address] == slashed(3)  # accepted three bad contributions
-    assert stakes[malicious.address] == slashed(1)  # rejected the honest one
+    assert contradicted(honest.address) == 0 and stakes[honest.address] == STAKE
+    outcomes = [o for s in steps for o in s["outcomes"].values()]
+    assert contradicted(lazy.address) == outcomes.count("rejected") == 7  # accepted every bad one
+    assert contradicted(malicious.address) == outcomes.count("accepted") == 3  # rejected every good one
+    assert stakes[lazy.address] == slashed(7) and stakes[malicious.address] == slashed(3)
     assert stakes[addr["honest"]] == STAKE and stakes[addr["zero"]] < STAKE
 
-    # the honest verifier followed the outer step: it holds the chain's G_1, computed itself
-    g1 = chain.run(run_id)["global_model_hash"]
-    assert any(e["event"] == "outer_step_applied" and e["model_hash"] == g1 and e["node"] == "verifier-11"
-               for e in logs)  # fmt: skip
-    assert (tmp_path / "verifier-11" / "global" / f"{g1}.safetensors").is_file()
+    # the honest verifier followed both outer steps: it computed the chain's G_1 and G_2 itself
+    for n in (1, 2):
+        g = steps[n - 1]["result_hash"]
+        assert any(e["event"] == "outer_step_applied" and e["model_hash"] == g and e["node"] == "verifier-11"
+                   for e in logs), n  # fmt: skip
+        assert (tmp_path / "verifier-11" / "global" / f"{g}.safetensors").is_file()
     text = json.dumps([e for e in logs if e.get("node", "").startswith("verifier")])
-    assert "verify_error" not in text
+    assert "verify_error" not in text and "abstain" not in text
 
 
 def test_verifier_node_metrics_and_status_are_served(tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ from verifier.verify import (
 )
 
 DONE_PHASES = ("AWAITING_RESULT", "DONE")  # chain.params.Phase values after finalization
+Pending = Future["Outcome | None"]
 
 
 class NodeError(RuntimeError):
@@ -60,6 +61,10 @@ class NodeError(RuntimeError):
 
 class Stopped(Exception):
     """`stop()` was called."""
+
+
+class _Retry(Exception):
+    """Data not served yet, before the reveal deadline: judge this host again after a block."""
 
 
 def _json_line(event: dict[str, Any]) -> None:
@@ -264,7 +269,7 @@ class VerifierNode:
         gm = self._global(info["base_model_hash"])
         settled: set[str] = set()
         deferred: dict[str, int] = {}  # host -> height at which its data was not yet served
-        running: dict[Future[Outcome | None], tuple[str, float]] = {}
+        running: dict[Pending, tuple[str, float]] = {}
         h = info["height"]
         while True:
             info = self._step_info(n)
@@ -281,12 +286,19 @@ class VerifierNode:
                     running[self.pool.submit(self._judge, job, gm)] = (host, time.perf_counter())
             if running:  # wait for work, not for blocks: the chain may be waiting on us
                 finished, _ = wait(list(running), timeout=self.poll_timeout, return_when=FIRST_COMPLETED)
+                ready: list[tuple[str, Outcome, float]] = []
                 for fut in finished:
                     host, t0 = running.pop(fut)
-                    if self._deliver(n, host, fut, info, time.perf_counter() - t0):
-                        settled.add(host)
-                    else:
+                    try:
+                        out = self._outcome(n, host, fut, info)
+                    except _Retry:
                         deferred[host] = info["height"]
+                        continue
+                    settled.add(host)
+                    if out is not None:
+                        ready.append((host, out, time.perf_counter() - t0))
+                if ready:
+                    self._submit(n, ready)
             else:
                 h = self._next_block(max(h, info["height"]))
 
@@ -334,46 +346,59 @@ class VerifierNode:
         finally:
             self._contexts.put((model, loss_fn))
 
-    def _deliver(
-        self, n: int, host: str, fut: Future[Outcome | None], info: dict[str, Any], seconds: float
-    ) -> bool:
-        """Submit a finished verdict; False = try this host again later (data may still come)."""
+    def _outcome(self, n: int, host: str, fut: Pending, info: dict[str, Any]) -> Outcome | None:
+        """A finished verification's verdict, None if there is nothing to submit; raises `_Retry`
+        when the data is missing but the reveal deadline has not passed (it may still come)."""
         try:
             out = fut.result()
         except CannotVerify as e:
             self.metrics.errors.labels("cannot_verify").inc()
             self.log("abstain", outer_step=n, host=host, reason=str(e))
-            return True
+            return None
         except Exception as e:  # a bug of ours must not take the node down; nothing is submitted
             self.metrics.errors.labels(type(e).__name__).inc()
             self.log("verify_error", outer_step=n, host=host, error=f"{type(e).__name__}: {e}")
-            return True
-        if out is None:
-            return True
-        if out.reason is Reason.MISSING_DATA and self.chain.height() <= info["reveal_deadline"]:
+            return None
+        early = self.chain.height() <= info["reveal_deadline"]
+        if out is not None and out.reason is Reason.MISSING_DATA and early:
             self.log("data_not_yet_served", outer_step=n, host=host, detail=out.detail)
-            return False
-        self.metrics.verifications.inc()
-        self.metrics.verify_seconds.observe(seconds)
-        if out.replay_steps and out.replay_seconds > 0:  # host's time ≈ H steps at our replay speed
-            host_seconds = out.replay_seconds / out.replay_steps * self.cfg.inner_steps
-            self.metrics.cost_fraction.set(seconds / host_seconds)
-        msg = MsgSubmitVerdict(
-            creator=self.address, run_id=self.config.run_id, outer_step=n, host=host,
-            reason=out.reason, evidence_hash=out.evidence_hash, detail=out.detail,
-        )  # fmt: skip
+            raise _Retry
+        return out
+
+    def _submit(self, n: int, ready: list[tuple[str, Outcome, float]]) -> None:
+        """All finished verdicts in one tx (one block, one fee); one by one if the batch is refused,
+        so a contribution decided meanwhile does not cost the others their verdicts."""
+        msgs = [
+            MsgSubmitVerdict(creator=self.address, run_id=self.config.run_id, outer_step=n, host=host,
+                             reason=out.reason, evidence_hash=out.evidence_hash, detail=out.detail)
+            for host, out, _ in ready
+        ]  # fmt: skip
         try:
-            self.chain.broadcast(self.wallet, [msg])
+            self.chain.broadcast(self.wallet, msgs)
+            sent = ready
         except TxFailed as e:
-            self.log("verdict_refused", outer_step=n, host=host, error=e.log)
-            return True
-        self.metrics.verdicts.labels(out.reason.name).inc()
-        with self._lock:
-            self.status["verdicts"][f"{n}:{host}"] = out.reason.name
-            self.status["submitted"] += 1
-        self.log("verdict", outer_step=n, host=host, reason=out.reason.name, detail=out.detail,
-                 evidence=out.evidence_hash, seconds=round(seconds, 3))  # fmt: skip
-        return True
+            if len(msgs) == 1:
+                self.log("verdict_refused", outer_step=n, host=ready[0][0], error=e.log)
+                return
+            sent = []
+            for item, msg in zip(ready, msgs, strict=True):
+                try:
+                    self.chain.broadcast(self.wallet, [msg])
+                    sent.append(item)
+                except TxFailed as e1:
+                    self.log("verdict_refused", outer_step=n, host=item[0], error=e1.log)
+        for host, out, seconds in sent:
+            self.metrics.verifications.inc()
+            self.metrics.verify_seconds.observe(seconds)
+            self.metrics.verdicts.labels(out.reason.name).inc()
+            if out.replay_steps and out.replay_seconds > 0:  # host's time ≈ H steps at our replay speed
+                host_seconds = out.replay_seconds / out.replay_steps * self.cfg.inner_steps
+                self.metrics.cost_fraction.set(seconds / host_seconds)
+            with self._lock:
+                self.status["verdicts"][f"{n}:{host}"] = out.reason.name
+                self.status["submitted"] += 1
+            self.log("verdict", outer_step=n, host=host, reason=out.reason.name, detail=out.detail,
+                     evidence=out.evidence_hash, seconds=round(seconds, 3))  # fmt: skip
 
     # ---------------------------------------------------------------- following G
 
