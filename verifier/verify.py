@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from protocol import codecs
 from protocol.config import ReplayMode, RunConfig, canonical_json
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
@@ -269,8 +270,6 @@ def _checked_state(source: BlobSource, leaf: str) -> State:
 
 def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource) -> None:
     """Committed Δ hash == hash of encode(θ_global − θ_H); the served blob is exactly that payload."""
-    from protocol import codecs
-
     cfg = job.cfg
     delta: dict[str, Tensor] = {}
     for name, want in ctx.global_params.items():
@@ -305,7 +304,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
     """Run every check in order; the first failure decides the reason. Never raises on host data.
 
     Order: proofs and claims (free) → per sampled segment: start state, replay, compare → Δ.
-    Raises `CannotVerify` only for this verifier's own inability (it then abstains).
+    Whether this verifier may judge at all (its own environment) is `check_verifier_env`'s call.
     """
     replayed: list[str] = []
     steps = 0
