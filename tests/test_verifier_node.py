@@ -119,6 +119,38 @@ def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_p
     assert "verify_error" not in text and "abstain" not in text
 
 
+class FlakyChain(LockstepChain):
+    """The chain's HTTP endpoint refuses a few of the verifier's calls (`assignments` is only its
+    own query), as when the chain process restarts under it."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def query(self, name: str, **params: Any) -> Any:
+        if name == "assignments" and self.failures > 0:
+            self.failures -= 1
+            raise httpx.ConnectError("[Errno 111] Connection refused")
+        return super().query(name, **params)
+
+
+def test_verifier_rides_out_a_chain_outage_and_still_judges(tmp_path: Path) -> None:
+    corpus = tiny_corpus()
+    chain = FlakyChain(failures=0)
+    cfg = run_config(corpus, max_outer_steps=1)
+    run_id = create_run(chain, cfg)
+    logs: list[dict[str, Any]] = []
+    host = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
+    node = VerifierNode(verifier_config(tmp_path, 11, run_id), chain, corpus=corpus, log=logs.append,
+                        poll_timeout=0.5, retry_backoff=0)  # fmt: skip
+    chain.failures = 4
+    with running([host.run, node.run], chain):
+        pass
+    assert chain.failures == 0 and sum(e["event"] == "interrupted" for e in logs) == 4
+    assert node.snapshot()["verdicts"] == {f"0:{host.address}": "ACCEPT"}
+    assert chain.query("outer_step", run_id=run_id, step=0)["accepted"] == [host.address]
+
+
 def test_verifier_node_metrics_and_status_are_served(tmp_path: Path) -> None:
     node = VerifierNode(verifier_config(tmp_path, 11, 1), chain=None, log=lambda e: None)  # type: ignore[arg-type]
     node.server.start()

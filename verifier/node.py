@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+import httpx
+
 from chain.client import ChainClient, ChainTimeout, TxFailed
 from protocol.codecs import decode, delta_hash, from_blob
 from protocol.config import RunConfig
@@ -26,6 +28,7 @@ from protocol.messages import EnvFingerprint, MsgJoinRun, MsgSubmitVerdict, Reas
 from trainer.blobs import (
     BlobCatalog,
     BlobClient,
+    BlobError,
     BlobInvalid,
     BlobUnavailable,
     ServerThread,
@@ -53,6 +56,8 @@ from verifier.verify import (
 
 DONE_PHASES = ("AWAITING_RESULT", "DONE")  # chain.params.Phase values after finalization
 Pending = Future["Outcome | None"]
+RECOVERABLE = (httpx.HTTPError, OSError, ChainTimeout, BlobError)
+"""The chain or every host unreachable (cosmpy's requests errors are OSErrors): wait, then resume."""
 
 
 class NodeError(RuntimeError):
@@ -116,6 +121,7 @@ class VerifierNode:
         blob_timeout: float = 30.0,
         blob_retries: int = 2,
         blob_backoff: float = 0.5,
+        retry_backoff: float = 0.5,
     ) -> None:
         if behaviour is None:  # adversaries live above verifier/: the CLI resolves them and passes one in
             if config.behaviour != "honest" or config.behaviour_params:
@@ -126,7 +132,7 @@ class VerifierNode:
         self.address = str(self.wallet.address())
         self.name = config.data_path.name or "verifier"
         self._corpus, self._allow_list, self._log = corpus, allow_list, log
-        self.poll_timeout = poll_timeout
+        self.poll_timeout, self.retry_backoff = poll_timeout, retry_backoff
         self.dir = config.data_path
         self.dir.mkdir(parents=True, exist_ok=True)
         self.globals = GlobalStore(self.dir / "global")
@@ -219,7 +225,10 @@ class VerifierNode:
             creator=self.address, run_id=self.config.run_id, role=Role.VERIFIER,
             endpoint=self.url, stake=self.config.stake,
         )  # fmt: skip
-        self.chain.broadcast(self.wallet, [msg])
+        try:
+            self.chain.broadcast(self.wallet, [msg])
+        except TxFailed as e:
+            raise NodeError(f"joining run {self.config.run_id} was refused: {e.log}") from e
         self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
 
     def _host_endpoints(self) -> list[str]:
@@ -229,19 +238,29 @@ class VerifierNode:
     # ---------------------------------------------------------------- the loop
 
     def run(self, max_outer_steps: int | None = None) -> None:
+        """Survives the chain or a host going away: the step is re-read and resumed when it is back."""
         self.server.start()
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
-        done = 0
+        done = failures = 0
+        ready = False
         try:
-            self._setup()
-            self._join()
             while max_outer_steps is None or done < max_outer_steps:
-                run = self.chain.run(self.config.run_id)
-                if run["status"] != "active":
-                    self.log("run_finished", outer_step=run["current_step"])
-                    break
-                self.outer_step(run["current_step"])
-                done += 1
+                try:
+                    if not ready:
+                        self._setup()
+                        ready = True
+                    self._join()
+                    run = self.chain.run(self.config.run_id)
+                    if run["status"] != "active":
+                        self.log("run_finished", outer_step=run["current_step"])
+                        break
+                    self.outer_step(run["current_step"])
+                    done, failures = done + 1, 0
+                except RECOVERABLE as e:  # resumable: assignments already judged are not listed again
+                    failures += 1
+                    self.log("interrupted", error=f"{type(e).__name__}: {e}", retry=failures)
+                    if self._stop.wait(min(self.retry_backoff * 2 ** (failures - 1), 10.0)):
+                        raise Stopped from None
             self._set(phase="DONE")
         except Stopped:
             self.log("stopped")
