@@ -158,6 +158,9 @@ def collect(
                 url=p.get("endpoint", ""),
                 behaviour=UNKNOWN,
             )
+    for p in participants:
+        row = rows[p["address"]]
+        rows[p["address"]] = row.model_copy(update={"joined_height": p.get("joined_height")})
     name = {a: n.name for a, n in rows.items()}
 
     def nm(address: str) -> str:
@@ -178,6 +181,7 @@ def collect(
                 result_hash=s.get("result_hash"),
                 result_votes={nm(a): h for a, h in (s.get("result_votes") or {}).items()},
                 open_height=s.get("open_height"),
+                train_start=s.get("train_start"),
                 done_height=s.get("done_height"),
             )
         )

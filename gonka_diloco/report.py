@@ -49,6 +49,7 @@ class StepRow(Model):
     result_hash: str | None = None
     result_votes: dict[str, str] = Field(default_factory=dict)  # node name -> hash it computed
     open_height: int | None = None
+    train_start: int | None = None
     done_height: int | None = None
 
 
@@ -61,6 +62,7 @@ class NodeRow(Model):
     state: str = ""  # last phase or status the node reported
     alive: bool = True
     restarts: int = 0
+    joined_height: int | None = None
     log: str = ""  # path relative to the run folder
     local_loss: dict[int, float] = Field(default_factory=dict)  # outer step -> last local loss
     val_loss: dict[int, float] = Field(default_factory=dict)
@@ -133,7 +135,10 @@ def evaluate(snap: Snapshot, *, expect_finished: bool = True, expect_all_honest:
                 continue
             missing = [h for h in honest_hosts if (h, step.index) not in committed]
             if missing:
-                failures.append(f"honest hosts made no contribution at outer step {step.index}: {missing}")
+                failures.append(
+                    f"honest hosts made no contribution at outer step {step.index}: {missing}"
+                    + _late_join_hint(snap, step, missing)
+                )
     for step in snap.steps:
         if step.result_hash is None:
             continue
@@ -150,6 +155,22 @@ def evaluate(snap: Snapshot, *, expect_finished: bool = True, expect_all_honest:
         if not values[-1] < values[0]:
             failures.append(f"global validation loss did not fall ({values[0]:.4f} -> {values[-1]:.4f})")
     return failures
+
+
+def _late_join_hint(snap: Snapshot, step: StepRow, missing: list[str]) -> str:
+    """Name the usual cause of a missing first contribution: nodes slower to start than the join window."""
+    if step.train_start is None:
+        return ""
+    late = [
+        n.name
+        for n in snap.nodes
+        if n.name in missing and n.joined_height is not None and n.joined_height >= step.train_start
+    ]
+    if not late:
+        return ""
+    return (
+        f" ({', '.join(late)} joined after training began at block {step.train_start}: lengthen phases.join)"
+    )
 
 
 # ---------------------------------------------------------------- rendering

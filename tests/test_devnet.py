@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gonka_diloco.devnet_config import make_config
 from gonka_diloco.procs import NodeProcess, NodeStartError, Supervisor
 
 # A node stand-in: spawns a grandchild (as uvicorn or torchrun would), logs, announces itself, waits.
@@ -221,11 +222,36 @@ QUICK = {
     "seq_len": 32,
     "model_size": "tiny",
     "block_interval": 0.2,
-    "phases": {"join": 10.0, "train": 3.0, "reveal": 2.0, "verify": 3.0, "escalation": 2.0, "result": 3.0},
+    "phases": {"join": 20.0, "train": 3.0, "reveal": 2.0, "verify": 3.0, "escalation": 2.0, "result": 3.0},
     "timeout": 150.0,
     "live": False,
 }
 """A devnet small enough for CI: a 1-layer GPT, H=10, 0.2 s blocks, three outer steps."""
+
+QUICK_TOML = """
+hosts = 3
+verifiers = 2
+outer_steps = 3
+inner_steps = 10
+segment_len = 5
+sampled_segments = 1
+verifiers_per_contribution = 1
+batch_size = 4
+seq_len = 32
+model_size = "tiny"
+block_interval = 0.2
+timeout = 150.0
+live = false
+[[adversaries]]
+behaviour = "noise"
+[phases]
+join = 20.0
+train = 3.0
+reveal = 2.0
+verify = 3.0
+escalation = 2.0
+result = 3.0
+"""
 
 
 def require_nodes() -> None:
@@ -250,15 +276,25 @@ def leftover_processes(marker: str) -> list[str]:
 
 @pytest.mark.slow
 def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path) -> None:
+    """The whole `gonka-diloco devnet --config devnet.toml` command, as `make devnet` runs it."""
     require_nodes()
-    from gonka_diloco.devnet import run_devnet
-    from gonka_diloco.devnet_config import make_config
+    from typer.testing import CliRunner
 
-    folder = tmp_path / "run"
-    cfg = make_config(QUICK)
-    snap = run_devnet(cfg, folder, echo=lambda _: None)
+    from gonka_diloco.cli import app
+    from gonka_diloco.devnet_config import load_config
+    from gonka_diloco.report import load_snapshot
+
+    toml = tmp_path / "devnet.toml"
+    toml.write_text(QUICK_TOML)
+    cfg = load_config(toml, {})
+    assert cfg.model_dump() == make_config(QUICK).model_dump()  # the TOML says what QUICK says
+    result = CliRunner().invoke(app, ["devnet", "--config", str(toml), "--out-dir", str(tmp_path / "runs")])
+    [folder] = (tmp_path / "runs").iterdir()
     assert leftover_processes(str(folder)) == []
-    assert snap.failures == [], (folder / "logs").as_posix()
+    assert result.exit_code == 0, result.output + (folder / "logs").as_posix()
+    assert f"devnet: report at {folder / 'report.md'}" in result.output and "PASS" in result.output
+    snap = load_snapshot(folder)
+    assert snap.failures == []
 
     steps = range(cfg.outer_steps)
     adversary = [c for c in snap.contributions if c.host == "host-2"]

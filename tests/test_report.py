@@ -118,6 +118,16 @@ def test_a_missing_honest_commit_fails_only_when_expected(snap: Snapshot) -> Non
     assert evaluate(snap, expect_all_honest=False) == []
 
 
+def test_a_late_join_is_named_as_the_cause(snap: Snapshot) -> None:
+    snap.contributions = [c for c in snap.contributions if not (c.host == "host-0" and c.outer_step == 0)]
+    snap.steps[0].train_start = 20
+    snap.nodes[1].joined_height = 23
+    assert evaluate(snap) == [
+        "honest hosts made no contribution at outer step 0: ['host-0'] "
+        "(host-0 joined after training began at block 20: lengthen phases.join)"
+    ]
+
+
 def test_report_files(snap: Snapshot, tmp_path: Path) -> None:
     report = write_report(snap, tmp_path)
     text = report.read_text()
