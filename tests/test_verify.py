@@ -22,7 +22,8 @@ from gonka_diloco.adversaries.lab import (
 )
 from protocol.config import ReplayMode
 from protocol.messages import EnvFingerprint, Reason
-from trainer.behaviour import HostBehaviour
+from trainer.behaviour import HostBehaviour, OuterContext
+from trainer.commit import Contribution, run_committed
 from trainer.globalmodel import GlobalModel
 from trainer.step import configure_determinism, env_fingerprint
 from verifier.verify import CannotVerify, Job, MissingData, check_verifier_env, param_distance, verify
@@ -175,6 +176,27 @@ def test_environment_checks(world: World) -> None:
     tol = dataclasses.replace(job, cfg=tol_cfg, env=two)
     check_verifier_env(tol, env_fingerprint(1))  # tolerance mode exists for exactly this case
     assert verify(tol, honest.source(), world.lab.replay_context(world.g1)).reason is Reason.ACCEPT
+
+
+class TwoSlices(HostBehaviour):
+    """A data-parallel host (2 ranks) as `trainer.ddp` trains: each batch as two summed slices."""
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        gm = ctx.global_model
+        c = run_committed(ctx.model, ctx.optimizer, ctx.cfg, ctx.data, ctx.address, ctx.outer_step,
+                          gm.params, gm.hash, ctx.store, micro_batches=2, loss_fn=ctx.loss_fn)  # fmt: skip
+        return dataclasses.replace(c, env=c.env.model_copy(update={"micro_batches": 2}))
+
+
+def test_data_parallel_hosts_replay_with_their_slice_count(world: World) -> None:
+    ddp = step1(world, TwoSlices())
+    job = world.lab.job(ddp, 1, SEED, sampled=[0, LAST])
+    ctx = world.lab.replay_context(world.g1)
+    assert verify(job, ddp.source(), ctx).reason is Reason.ACCEPT
+    one = dataclasses.replace(job, env=job.env.model_copy(update={"micro_batches": 1}))
+    assert verify(one, ddp.source(), ctx).reason is Reason.REPLAY_MISMATCH  # slices change the rounding
+    three = dataclasses.replace(job, env=job.env.model_copy(update={"micro_batches": 3}))
+    assert verify(three, ddp.source(), ctx).reason is Reason.BAD_ENVIRONMENT  # 4 does not split in 3
 
 
 def test_tolerance_mode_accepts_honest_and_rejects_lazy_with_distance(world: World) -> None:

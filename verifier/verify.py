@@ -99,7 +99,6 @@ class Job:
     sampled: tuple[int, ...]
     openings: tuple[OpeningData, ...]
     prev_optimizer_hash: str | None  # None: the host's first accepted outer step, start fresh
-    micro_batches: int = 1
 
 
 @dataclass
@@ -183,6 +182,9 @@ def check_claims(job: Job) -> None:
     if job.tokens != cfg.tokens_per_outer_step:
         want = cfg.tokens_per_outer_step
         raise _Reject(Reason.BAD_TOKENS, f"tokens {job.tokens} != H*batch*seq_len = {want}")
+    slices = job.env.micro_batches
+    if cfg.batch_size % slices:  # a DDP host's slices must split the PRF batch evenly
+        raise _Reject(Reason.BAD_ENVIRONMENT, f"batch {cfg.batch_size} does not split into {slices} slices")
     bitwise = cfg.replay_mode is ReplayMode.BITWISE  # tolerance mode exists for other environments
     if bitwise and (job.env.threads != cfg.threads or not job.env.deterministic):
         raise _Reject(
@@ -254,7 +256,7 @@ def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> 
     opt = make_optimizer(ctx.model, job.cfg.inner)
     load_training_state(ctx.model, opt, start)
     train_segment(
-        ctx.model, opt, job.cfg, ctx.data, job.host, job.outer_step, segment * k, k, job.micro_batches,
+        ctx.model, opt, job.cfg, ctx.data, job.host, job.outer_step, segment * k, k, job.env.micro_batches,
         loss_fn=ctx.loss_fn,
     )
     ctx.on_replay_steps(k)
