@@ -43,7 +43,7 @@ from chain.state import (
     transfer,
 )
 from protocol import merkle, prf
-from protocol.config import Phases, RunConfig
+from protocol.config import Phases, ReplayMode, RunConfig
 from protocol.messages import (
     MsgCommitPseudoGradient,
     MsgCreateRun,
@@ -287,7 +287,7 @@ def process_commit(state: ChainState, msg: MsgCommitPseudoGradient, ctx: TxConte
         raise errors.ErrLeafCount(f"{msg.leaf_count} != {config.n_segments + 1}")
     if msg.tokens != config.tokens_per_outer_step:
         raise errors.ErrBadTokens(f"{msg.tokens} != {config.tokens_per_outer_step}")
-    if msg.env.threads != config.threads:
+    if config.replay_mode is ReplayMode.BITWISE and msg.env.threads != config.threads:
         raise errors.ErrEnvMismatch(f"threads {msg.env.threads} != {config.threads}")
     fields = _commit_fields(msg)
     existing = step.contributions.get(msg.creator)

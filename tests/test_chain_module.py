@@ -400,6 +400,11 @@ def test_commit_errors(msg: MsgCommitPseudoGradient, error: type[ChainError]) ->
     started().fails(msg, error)
 
 
+def test_tolerance_mode_accepts_a_commit_from_another_thread_count() -> None:
+    sim = started(make_config(replay_mode="tolerance", tolerance=1e-5))
+    sim.ok(commit_msg(HOSTS[0], env=EnvFingerprint(torch_version="2.13.0", threads=2)))
+
+
 def test_commit_timing_errors() -> None:
     sim = Sim(make_state())
     sim.ok(MsgCreateRun(creator=AUTH, config=make_config(phases={"join_blocks": 3})))

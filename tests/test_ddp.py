@@ -38,7 +38,7 @@ model, opt = fresh(cfg)
 c = run_committed_ddp(model, opt, cfg, tiny_corpus(), HOST, 0, param_tensors(model), "a" * 64,
                       StateStore({store!r}) if ex.rank == 0 else None, ex)
 if c is not None:
-    print(json.dumps({{"leaves": c.leaves, "delta_hash": c.delta_hash}}))
+    print(json.dumps({{"leaves": c.leaves, "micro_batches": c.env.micro_batches}}))
 """
 
 
@@ -73,6 +73,7 @@ def test_two_gloo_ranks_commit_a_trajectory_that_replays_in_one_process(
     result = json.loads(outs[0][0].strip().splitlines()[-1])
     assert outs[1][0].strip() == ""  # only rank 0 speaks for the host
     leaves = result["leaves"]
+    assert result["micro_batches"] == 2  # committed, so a verifier replays with the same slicing
     cfg = tiny_cfg()
     assert len(leaves) == cfg.n_segments + 1
 

@@ -133,7 +133,7 @@ def run_committed(
         codec=cfg.codec,
         final_optimizer_hash=optimizer_hash(final),
         tokens=cfg.tokens_per_outer_step,
-        env=env_fingerprint(),
+        env=env_fingerprint(micro_batches=micro_batches),
         mean_loss=sum(losses) / len(losses),
         losses=losses,
     )

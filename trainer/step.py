@@ -39,12 +39,14 @@ def configure_determinism(threads: int) -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def env_fingerprint(threads: int | None = None) -> EnvFingerprint:
+def env_fingerprint(threads: int | None = None, micro_batches: int = 1) -> EnvFingerprint:
+    """What a bitwise replay must reproduce; `micro_batches` is the data-parallel slice count."""
     return EnvFingerprint(
         torch_version=torch.__version__,
         threads=threads if threads is not None else torch.get_num_threads(),
         deterministic=torch.are_deterministic_algorithms_enabled(),
         device="cpu",
+        micro_batches=micro_batches,
     )
 
 
