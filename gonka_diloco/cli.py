@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import click
 import typer
+from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from gonka_diloco.devnet_config import DevnetConfig
@@ -72,10 +73,27 @@ def _unavailable(name: str, help_text: str, why: str) -> click.Command:
 D = DevnetConfig()
 """The devnet defaults, shown in `devnet --help` (flags left unset fall back to the TOML, then these)."""
 
+DEVNET_EPILOG = """\b
+A TOML file (--config) takes the same fields as the flags, plus [phases] in seconds:
+  hosts = 5
+  verifiers = 3
+  verifiers_per_contribution = 3
+  [[adversaries]]
+  behaviour = "lazy"
+  params = { fraction = 0.5 }
+  [[verifier_adversaries]]
+  behaviour = "malicious"
+  [phases]
+  join = 25.0
+  train = 8.0
+Flags on the command line win over the file.
+Exit status: 0 = the run passed every check, 1 = it failed one (see report.md), 2 = bad configuration.
+"""
+
 app = typer.Typer(cls=LazyGroup, help="Verifiable DiLoCo training on a Cosmos chain.", no_args_is_help=True)
 
 
-@app.command()
+@app.command(epilog=escape(DEVNET_EPILOG))
 def devnet(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="Devnet TOML (DevnetConfig fields).")

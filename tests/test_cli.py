@@ -280,3 +280,16 @@ def test_status_unreachable_chain() -> None:
     result = invoke("status", "--chain-url", "http://127.0.0.1:9")
     assert result.exit_code == 1
     assert "cannot read http://127.0.0.1:9" in result.output
+
+
+def test_the_devnet_help_example_is_a_valid_config(tmp_path: Path) -> None:
+    from gonka_diloco.cli import DEVNET_EPILOG
+
+    lines = DEVNET_EPILOG.splitlines()
+    example = [line.strip() for line in lines if line.startswith("  ")]
+    path = tmp_path / "devnet.toml"
+    path.write_text("\n".join(example))
+    cfg = load_config(path, {})
+    assert cfg.verifiers_per_contribution == 3 and cfg.phases.train == 8.0
+    assert [b for b, _ in cfg.host_behaviours()][-1] == "lazy"
+    assert [b for b, _ in cfg.verifier_behaviours()] == ["honest", "honest", "malicious"]
