@@ -85,11 +85,15 @@ def equal_loss(setting: dict[str, Any]) -> dict[str, Any] | None:
         name = min(dps, key=lambda k: dps[k]["final_val_loss"])
         dp_bytes = dps[name]["bytes_per_host"]
     st = setting["setup"]
+    per_baseline = {
+        k: (reached[k] if k in reached else dps[k]["bytes_per_host"]) / ours["bytes_per_host"] for k in dps
+    }
     return {
         "H": st["inner_steps"], "hosts": st["hosts"], "outer_steps": st["outer_steps"],
         "ours_final_loss": target, "dp_baseline": name, "dp_final_loss": dps[name]["final_val_loss"],
         "ours_bytes": ours["bytes_per_host"], "dp_reached": bool(reached), "dp_bytes": dp_bytes,
-        "ratio": dp_bytes / ours["bytes_per_host"],
+        "ratio": dp_bytes / ours["bytes_per_host"], "ratio_per_baseline": per_baseline,
+        "reached_per_baseline": {k: k in reached for k in dps},
     }  # fmt: skip
 
 

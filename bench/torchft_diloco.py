@@ -43,6 +43,7 @@ def run_torchft(setup: Setup, *, save_params: str | None = None, timeout_s: floa
     curve: list[dict[str, Any]] = []
     finals: dict[int, dict[str, torch.Tensor]] = {}
     barrier = threading.Barrier(M, timeout=timeout_s)
+    ring = 2 * (M - 1) / M * 4 * n_params(param_tensors(build_model(setup.spec())))  # fp32 per sync
 
     def replica(i: int) -> None:
         host = env.hosts[i]
@@ -78,14 +79,16 @@ def run_torchft(setup: Setup, *, save_params: str | None = None, timeout_s: floa
                     inner.step()  # the DiLoCo post-hook syncs every H steps
                     if (t + 1) % H == 0 and evaluator is not None:
                         loss = evaluate(env, evaluator, param_tensors(model))
-                        curve.append({"outer_step": n + 1, "inner_steps": t + 1, "val_loss": loss})
+                        curve.append({"outer_step": n + 1, "inner_steps": t + 1, "val_loss": loss,
+                                      "bytes_per_host": ring * (n + 1)})  # fmt: skip
             finals[i] = param_tensors(model)
             barrier.wait()  # nobody shuts down while others still need the group
         finally:
             manager.shutdown(wait=False)
 
     init = build_model(setup.spec())
-    curve.append({"outer_step": 0, "inner_steps": 0, "val_loss": evaluate(env, init, param_tensors(init))})
+    l0 = evaluate(env, init, param_tensors(init))
+    curve.append({"outer_step": 0, "inner_steps": 0, "val_loss": l0, "bytes_per_host": 0})
     try:
         with ThreadPoolExecutor(max_workers=M, thread_name_prefix="replica") as pool:
             for f in [pool.submit(replica, i) for i in range(M)]:
@@ -105,7 +108,7 @@ def run_torchft(setup: Setup, *, save_params: str | None = None, timeout_s: floa
         "final_val_loss": curve[-1]["val_loss"],
         "curve": sorted(curve, key=lambda r: r["inner_steps"]),
         "params": p,
-        "bytes_per_host": 2 * (M - 1) / M * 4 * p * setup.outer_steps,  # fp32 ring all-reduce per sync
+        "bytes_per_host": ring * setup.outer_steps,  # fp32 ring all-reduce per sync
         "replica_max_abs_diff": spread,
         "torchft_version": _version(),
     }
