@@ -303,15 +303,19 @@ def _is_transient(exc: Exception) -> bool:
 T = TypeVar("T")
 
 
-def retrying(fn: Callable[[], T], attempts: int = 5, base_delay: float = 0.05) -> T:
-    """Retry transient transport failures (reset connections, 5xx) with exponential backoff."""
+def retrying(fn: Callable[[], T], attempts: int = 8, base_delay: float = 0.1, max_delay: float = 2.0) -> T:
+    """Retry transient transport failures (reset connections, 5xx) with capped exponential backoff.
+
+    The defaults ride out ≈ 7 s of outage: a devnet node restarting after a crash takes 1–3 s
+    on a loaded 2-core machine, and a node process must not die of it.
+    """
     for attempt in range(attempts):
         try:
             return fn()
         except Exception as exc:
             if attempt + 1 == attempts or not _is_transient(exc):
                 raise
-            time.sleep(base_delay * 2**attempt)
+            time.sleep(min(max_delay, base_delay * 2**attempt))
     raise AssertionError("unreachable")
 
 
@@ -331,6 +335,8 @@ class HttpChainClient(ChainClient):
         self.chain_id = chain_id
         self.gas_price = gas_price
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        # A long-poll must end before the HTTP timeout does, or every quiet wait is a ReadTimeout.
+        self._poll = max(0.5, timeout - 2.0)
         self._local = threading.local()
 
     def close(self) -> None:
@@ -376,7 +382,8 @@ class HttpChainClient(ChainClient):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ChainTimeout(f"tx {tx_hash} not committed within {timeout}s")
-            response = self._get(f"/inference/diloco/v1/txs/{tx_hash}", wait=round(min(remaining, 10.0), 3))
+            wait = round(min(remaining, self._poll), 3)
+            response = self._get(f"/inference/diloco/v1/txs/{tx_hash}", wait=wait)
             if response.status_code != 404:
                 return TxResult.from_json(self._json(response)["result"])
 
@@ -390,7 +397,7 @@ class HttpChainClient(ChainClient):
             if remaining <= 0:
                 raise ChainTimeout(f"no block after {after_height} within {timeout}s")
             response = self._get(
-                f"/inference/diloco/v1/blocks/{after_height + 1}", wait=round(min(remaining, 10.0), 3)
+                f"/inference/diloco/v1/blocks/{after_height + 1}", wait=round(min(remaining, self._poll), 3)
             )
             if response.status_code != 404:
                 return Block.from_json(self._json(response))
