@@ -271,6 +271,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
     ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
     ("hashing", "Hashing throughput", "bench.hashing", generic),
+    ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
+     "--out bench/results/calibration.json", generic),
 ]  # fmt: skip
 
 
@@ -363,12 +365,13 @@ def main(quick: bool = False) -> Path:
 def _section(found: list[tuple[Path, Any]], title: str, module: str, render: Callable[[Any], Lines]) -> Lines:
     out = [f"## {title}", ""]
     if not found:
-        return [*out, f"No results yet: run `.venv/bin/python -m {module}`.", ""]
+        cmd = module if " " in module else f".venv/bin/python -m {module}"
+        return [*out, f"No results yet: run `{cmd}`.", ""]
     for path, d in found:
         mtime = datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M")
         q = isinstance(d, dict) and d.get("quick")
-        out += [f"*{'quick' if q else 'full'} run, {mtime} UTC* — reproduce: "
-                f"`.venv/bin/python -m {module}{' --quick' if q else ''}`", ""]  # fmt: skip
+        cmd = module if " " in module else f".venv/bin/python -m {module}{' --quick' if q else ''}"
+        out += [f"*{'quick' if q else 'full'} run, {mtime} UTC* — reproduce: `{cmd}`", ""]
         try:
             out += render(d)
         except (KeyError, TypeError, ValueError, StopIteration) as e:
