@@ -28,12 +28,19 @@ def settings(quick: bool) -> list[tuple[Setup, bool]]:
     return [
         (Setup(hosts=8, inner_steps=50, outer_steps=24), True),
         (Setup(hosts=8, inner_steps=500, outer_steps=4, segment_len=50), False),
+        # as the DiLoCo paper does: start from a (data-parallel) checkpoint, not from random weights
+        (Setup(hosts=8, inner_steps=500, outer_steps=4, segment_len=50, warm_start=1000), False),
     ]
+
+
+def setting_tag(setup: Setup) -> str:
+    warm = f"_warm{setup.warm_start}" if setup.warm_start else ""
+    return f"M{setup.hosts}_H{setup.inner_steps}{warm}"
 
 
 def jobs_for(setup: Setup, full_set: bool, tmp: str) -> list[dict[str, Any]]:
     s = setup.to_json()
-    tag = f"M{setup.hosts}_H{setup.inner_steps}"
+    tag = setting_tag(setup)
     jobs: list[dict[str, Any]] = [
         {"label": f"{tag}/data_parallel", "kind": "data_parallel", "setup": s},
         {"label": f"{tag}/data_parallel_lr_x{DP_LR_SCALE}", "kind": "data_parallel", "setup": s,
@@ -79,7 +86,7 @@ def summarize(setup: Setup, runs: list[dict[str, Any]], tmp: str) -> dict[str, A
     tft, fp32, int8, seed1 = (by.get(k, {}) for k in ("torchft", "ours_fp32_verified", "ours_int8_verified",
                                                        "ours_int8_seed1"))  # fmt: skip
     if all("final_val_loss" in r for r in (tft, fp32, int8, seed1)):
-        tag = f"M{setup.hosts}_H{setup.inner_steps}"
+        tag = setting_tag(setup)
         noise = abs(int8["final_val_loss"] - seed1["final_val_loss"])
         out["agreement"] = {
             "ours_fp32_vs_torchft_loss": abs(fp32["final_val_loss"] - tft["final_val_loss"]),

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
-from protocol.config import Codec, ModelSpec, RunConfig
+from protocol.config import Codec, InnerOptim, ModelSpec, RunConfig
 from protocol.merkle import merkle_root
 from protocol.outer import global_model_hash, outer_update
 from protocol.prf import sample_segments
@@ -67,6 +67,7 @@ class Setup:
     seq_len: int = 64
     codec: str = "int8"
     seed: int = 0
+    warm_start: int = 0  # data-parallel steps from the init first: DiLoCo starts from a checkpoint
     eval_batches: int = 16
     model: tuple[tuple[str, Any], ...] = tuple(BENCH_MODEL.items())
 
@@ -254,7 +255,7 @@ def run_diloco(
 
     env = make_env(setup)
     cfg = env.cfg
-    init = build_model(setup.spec())
+    init = initial_model(env)
     g = param_tensors(init)
     mom = {n: torch.zeros_like(t) for n, t in g.items()}
     bad_hosts = set(env.hosts[len(env.hosts) - adversaries :]) if adversaries else set()
@@ -335,6 +336,31 @@ def run_diloco(
 
 # ---------------------------------------------------------------- synchronous data-parallel baseline
 
+PRETRAIN_OUTER_STEP = 1_000_000  # PRF batches of the warm start come from an outer step no run reaches
+
+
+def dp_step(
+    env: Env, model: nn.Module, opt: torch.optim.Optimizer, inner: InnerOptim, n: int, i: int, t: int
+) -> None:
+    """One synchronous step over every host's batch (n, i): the all-reduced gradient, clipped, AdamW."""
+    xs, ys = zip(*(batch(env.cfg, env.corpus, h, n, i) for h in env.hosts), strict=True)
+    for grp in opt.param_groups:
+        grp["lr"] = lr_at(inner, t)
+    opt.zero_grad(set_to_none=True)
+    lm_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+    torch.nn.utils.clip_grad_norm_(list(model.parameters()), env.cfg.inner.grad_clip)
+    opt.step()
+
+
+def initial_model(env: Env) -> nn.Module:
+    """The seeded init, optionally warm-started by `warm_start` data-parallel steps (not counted)."""
+    model = build_model(env.setup.spec())
+    if env.setup.warm_start:
+        opt = make_optimizer(model, env.cfg.inner)
+        for t in range(env.setup.warm_start):
+            dp_step(env, model, opt, env.cfg.inner, PRETRAIN_OUTER_STEP, t, t)
+    return model
+
 
 def run_data_parallel(setup: Setup, *, lr_scale: float = 1.0, evals_per_outer: int = 5) -> dict[str, Any]:
     """M workers, gradients averaged every step, on exactly the batches the DiLoCo hosts see.
@@ -346,10 +372,9 @@ def run_data_parallel(setup: Setup, *, lr_scale: float = 1.0, evals_per_outer: i
     env = make_env(setup)
     inner = env.cfg.inner.model_copy(update={"lr": env.cfg.inner.lr * lr_scale})
     cfg = env.cfg.model_copy(update={"inner": inner})
-    model = build_model(setup.spec())
+    model = initial_model(env)
     evaluator = build_model(setup.spec())
     opt = make_optimizer(model, cfg.inner)
-    params = list(model.parameters())
     p = n_params(param_tensors(model))
     H, M = setup.inner_steps, setup.hosts
     every = max(1, H // evals_per_outer)
@@ -358,13 +383,7 @@ def run_data_parallel(setup: Setup, *, lr_scale: float = 1.0, evals_per_outer: i
     t0 = time.perf_counter()
     for t in range(setup.outer_steps * H):
         n, i = divmod(t, H)
-        xs, ys = zip(*(batch(cfg, env.corpus, h, n, i) for h in env.hosts), strict=True)
-        for grp in opt.param_groups:
-            grp["lr"] = lr_at(cfg.inner, t)
-        opt.zero_grad(set_to_none=True)
-        lm_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.inner.grad_clip)
-        opt.step()
+        dp_step(env, model, opt, cfg.inner, n, i, t)
         if (t + 1) % every == 0:
             curve.append({
                 "inner_steps": t + 1, "val_loss": evaluate(env, evaluator, param_tensors(model)),
