@@ -105,9 +105,11 @@ class RunConfig(Frozen):
     dataset_manifest_hash: Hex32
     initial_model_hash: Hex32
     seed: int = Field(0, ge=0, lt=2**63)
-    inner_steps: int = Field(50, ge=1, description="H")
+    # Defaults from bench.detection: H = 500 (DiLoCo's), k = 5, s = 8 catches a host faking half its
+    # segments in ≥ 99% of outer steps at ≈ 8% of the host's compute per verifier.
+    inner_steps: int = Field(500, ge=1, description="H")
     segment_len: int = Field(5, ge=1, description="k")
-    sampled_segments: int = Field(2, ge=1, description="s")
+    sampled_segments: int = Field(8, ge=1, description="s")
     verifiers_per_contribution: int = Field(1, ge=1, description="v")
     batch_size: int = Field(8, ge=1)
     seq_len: int = Field(64, ge=2)

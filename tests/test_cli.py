@@ -22,6 +22,7 @@ name = "cli-test"
 seed = 3
 inner_steps = 10
 segment_len = 5
+sampled_segments = 1
 [model]
 factory = "trainer.model:small_gpt"
 config = { n_layer = 1, n_head = 2, n_embd = 16, block_size = 32 }

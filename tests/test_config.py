@@ -23,7 +23,7 @@ def test_config_hash_is_stable_and_sensitive():
     "kw",
     [
         {"inner_steps": 12, "segment_len": 5},
-        {"sampled_segments": 20},
+        {"sampled_segments": 101},  # H/k = 100 at the defaults
         {"replay_mode": "tolerance", "tolerance": 0.0},
         {"dataset_manifest_hash": "XYZ"},
         {"unknown_field": 1},
