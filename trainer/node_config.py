@@ -1,4 +1,4 @@
-"""host.toml: what an operator configures (DEVELOPERS-nodes.md), validated with named errors.
+"""host.toml (and the shape verifier.toml shares): what an operator configures, with named errors.
 
 Everything the *run* is bound to comes from the chain; this file only says where the node lives,
 who it is and how it behaves, so a typo is an error at start-up, never a silently honest node.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cosmpy.aerial.wallet import LocalWallet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -20,11 +20,11 @@ MAX_MNEMONIC_BYTES = 4096
 
 
 class ConfigError(ValueError):
-    """host.toml is missing, unreadable, not TOML, or does not validate; the message says where."""
+    """A node's TOML is missing, unreadable, not TOML, or does not validate; the message says where."""
 
 
 class KeySource(BaseModel):
-    """Exactly one way to get the host's key."""
+    """Exactly one way to get the node's key."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,8 +65,8 @@ class KeySource(BaseModel):
             raise ConfigError(f"mnemonic file {path}: {e}") from e
 
 
-class HostConfig(BaseModel):
-    """A host node's configuration; relative paths are relative to the TOML file's directory."""
+class NodeConfig(BaseModel):
+    """What every node (host or verifier) configures; relative paths are relative to the TOML file."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -93,8 +93,20 @@ class HostConfig(BaseModel):
         return self.key.wallet(self.base_dir)
 
 
+class HostConfig(NodeConfig):
+    """A host node's configuration (host.toml); `threads` must equal the run's."""
+
+
+C = TypeVar("C", bound=NodeConfig)
+
+
 def load_host_config(path: str | Path) -> HostConfig:
     """Read and validate host.toml; every failure is a `ConfigError` naming the file and field."""
+    return load_node_config(path, HostConfig)
+
+
+def load_node_config(path: str | Path, cls: type[C]) -> C:
+    """Read a node's TOML (size-bounded) and validate it as `cls`; failures are `ConfigError`s."""
     path = Path(path)
     try:
         raw = path.read_bytes()[: MAX_CONFIG_BYTES + 1]
@@ -109,7 +121,7 @@ def load_host_config(path: str | Path) -> HostConfig:
     if "base_dir" in data:
         raise ConfigError(f"{path}: unknown field 'base_dir'")
     try:
-        return HostConfig.model_validate({**data, "base_dir": path.parent})
+        return cls.model_validate({**data, "base_dir": path.parent})
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or '(top)'}: {x['msg']}" for x in e.errors())
         raise ConfigError(f"{path}: {problems}") from e

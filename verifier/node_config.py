@@ -1,100 +1,29 @@
 """verifier.toml: what a verifier operator configures, validated with named errors.
 
-Same shape as host.toml (DEVELOPERS-nodes.md) so one orchestrator writes both; `threads` is the
-replay thread count (bitwise mode needs the run's), and the pool bounds are the verifier's own.
+Same shape as host.toml (DEVELOPERS-nodes.md; one model, `trainer.node_config.NodeConfig`) so one
+orchestrator writes both; `threads` is the replay thread count (bitwise mode needs the run's), and
+the pool bounds are the verifier's own.
 """
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
-from typing import Any
 
-from cosmpy.aerial.wallet import LocalWallet
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field
 
-from protocol.keys import Keyring, test_wallet, wallet_from_mnemonic
+from trainer.node_config import ConfigError, KeySource, NodeConfig, load_node_config
 
-MAX_CONFIG_BYTES = 64 * 1024
-MAX_MNEMONIC_BYTES = 4096
+__all__ = ["ConfigError", "KeySource", "VerifierConfig", "load_verifier_config"]
+
 STATES_PER_VERIFICATION = 2
 """Besides its worker's model, a verification holds the start state and at most the claimed end."""
 
 
-class ConfigError(ValueError):
-    """verifier.toml is missing, unreadable, not TOML, or does not validate."""
+class VerifierConfig(NodeConfig):
+    """A verifier node's configuration (verifier.toml)."""
 
-
-class KeySource(BaseModel):
-    """Exactly one way to get the verifier's key."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    mnemonic_file: str = ""
-    keyring_dir: str = ""
-    name: str = ""
-    test_index: int = Field(-1, ge=-1)
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> KeySource:
-        chosen = [bool(self.mnemonic_file), bool(self.keyring_dir), self.test_index >= 0]
-        if sum(chosen) != 1:
-            raise ValueError("[key] needs exactly one of mnemonic_file, keyring_dir (+ name), test_index")
-        if self.keyring_dir and not self.name:
-            raise ValueError("[key] keyring_dir needs a key `name`")
-        return self
-
-    def wallet(self, base: Path = Path(".")) -> LocalWallet:
-        if self.test_index >= 0:
-            return test_wallet(self.test_index)
-        if self.keyring_dir:
-            try:
-                return Keyring(base / self.keyring_dir).wallet(self.name)
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"keyring {base / self.keyring_dir}: {e}") from e
-        path = base / self.mnemonic_file
-        try:
-            if path.stat().st_mode & 0o077:
-                raise ConfigError(f"{path} is readable by group or others; chmod 600 it")
-            raw = path.read_bytes()[: MAX_MNEMONIC_BYTES + 1]
-        except OSError as e:
-            raise ConfigError(f"cannot read mnemonic file {path}: {e}") from e
-        if len(raw) > MAX_MNEMONIC_BYTES:
-            raise ConfigError(f"mnemonic file {path} is too large")
-        try:
-            return wallet_from_mnemonic(raw.decode().strip())
-        except (UnicodeDecodeError, ValueError) as e:
-            raise ConfigError(f"mnemonic file {path}: {e}") from e
-
-
-class VerifierConfig(BaseModel):
-    """A verifier node's configuration; relative paths are relative to the TOML file's directory."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    chain_url: str = Field(pattern=r"^https?://")
-    run_id: int = Field(ge=1)
-    data_dir: str = Field(min_length=1)
-    listen: str = Field("127.0.0.1:0", pattern=r"^[^:\s]+:\d{1,5}$")
-    public_url: str = Field("", pattern=r"^(https?://.*)?$", max_length=256)
-    stake: int = Field(2_000_000_000, ge=0)
-    threads: int = Field(1, ge=1, le=256)
-    behaviour: str = Field("honest", min_length=1)
-    behaviour_params: dict[str, Any] = Field(default_factory=dict)
     max_concurrent: int = Field(2, ge=1, le=64)
     max_states_in_memory: int = Field(4, ge=STATES_PER_VERIFICATION, le=4096)
-    key: KeySource
-    base_dir: Path = Field(Path("."), exclude=True)
-
-    def path(self, p: str) -> Path:
-        return Path(p) if Path(p).is_absolute() else self.base_dir / p
-
-    @property
-    def data_path(self) -> Path:
-        return self.path(self.data_dir)
-
-    def wallet(self) -> LocalWallet:
-        return self.key.wallet(self.base_dir)
 
     @property
     def workers(self) -> int:
@@ -104,21 +33,4 @@ class VerifierConfig(BaseModel):
 
 def load_verifier_config(path: str | Path) -> VerifierConfig:
     """Read and validate verifier.toml; every failure is a `ConfigError` naming the file and field."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()[: MAX_CONFIG_BYTES + 1]
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e}") from e
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        data = tomllib.loads(raw.decode())
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"{path} is not valid TOML: {e}") from e
-    if "base_dir" in data:
-        raise ConfigError(f"{path}: unknown field 'base_dir'")
-    try:
-        return VerifierConfig.model_validate({**data, "base_dir": path.parent})
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or '(top)'}: {x['msg']}" for x in e.errors())
-        raise ConfigError(f"{path}: {problems}") from e
+    return load_node_config(path, VerifierConfig)
