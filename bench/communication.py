@@ -90,7 +90,8 @@ def equal_loss(setting: dict[str, Any]) -> dict[str, Any] | None:
     }
     return {
         "H": st["inner_steps"], "hosts": st["hosts"], "outer_steps": st["outer_steps"],
-        "ours_final_loss": target, "dp_baseline": name, "dp_final_loss": dps[name]["final_val_loss"],
+        "warm_start": st.get("warm_start", 0), "ours_final_loss": target, "dp_baseline": name,
+        "dp_final_loss": dps[name]["final_val_loss"],
         "ours_bytes": ours["bytes_per_host"], "dp_reached": bool(reached), "dp_bytes": dp_bytes,
         "ratio": dp_bytes / ours["bytes_per_host"], "ratio_per_baseline": per_baseline,
         "reached_per_baseline": {k: k in reached for k in dps},
@@ -118,7 +119,8 @@ def main(quick: bool = False) -> dict[str, Any]:
                   f"| {r['verification_bytes']} | {r['ratio_with_verification']:.0f}x |")  # fmt: skip
     for e in equal:
         bound = "" if e["dp_reached"] else " (DP never reached it: lower bound)"
-        print(f"equal loss, M={e['hosts']} H={e['H']}: ours {e['ours_final_loss']:.4f} with "
+        print(f"equal loss, M={e['hosts']} H={e['H']} warm start {e['warm_start']}: "
+              f"ours {e['ours_final_loss']:.4f} with "
               f"{e['ours_bytes'] / 1e6:.2f} MB/host; DP needs {e['dp_bytes'] / 1e6:.1f} MB "
               f"→ {e['ratio']:.0f}x{bound}")  # fmt: skip
     write_result("communication", result)

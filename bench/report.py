@@ -57,8 +57,11 @@ def convergence(d: dict[str, Any]) -> Lines:
     for s in d["settings"]:
         st = s["setup"]
         tag = f"M{st['hosts']}_H{st['inner_steps']}"
+        tag += f"_warm{st['warm_start']}" if st.get("warm_start") else ""
+        warm = f", after a {st['warm_start']}-step data-parallel warm start" if st.get("warm_start") else ""
         out.append(
-            f"**M = {st['hosts']} hosts, H = {st['inner_steps']}, T = {st['outer_steps']} outer steps** "
+            f"**M = {st['hosts']} hosts, H = {st['inner_steps']}, T = {st['outer_steps']} outer "
+            f"steps{warm}** "
             f"(k = {st['segment_len']}, s = {st['sampled_segments']}, "
             f"batch {st['batch_size']}×{st['seq_len']}; "
             f"every contender does M·H·T = {st['hosts'] * st['inner_steps'] * st['outer_steps']:,} "
@@ -208,9 +211,10 @@ def communication(d: dict[str, Any]) -> Lines:
                    "data-parallel baseline's validation loss first reaches ours, int8 Δs):")  # fmt: skip
         out.append("")
         out += table(
-            ["M", "H", "T", "ours final loss", "DP baseline", "DP final loss", "ours MB/host",
+            ["M", "H", "T", "warm start", "ours final loss", "DP baseline", "DP final loss", "ours MB/host",
              "DP MB/host to that loss", "ratio"],
-            [[e["hosts"], e["H"], e["outer_steps"], e["ours_final_loss"], e.get("dp_baseline"),
+            [[e["hosts"], e["H"], e["outer_steps"], e.get("warm_start", 0), e["ours_final_loss"],
+              e.get("dp_baseline"),
               e["dp_final_loss"], e["ours_bytes"] / 1e6,
               e["dp_bytes"] / 1e6, f"{'≥ ' if not e['dp_reached'] else ''}{e['ratio']:.0f}×"]
              for e in d["equal_loss"]],
@@ -221,7 +225,8 @@ def communication(d: dict[str, Any]) -> Lines:
             if per:
                 each = ", ".join(f"{k} {'' if reached.get(k, True) else '≥ '}{v:.0f}×"
                                  for k, v in per.items())  # fmt: skip
-                out.append(f"- M = {e['hosts']}, H = {e['H']}, against each DP baseline: {each}")
+                warm = f", after a {e['warm_start']}-step warm start" if e.get("warm_start") else ""
+                out.append(f"- M = {e['hosts']}, H = {e['H']}{warm}, against each DP baseline: {each}")
         out.append("")
         out.append("(≥: data-parallel never reached our loss within the same compute; its whole run is a "
                    "lower bound on the bytes it would need.)")  # fmt: skip
@@ -302,7 +307,10 @@ def goals(res: dict[str, Any]) -> Lines:
             if e["H"] == 500:
                 bound = "" if e["dp_reached"] else " (lower bound)"
                 met = "met" if e["ratio"] >= 1000 else "NOT met"
-                out.append(f"- **ratio at equal final loss**, int8, H = 500: {e['ratio']:.0f}×{bound} "
+                start = (f"from a {e['warm_start']}-step data-parallel warm start (as the DiLoCo paper)"
+                         if e.get("warm_start") else "from random init")  # fmt: skip
+                out.append(f"- **ratio at equal final loss**, int8, H = 500, {start}: "
+                           f"{e['ratio']:.0f}×{bound} "
                            f"against {e['dp_baseline']} (goal ≥ 1000×: **{met}**)")  # fmt: skip
     h = res.get("host_overhead") or {}
     if "overhead" in h:
