@@ -47,7 +47,7 @@ def _restore_torch_globals() -> Iterator[None]:
 def tiny_cfg(**kw: object) -> RunConfig:
     base: dict[str, object] = dict(
         model=SPEC, dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
-        batch_size=4, seq_len=32, inner_steps=10, segment_len=5, data_shards=2,
+        batch_size=4, seq_len=32, inner_steps=10, segment_len=5, sampled_segments=2, data_shards=2,
     )  # fmt: skip
     return RunConfig(**{**base, **kw})  # type: ignore[arg-type]
 
