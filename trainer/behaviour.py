@@ -29,6 +29,7 @@ from protocol.messages import MsgCommitPseudoGradient
 from trainer.blobs import BlobClient
 from trainer.commit import Contribution, pseudo_gradient, run_committed
 from trainer.data import Corpus
+from trainer.ddp import Team
 from trainer.globalmodel import GlobalModel
 from trainer.step import LossFn, env_fingerprint, optimizer_hash
 from trainer.store import StateStore
@@ -54,7 +55,8 @@ class OuterContext:
 
     `model` and `optimizer` are the host's own: the optimizer already carries the state the
     chain expects this step to start from (the last accepted one, or fresh). `optimizer` is
-    None in hooks called after a restart, when the node did not train in this process.
+    None in hooks called after a restart, when the node did not train in this process. `team` is
+    the host's other torchrun ranks (None: one process); `train()` trains with them.
     """
 
     cfg: RunConfig
@@ -72,11 +74,22 @@ class OuterContext:
     previous_accepted: Sequence[AcceptedDelta] = ()
     peers: Sequence[str] = ()  # blob endpoints of the run's other hosts
     extra: dict[str, Any] = field(default_factory=dict)
+    team: Team | None = None
 
     def train(self, *, host: str | None = None, data: Corpus | None = None) -> Contribution:
-        """The honest committed loop from G_n; `host`/`data` let a wrong-data adversary lie."""
+        """The honest committed loop from G_n; `host`/`data` let a wrong-data adversary lie.
+
+        With a team every rank trains a slice of each batch; a substituted corpus cannot be sent
+        to the other ranks, so that one trains in this process alone.
+        """
         if self.optimizer is None:
             raise BehaviourError("train() is only available in make_contribution")
+        if self.team is not None and data is None:
+            return self.team.train(
+                self.model, self.optimizer, self.cfg, self.data, host if host is not None else self.address,
+                self.outer_step, self.global_model.params, self.global_model.hash, self.store,
+                loss_fn=self.loss_fn,
+            )  # fmt: skip
         return run_committed(
             self.model,
             self.optimizer,

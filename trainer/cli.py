@@ -3,6 +3,9 @@
 The first stdout line is `{"event": "listening", "url": ...}`; every later line is one JSON log
 record. On a terminal a rich progress line shows the outer step and phase above the log.
 SIGTERM/SIGINT stop the node at its next wait; all its state is on disk, so it resumes later.
+
+Under `torchrun --nproc_per_node N` rank 0 is the node and ranks >= 1 only follow its training
+calls (`trainer.ddp.follow`): they never bind a port, touch the chain or write the data dir.
 """
 
 from __future__ import annotations
@@ -73,17 +76,29 @@ def run(
 ) -> None:
     """Join the run, then train, commit, reveal and aggregate every outer step."""
     from chain.client import ChainClientError, HttpChainClient
+    from trainer import ddp
     from trainer.node import HostNode, NodeError
 
+    exchange = ddp.launch()  # None unless torchrun started several ranks
+    if exchange is not None and exchange.rank != 0:
+        try:
+            ddp.follow(exchange)
+        finally:
+            ddp.shutdown()
+        return
+    team = ddp.Team(exchange) if exchange is not None else None
     try:
         cfg = load_host_config(config)
         node_behaviour = _resolve(cfg.behaviour, cfg.behaviour_params)
         chain = HttpChainClient(cfg.chain_url)
         progress = _Progress() if sys.stdout.isatty() else None
         kwargs = {"log": progress} if progress is not None else {}
-        node = HostNode(cfg, chain, behaviour=node_behaviour, **kwargs)
+        node = HostNode(cfg, chain, behaviour=node_behaviour, team=team, **kwargs)
     except (ConfigError, behaviour.BehaviourError, NodeError, OSError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
+        if team is not None:
+            team.close()
+            ddp.shutdown()
         raise typer.Exit(2) from None
 
     def stop(signum: int, _frame: Any) -> None:
@@ -97,8 +112,11 @@ def run(
                 node.run(max_outer_steps or None, linger=linger)
         else:
             node.run(max_outer_steps or None, linger=linger)
-    except (NodeError, ChainClientError) as e:
+    except (NodeError, ChainClientError, ddp.TeamError) as e:
         node.log("fatal", error=f"{type(e).__name__}: {e}")
         raise typer.Exit(1) from None
     finally:
         chain.close()
+        if team is not None:
+            team.close()
+            ddp.shutdown()

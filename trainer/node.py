@@ -6,7 +6,8 @@ any point and restarted on the same `data_dir` re-derives where it stands: it ne
 second, different contribution for one outer step, reveals what it committed, and sits out an
 outer step whose deadline it missed. Only Δs the chain finalized as accepted reach the model.
 
-Single process (rank 0 only); `trainer.ddp` is the data-parallel inner loop.
+Under torchrun this is rank 0, and the only rank that talks to the chain, serves and writes
+`data_dir`; its `team` (`trainer.ddp.Team`) makes the other ranks train each batch with it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolv
 from trainer.blobs import BlobCatalog, BlobClient, BlobError, ServerThread, build_app, parse_listen
 from trainer.commit import Contribution, openings
 from trainer.data import Corpus, eval_loss, load_corpus, shakespeare_manifest
+from trainer.ddp import Team
 from trainer.globalmodel import GlobalModel, GlobalStore
 from trainer.metrics import HostMetrics
 from trainer.node_config import HostConfig
@@ -127,9 +129,11 @@ class HostNode:
         blob_timeout: float = 30.0,
         blob_retries: int = 3,
         blob_backoff: float = 0.5,
+        team: Team | None = None,
     ) -> None:
         self.config = config
         self.chain = chain
+        self.team = team
         self.behaviour = behaviour or resolve(config.behaviour, config.behaviour_params)
         self.wallet = config.wallet()
         self.address = str(self.wallet.address())
@@ -370,6 +374,8 @@ class HostNode:
                     self._wait_step(run["current_step"], lambda i: i["phase"] == DONE)
                 done += 1
             self._set(phase="DONE")
+            if self.team is not None:
+                self.team.close()  # no more training: the other ranks exit
             if linger:
                 self.log("lingering", url=self.url)
                 self._wait_height(sys.maxsize)
@@ -488,6 +494,7 @@ class HostNode:
             chain=self.chain,
             previous_accepted=previous,
             peers=self._peers(),
+            team=self.team,
         )
 
     def _count(self, key: str) -> None:
