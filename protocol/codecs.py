@@ -35,6 +35,7 @@ import torch
 import zstandard
 
 from protocol.config import Codec
+from protocol.tensors import ByteReader
 
 Layout = Mapping[str, tuple[int, ...]]
 
@@ -199,27 +200,11 @@ def delta_hash(payload: bytes) -> str:
     return h.hexdigest()
 
 
-class _Reader:
-    def __init__(self, data: bytes | bytearray | memoryview) -> None:
-        self.view = memoryview(data).cast("B")
-        self.pos = 0
-
-    def take(self, n: int, what: str) -> memoryview:
-        if self.pos + n > len(self.view):
-            raise CodecError(f"truncated: {what} needs {n} bytes at offset {self.pos}")
-        out = self.view[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def unpack(self, st: struct.Struct, what: str) -> tuple:
-        return st.unpack(self.take(st.size, what))
-
-
 def read_header(data: bytes | bytearray | memoryview) -> PayloadHeader:
     """Parse and sanity-check a payload's (or blob's) header; the body is not touched."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise CodecError(f"expected bytes, got {type(data).__name__}")
-    r = _Reader(data)
+    r = ByteReader(data, CodecError)
     magic, version, code, reserved, block, count = r.unpack(_PREAMBLE, "preamble")
     if magic != MAGIC:
         raise CodecError(f"bad magic {bytes(magic)!r}")

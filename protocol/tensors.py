@@ -172,16 +172,17 @@ def hash_canonical(data: bytes, kind: StateKind) -> str:
     return h.hexdigest()
 
 
-class _Reader:
-    """Bounds-checked cursor: every read past the end is a TensorFormatError, never an IndexError."""
+class ByteReader:
+    """Bounds-checked cursor: every read past the end is the decoder's own `error`, never an IndexError."""
 
-    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+    def __init__(self, data: bytes | bytearray | memoryview, error: type[ValueError]) -> None:
         self.view = memoryview(data).cast("B")
         self.pos = 0
+        self.error = error
 
     def take(self, n: int, what: str) -> memoryview:
         if n < 0 or self.pos + n > len(self.view):
-            raise TensorFormatError(f"truncated: {what} needs {n} bytes at offset {self.pos}")
+            raise self.error(f"truncated: {what} needs {n} bytes at offset {self.pos}")
         out = self.view[self.pos : self.pos + n]
         self.pos += n
         return out
@@ -205,7 +206,7 @@ def decode_canonical(
         raise TensorFormatError(f"expected bytes, got {type(data).__name__}")
     if len(data) > max_bytes:
         raise TensorFormatError(f"{len(data)} bytes exceeds the limit of {max_bytes}")
-    r = _Reader(data)
+    r = ByteReader(data, TensorFormatError)
     magic, version, reserved, count = r.unpack(_PREAMBLE, "preamble")
     if magic != MAGIC:
         raise TensorFormatError(f"bad magic {bytes(magic)!r}")
