@@ -3,7 +3,6 @@ end-to-end run over real processes and loopback HTTP (`issues show 6`, "Done whe
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import select
 import signal
@@ -254,13 +253,6 @@ result = 3.0
 """
 
 
-def require_nodes() -> None:
-    """The devnet needs the node binaries; skip (naming them) only while they are not built."""
-    missing = [m for m in ("chain.cli", "trainer.cli", "verifier.cli") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"node modules not built yet: {', '.join(missing)}")
-
-
 def leftover_processes(marker: str) -> list[str]:
     """Processes whose command line mentions `marker` (every node's argv holds its run folder)."""
     found = []
@@ -277,7 +269,6 @@ def leftover_processes(marker: str) -> list[str]:
 @pytest.mark.slow
 def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path) -> None:
     """The whole `gonka-diloco devnet --config devnet.toml` command, as `make devnet` runs it."""
-    require_nodes()
     from typer.testing import CliRunner
 
     from gonka_diloco.cli import app

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_devnet import QUICK, leftover_processes, require_nodes
+from test_devnet import QUICK, leftover_processes
 from typer.testing import CliRunner
 
 from gonka_diloco.cli import app
@@ -28,7 +28,6 @@ def chain_status(dn: Devnet) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_chain_killed_mid_run_resumes_and_the_run_completes(tmp_path: Path) -> None:
-    require_nodes()
     folder = tmp_path / "run"
     cfg = make_config({**HONEST, "hosts": 2})
     with Devnet(cfg, folder) as dn:
@@ -55,7 +54,6 @@ def test_chain_killed_mid_run_resumes_and_the_run_completes(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> None:
-    require_nodes()
     folder = tmp_path / "run"
     cfg = make_config({**HONEST, "hosts": 3, "outer_steps": 4})
     victim = "host-2"
