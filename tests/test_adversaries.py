@@ -3,7 +3,6 @@ exactly the dishonest thing it claims (the verifier's side is in test_verify/tes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,9 @@ A = "gonka1" + "a" * 38
 
 
 @pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+def _one_thread() -> None:
+    """Replays here are bitwise; conftest gives torch's globals back afterwards."""
     configure_determinism(1)
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det)
 
 
 def test_every_behaviour_resolves_and_is_listed_and_registered_for_host_toml() -> None:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from gonka_diloco.adversaries.lab import tiny_config
@@ -16,14 +14,6 @@ from verifier.calibrate import FLOOR, calibrate, propose, table, to_json
 from verifier.cli import app
 
 CORPUS = "synthetic:40000:0"
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det)
 
 
 def test_proposal_takes_the_largest_k_whose_attacks_clear_factor_times_noise() -> None:

@@ -7,11 +7,9 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.test_step_replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
 from trainer.step import (
@@ -49,12 +47,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def one_thread() -> Iterator[None]:
-    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+def one_thread() -> None:
+    """The replay must be bitwise; conftest gives torch's globals back afterwards."""
     configure_determinism(1)
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det)
 
 
 def test_two_gloo_ranks_commit_a_trajectory_that_replays_in_one_process(

@@ -38,15 +38,6 @@ TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}
 SPEC = ModelSpec(factory="trainer.model:small_gpt", config=TINY)
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    """The node pins threads and deterministic algorithms process-wide; give them back."""
-    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det)
-
-
 # ---------------------------------------------------------------- harness
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,15 +32,6 @@ HOST = "gonka1" + "q" * 38
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 SPEC = ModelSpec(factory="trainer.model:small_gpt", config=TINY)
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    """configure_determinism changes process-wide torch settings; give them back to other tests."""
-    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det)
 
 
 def tiny_cfg(**kw: object) -> RunConfig:

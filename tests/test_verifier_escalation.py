@@ -10,12 +10,9 @@ replays it and accepts; the Δ reaches G_1 and nobody is slashed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
-import torch
 
 from gonka_diloco.adversaries import resolve_verifier
 from gonka_diloco.adversaries.verifiers import OfflineVerifier
@@ -25,14 +22,6 @@ from trainer.node import HostNode
 from verifier.behaviour import VerifierBehaviour
 from verifier.node import VerifierNode
 from verifier.verify import Job, Outcome
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det)
 
 
 class OfflineIfDrawnFirst(VerifierBehaviour):

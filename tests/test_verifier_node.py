@@ -10,13 +10,11 @@ others, following G_n from one outer step to the next.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import torch
 
 from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from tests.test_host_node import LockstepChain, create_run, host_config, run_config, running, tiny_corpus
@@ -30,14 +28,6 @@ HOSTS = {1: "honest", 2: "zero", 3: "malformed", 4: "no_reveal", 5: "copycat"}
 HOST_PARAMS: dict[str, dict[str, Any]] = {"malformed": {"kind": "zstd_bomb"}, "no_reveal": {"mode": "serve"}}
 VERIFIERS = {11: "honest", 12: "lazy", 13: "malicious"}
 STAKE = 1000
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det)
 
 
 def verifier_config(tmp: Path, index: int, run_id: int, **kw: Any) -> VerifierConfig:
