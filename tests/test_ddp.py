@@ -37,6 +37,9 @@ c = run_committed_ddp(model, opt, cfg, tiny_corpus(), HOST, 0, param_tensors(mod
                       StateStore({store!r}) if ex.rank == 0 else None, ex)
 if c is not None:
     print(json.dumps({{"leaves": c.leaves, "micro_batches": c.env.micro_batches}}))
+import torch.distributed as dist
+dist.barrier()  # leave the group together: a rank exiting under a live gloo pair can abort
+dist.destroy_process_group()
 """
 
 
