@@ -613,9 +613,11 @@ def markdown(d: dict[str, Any]) -> list[str]:
 
 EXPLAINED = (
     "Timings on this shared 2-core machine vary by tens of percent between minutes (other engineers' "
-    "devnets and test suites run alongside: compare the two probes above, minutes apart). The model counts "
-    "compute, bytes and blocks; what it leaves out (Python and HTTP overheads per verification, a few ms per "
-    "MB here) is negligible at 30B, where one contribution's check moves terabytes."
+    "devnets and test suites run alongside: compare the two probes above, minutes apart). The verification "
+    "window has a second cause: the model gives each verifier one machine that replays one contribution at "
+    "a time (a GPU box), while the devnet's verifier runs two verifications at once on cores the idle hosts "
+    "leave free, and pays per-verification Python and HTTP costs the model leaves out; both are small "
+    "beside a 30B check, which moves terabytes."
 )
 
 
