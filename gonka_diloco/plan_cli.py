@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -121,16 +120,13 @@ def from_run_config(path: Path) -> tuple[dict[str, Any], Any]:
     """Inputs fields from a run config TOML (validated as `RunConfig`), and its model spec."""
     from pydantic import ValidationError
 
+    from gonka_diloco.devnet_config import DevnetConfigError, load_toml
     from protocol.config import RunConfig
 
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise PlanInputError(f"run config not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlanInputError(f"cannot read {path}: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise PlanInputError(f"{path} is not valid TOML: {e}") from None
+        data = load_toml(path)
+    except DevnetConfigError as e:
+        raise PlanInputError(str(e)) from None
     data.setdefault("initial_model_hash", "0" * 64)  # the plan needs neither hash
     data.setdefault("dataset_manifest_hash", "0" * 64)
     try:
