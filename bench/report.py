@@ -238,6 +238,15 @@ def _ratio(x: float | None) -> str:
     return "" if x is None else f"{x:.0f}×"
 
 
+# ---------------------------------------------------------------- cost model
+
+
+def plan(d: dict[str, Any]) -> Lines:
+    from bench.plan import markdown
+
+    return markdown(d)
+
+
 # ---------------------------------------------------------------- everything else
 
 
@@ -275,6 +284,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
     ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
+    ("plan", "8. Cost model: `gonka-diloco plan` against measurements, and the published plan", "bench.plan",
+     plan),
     ("hashing", "Hashing throughput", "bench.hashing", generic),
     ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
      "--out bench/results/calibration.json", generic),
@@ -317,6 +328,17 @@ def goals(res: dict[str, Any]) -> Lines:
         crit = 100 * h.get("critical_path_overhead", float("nan"))
         wall = 100 * h["overhead"]
         out.append(f"- host overhead: {wall:.1f}% wall-clock (critical path {crit:.2f}%), goal ≤ 3%")
+    if (pl := res.get("plan")) and "rows" in pl:
+        judged = [r for r in pl["rows"] if r["within_20pct"] is not None]
+        ok = sum(1 for r in judged if r["within_20pct"])
+        out.append(f"- cost model: {ok} of {len(judged)} predictions within 20% of the measurement "
+                   "(the rest explained in section 8)")  # fmt: skip
+        p30 = next((x["plan"] for x in pl.get("published", []) if x["params"] == 30e9 and x["plan"]), None)
+        if p30:
+            u = p30["utilization"]["overlapped"]
+            out.append(f"- 30B on 8×H100 hosts at 1 Gbit/s, predicted: {100 * u:.0f}% compute utilization "
+                       f"with overlap, {100 * p30['utilization']['sequential']:.0f}% without (goal ≥ 90%: "
+                       f"**{'met' if u >= 0.9 else 'NOT met'}** by the plan)")  # fmt: skip
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:
         out.append(f"- chain: {tps['committed_tps']} committed tx/s (goal {tps.get('goal_tps', '?')})")
