@@ -1,35 +1,40 @@
 """The committed inner loop: H steps of `train_segment`, a trajectory leaf every k steps, then Δ.
 
-Boundary work (hash the full training state, save it) runs on a worker thread from a snapshot, so
-the training thread only pays for one memory copy per boundary. Everything a host later commits
-and reveals is in the returned `Contribution`.
+Boundary work (hash the full training state on all cores, persist every m-th) runs on a worker
+thread from one snapshot at a time, so the training thread pays for one memory copy per boundary
+and waits only if the previous boundary is not done yet. After the challenge,
+`materialize_openings` recomputes the opened boundaries that were not persisted and deletes the
+rest. Everything a host later commits and reveals is in the returned `Contribution`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from nodekit.objects import training_specs
+from nodekit.store import StateStore, clone_state
 from protocol.codecs import delta_hash, encode
 from protocol.config import Codec, RunConfig
 from protocol.merkle import merkle_root, pair_proof
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient, SegmentOpening
+from protocol.tensors import StateKind, tensor_hash_and_digests
 from trainer.data import Corpus
 from trainer.model import lm_loss
 from trainer.step import (
     LossFn,
     SliceExchange,
     env_fingerprint,
+    load_training_state,
     optimizer_hash,
     train_segment,
-    training_hash,
     training_state,
 )
-from trainer.store import StateStore, clone_state
 
 
 @dataclass(frozen=True)
@@ -80,11 +85,60 @@ def pseudo_gradient(global_params: Mapping[str, Tensor], model: nn.Module) -> di
     return {n: (global_params[n] - p.detach()).to(torch.float32) for n, p in model.named_parameters()}
 
 
-def _boundary(store: StateStore | None, outer_step: int, snapshot: dict[str, Tensor]) -> str:
-    h = training_hash(snapshot)
-    if store is not None:
-        store.put_hashed(snapshot, outer_step, h)
-    return h
+def host_snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
+    """THE boundary snapshot: a copy of the live training state in host memory, so training can go
+    on while it is hashed (and maybe persisted). The one place a device backend changes (GPU:
+    device-to-host copies into pinned buffers)."""
+    return clone_state(training_state(model, opt))
+
+
+class Boundaries:
+    """Hash every boundary, persist every m-th (and the last two), with at most `depth` snapshots
+    alive: the training thread blocks at the next boundary (backpressure) instead of letting
+    snapshots pile up in RAM when hashing or the disk falls behind.
+
+    Hashing runs the state's chunks on all cores (`protocol.chunks`); the digests computed here
+    are stored with the state, so it is never hashed again to be served.
+    """
+
+    def __init__(
+        self, store: StateStore | None, outer_step: int, cfg: RunConfig, *, every: int = 1, depth: int = 1
+    ) -> None:
+        self.store, self.outer_step, self.cfg = store, outer_step, cfg
+        self.every = max(1, every)
+        self._slots = threading.Semaphore(max(1, depth))
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary")
+        self._futures: list[Future[str]] = []
+
+    def persisted(self, j: int) -> bool:
+        """Boundary j goes to disk: every m-th, and the last segment's two ends (always opened)."""
+        return j % self.every == 0 or j >= self.cfg.n_segments - 1
+
+    def submit(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        self._slots.acquire()  # before the copy: at most `depth` snapshots exist at any time
+        try:
+            snap = host_snapshot(model, opt)
+            j = len(self._futures)
+            self._futures.append(self._pool.submit(self._work, j, snap))
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _work(self, j: int, snap: dict[str, Tensor]) -> str:
+        try:
+            h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
+            if self.store is not None and self.persisted(j):
+                self.store.put_hashed(snap, self.outer_step, h, digests)
+            return h
+        finally:
+            del snap
+            self._slots.release()
+
+    def leaves(self) -> list[str]:
+        try:
+            return [f.result() for f in self._futures]
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 def run_committed(
@@ -102,23 +156,28 @@ def run_committed(
     loss_fn: LossFn = lm_loss,
     exchange: SliceExchange | None = None,
 ) -> Contribution:
-    """Train one outer step from the global params with the host's carried optimizer state."""
+    """Train one outer step from the global params with the host's carried optimizer state.
+
+    The store's `checkpoint_every` (m, a host setting) says which boundaries are persisted; the
+    others are recomputed from the nearest persisted one if the challenge opens them
+    (`materialize_openings`)."""
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(global_params[n])
     k = cfg.segment_len
     losses: list[float] = []
-    futures: list[Future[str]] = []
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary") as pool:
+    every = store.checkpoint_every if store is not None else 1
+    boundaries = Boundaries(store, outer_step, cfg, every=every)
+    try:
         for seg in range(cfg.n_segments + 1):
-            snap = clone_state(training_state(model, opt))
-            futures.append(pool.submit(_boundary, store, outer_step, snap))
+            boundaries.submit(model, opt)
             if seg < cfg.n_segments:
                 losses += train_segment(
                     model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
                     loss_fn=loss_fn, exchange=exchange,
                 )  # fmt: skip
-        leaves = [f.result() for f in futures]
+    finally:
+        leaves = boundaries.leaves()
     final = training_state(model, opt)
     delta = pseudo_gradient(global_params, model)
     payload = encode(delta, cfg.codec, cfg.codec_block_size)
@@ -129,14 +188,79 @@ def run_committed(
         trajectory_root=merkle_root([bytes.fromhex(h) for h in leaves]).hex(),
         delta=delta,
         payload=payload,
-        delta_hash=delta_hash(payload),
+        delta_hash=delta_hash(payload, cfg.state_chunk_bytes),
         codec=cfg.codec,
-        final_optimizer_hash=optimizer_hash(final),
+        final_optimizer_hash=optimizer_hash(final, cfg.state_chunk_bytes),
         tokens=cfg.tokens_per_outer_step,
         env=env_fingerprint(micro_batches=micro_batches),
         mean_loss=sum(losses) / len(losses),
         losses=losses,
     )
+
+
+def needed_boundaries(segments: Sequence[int]) -> set[int]:
+    """The boundaries a challenge opens: both ends of every sampled segment."""
+    return {j for s in segments for j in (s, s + 1)}
+
+
+def materialize_openings(
+    store: StateStore,
+    outer_step: int,
+    leaves: Sequence[str],
+    segments: Sequence[int],
+    start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
+    cfg: RunConfig,
+    data: Corpus,
+    host: str,
+    *,
+    micro_batches: int = 1,
+    loss_fn: LossFn = lm_loss,
+) -> list[int]:
+    """After the challenge: every opened boundary on disk, nothing else.
+
+    Persisted boundaries that are neither opened nor the nearest source of an opened one go at
+    once; each missing opened boundary is recomputed bitwise from the nearest persisted one below
+    it (boundary 0: `start()` rebuilds it from G_n and the carried optimizer) with the same step
+    function, checked against its committed leaf, and saved; then the sources go. Returns the
+    boundaries that were recomputed. Raises `ValueError` if a recomputed state does not hash to
+    its leaf (the host could not reproduce its own trajectory).
+    """
+    needed = needed_boundaries(segments)
+    on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
+    missing = sorted(needed - on_disk)
+    sources = {max((q for q in on_disk if q <= j), default=0) for j in missing}
+    keep = {leaves[j] for j in needed | sources}  # leaves may repeat (a host that did not train)
+    for h in {leaves[j] for j in on_disk} - keep:
+        store.delete(h, outer_step)
+    k = cfg.segment_len
+    done: list[int] = []
+    at: int | None = None  # the boundary the model currently holds
+    model: nn.Module | None = None
+    opt: torch.optim.Optimizer | None = None
+    for j in missing:
+        src = max((q for q in on_disk | set(done) if q <= j), default=0)
+        if at is None or at > j or at < src:
+            model, opt = start()  # boundary 0; a persisted source is loaded over it
+            if src in on_disk or src in done:
+                specs = training_specs(model)
+                load_training_state(model, opt, store.get(leaves[src], outer_step, specs=specs))
+            at = src
+        assert model is not None and opt is not None
+        while at < j:
+            train_segment(model, opt, cfg, data, host, outer_step, at * k, k, micro_batches, loss_fn=loss_fn)
+            at += 1
+            if at in needed and at not in on_disk and at not in done:
+                snap = training_state(model, opt)
+                h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, cfg.state_chunk_bytes)
+                if h != leaves[at]:
+                    raise ValueError(
+                        f"recomputed boundary {at} hashes to {h[:12]}, committed {leaves[at][:12]}"
+                    )
+                store.put_hashed(snap, outer_step, h, digests)
+                done.append(at)
+    for h in {leaves[j] for j in sources - needed} - {leaves[j] for j in needed}:
+        store.delete(h, outer_step)
+    return done
 
 
 def openings(contribution: Contribution, segments: Sequence[int]) -> list[SegmentOpening]:

@@ -68,7 +68,17 @@ class BlobSource(Protocol):
         ...
 
     def delta(self, delta_hash: str) -> bytes:
-        """The Δ blob (`codecs.to_blob(payload)`) whose payload hashes to `delta_hash`."""
+        """The Δ payload whose chunked hash is `delta_hash` (fetched only in tolerance mode)."""
+        ...
+
+
+class OptimizerSource(Protocol):
+    """A `BlobSource` that can also give a host's carried optimizer state by its chain hash, so
+    segment 0's start is rebuilt from G_n instead of downloaded (optional: without it, the start
+    state is fetched)."""
+
+    def optimizer(self, optimizer_hash: str) -> State:
+        """The optimizer state (moments + step) whose OPTIMIZER hash is `optimizer_hash`."""
         ...
 
 
@@ -110,6 +120,10 @@ class ReplayContext:
     data: Corpus
     global_params: Mapping[str, Tensor]  # G_n, keyed by the model's parameter names
     on_replay_steps: Callable[[int], None] = field(default=lambda n: None)
+    on_derived: Callable[[State, bytes], None] | None = None
+    """Bitwise mode, all checks passed: the host's final state (our replay, bit for bit) and the Δ
+    payload we derived from it. The node keeps both: the optimizer state is the host's next start
+    (no fetch next time) and the Δ is served to everyone who aggregates."""
 
 
 @dataclass(frozen=True)
@@ -221,9 +235,10 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
             raise _Reject(Reason.WRONG_START, f"start param {name} does not fit G_n")
         if not torch.equal(got, want):
             raise _Reject(Reason.WRONG_START, f"start param {name} differs from G_n")
-    fresh = tensor_hash(fresh_optimizer_state(ctx.model, job), StateKind.OPTIMIZER)
+    c = job.cfg.state_chunk_bytes
+    fresh = tensor_hash(fresh_optimizer_state(ctx.model, job), StateKind.OPTIMIZER, c)
     want_opt = job.prev_optimizer_hash or fresh
-    got_opt = optimizer_hash(start)
+    got_opt = optimizer_hash(start, c)
     if got_opt != want_opt:
         kind = "fresh" if job.prev_optimizer_hash is None else "previously committed"
         detail = f"start optimizer {got_opt[:12]} is not the {kind} state {want_opt[:12]}"
@@ -264,14 +279,39 @@ def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> 
 
 
 def _checked_state(source: BlobSource, leaf: str) -> State:
-    state = source.state(leaf)
-    if training_hash(state) != leaf:
-        raise MalformedBlob(f"state {leaf[:12]} does not hash to its address")
-    return state
+    """A fetched state: the source checked every chunk against `leaf` while it streamed, so it is
+    hashed once, there, and not again here."""
+    return source.state(leaf)
 
 
-def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource) -> None:
-    """Committed Δ hash == hash of encode(θ_global − θ_H); the served blob is exactly that payload."""
+def rebuild_start(job: Job, ctx: ReplayContext, source: BlobSource, leaf: str) -> State:
+    """Segment 0's start from what the verifier already has: G_n's params and the host's carried
+    optimizer state (fresh zeros, or the chain's `prev_optimizer_hash`, from the source at most
+    once per host). Only if that does not hash to the committed leaf 0 is the host's claimed start
+    fetched, to say what is wrong with it (WRONG_START either way)."""
+    c = job.cfg.state_chunk_bytes
+    if job.prev_optimizer_hash is None:
+        opt_state: State | None = fresh_optimizer_state(ctx.model, job)
+    else:
+        fetch = getattr(source, "optimizer", None)
+        opt_state = fetch(job.prev_optimizer_hash) if fetch is not None else None
+    if opt_state is not None:
+        params = {PARAM + n: t for n, t in ctx.global_params.items()}
+        rebuilt = {**params, **opt_state}
+        if training_hash(rebuilt, c) == leaf:
+            return rebuilt
+    claimed = _checked_state(source, leaf)
+    check_start(job, ctx, claimed)
+    if opt_state is not None:
+        raise _Reject(Reason.WRONG_START, "start leaf is not G_n with the carried optimizer state")
+    return claimed
+
+
+def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource | None) -> bytes:
+    """Committed Δ hash == hash of encode(θ_global − θ_H); the served payload is exactly that one.
+
+    With `source` None (bitwise mode: `final` is our own replay, bit for bit the host's θ_H) the Δ
+    is not downloaded at all. Returns the payload we derived."""
     cfg = job.cfg
     delta: dict[str, Tensor] = {}
     for name, want in ctx.global_params.items():
@@ -283,20 +323,20 @@ def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource) 
             raise _Reject(Reason.DELTA_MISMATCH, f"Δ of {name} is not finite")
         delta[name] = d
     payload = codecs.encode(delta, cfg.codec, cfg.codec_block_size)
-    mine = codecs.delta_hash(payload)
+    mine = codecs.delta_hash(payload, cfg.state_chunk_bytes)
     if mine != job.delta_hash:
         raise _Reject(Reason.DELTA_MISMATCH, f"committed Δ {job.delta_hash[:12]} != θ_global−θ_H {mine[:12]}")
+    if source is None:
+        return payload
     layout = {n: tuple(t.shape) for n, t in delta.items()}
-    blob = source.delta(job.delta_hash)
+    served = source.delta(job.delta_hash)  # the source checked every chunk against the hash
     try:
-        served = codecs.from_blob(
-            blob, layout, max_payload_bytes=len(payload), codec=cfg.codec, block_size=cfg.codec_block_size
-        )
         codecs.decode(served, layout)  # what every host will do with it: must not fail
     except codecs.CodecError as e:
-        raise MalformedBlob(f"Δ blob: {e}") from e
-    if codecs.delta_hash(served) != job.delta_hash:
-        raise MalformedBlob("served Δ payload does not hash to the committed Δ")
+        raise MalformedBlob(f"Δ payload: {e}") from e
+    if served != payload:
+        raise MalformedBlob("served Δ payload differs from the committed Δ")
+    return payload
 
 
 # ---------------------------------------------------------------- the whole verification
@@ -316,10 +356,18 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
         check_claims(job)
         final: State | None = None
         last = job.cfg.n_segments - 1
+        bitwise = job.cfg.replay_mode is ReplayMode.BITWISE
+        chunk = job.cfg.state_chunk_bytes
+        held: tuple[int, State] | None = None  # (boundary, our replay's state there, = the host's)
+        opened = {o.segment for o in job.openings}
         for o in sorted(job.openings, key=lambda o: o.segment):
-            start = _checked_state(source, o.start_leaf)
             if o.segment == 0:
-                check_start(job, ctx, start)
+                start = rebuild_start(job, ctx, source, o.start_leaf)
+            elif held is not None and held[0] == o.segment:  # the previous opened segment ends here
+                start = held[1]
+            else:
+                start = _checked_state(source, o.start_leaf)
+            held = None
             t0 = time.perf_counter()
             try:
                 end = replay_segment(job, ctx, start, o.segment)
@@ -327,7 +375,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
                 raise MalformedBlob(f"segment {o.segment} start state does not load: {e}") from e
             seconds += time.perf_counter() - t0
             steps += job.cfg.segment_len
-            leaf = training_hash(end)
+            leaf = training_hash(end, chunk)
             replayed.append(leaf)
             claim = None
             if job.cfg.replay_mode is ReplayMode.TOLERANCE or leaf != o.end_leaf:
@@ -343,12 +391,16 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
                     )
             if o.segment == last:
                 final = claim if claim is not None else end
+            elif bitwise and leaf == o.end_leaf and o.segment + 1 in opened:  # the next one's start
+                held = (o.segment + 1, {k: v.detach().clone() for k, v in end.items()})
             del start, end, claim
         if final is None:  # check_proofs guarantees the last segment is opened; defensive
             raise _Reject(Reason.BAD_PROOF, "the last segment was not opened")
-        if optimizer_hash(final) != job.final_optimizer_hash:
+        if optimizer_hash(final, chunk) != job.final_optimizer_hash:
             raise _Reject(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
-        check_delta(job, ctx, final, source)
+        payload = check_delta(job, ctx, final, None if bitwise else source)
+        if bitwise and ctx.on_derived is not None:
+            ctx.on_derived(final, payload)
         reason, detail = Reason.ACCEPT, ""
     except _Reject as r:
         reason, detail = r.reason, r.detail
