@@ -486,12 +486,18 @@ class BlobClient:
         its holder fails (a bad chunk: never again; a missing one: maybe next round)."""
         lock = threading.Lock()
 
+        # every holder starts with one chunk of its own, so all of them share the work from the start
+        first = {b: pending.popleft() for b in bases[: self.parallel] if pending}
+
         def worker(base: str) -> None:
             while True:
                 with lock:
-                    if not pending or base in invalid:
+                    if base in first:
+                        i = first.pop(base)
+                    elif not pending or base in invalid:
                         return
-                    i = pending.popleft()
+                    else:
+                        i = pending.popleft()
                 verdict, detail, n = self._chunk(ref, sink, i, digests, base, report, lock)
                 with lock:
                     report.bytes_from[base] = report.bytes_from.get(base, 0) + n
@@ -507,7 +513,8 @@ class BlobClient:
                         missing[base] = detail
                     return
 
-        threads = [threading.Thread(target=worker, args=(b,), daemon=True) for b in bases[: self.parallel]]
+        bases = bases[: self.parallel]
+        threads = [threading.Thread(target=worker, args=(b,), daemon=True) for b in bases]
         for t in threads:
             t.start()
         for t in threads:

@@ -35,8 +35,16 @@ class Board:
         with self._lock:
             return json.loads(json.dumps(self.status, default=str))
 
-    def fetched(self, report: Any) -> None:
-        """Account one `BlobClient.fetch` report."""
+    def fetched(self, report: Any) -> dict[str, Any]:
+        """Account one `BlobClient.fetch` report; returns the fields of its log line."""
         self.fetch_resumed.inc(report.resumed)
         self.fetch_bad_chunks.inc(report.bad_chunks)
         self.fetch_bytes.labels(report.ref.kind.value).inc(sum(report.bytes_from.values()))
+        return {
+            "kind": report.ref.kind.value,
+            "hash": report.ref.hash,
+            "bytes": sum(report.bytes_from.values()),
+            "chunks_from": dict(report.chunks_from),
+            "resumed": report.resumed,
+            "bad_chunks": report.bad_chunks,
+        }

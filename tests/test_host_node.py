@@ -23,6 +23,7 @@ from chain.inprocess import InProcessChain
 from nodekit.blobs import BlobClient, BlobUnavailable
 from nodekit.globalmodel import GlobalModel, GlobalModelError, GlobalStore
 from nodekit.store import ContentStore
+from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.codecs import delta_hash
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
 from protocol.keys import test_wallet
@@ -115,7 +116,7 @@ def tiny_corpus() -> Corpus:
 
 
 def run_config(corpus: Corpus, **kw: Any) -> RunConfig:
-    g0 = GlobalModel.from_module(build_model(SPEC))
+    g0 = GlobalModel.from_module(build_model(SPEC), kw.get("state_chunk_bytes", DEFAULT_CHUNK_BYTES))
     base: dict[str, Any] = dict(
         model=SPEC,
         dataset_manifest_hash=corpus.manifest_hash,

@@ -606,7 +606,7 @@ class HostNode:
         report = fetch_to_store(
             self.blobs, self.content, self.objects.ref(Kind.DELTA, a.delta_hash), delta_group(n), endpoints
         )
-        self.board.fetched(report)
+        self.log("fetched", outer_step=n, **self.board.fetched(report))
 
     def _adopt(self, n: int, gm: GlobalModel) -> None:
         self.globals.save(gm)

@@ -345,8 +345,11 @@ class VerifierNode:
         model, loss_fn = self._contexts.get()
         try:
             author = self.view.participant(job.host)
+            def fetched(report: Any) -> None:
+                self.log("fetched", outer_step=job.outer_step, host=job.host, **self.board.fetched(report))
+
             source = HttpSource(self.blobs, author.endpoint if author else "", self.objects, self.content,
-                                on_fetched=self.board.fetched)  # fmt: skip
+                                on_fetched=fetched)  # fmt: skip
 
             def derived(final: State, payload: bytes) -> None:
                 self._keep_derived(job, final, payload)
@@ -476,7 +479,8 @@ class VerifierNode:
             return
         endpoints = [e for e in [a.endpoint, *self._holders()] if e]
         ref = self.objects.ref(Kind.DELTA, a.delta_hash)
-        self.board.fetched(fetch_to_store(self.blobs, self.content, ref, f"delta-{n}", endpoints))
+        report = fetch_to_store(self.blobs, self.content, ref, f"delta-{n}", endpoints)
+        self.log("fetched", outer_step=n, **self.board.fetched(report))
 
     def _prune(self, n: int) -> None:
         """Keep the Δs of steps n and n−1 (late aggregators fetch them from us), the optimizer states
