@@ -15,11 +15,14 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from chain.client import ChainClient, ChainTimeout, TxFailed
-from chain.errors import ChainError
+from chain.errors import ChainError, ErrDuplicateCommit
 from chain.params import CODESPACE
 from chain.params import Outcome as _Outcome
 from chain.params import Phase as _Phase
 from protocol.messages import Role
+
+
+__all__ = ["ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "StepInfo", "Stopped", "is_chain_error"]
 
 
 class Stopped(Exception):

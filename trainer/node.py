@@ -26,7 +26,6 @@ import torch
 from torch import Tensor, nn
 
 from chain.client import ChainClient, TxFailed
-from chain.errors import ErrDuplicateCommit
 from nodekit.blobs import (
     BlobCatalog,
     BlobClient,
@@ -38,7 +37,15 @@ from nodekit.blobs import (
     parse_listen,
 )
 from nodekit.board import Board
-from nodekit.chainview import Accepted, ChainView, Phase, StepInfo, Stopped, is_chain_error
+from nodekit.chainview import (
+    Accepted,
+    ChainView,
+    ErrDuplicateCommit,
+    Phase,
+    StepInfo,
+    Stopped,
+    is_chain_error,
+)
 from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy, optimizer_specs

@@ -39,7 +39,7 @@ from nodekit.chainview import Accepted, ChainView, Phase, StepInfo, Stopped
 from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
-from nodekit.store import ContentStore, TensorSink
+from nodekit.store import BytesSink, ContentStore, TensorSink
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
@@ -122,8 +122,6 @@ class HttpSource:
         return self.store.load_tensors(Kind.OPTIMIZER, optimizer_hash, specs, OPTIMIZER_GROUP)
 
     def delta(self, delta_hash: str) -> bytes:
-        from nodekit.store import BytesSink
-
         sink = BytesSink(self.objects.length(Kind.DELTA))
         self._fetch(Kind.DELTA, delta_hash, sink)
         return bytes(sink.buf)
