@@ -21,7 +21,6 @@ from chain.params import Outcome as _Outcome
 from chain.params import Phase as _Phase
 from protocol.messages import Role
 
-
 __all__ = ["ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "StepInfo", "Stopped", "is_chain_error"]
 
 
