@@ -82,10 +82,7 @@ def violations(package: str) -> list[str]:
 def _names_a_symbol(module: str) -> bool:
     """`pkg.mod.Name` where pkg.mod is a file: the name is a symbol, judged by its module."""
     parts = module.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        if (ROOT / Path(*parts[:i])).with_suffix(".py").is_file():
-            return True
-    return False
+    return any((ROOT / Path(*parts[:i])).with_suffix(".py").is_file() for i in range(1, len(parts)))
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
