@@ -121,10 +121,10 @@ def test_state_bytes_are_bounded_and_parsed_safely() -> None:
 
 
 def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
-    """Persist every 3rd boundary (and the last two), recompute the opened ones after the challenge:
-    the recomputed files are byte for byte the ones a host persisting everything wrote, every
-    unopened boundary is gone, and the snapshot queue held one state at a time."""
-    cfg = tiny_cfg(inner_steps=16, segment_len=2, sampled_segments=3, state_chunk_bytes=4096)
+    """Persist every 3rd boundary (and the last two; boundary 0 is G_n + the optimizer), recompute the
+    opened ones after the challenge: the recomputed files are byte for byte the ones a host
+    persisting everything wrote, and every unopened boundary is gone."""
+    cfg = tiny_cfg(inner_steps=12, segment_len=2, sampled_segments=3, state_chunk_bytes=4096)
     full = StateStore(tmp_path / "full", chunk_bytes=4096)
     sparse = StateStore(tmp_path / "sparse", chunk_bytes=4096, checkpoint_every=3)
     model, opt = fresh(cfg)
@@ -132,8 +132,8 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
     c_full = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, full)
     model, opt = fresh(cfg)
     c = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, sparse)
-    assert c.leaves == c_full.leaves and len(c.leaves) == 9
-    assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (0, 3, 6, 7, 8)})
+    assert c.leaves == c_full.leaves and len(c.leaves) == 7
+    assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (3, 5, 6)})  # 0 = G_n + optimizer
 
     def start() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         m, o = fresh(cfg)
@@ -142,9 +142,9 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
                 p.copy_(g0[n])
         return m, o
 
-    segments = [1, 4, 7]  # opens boundaries 1, 2, 4, 5, 7, 8
+    segments = [0, 3, 5]  # opens boundaries 0, 1, 3, 4, 5, 6
     done = materialize_openings(sparse, 0, c.leaves, segments, start, cfg, tiny_corpus(), HOST)
-    assert done == [1, 2, 4, 5]
-    assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (1, 2, 4, 5, 7, 8)})
-    for j in (1, 2, 4, 5):
+    assert done == [0, 1, 4]
+    assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (0, 1, 3, 4, 5, 6)})
+    for j in (0, 1, 4):
         assert sparse.find(c.leaves[j], 0).read_bytes() == full.find(c.leaves[j], 0).read_bytes()

@@ -1,15 +1,15 @@
 """The committed inner loop: H steps of `train_segment`, a trajectory leaf every k steps, then Δ.
 
 Boundary work (hash the full training state on all cores, persist every m-th) runs on a worker
-thread from one snapshot at a time, so the training thread pays for one memory copy per boundary
-and waits only if the previous boundary is not done yet. After the challenge,
-`materialize_openings` recomputes the opened boundaries that were not persisted and deletes the
-rest. Everything a host later commits and reveals is in the returned `Contribution`.
+thread over the live state while the next step's forward and backward run; the training thread
+waits only if the boundary is not done by that step's optimizer update, and no state is copied.
+After the challenge, `materialize_openings` recomputes the opened boundaries that were not
+persisted and deletes the rest. Everything a host later commits and reveals is in the returned `Contribution`.
 """
 
 from __future__ import annotations
 
-import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from nodekit.objects import training_specs
-from nodekit.store import StateStore, clone_state
+from nodekit.store import StateStore
 from protocol.codecs import delta_hash, encode
 from protocol.config import Codec, RunConfig
 from protocol.merkle import merkle_root, pair_proof
@@ -54,6 +54,8 @@ class Contribution:
     env: EnvFingerprint
     mean_loss: float
     losses: list[float] = field(repr=False)
+    boundary_seconds: float = field(default=0.0, compare=False)
+    """Time the training thread spent on boundaries (snapshot copies, waiting for a free slot)."""
 
     @property
     def leaf_count(self) -> int:
@@ -86,59 +88,79 @@ def pseudo_gradient(global_params: Mapping[str, Tensor], model: nn.Module) -> di
 
 
 def host_snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
-    """THE boundary snapshot: a copy of the live training state in host memory, so training can go
-    on while it is hashed (and maybe persisted). The one place a device backend changes (GPU:
-    device-to-host copies into pinned buffers)."""
-    return clone_state(training_state(model, opt))
+    """THE boundary snapshot: the training state as the boundary worker reads it. On the CPU these
+    are the live tensors themselves (no copy): only `opt.step` writes them, and `Boundaries` holds
+    the next step until the boundary is hashed (and persisted). The one place a device backend
+    changes: a GPU host returns a copy in (pinned) host memory here."""
+    return training_state(model, opt)
 
 
 class Boundaries:
-    """Hash every boundary, persist every m-th (and the last two), with at most `depth` snapshots
-    alive: the training thread blocks at the next boundary (backpressure) instead of letting
-    snapshots pile up in RAM when hashing or the disk falls behind.
+    """Hash every boundary (all cores, `protocol.chunks`), persist every m-th and the last two.
 
-    Hashing runs the state's chunks on all cores (`protocol.chunks`); the digests computed here
-    are stored with the state, so it is never hashed again to be served.
+    At most one boundary is in flight, and none is ever copied on the CPU: the worker hashes the
+    live state while the training thread runs the next step's forward and backward (which only
+    write gradients), and an optimizer pre-step hook makes the training thread wait for the
+    boundary before the step that would change it (backpressure, never a queue of snapshots).
+    The digests computed here are stored with the state, so it is never hashed again to be served.
     """
 
     def __init__(
-        self, store: StateStore | None, outer_step: int, cfg: RunConfig, *, every: int = 1, depth: int = 1
+        self,
+        store: StateStore | None,
+        outer_step: int,
+        cfg: RunConfig,
+        opt: torch.optim.Optimizer,
+        *,
+        every: int = 1,
     ) -> None:
         self.store, self.outer_step, self.cfg = store, outer_step, cfg
         self.every = max(1, every)
-        self._slots = threading.Semaphore(max(1, depth))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary")
         self._futures: list[Future[str]] = []
+        self._inflight: Future[str] | None = None
+        self._hook = opt.register_step_pre_hook(lambda *_: self._settle())
+        self.seconds = 0.0  # the training thread's time waiting on boundaries
 
     def persisted(self, j: int) -> bool:
-        """Boundary j goes to disk: every m-th, and the last segment's two ends (always opened)."""
-        return j % self.every == 0 or j >= self.cfg.n_segments - 1
+        """Boundary j goes to disk: every m-th, and the last segment's two ends (always opened).
+        With m > 1 boundary 0 is not written: it is G_n and the carried optimizer state, both on
+        disk already (`materialize_openings` rebuilds it)."""
+        return (j % self.every == 0 and (j > 0 or self.every == 1)) or j >= self.cfg.n_segments - 1
+
+    def _settle(self) -> None:
+        if self._inflight is not None:
+            t0 = time.perf_counter()
+            try:
+                self._inflight.result()
+            finally:
+                self._inflight = None
+                self.seconds += time.perf_counter() - t0
 
     def submit(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        self._slots.acquire()  # before the copy: at most `depth` snapshots exist at any time
-        try:
-            snap = host_snapshot(model, opt)
-            j = len(self._futures)
-            self._futures.append(self._pool.submit(self._work, j, snap))
-        except BaseException:
-            self._slots.release()
-            raise
+        self._settle()
+        t0 = time.perf_counter()
+        snap = host_snapshot(model, opt)
+        fut = self._pool.submit(self._work, len(self._futures), snap)
+        self._futures.append(fut)
+        self._inflight = fut
+        self.seconds += time.perf_counter() - t0
 
     def _work(self, j: int, snap: dict[str, Tensor]) -> str:
-        try:
-            h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
-            if self.store is not None and self.persisted(j):
-                self.store.put_hashed(snap, self.outer_step, h, digests)
-            return h
-        finally:
-            del snap
-            self._slots.release()
+        h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
+        if self.store is not None and self.persisted(j):
+            self.store.put_hashed(snap, self.outer_step, h, digests)
+        return h
 
     def leaves(self) -> list[str]:
+        t0 = time.perf_counter()
         try:
             return [f.result() for f in self._futures]
         finally:
+            self._inflight = None
+            self._hook.remove()
             self._pool.shutdown(wait=True)
+            self.seconds += time.perf_counter() - t0
 
 
 def run_committed(
@@ -167,7 +189,7 @@ def run_committed(
     k = cfg.segment_len
     losses: list[float] = []
     every = store.checkpoint_every if store is not None else 1
-    boundaries = Boundaries(store, outer_step, cfg, every=every)
+    boundaries = Boundaries(store, outer_step, cfg, opt, every=every)
     try:
         for seg in range(cfg.n_segments + 1):
             boundaries.submit(model, opt)
@@ -176,11 +198,11 @@ def run_committed(
                     model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
                     loss_fn=loss_fn, exchange=exchange,
                 )  # fmt: skip
+        final = training_state(model, opt)  # Δ is encoded while the last boundary is hashed
+        delta = pseudo_gradient(global_params, model)
+        payload = encode(delta, cfg.codec, cfg.codec_block_size)
     finally:
         leaves = boundaries.leaves()
-    final = training_state(model, opt)
-    delta = pseudo_gradient(global_params, model)
-    payload = encode(delta, cfg.codec, cfg.codec_block_size)
     return Contribution(
         outer_step=outer_step,
         base_model_hash=base_model_hash,
@@ -195,7 +217,25 @@ def run_committed(
         env=env_fingerprint(micro_batches=micro_batches),
         mean_loss=sum(losses) / len(losses),
         losses=losses,
+        boundary_seconds=boundaries.seconds,
     )
+
+
+def _save_recomputed(
+    store: StateStore,
+    outer_step: int,
+    leaves: Sequence[str],
+    j: int,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    cfg: RunConfig,
+) -> None:
+    """Hash the recomputed boundary j, check it is the committed leaf, and persist it."""
+    snap = training_state(model, opt)
+    h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, cfg.state_chunk_bytes)
+    if h != leaves[j]:
+        raise ValueError(f"recomputed boundary {j} hashes to {h[:12]}, committed {leaves[j][:12]}")
+    store.put_hashed(snap, outer_step, h, digests)
 
 
 def needed_boundaries(segments: Sequence[int]) -> set[int]:
@@ -238,7 +278,7 @@ def materialize_openings(
     model: nn.Module | None = None
     opt: torch.optim.Optimizer | None = None
     for j in missing:
-        src = max((q for q in on_disk | set(done) if q <= j), default=0)
+        src = max((q for q in on_disk | set(done) if q <= j), default=0)  # 0: rebuilt by `start`
         if at is None or at > j or at < src:
             model, opt = start()  # boundary 0; a persisted source is loaded over it
             if src in on_disk or src in done:
@@ -249,15 +289,11 @@ def materialize_openings(
         while at < j:
             train_segment(model, opt, cfg, data, host, outer_step, at * k, k, micro_batches, loss_fn=loss_fn)
             at += 1
-            if at in needed and at not in on_disk and at not in done:
-                snap = training_state(model, opt)
-                h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, cfg.state_chunk_bytes)
-                if h != leaves[at]:
-                    raise ValueError(
-                        f"recomputed boundary {at} hashes to {h[:12]}, committed {leaves[at][:12]}"
-                    )
-                store.put_hashed(snap, outer_step, h, digests)
+            if at in needed and at not in on_disk and at not in done and at != j:
+                _save_recomputed(store, outer_step, leaves, at, model, opt, cfg)
                 done.append(at)
+        _save_recomputed(store, outer_step, leaves, j, model, opt, cfg)
+        done.append(j)
     for h in {leaves[j] for j in sources - needed} - {leaves[j] for j in needed}:
         store.delete(h, outer_step)
     return done

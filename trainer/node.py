@@ -409,6 +409,8 @@ class HostNode:
             t0 = time.perf_counter()
             contribution = self.behaviour.make_contribution(ctx)
             seconds = time.perf_counter() - t0
+            for p in self.model.parameters():  # no more backward passes this step: free 4 B/param
+                p.grad = None
             self.metrics.trained(self.cfg.inner_steps, contribution.tokens, seconds, contribution.mean_loss)
             self.content.put_tensors(
                 Kind.OPTIMIZER, optimizer_state(training_state(self.model, opt)), OPTIMIZER_GROUP
@@ -420,6 +422,7 @@ class HostNode:
                 outer_step=n,
                 loss=round(contribution.mean_loss, 4),
                 seconds=round(seconds, 3),
+                boundary_seconds=round(contribution.boundary_seconds, 3),
                 tokens_per_s=round(contribution.tokens / max(seconds, 1e-9)),
             )
         ctx = self._context(n, gm, self._opt)
@@ -491,6 +494,7 @@ class HostNode:
         if not already and not self.behaviour.should_reveal(c, ctx):
             self.log("not_revealing", outer_step=n)
             return
+        self._opt = ctx = None  # the last hook that sees it: its moments (8 B/param) go now
         self._materialize(n, c, segments)
         # The commit deadline is past, so serving now lets nobody copy; verifiers need it at once.
         self._publish(n, c, segments)
