@@ -401,6 +401,9 @@ class HostNode:
         if h > info.commit_deadline:
             return self._sit_out(n, "commit deadline passed before training")
         gm = self._global(info.base_model_hash)
+        for h in self.globals.prune([gm.hash]):  # G_{n-1}: nobody needs it once G_n is the base
+            self.catalog.withdraw(Kind.MODEL, h)
+            self._gm_cache.pop(h, None)
         contribution = self._load_record(n)
         if contribution is None or contribution.base_model_hash != gm.hash:
             self._set(phase="TRAINING")
@@ -494,7 +497,8 @@ class HostNode:
         if not already and not self.behaviour.should_reveal(c, ctx):
             self.log("not_revealing", outer_step=n)
             return
-        self._opt = ctx = None  # the last hook that sees it: its moments (8 B/param) go now
+        del ctx
+        self._opt = None  # the last hook that sees it: its moments (8 B/param) go now
         self._materialize(n, c, segments)
         # The commit deadline is past, so serving now lets nobody copy; verifiers need it at once.
         self._publish(n, c, segments)
