@@ -99,18 +99,18 @@ class HttpSource:
         except (BlobInvalid, ValueError) as e:
             raise MalformedBlob(str(e)) from e
 
-    def _tensors(self, kind: Kind, h: str) -> State:
-        sink = TensorSink(self.objects.specs[kind])
+    def _tensors(self, kind: Kind, h: str, into: State | None = None) -> State:
+        sink = TensorSink(self.objects.specs[kind]) if into is None else TensorSink(tensors=into)
         self._fetch(kind, h, sink)
         return sink.tensors
 
-    def state(self, leaf_hash: str) -> State:
-        return self._tensors(Kind.STATE, leaf_hash)
+    def state(self, leaf_hash: str, into: State | None = None) -> State:
+        """Fetched into `into` (the replay model's own tensors) when given: no buffer state."""
+        return self._tensors(Kind.STATE, leaf_hash, into)
 
-    def optimizer(self, optimizer_hash: str) -> State:
+    def optimizer(self, optimizer_hash: str, into: State | None = None) -> State:
         if self.store is None:
-            return self._tensors(Kind.OPTIMIZER, optimizer_hash)
-        specs = self.objects.specs[Kind.OPTIMIZER]
+            return self._tensors(Kind.OPTIMIZER, optimizer_hash, into)
         if not self.store.has(Kind.OPTIMIZER, optimizer_hash, OPTIMIZER_GROUP):
             try:
                 ref = self.objects.ref(Kind.OPTIMIZER, optimizer_hash)
@@ -119,7 +119,9 @@ class HttpSource:
                 raise MissingData(str(e)) from e
             except BlobInvalid as e:
                 raise MalformedBlob(str(e)) from e
-        return self.store.load_tensors(Kind.OPTIMIZER, optimizer_hash, specs, OPTIMIZER_GROUP)
+        sink = TensorSink(self.objects.specs[Kind.OPTIMIZER]) if into is None else TensorSink(tensors=into)
+        self.store.load_into(Kind.OPTIMIZER, optimizer_hash, sink, OPTIMIZER_GROUP)
+        return sink.tensors
 
     def delta(self, delta_hash: str) -> bytes:
         sink = BytesSink(self.objects.length(Kind.DELTA))
