@@ -19,6 +19,9 @@ Run: `.venv/bin/python -m bench.scale` (full, ~200M params) or `--quick` (a few 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import gc
 import hashlib
 import json
 import os
@@ -142,6 +145,9 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
     objects = ObjectPolicy.of(model, cfg)
     state_len = objects.length(Kind.STATE)
     del model
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # give the model's pages back before the nodes start
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     sup = Supervisor()
     procs: dict[str, NodeProcess] = {}

@@ -48,8 +48,8 @@ from nodekit.chainview import (
 )
 from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.node import NodeError, join_run, json_line
-from nodekit.objects import Kind, ObjectPolicy, TransferPolicy, optimizer_specs
-from nodekit.store import ContentStore, StateStore, StoreError, atomic_write
+from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
+from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Codec, RunConfig
 from protocol.messages import EnvFingerprint, MsgRevealContribution, MsgSubmitOuterResult, Role
@@ -62,7 +62,6 @@ from trainer.node_config import HostConfig
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
 from trainer.step import (
     configure_determinism,
-    load_training_state,
     make_optimizer,
     optimizer_state,
     training_state,
@@ -385,15 +384,14 @@ class HostNode:
         opt = make_optimizer(self.model, self.cfg.inner)
         prev = self.view.prev_optimizer_hash(self.address)
         gm.load_into(self.model)
-        if prev:
+        if prev:  # read from disk straight into the new optimizer's own tensors (no second copy)
+            into = optimizer_state(training_state(self.model, opt))
             try:
-                saved = self.content.load_tensors(
-                    Kind.OPTIMIZER, prev, optimizer_specs(self.model), OPTIMIZER_GROUP
-                )
+                self.content.load_into(Kind.OPTIMIZER, prev, TensorSink(tensors=into), OPTIMIZER_GROUP)
             except ValueError as e:
                 raise NodeError(f"own optimizer state {prev[:12]} is lost ({e}); leave and rejoin") from e
-            params = {f"param/{n}": p.detach() for n, p in self.model.named_parameters()}
-            load_training_state(self.model, opt, {**params, **saved})
+            for p in self.model.parameters():  # every parameter carries its own step counter
+                opt.state[p]["step"].copy_(into["step"])
         return opt
 
     def _train_and_commit(self, n: int, info: StepInfo) -> Contribution | None:
