@@ -19,7 +19,9 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -395,6 +397,13 @@ class StateStore:
         self.chunk_bytes = chunk_bytes
         self.checkpoint_every = max(1, checkpoint_every)
         """m: a host persists every m-th boundary while training (trainer.commit.Boundaries)."""
+        self.pending: list[Future[Any]] = []
+        """Writes still running in the background (the last boundary of a step)."""
+
+    def flush(self) -> None:
+        """Wait for background writes; a failed one is re-raised here."""
+        while self.pending:
+            self.pending.pop().result()
 
     def put(self, state: Mapping[str, Tensor], outer_step: int, kind: StateKind = StateKind.TRAINING) -> str:
         return self.content.put_tensors(_KIND_OF[kind], state, _group(outer_step))
@@ -415,10 +424,12 @@ class StateStore:
             self.content.put_pieces(_KIND_OF[kind], pieces, _group(outer_step), h=h, digests=digests)
 
     def has(self, h: str, outer_step: int | None = None, kind: StateKind = StateKind.TRAINING) -> bool:
+        self.flush()
         group = None if outer_step is None else _group(outer_step)
         return self.content.has(_KIND_OF[kind], h, group)
 
     def find(self, h: str, outer_step: int | None = None, kind: StateKind = StateKind.TRAINING) -> Path:
+        self.flush()
         group = None if outer_step is None else _group(outer_step)
         path = self.content.find(_KIND_OF[kind], h, group)
         if path is None:
@@ -426,6 +437,7 @@ class StateStore:
         return path
 
     def get_bytes(self, h: str, outer_step: int | None = None, kind: StateKind = StateKind.TRAINING) -> bytes:
+        self.flush()
         group = None if outer_step is None else _group(outer_step)
         if not self.content.has(_KIND_OF[kind], h, group):
             raise StoreError(f"state {h[:12]}… is not in the store")
@@ -438,15 +450,18 @@ class StateStore:
         kind: StateKind = StateKind.TRAINING,
         specs: Sequence[TensorSpec] | None = None,
     ) -> dict[str, Tensor]:
+        self.flush()
         group = None if outer_step is None else _group(outer_step)
         if not self.content.has(_KIND_OF[kind], h, group):
             raise StoreError(f"state {h[:12]}… is not in the store")
         return self.content.load_tensors(_KIND_OF[kind], h, specs, group)
 
     def delete(self, h: str, outer_step: int | None = None, kind: StateKind = StateKind.TRAINING) -> None:
+        self.flush()
         self.content.delete(_KIND_OF[kind], h, None if outer_step is None else _group(outer_step))
 
     def hashes(self, outer_step: int, kind: StateKind = StateKind.TRAINING) -> list[str]:
+        self.flush()
         return self.content.hashes(_KIND_OF[kind], _group(outer_step))
 
     def outer_steps(self) -> list[int]:
@@ -454,6 +469,7 @@ class StateStore:
 
     def prune(self, before: int) -> list[int]:
         """Delete every outer step < `before` (those are finalized); returns what was removed."""
+        self.flush()
         gone = [n for n in self.outer_steps() if n < before]
         for n in gone:
             self.content.drop_group(_group(n))

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -117,8 +118,8 @@ class Boundaries:
         self.store, self.outer_step, self.cfg = store, outer_step, cfg
         self.every = max(1, every)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary")
-        self._futures: list[Future[str]] = []
-        self._inflight: Future[str] | None = None
+        self._futures: list[Future[tuple[str, list[bytes]]]] = []
+        self._inflight: Future[Any] | None = None
         self._hook = opt.register_step_pre_hook(lambda *_: self._settle())
         self.seconds = 0.0  # the training thread's time waiting on boundaries
 
@@ -140,26 +141,36 @@ class Boundaries:
     def submit(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         self._settle()
         t0 = time.perf_counter()
+        j = len(self._futures)
         snap = host_snapshot(model, opt)
-        fut = self._pool.submit(self._work, len(self._futures), snap)
-        self._futures.append(fut)
-        self._inflight = fut
+        hashed = self._pool.submit(self._hash, snap)
+        self._futures.append(hashed)
+        self._inflight = hashed
+        if self.store is not None and self.persisted(j):
+            written = self._pool.submit(self._write, hashed, snap)  # same worker: after the hash
+            self._inflight = written
+            if j == self.cfg.n_segments:  # the last boundary: nothing writes the live state before
+                self.store.pending.append(written)  # the reveal, which waits for it (store.flush)
         self.seconds += time.perf_counter() - t0
 
-    def _work(self, j: int, snap: dict[str, Tensor]) -> str:
-        h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
-        if self.store is not None and self.persisted(j):
-            self.store.put_hashed(snap, self.outer_step, h, digests)
-        return h
+    def _hash(self, snap: dict[str, Tensor]) -> tuple[str, list[bytes]]:
+        return tensor_hash_and_digests(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
+
+    def _write(self, hashed: Future[tuple[str, list[bytes]]], snap: dict[str, Tensor]) -> None:
+        assert self.store is not None
+        h, digests = hashed.result()
+        self.store.put_hashed(snap, self.outer_step, h, digests)
 
     def leaves(self) -> list[str]:
+        """The leaves, once hashed: the final boundary's write may still run (off the training
+        thread, before the commit is needed); `StateStore.flush` waits for it."""
         t0 = time.perf_counter()
         try:
-            return [f.result() for f in self._futures]
+            return [f.result()[0] for f in self._futures]
         finally:
             self._inflight = None
             self._hook.remove()
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=False)  # queued writes still run
             self.seconds += time.perf_counter() - t0
 
 
@@ -183,6 +194,8 @@ def run_committed(
     The store's `checkpoint_every` (m, a host setting) says which boundaries are persisted; the
     others are recomputed from the nearest persisted one if the challenge opens them
     (`materialize_openings`)."""
+    if store is not None:
+        store.flush()  # the previous step's last boundary is written from these very tensors
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(global_params[n])
@@ -265,6 +278,7 @@ def materialize_openings(
     boundaries that were recomputed. Raises `ValueError` if a recomputed state does not hash to
     its leaf (the host could not reproduce its own trajectory).
     """
+    store.flush()  # the last boundary may still be being written
     needed = needed_boundaries(segments)
     on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
     missing = sorted(needed - on_disk)

@@ -381,6 +381,7 @@ class HostNode:
 
     def _start_optimizer(self, gm: GlobalModel) -> torch.optim.Optimizer:
         """The optimizer state the chain says this step starts from: last accepted, or fresh."""
+        self.store.flush()  # a last boundary still being written reads the live model
         opt = make_optimizer(self.model, self.cfg.inner)
         prev = self.view.prev_optimizer_hash(self.address)
         gm.load_into(self.model)
