@@ -13,7 +13,9 @@ own OS process over HTTP, for 2 outer steps with verification. Measures, per pro
 state store refused files over 2 GiB, it kept all H/k + 1 states, hashed on one thread and
 downloaded s full states plus the Δ per contribution. Timing on a shared 2-core box is noisy.
 
-Run: `.venv/bin/python -m bench.scale` (full, ~200M params) or `--quick` (a few M params).
+Run: `.venv/bin/python -m bench.scale` (full, ~100M params) or `--quick` (a few M params). The full
+size is what fits next to the other tenants of this 24 GiB box: a 200M run (2.4 GB state) was
+OOM-killed twice while others used ~8 GB.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "block_interval": 0.5,
     },
     "full": {
-        "model": {"n_layer": 16, "n_head": 16, "n_embd": 1024, "block_size": 32},
+        "model": {"n_layer": 8, "n_head": 16, "n_embd": 1024, "block_size": 32},
         "chunk": 64 << 20,
         "block_interval": 1.0,
     },
