@@ -50,7 +50,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "block_interval": 1.0,
     },
 }
-H, K, S, M, STEPS = 8, 2, 2, 2, 2
+H, K, S, M, STEPS = 6, 2, 2, 2, 2
 """H inner steps, segments of k, s opened, every m-th boundary persisted, outer steps."""
 OLD_STORE_CAP = 2 << 30
 
@@ -124,8 +124,8 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
     g0 = GlobalModel.from_module(model, chunk).hash
     _, manifest = shakespeare_manifest()
     state_len_est = 12 * params
-    step_s = 1.0 + params / 1e6 * 0.03  # one inner step on one loaded core, generous
-    io_s = state_len_est / 0.3e9  # hashing or writing one state
+    step_s = 2.0 + params / 1e6 * 0.1  # one inner step on one core of a box with load ~10
+    io_s = state_len_est / 0.15e9  # hashing or writing one state
     bi = preset["block_interval"]
 
     def blocks(seconds: float) -> int:

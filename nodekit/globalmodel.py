@@ -56,6 +56,12 @@ class GlobalModel:
         return cls(p, m, global_model_hash(p, m, chunk_bytes), chunk_bytes)
 
     @classmethod
+    def adopt(cls, params: dict[str, Tensor], momentum: dict[str, Tensor], chunk_bytes: int) -> GlobalModel:
+        """G from tensors the caller just computed and hands over (no copies: 8 B/param saved)."""
+        _check_pairs(params, momentum)
+        return cls(params, momentum, global_model_hash(params, momentum, chunk_bytes), chunk_bytes)
+
+    @classmethod
     def from_module(cls, model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> GlobalModel:
         """G_0 from a freshly built model: its parameters and zero momentum."""
         return cls.create(dict(model.named_parameters()), chunk_bytes=chunk_bytes)
@@ -116,7 +122,7 @@ class GlobalModel:
             if {k: tuple(v.shape) for k, v in delta.items()} != dict(self.layout):
                 raise GlobalModelError(f"{host}: Δ layout does not match the global model")
         params, momentum = outer_update(self.params, self.momentum, deltas, outer.lr, outer.momentum)
-        return GlobalModel.create(params, momentum, self.chunk_bytes)
+        return GlobalModel.adopt(params, momentum, self.chunk_bytes)
 
     def apply_streamed(
         self,
@@ -134,7 +140,8 @@ class GlobalModel:
         while acc.next_host is not None:
             acc.add(acc.next_host, delta_of(acc.next_host))
         params, momentum = acc.finish(self.params, self.momentum, outer.lr, outer.momentum)
-        return GlobalModel.create(params, momentum, self.chunk_bytes)
+        del acc  # the running sum goes before G_{n+1} is hashed
+        return GlobalModel.adopt(params, momentum, self.chunk_bytes)
 
 
 def _check_pairs(params: Mapping[str, Tensor], momentum: Mapping[str, Tensor]) -> None:
