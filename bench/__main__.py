@@ -24,6 +24,7 @@ BENCHES = [
     "bench.detection",
     "bench.chain_tps",
     "bench.chain_sim",
+    "bench.scale",
     "bench.plan",  # last: it reads detection.json (and scale.json) and the constants the others wrote
 ]
 

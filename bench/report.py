@@ -272,6 +272,12 @@ def _cell_ok(v: Any) -> bool:
     return not isinstance(v, dict | list) or _flat_list(v)
 
 
+def scale(d: dict[str, Any]) -> Lines:
+    from bench.scale import render
+
+    return [*render(d), "", *generic({k: v for k, v in d.items() if k in ("per_step", "rss", "hashing")})]
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("convergence", "1. Convergence: data-parallel vs ours (verified) vs torchft DiLoCo", "bench.convergence",
      convergence),
@@ -284,7 +290,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
     ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
-    ("plan", "8. Cost model: `gonka-diloco plan` against measurements, and the published plan", "bench.plan",
+    ("scale", "8. Scale: the state pipeline at the largest GPT this box holds", "bench.scale", scale),
+    ("plan", "9. Cost model: `gonka-diloco plan` against measurements, and the published plan", "bench.plan",
      plan),
     ("hashing", "Hashing throughput", "bench.hashing", generic),
     ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
@@ -332,13 +339,22 @@ def goals(res: dict[str, Any]) -> Lines:
         judged = [r for r in pl["rows"] if r["within_20pct"] is not None]
         ok = sum(1 for r in judged if r["within_20pct"])
         out.append(f"- cost model: {ok} of {len(judged)} predictions within 20% of the measurement "
-                   "(the rest explained in section 8)")  # fmt: skip
+                   "(the rest explained in section 9)")  # fmt: skip
         p30 = next((x["plan"] for x in pl.get("published", []) if x["params"] == 30e9 and x["plan"]), None)
         if p30:
             u = p30["utilization"]["overlapped"]
             out.append(f"- 30B on 8×H100 hosts at 1 Gbit/s, predicted: {100 * u:.0f}% compute utilization "
                        f"with overlap, {100 * p30['utilization']['sequential']:.0f}% without (goal ≥ 90%: "
                        f"**{'met' if u >= 0.9 else 'NOT met'}** by the plan)")  # fmt: skip
+    if sc := res.get("scale"):
+        size = f"{sc['params'] / 1e6:.0f}M params"
+        dl = [p["download_ratio"] for p in sc["per_step"] if p["download_ratio"] is not None]
+        out.append(f"- scale ({size}): peak RSS ÷ live state host {sc['host_peak_rss_ratio']}, verifier "
+                   f"{sc['verifier_peak_rss_ratio']} (goal ≤ 2.0); hashing {sc['hashing_ratio']} of all "
+                   f"cores (goal ≥ 0.8); disk {sc['host_disk_peak_states']} states (goal ≤ "
+                   f"{sc['disk_goal_states']:g}); verifier download {max(dl) if dl else 0} of what it "
+                   f"cannot rebuild (goal ≤ 1.05); training-thread overhead "
+                   f"{100 * (sc['protocol_overhead'] or 0):.1f}% (goal ≤ 3%)")  # fmt: skip
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:
         out.append(f"- chain: {tps['committed_tps']} committed tx/s (goal {tps.get('goal_tps', '?')})")

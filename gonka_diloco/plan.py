@@ -1,6 +1,6 @@
 """The cost model of a run: time, bytes, disk, memory, detection and deterrence per outer step.
 
-Every formula is one small pure function here, named in `specs/protocol.md` §8 ("Cost model"),
+Every formula is one small pure function here, named in `specs/protocol.md` §9 ("Cost model"),
 so `gonka-diloco plan`, its `--sweep` and the validation benchmark (`bench.plan`) all compute
 the same thing. No I/O and no torch: machine constants come in as a `Constants` value
 (`gonka_diloco.plan_constants` reads them from `bench/results/*.json`).

@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.config import InnerOptim, RunConfig
 from protocol.messages import EnvFingerprint
 from protocol.tensors import StateKind, tensor_hash
@@ -103,13 +104,13 @@ def optimizer_state(state: Mapping[str, Tensor]) -> State:
     return {k: v for k, v in state.items() if not k.startswith("param/")}
 
 
-def training_hash(state: Mapping[str, Tensor]) -> str:
-    """A trajectory leaf (hex)."""
-    return tensor_hash(state, StateKind.TRAINING)
+def training_hash(state: Mapping[str, Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:
+    """A trajectory leaf (hex): the chunked content hash with the run's `state_chunk_bytes`."""
+    return tensor_hash(state, StateKind.TRAINING, chunk_bytes)
 
 
-def optimizer_hash(state: Mapping[str, Tensor]) -> str:
-    return tensor_hash(optimizer_state(state), StateKind.OPTIMIZER)
+def optimizer_hash(state: Mapping[str, Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:
+    return tensor_hash(optimizer_state(state), StateKind.OPTIMIZER, chunk_bytes)
 
 
 def load_training_state(model: nn.Module, opt: torch.optim.Optimizer, state: Mapping[str, Tensor]) -> None:

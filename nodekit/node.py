@@ -13,15 +13,14 @@ from typing import Any
 from cosmpy.aerial.wallet import LocalWallet
 
 from chain.client import ChainClient, TxFailed
+from nodekit.chainview import Stopped
 from protocol.messages import MsgJoinRun, Role
+
+__all__ = ["NodeError", "Stopped", "host_endpoints", "join_run", "json_line", "participant"]
 
 
 class NodeError(RuntimeError):
     """The node cannot go on (wrong run or role, mismatched thread count or dataset, lost state)."""
-
-
-class Stopped(Exception):
-    """`stop()` was called: leave the loop at the next wait."""
 
 
 def json_line(event: dict[str, Any]) -> None:
