@@ -25,7 +25,13 @@ BPS_DENOMINATOR = 10_000
 """Slash fractions are in basis points of the bonded stake."""
 
 CHALLENGE_DELAY = 2
-"""The challenge is derived at commit_deadline + 2 from the hash of block commit_deadline + 1."""
+"""A draw happens 2 blocks after the event it follows: the challenge at commit_deadline + 2 (the
+block commit_deadline + 1 is the first whose hash no committer could know), the audit at the close
+of the verdict rounds + 2."""
+
+SEED_BLOCKS = 3
+"""A challenge or audit seed hashes the last SEED_BLOCKS block hashes (`recent_block_hashes`):
+once consecutive blocks have different proposers, none of them controls more than one input."""
 
 ZERO_HASH = "0" * 64
 """The previous block hash of the first block."""
@@ -40,6 +46,8 @@ class Phase:
     REVEAL = "REVEAL"  # reveals accepted until reveal_deadline inclusive; verdicts too
     VERIFY = "VERIFY"  # verdicts until verify_deadline inclusive
     ESCALATION = "ESCALATION"  # verdicts from escalated verifiers until the round deadline
+    AUDIT = "AUDIT"  # accepted contributions drawn for audit at audit_height; auditors' verdicts
+    CONFIRM = "CONFIRM"  # disputed contributions: every bonded verifier's stake decides
     AWAITING_RESULT = "AWAITING_RESULT"  # accepted hosts report the next global model hash
     DONE = "DONE"
 
@@ -52,9 +60,18 @@ class Outcome:
     MISSING_REVEAL = "missing_reveal"  # a reject: slashed like one
     EQUIVOCATED = "equivocated"  # a reject: slashed like one
     UNVERIFIED = "unverified"  # no verdict decided it: excluded, nobody slashed
+    WITHHELD = "withheld"  # accepted, then reported unavailable by a majority: dropped and slashed
 
 
-SLASHED_OUTCOMES = (Outcome.REJECTED, Outcome.MISSING_REVEAL, Outcome.EQUIVOCATED)
+SLASHED_OUTCOMES = (Outcome.REJECTED, Outcome.MISSING_REVEAL, Outcome.EQUIVOCATED, Outcome.WITHHELD)
+
+
+class Review:
+    """Where an undecided contribution stands after the initial verdict rounds."""
+
+    PROVISIONAL = "provisional"  # its verifiers accepted: awaits the audit lottery
+    AUDIT = "audit"  # drawn for audit: auditors assigned
+    CONFIRM = "confirm"  # disputed (some verifier rejected): every bonded verifier's stake decides
 
 
 class RunStatus:
