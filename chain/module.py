@@ -424,15 +424,18 @@ def _release_leavers(state: ChainState, run: Run, keep: list[str]) -> list[Event
     return [_unbond(state, run, a) for a in leaving]
 
 
-def _pay_rewards(state: ChainState, run: Run, step: OuterStep) -> None:
+def _pay_rewards(state: ChainState, run: Run, step: OuterStep) -> list[Event]:
     """Each host whose Δ reached the model gets its token share of min(reward, pool balance)."""
     total_tokens = result_weight(step, step.accepted)
     budget = min(run_config(run).stake.reward_per_outer_step, balance_of(state, REWARD_POOL_ACCOUNT))
+    events = []
     for host in step.accepted:
         c = step.contributions[host]
         c.reward = budget * c.tokens // total_tokens if total_tokens else 0
         touched(c)
         transfer(state, REWARD_POOL_ACCOUNT, host, c.reward)
+        events.append(_event("reward", run_id=run.id, outer_step=step.index, host=host, amount=c.reward))
+    return events
 
 
 def _close_step(state: ChainState, run: Run, step: OuterStep, model_hash: str, height: int) -> list[Event]:
@@ -446,8 +449,8 @@ def _close_step(state: ChainState, run: Run, step: OuterStep, model_hash: str, h
 
 def _adopt_result(state: ChainState, run: Run, step: OuterStep, model_hash: str, height: int) -> list[Event]:
     """A strict majority of the round's accepted weight agreed: G_{n+1}; the Δs in it are paid."""
-    _pay_rewards(state, run, step)
-    events = [_event("global_model", run_id=run.id, outer_step=step.index, model_hash=model_hash)]
+    events = _pay_rewards(state, run, step)
+    events.append(_event("global_model", run_id=run.id, outer_step=step.index, model_hash=model_hash))
     return events + _close_step(state, run, step, model_hash, height)
 
 
@@ -867,14 +870,13 @@ def _end_result_round(state: ChainState, run: Run, step: OuterStep, height: int)
         if 2 * result_weight(step, reporters) > total:
             c = step.contributions[host]
             c.outcome = Outcome.WITHHELD
-            c.slashed += _slash(state, run, host, config.stake.host_slash_bps)
+            amount = _slash(state, run, host, config.stake.host_slash_bps)
+            c.slashed += amount
             touched(c)
             run.prev_optimizer.pop(host, None)
             step.accepted.remove(host)
             step.dropped = sorted([*step.dropped, host])
-            events.append(
-                _event("withheld", run_id=run.id, outer_step=step.index, host=host, slashed=c.slashed)
-            )
+            events.append(_event("withheld", run_id=run.id, outer_step=step.index, host=host, amount=amount))
     if step.accepted and step.result_round + 1 < config.phases.result_rounds:
         step.result_round += 1
         step.result_votes = {}
