@@ -454,13 +454,21 @@ def _adopt_result(state: ChainState, run: Run, step: OuterStep, model_hash: str,
     return events + _close_step(state, run, step, model_hash, height)
 
 
-def process_outer_result(state: ChainState, msg: MsgSubmitOuterResult, ctx: TxContext) -> list[Event]:
+def _require_result_round(
+    state: ChainState, msg: MsgSubmitOuterResult | MsgReportUnavailable
+) -> tuple[Run, OuterStep]:
+    """The checks a result vote and an unavailability report share: run, step, phase, sender."""
     run = _require_run(state, msg.run_id)
     step = _require_current_step(run, msg.outer_step)
     if step.phase != Phase.AWAITING_RESULT:
         raise errors.ErrNotResultPhase(f"phase {step.phase}")
     if msg.creator not in step.accepted:
         raise errors.ErrNotAcceptedHost(f"{msg.creator} in outer step {step.index}")
+    return run, step
+
+
+def process_outer_result(state: ChainState, msg: MsgSubmitOuterResult, ctx: TxContext) -> list[Event]:
+    run, step = _require_result_round(state, msg)
     if msg.creator in step.result_votes:
         raise errors.ErrDuplicateOuterResult(f"{msg.creator} reported {step.result_votes[msg.creator]}")
 
@@ -474,12 +482,7 @@ def process_outer_result(state: ChainState, msg: MsgSubmitOuterResult, ctx: TxCo
 
 
 def process_report_unavailable(state: ChainState, msg: MsgReportUnavailable, ctx: TxContext) -> list[Event]:
-    run = _require_run(state, msg.run_id)
-    step = _require_current_step(run, msg.outer_step)
-    if step.phase != Phase.AWAITING_RESULT:
-        raise errors.ErrNotResultPhase(f"phase {step.phase}")
-    if msg.creator not in step.accepted:
-        raise errors.ErrNotAcceptedHost(f"{msg.creator} in outer step {step.index}")
+    run, step = _require_result_round(state, msg)
     if msg.creator in step.result_votes:
         raise errors.ErrReportAfterVote(f"{msg.creator} voted {step.result_votes[msg.creator]}")
     if msg.creator in step.unavailable:
