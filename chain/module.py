@@ -3,7 +3,8 @@
 Each `process_*(state, msg, ctx)` first runs every validity check, each one explicit and raising
 its own named `ChainError`, and only then writes: a failing message changes nothing, which the
 app relies on to discard failed txs without snapshots. `begin_block` moves outer steps through
-their phases and derives challenges; `end_block` finalizes contributions and outer results.
+their phases and derives challenges and audits; `end_block` closes verdict rounds, audits and
+disputes, finalizes contributions and ends result rounds (specs/protocol.md §2.5–§2.7).
 Deterministic: no wall clock, no randomness but block hashes through `protocol.prf`, every
 iteration over a collection in sorted order.
 
