@@ -210,7 +210,7 @@ def configs() -> list[tuple[int, int, int]]:
 
 
 def main(quick: bool = False) -> dict[str, Any]:
-    trials = 200 if quick else 1000
+    trials = 200 if quick else 2000
     t0 = time.perf_counter()
     rows = [cell(v, p, a, round(q * N_KEYS), trials) for v, p, a in configs() for q in SHARES]
     v, p, a = configs()[3]
@@ -250,5 +250,5 @@ def main(quick: bool = False) -> dict[str, Any]:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="200 trials per cell instead of 1000")
+    ap.add_argument("--quick", action="store_true", help="200 trials per cell instead of 2000")
     main(quick=ap.parse_args().quick)
