@@ -3,8 +3,9 @@
 Two outer steps, five hosts (honest, free rider, zstd bomb, reveals-but-serves-nothing, copycat)
 and three verifiers (honest, lazy, malicious) with v = 3: the honest host is accepted, every
 adversary is rejected, the lazy and malicious verifiers are outvoted by stake in the disputes their
-verdicts open and slashed (the lazy one at the fraud rate), the honest one is not, and it answered the bomb and the silent host with the right reasons while judging the
-others, following G_n from one outer step to the next.
+verdicts open and slashed (the lazy one at the fraud rate), the honest one is not, and it answered
+the bomb and the silent host with the right reasons while judging the others, following G_n from
+one outer step to the next.
 """
 
 from __future__ import annotations
