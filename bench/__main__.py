@@ -22,6 +22,7 @@ BENCHES = [
     "bench.communication",
     "bench.attack",
     "bench.detection",
+    "bench.collusion",
     "bench.chain_tps",
     "bench.chain_sim",
     "bench.scale",

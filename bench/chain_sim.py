@@ -5,7 +5,8 @@ hash costs per block (cached digests: only what changed is re-hashed), what it c
 restart, every digest recomputed), what a full canonical-JSON snapshot costs (the node persists one
 per block) and how the state grows. For a before/after under the same load, every 10th block
 also times the previous definition, SHA-256 of the whole canonical JSON (`json_hash_*`; with
-today's faster serializer, so it understates the old cost). Run:
+today's faster serializer, so it understates the old cost). Each outer step runs the defaults'
+audit lottery (half of the accepted contributions, one stake-weighted auditor each). Run:
 `.venv/bin/python -m bench.chain_sim` (1,000 hosts, 100 verifiers, 20 outer steps) or `--quick`.
 """
 
@@ -179,6 +180,18 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int) -> dict[str, Any]
             ]
         )
         d.until(step["verify_deadline"] + 1)
+        answered = False
+        while (info := queries.outer_step(d.state, 1))["phase"] != "AWAITING_RESULT":
+            audits = []
+            if info["audit_seed"] is not None and not answered:  # the drawn auditors accept
+                answered = True
+                audits = [
+                    MsgSubmitVerdict(creator=v, run_id=1, outer_step=n, host=c["host"], reason=Reason.ACCEPT,
+                                     evidence_hash=_h("a", v, c["host"]))
+                    for c in queries.challenges(d.state, 1)["challenges"] if c["audited"]
+                    for v, r in c["verifier_rounds"].items() if r == info["round"]
+                ]  # fmt: skip
+            d.block(audits)
         d.block(
             [
                 MsgSubmitOuterResult(creator=h, run_id=1, outer_step=n, model_hash=_h("g", n + 1))

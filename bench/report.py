@@ -245,6 +245,36 @@ def plan(d: dict[str, Any]) -> Lines:
     from bench.plan import markdown
 
     return markdown(d)
+# ---------------------------------------------------------------- collusion
+
+
+def collusion(d: dict[str, Any]) -> Lines:
+    """P(fake reaches the model) and the cheater's profit per outer step, measured next to exact."""
+    dd = d["defaults"]
+    out = [
+        f"{d['keys']} verifier keys of equal stake, {d['trials_per_cell']} seeded trials per cell on the "
+        "state machine (`bench/collusion.py`), the coalition playing its best strategy; *exact* is "
+        "`protocol.collusion.pass_probability_keys` / `expected_profit_keys`, *bound* the many-small-keys "
+        "limit q^v (1 − p + p q^a). Profit is reward − slashes of the host and its accomplices, in units "
+        "of the reward R, with the run defaults' bonds (min_host_stake = reward_per_outer_step).",
+        "",
+    ]
+    rows = [
+        [r["v"], r["p"], r["a"], f"{100 * r['share']:.0f}%", f"{100 * r['passed']:.2f}%",
+         f"{100 * r['pass_exact']:.2f}%", f"{100 * r['pass_bound_many_keys']:.2f}%",
+         f"{r['profit_per_step_R']:+.3f}", f"{r['profit_exact_R']:+.3f}"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    head = ["v", "p", "a", "accomplice stake", "fake passed", "exact", "bound", "profit/R", "exact"]
+    out += table(head, rows)
+    out += [
+        f"Defaults v = {dd['v']}, p = {dd['p']}, a = {dd['a']} ({dd['replays_per_contribution']} replays per "
+        f"contribution): fake in ≤ 1% of outer steps up to an accomplice share of "
+        f"{100 * dd['max_share_fake_below_1pct']:.1f}% (bound); expected profit negative at every share up "
+        f"to 50%: {'yes' if dd['profit_negative_at_all_shares'] else 'no'}.",
+        "",
+    ]
+    return out
 
 
 # ---------------------------------------------------------------- everything else
@@ -287,6 +317,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      communication),
     ("codecs", "4. Codecs", "bench.codecs", generic),
     ("detection", "5. Verification cost vs detection", "bench.detection", generic),
+    ("collusion", "5b. Collusion: colluding verifiers vs stake-weighted draws, audits and disputes",
+     "bench.collusion", collusion),
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
     ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
@@ -355,6 +387,13 @@ def goals(res: dict[str, Any]) -> Lines:
                    f"{sc['disk_goal_states']:g}); verifier download {max(dl) if dl else 0} of what it "
                    f"cannot rebuild (goal ≤ 1.05); training-thread overhead "
                    f"{100 * (sc['protocol_overhead'] or 0):.1f}% (goal ≤ 3%)")  # fmt: skip
+    if cl := res.get("collusion"):
+        dd = cl["defaults"]
+        share = 100 * dd["max_share_fake_below_1pct"]
+        out.append(f"- collusion, defaults v = {dd['v']}, p = {dd['p']}, a = {dd['a']}: a fake reaches the "
+                   f"model in ≤ 1% of outer steps while the accomplices hold ≤ {share:.1f}% of the verifier "
+                   f"stake; faking has negative expected profit at every share ≤ 50%: "
+                   f"**{'met' if dd['profit_negative_at_all_shares'] else 'NOT met'}**")  # fmt: skip
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:
         out.append(f"- chain: {tps['committed_tps']} committed tx/s (goal {tps.get('goal_tps', '?')})")

@@ -270,6 +270,10 @@ def _json(data: Any, status: int = 200) -> Response:
     )
 
 
+MAX_HEIGHT = (1 << 63) - 1
+"""Heights are int64 (CometBFT, SQLite): anything above is a block that cannot exist (404)."""
+
+
 def _grpc_error(status: int, grpc_code: int, message: str) -> Response:
     """The grpc-gateway error shape a Cosmos REST endpoint answers with."""
     return _json({"code": grpc_code, "message": message, "details": []}, status)
@@ -287,6 +291,8 @@ async def _read_json(request: Request) -> Any:
         return json.loads(b"".join(chunks))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"request body is not JSON: {exc}") from None
+    except RecursionError:  # a body of nested brackets: bad input, not a server error
+        raise ValueError("request body nests too deeply") from None
 
 
 def _b64(value: Any, what: str) -> bytes:
@@ -409,7 +415,7 @@ def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
         return _pb_json(resp)
 
     def _cosmos_block(height: int) -> Response:
-        data = node.store.block(height)
+        data = node.store.block(height) if 0 < height <= MAX_HEIGHT else None
         if data is None:
             return _grpc_error(404, 5, f"block {height} not found")
         header = data["header"]
@@ -514,7 +520,7 @@ def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
         return _block_json(node.height)
 
     def _block_json(height: int) -> Response:
-        data = node.store.block(height) if height > 0 else None
+        data = node.store.block(height) if 0 < height <= MAX_HEIGHT else None
         if data is None:
             return _json({"code": 5, "message": f"block {height} not found (latest {node.height})"}, 404)
         data["txs"] = [base64.b64encode(raw).decode() for raw in data["txs"]]
@@ -523,7 +529,7 @@ def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
     @app.get(f"{API}/blocks/{{height}}")
     async def diloco_block(height: int, wait: float = 0.0) -> Response:
         """Long-poll: with `wait`, answer as soon as block `height` exists (404 after `wait` s)."""
-        if wait > 0 and height > node.height:
+        if wait > 0 and node.height < height <= MAX_HEIGHT:
             await node.wait_for_height(height, wait)
         return _block_json(height)
 

@@ -90,8 +90,10 @@ class Contribution:
     reveal_height: int | None = None
     openings: list[Opening] = field(default_factory=list)
     verdicts: dict[str, Verdict] = field(default_factory=dict)
+    review: str | None = None  # chain.params.Review: the stage after the initial rounds (kept once decided)
+    audited: bool = False  # drawn by the audit lottery (with at least one auditor)
     outcome: str | None = None  # chain.params.Outcome
-    reward: int = 0
+    reward: int = 0  # paid when the step's result is adopted (never for a Δ that was dropped)
     slashed: int = 0
 
 
@@ -111,11 +113,16 @@ class OuterStep:
     round_deadline: int = 0  # the verdict deadline of the current round
     challenge_height: int | None = None
     challenge_seed: str | None = None  # hash of block commit_deadline + 1
+    audit_height: int | None = None  # when the audit lottery is drawn (close of verdict rounds + 2)
+    audit_seed: str | None = None
     contributions: dict[str, Contribution] = field(default_factory=dict)
     finalized_height: int | None = None
-    accepted: list[str] = field(default_factory=list)  # sorted
+    accepted: list[str] = field(default_factory=list)  # sorted; the current result round's set
+    dropped: list[str] = field(default_factory=list)  # sorted; Δs dropped as unavailable (withheld)
+    result_round: int = 0
     result_deadline: int | None = None
-    result_votes: dict[str, str] = field(default_factory=dict)  # host -> model hash
+    result_votes: dict[str, str] = field(default_factory=dict)  # host -> model hash (this round)
+    unavailable: dict[str, list[str]] = field(default_factory=dict)  # reporter -> hosts (this round)
     result_hash: str | None = None
     done_height: int | None = None
 
@@ -145,6 +152,7 @@ class ChainState:
     runs: dict[int, Run] = field(default_factory=dict)
     next_run_id: int = 1
     height: int = 0  # the last height begin_block ran for
+    recent_block_hashes: list[str] = field(default_factory=list)  # the last SEED_BLOCKS, oldest first
 
     def module_params(self) -> ModuleParams:
         return ModuleParams.model_validate(self.params)

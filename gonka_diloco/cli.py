@@ -154,7 +154,15 @@ def devnet(
         str | None,
         typer.Option("--replay-mode", help=f"bitwise or tolerance (default {D.replay_mode.value})."),
     ] = None,
-    tolerance: Annotated[float | None, typer.Option(help="Tolerance-mode threshold.")] = None,
+    tolerance: Annotated[
+        float | None, typer.Option(help="Tolerance-mode threshold on the parameters.")
+    ] = None,
+    tolerance_exp_avg: Annotated[
+        float | None, typer.Option("--tolerance-exp-avg", help="Tolerance-mode threshold on exp_avg.")
+    ] = None,
+    tolerance_exp_avg_sq: Annotated[
+        float | None, typer.Option("--tolerance-exp-avg-sq", help="Tolerance-mode threshold on exp_avg_sq.")
+    ] = None,
     seed: Annotated[
         int | None, typer.Option(help=f"Run seed: model init, data, batches (default {D.seed}).")
     ] = None,
@@ -194,6 +202,8 @@ def devnet(
         "block_interval": block_interval,
         "replay_mode": replay_mode,
         "tolerance": tolerance,
+        "tolerance_exp_avg": tolerance_exp_avg,
+        "tolerance_exp_avg_sq": tolerance_exp_avg_sq,
         "seed": seed,
         "timeout": timeout,
         "out_dir": out_dir,

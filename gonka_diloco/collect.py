@@ -66,11 +66,18 @@ class BlockTally:
                 continue
             if kind == "slash_verifier":
                 self.verifier_slashed += int(attrs.get("amount", 0))
-            elif kind == "contribution_finalized":
-                reward, slashed = int(attrs.get("reward", 0)), int(attrs.get("slashed", 0))
-                self.finalized[(int(attrs["outer_step"]), attrs["host"])] = (reward, slashed)
-                self.rewards += reward
-                self.host_slashed += slashed
+            elif kind in ("contribution_finalized", "reward", "withheld"):
+                # slashes at finalization; rewards once the result is adopted; withholding after it
+                key = (int(attrs["outer_step"]), attrs["host"])
+                reward, slashed = self.finalized.get(key, (0, 0))
+                amount = int(attrs.get("slashed" if kind == "contribution_finalized" else "amount", 0))
+                if kind == "reward":
+                    reward += amount
+                    self.rewards += amount
+                else:
+                    slashed += amount
+                    self.host_slashed += amount
+                self.finalized[key] = (reward, slashed)
 
 
 def scan_blocks(client: Any, run_id: int, tally: BlockTally, up_to: int) -> BlockTally:

@@ -124,6 +124,8 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         stake=Stake(min_host_stake=HOST_STAKE // 2, min_verifier_stake=VERIFIER_STAKE // 2),
         replay_mode=cfg.replay_mode,
         tolerance=cfg.tolerance,
+        tolerance_exp_avg=cfg.tolerance_exp_avg,
+        tolerance_exp_avg_sq=cfg.tolerance_exp_avg_sq,
         threads=cfg.threads,
         max_outer_steps=cfg.outer_steps,
     )

@@ -80,7 +80,9 @@ class DevnetConfig(Strict):
     model_size: ModelSize = "small"
     block_interval: float = Field(0.5, gt=0, le=10)
     replay_mode: ReplayMode = ReplayMode.BITWISE
-    tolerance: float = Field(0.0, ge=0)
+    tolerance: float = Field(0.0, ge=0, description="tolerance mode: threshold on the parameters")
+    tolerance_exp_avg: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg")
+    tolerance_exp_avg_sq: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg_sq")
     seed: int = Field(0, ge=0, lt=2**63)
     threads: int = Field(1, ge=1, le=64)
     phases: PhaseSeconds = PhaseSeconds()
@@ -104,8 +106,12 @@ class DevnetConfig(Strict):
             raise ValueError("at least one host must be honest (adversaries take up every host)")
         if sum(a.count for a in self.verifier_adversaries) > self.verifiers:
             raise ValueError("more adversarial verifiers than verifiers")
-        if self.replay_mode is ReplayMode.TOLERANCE and self.tolerance <= 0:
-            raise ValueError("replay_mode 'tolerance' needs a positive tolerance")
+        tolerances = (self.tolerance, self.tolerance_exp_avg, self.tolerance_exp_avg_sq)
+        if self.replay_mode is ReplayMode.TOLERANCE and min(tolerances) <= 0:
+            raise ValueError(
+                "replay_mode 'tolerance' needs positive tolerance, tolerance_exp_avg and "
+                "tolerance_exp_avg_sq (`gonka-diloco verifier calibrate` proposes all three)"
+            )
         if self.seq_len > MODEL_SIZES[self.model_size]["block_size"]:
             raise ValueError(f"seq_len exceeds the {self.model_size} model's context")
         return self
