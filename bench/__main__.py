@@ -24,6 +24,7 @@ BENCHES = [
     "bench.detection",
     "bench.chain_tps",
     "bench.chain_sim",
+    "bench.chain_bft",
 ]
 
 

@@ -275,6 +275,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
     ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
+    ("chain_bft", "7c. Chain on CometBFT: 4 validators beside the embedded node", "bench.chain_bft",
+     generic),
     ("hashing", "Hashing throughput", "bench.hashing", generic),
     ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
      "--out bench/results/calibration.json", generic),
@@ -320,6 +322,23 @@ def goals(res: dict[str, Any]) -> Lines:
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:
         out.append(f"- chain: {tps['committed_tps']} committed tx/s (goal {tps.get('goal_tps', '?')})")
+    if bft := res.get("chain_bft"):
+        rows = {r["engine"].split()[0]: r for r in bft["throughput"]}
+        walls = {r["engine"]: r["wall_s"] for r in bft["devnet"]}
+        bft_row, emb_row = rows["cometbft"], rows["embedded"]
+        out.append(f"- chain on CometBFT ({bft['cometbft']}, 4 validators): {bft_row['committed_tps']} "
+                   f"committed tx/s (embedded: {emb_row['committed_tps']}); {bft_row['blocks_per_s']} "
+                   f"blocks/s at a {bft_row['block_interval']} s interval; devnet wall time "
+                   f"{walls.get('cometbft')} s (embedded {walls.get('embedded')} s)")  # fmt: skip
+    if (sim := res.get("chain_sim")) and "node_ms_per_block_mean" in sim:
+        met = "met" if sim["node_ms_per_block_last_outer_step"] <= 50 else "NOT met"
+        out.append(f"- chain node at {sim['hosts']} hosts after {sim['outer_steps']} outer steps: "
+                   f"{sim['node_ms_per_block_last_outer_step']:.1f} ms per block in the last outer step, "
+                   f"{sim['node_ms_per_block_first_outer_step']:.1f} in the first (goal ≤ 50 ms, flat: "
+                   f"**{met}**); persistence {sim['persist_ms_mean']:.1f} ms and "
+                   f"{sim['persist_bytes_per_block_mean'] / 1e3:.0f} kB per block "
+                   f"(whole-state JSON: {sim['sampled_json_persist_ms_mean']:.0f} ms, "
+                   f"{sim['state_json_bytes'] / 1e6:.0f} MB)")  # fmt: skip
     return [*out, ""]
 
 

@@ -201,14 +201,14 @@ def test_an_idle_block_rehashes_no_contribution_and_no_sealed_step(monkeypatch: 
 
     monkeypatch.setattr(chain_state, "_digest", counting)
     h = sim.height + 1
-    ctx = BlockContext(height=h, time=float(h), prev_block_hash=sim.prev_hash)
+    ctx = BlockContext(height=h, time_ns=h, prev_block_hash=sim.prev_hash)
     begin_block(sim.state, ctx)
     end_block(sim.state, ctx)
     app_hash(sim.state)
     assert calls == Counter({"run": 1, "outer_step": 1})  # the run and its live step's own fields
     calls.clear()
     msg = verdict_msg(assigned(sim, HOSTS[1])[0], HOSTS[1], step=1)
-    process_msg(sim.state, msg, TxContext(height=h, time=float(h), tx_hash=h32("tx"), signer=msg.creator))
+    process_msg(sim.state, msg, TxContext(height=h, time_ns=h, tx_hash=h32("tx"), signer=msg.creator))
     app_hash(sim.state)
     assert calls == Counter({"run": 1, "outer_step": 1, "contribution": 1})  # + the judged one
     assert app_hash(sim.state) == app_hash(sim.state, cached=False)

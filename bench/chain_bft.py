@@ -1,0 +1,184 @@
+"""The chain on CometBFT: a 4-validator localnet next to the embedded node, under the same load.
+
+Three figures, each beside the embedded engine's measured in the same invocation:
+- committed signed tx/s: `bench.chain_tps`'s load (pre-signed bank sends from 16 accounts, one
+  ordered stream per account, signatures checked), the streams spread over the validators' REST
+  routes, from the first broadcast until the last tx is in a committed block;
+- blocks per second of an idle chain at the devnet's block interval (CometBFT's `timeout_commit`
+  is the interval; the rest is the consensus rounds and the app's FinalizeBlock and Commit);
+- the wall time of a whole `gonka-diloco devnet` on each engine with the same configuration.
+Run: `.venv/bin/python -m bench.chain_bft` (the devnet's defaults) or `--quick` (a 1-layer GPT,
+3 outer steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.chain_tps import presign
+from bench.chain_tps import run as tps_run
+from chain.abci.cometbft import Localnet, ensure_binary, version, write_localnet
+from chain.cli import Engine, NodeProcess
+from chain.node import dev_genesis
+
+RESULTS = Path(__file__).parent / "results" / "chain_bft.json"
+API = "/inference/diloco/v1"
+VALIDATORS = 4
+QUICK_DEVNET = """
+hosts = 3
+verifiers = 2
+outer_steps = 3
+inner_steps = 10
+segment_len = 5
+sampled_segments = 1
+verifiers_per_contribution = 1
+batch_size = 4
+seq_len = 32
+model_size = "tiny"
+block_interval = 0.25
+live = false
+[[adversaries]]
+behaviour = "noise"
+[phases]
+join = 20.0
+train = 3.0
+reveal = 2.0
+verify = 3.0
+escalation = 2.0
+result = 3.0
+"""
+
+
+def start_localnet(folder: Path, block_interval: float) -> tuple[Localnet, list[NodeProcess]]:
+    net = write_localnet(folder, VALIDATORS, genesis=dev_genesis(), block_interval=block_interval)
+    procs = []
+    try:
+        for v in net.validators:
+            procs.append(
+                NodeProcess(
+                    folder / v.home,
+                    block_interval=block_interval,
+                    port=None,
+                    engine=Engine.COMETBFT,
+                    log_path=folder / f"{v.name}.log",
+                )
+            )
+    except BaseException:
+        for p in procs:
+            p.stop()
+        raise
+    return net, procs
+
+
+def block_rate(url: str, n_blocks: int) -> dict[str, float]:
+    """Blocks per second over the next `n_blocks`, by the clock here and by the blocks' own times."""
+    with httpx.Client(base_url=url, timeout=60) as http:
+        start = http.get(f"{API}/status").json()["height"]
+        first = http.get(f"{API}/blocks/{start + 1}", params={"wait": 30}).json()
+        t0 = time.perf_counter()
+        times = [int(first["header"]["time_ns"])]
+        for h in range(start + 2, start + 2 + n_blocks):
+            times.append(int(http.get(f"{API}/blocks/{h}", params={"wait": 30}).json()["header"]["time_ns"]))
+        elapsed = time.perf_counter() - t0
+    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(times)]
+    return {
+        "blocks": n_blocks,
+        "blocks_per_s": round(n_blocks / elapsed, 2),
+        "median_block_s": round(statistics.median(gaps), 3),
+        "max_block_s": round(max(gaps), 3),
+    }
+
+
+def tps_and_rate(
+    engine: str, folder: Path, streams: list[list[bytes]], interval: float, n_blocks: int
+) -> dict:
+    if engine == "embedded":
+        node = NodeProcess(folder / "chain", block_interval=interval)
+        procs, urls = [node], [node.url]
+    else:
+        net, procs = start_localnet(folder / "localnet", interval)
+        urls = net.rest_urls
+    try:
+        rate = block_rate(urls[0], n_blocks)
+        tps = tps_run(urls, streams)
+    finally:
+        for p in procs:
+            p.stop()
+    label = "embedded (1 process)" if engine == "embedded" else f"cometbft ({VALIDATORS} validators)"
+    return {"engine": label, "block_interval": interval, **rate, **tps}
+
+
+def devnet_wall(engine: str, folder: Path, quick: bool) -> dict[str, Any]:
+    """One whole `gonka-diloco devnet`, as a user runs it; wall time of the command."""
+    argv = [sys.executable, "-m", "gonka_diloco.cli", "devnet", "--no-live", "--out-dir", str(folder)]
+    argv += ["--engine", engine] + (["--validators", str(VALIDATORS)] if engine == "cometbft" else [])
+    if quick:
+        config = folder / "devnet.toml"
+        folder.mkdir(parents=True, exist_ok=True)
+        config.write_text(QUICK_DEVNET)
+        argv += ["--config", str(config)]
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - t0
+    snapshots = sorted(folder.glob("*/snapshot.json"))
+    snap = json.loads(snapshots[-1].read_text()) if snapshots else {}
+    return {
+        "engine": engine,
+        "validators": VALIDATORS if engine == "cometbft" else 1,
+        "wall_s": round(wall, 1),
+        "run_wall_s": round(snap.get("wall_s") or 0.0, 1),
+        "exit_code": done.returncode,
+        "blocks": (snap.get("chain") or {}).get("height"),
+        "outer_steps": sum(s.get("phase") == "DONE" for s in snap.get("steps", [])),
+        "failures": len(snap.get("failures", [])),
+    }
+
+
+def main(quick: bool = False) -> None:
+    binary = ensure_binary()
+    n_txs = 600 if quick else 3000
+    interval = 0.5  # the devnet's default block interval
+    streams = presign(n_txs, 16)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        tps = [
+            tps_and_rate(e, root / e, streams, interval, 10 if quick else 30)
+            for e in ("embedded", "cometbft")
+        ]
+        devnet = [devnet_wall(e, root / f"devnet-{e}", quick) for e in ("embedded", "cometbft")]
+    result = {
+        "quick": quick,
+        "cometbft": version(binary),
+        "txs": n_txs,
+        "accounts": 16,
+        "throughput": tps,
+        "devnet": devnet,
+        "committed_tps_cometbft_over_embedded": round(tps[1]["committed_tps"] / tps[0]["committed_tps"], 3),
+    }
+    for row in tps:
+        print(
+            f"{row['engine']:<24} {row['committed_tps']:>8} tx/s committed  "
+            f"{row['blocks_per_s']:>5} blocks/s at a {interval} s interval"
+        )
+    for row in devnet:
+        print(f"devnet --engine {row['engine']:<9} {row['wall_s']:>7} s  exit {row['exit_code']}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    main(quick=ap.parse_args().quick)
