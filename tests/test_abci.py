@@ -286,3 +286,16 @@ def test_framing_round_trips_and_refuses_what_is_not_a_message() -> None:
 def test_framing_fuzz_never_raises_anything_else(data: bytes) -> None:
     with contextlib.suppress(FramingError):
         _read_all(data)
+
+
+def test_a_validator_process_does_not_import_torch() -> None:
+    """The chain process stays light: what `chain start --engine cometbft` imports, without torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, chain.cli, chain.abci.validator; "
+        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert done.stdout.strip() == "[]"
