@@ -35,29 +35,12 @@ from chain.node import dev_genesis
 RESULTS = Path(__file__).parent / "results" / "chain_bft.json"
 API = "/inference/diloco/v1"
 VALIDATORS = 4
-QUICK_DEVNET = """
-hosts = 3
-verifiers = 2
-outer_steps = 3
-inner_steps = 10
-segment_len = 5
-sampled_segments = 1
-verifiers_per_contribution = 1
-batch_size = 4
-seq_len = 32
-model_size = "tiny"
-block_interval = 0.25
-live = false
-[[adversaries]]
-behaviour = "noise"
-[phases]
-join = 20.0
-train = 3.0
-reveal = 2.0
-verify = 3.0
-escalation = 2.0
-result = 3.0
-"""
+QUICK_FLAGS = [
+    "--hosts", "3", "--verifiers", "2", "--adversary", "noise", "--outer-steps", "3", "-H", "10", "-k", "5",
+    "-s", "1", "-v", "1", "--model-size", "tiny", "--block-interval", "0.25",
+]  # fmt: skip
+QUICK_TOML = "batch_size = 4\nseq_len = 32\n[phases]\njoin = 20.0\ntrain = 3.0\nreveal = 2.0\nverify = 3.0\nresult = 3.0\n"
+"""The quick devnet: a 1-layer GPT, H = 10, three outer steps (as the devnet tests run it)."""
 
 
 def start_localnet(folder: Path, block_interval: float) -> tuple[Localnet, list[NodeProcess]]:
@@ -126,8 +109,8 @@ def devnet_wall(engine: str, folder: Path, quick: bool) -> dict[str, Any]:
     if quick:
         config = folder / "devnet.toml"
         folder.mkdir(parents=True, exist_ok=True)
-        config.write_text(QUICK_DEVNET)
-        argv += ["--config", str(config)]
+        config.write_text(QUICK_TOML)
+        argv += ["--config", str(config), *QUICK_FLAGS]
     t0 = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0

@@ -192,3 +192,17 @@ def test_a_subtree_range_holds_the_descendants_and_nothing_else() -> None:
     assert low == '["runs",1,' and low < '["runs",1,"steps",0]' < high
     assert not (low <= '["runs",10]' < high) and not (low <= '["runs",1]' < high)
     assert path_key(()) == "[]"
+
+
+def test_only_float_free_flat_nodes_are_cached_by_their_values() -> None:
+    """1 == 1.0 but they print differently: a flat node with a float field is re-serialized."""
+    from dataclasses import dataclass
+
+    from chain.state import Account, layout
+
+    @dataclass
+    class Priced:
+        name: str
+        price: float | None = None
+
+    assert layout(Account).flat and not layout(Priced).flat
