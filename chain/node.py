@@ -398,12 +398,14 @@ class CommittedReads:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
+            if not self.node.halted:
+                await self.node.committed()
             if self.node.halted and scope["path"] not in self.OPEN_WHEN_HALTED:
+                # halted before, or while waiting for a commit that will not come
                 message = f"node halted: {self.node.halted}"[:2000]
                 response = _json({"code": 14, "message": message, "details": []}, 503)
                 await response(scope, receive, send)
                 return
-            await self.node.committed()
         await self.app(scope, receive, send)
 
 

@@ -299,3 +299,20 @@ def test_a_validator_process_does_not_import_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_halted_node_serves_its_status_and_nothing_else(tmp_path: Path) -> None:
+    """Memory that may have run ahead of the disk (or, under CometBFT, of the network) is not served."""
+    from fastapi.testclient import TestClient
+
+    from chain.node import API, Node, create_app
+
+    node = Node(tmp_path / "chain", GENESIS, log=QUIET)
+    with TestClient(create_app(node, run_blocks=False)) as http:
+        address = str(test_wallet(1).address())
+        assert http.get(f"/cosmos/bank/v1beta1/balances/{address}").status_code == 200
+        node.halted = "cometbft stopped: diverged: the network committed another app hash"
+        refused = http.get(f"/cosmos/bank/v1beta1/balances/{address}")
+        assert refused.status_code == 503 and "diverged" in refused.json()["message"]
+        assert http.get(f"{API}/query/balance", params={"address": address}).status_code == 503
+        assert http.get(f"{API}/status").json()["halted"].startswith("cometbft stopped: diverged")

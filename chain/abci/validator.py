@@ -137,6 +137,7 @@ class Validator(Node):
             self.halted = (
                 f"cometbft {'exited with code ' + str(code) if code is not None else 'stopped'}: {reason}"
             )
+            self._settled.set()  # readers waiting for a Commit that will not come: they get the 503
             self.log(event="engine_halted", code=code, reason=reason)
             self.stop_engine()
             await asyncio.Event().wait()
