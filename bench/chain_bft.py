@@ -39,7 +39,8 @@ QUICK_FLAGS = [
     "--hosts", "3", "--verifiers", "2", "--adversary", "noise", "--outer-steps", "3", "-H", "10", "-k", "5",
     "-s", "1", "-v", "1", "--model-size", "tiny", "--block-interval", "0.25",
 ]  # fmt: skip
-QUICK_TOML = "batch_size = 4\nseq_len = 32\n[phases]\njoin = 20.0\ntrain = 3.0\nreveal = 2.0\nverify = 3.0\nresult = 3.0\n"
+QUICK_TOML = "batch_size = 4\nseq_len = 32\n[phases]\njoin = 20.0\ntrain = 3.0\nreveal = 2.0\n"
+QUICK_TOML += "verify = 3.0\nresult = 3.0\n"
 """The quick devnet: a 1-layer GPT, H = 10, three outer steps (as the devnet tests run it)."""
 
 

@@ -47,6 +47,7 @@ from protocol.messages import (
 
 RESULTS = Path(__file__).parent / "results" / "chain_sim.json"
 SAMPLE_EVERY = 10
+IDLE_TAIL = 5
 GNK = 1_000_000_000
 
 
@@ -70,6 +71,7 @@ class Driver:
         self.hash_s: list[float] = []
         self.persist_s: list[float] = []
         self.cpu_s: list[float] = []  # CPU time of the whole block: immune to other processes' load
+        self.cpu_parts: list[tuple[float, float, float]] = []  # (module, app hash, persist) CPU s
         self.persist_bytes: list[int] = []
         self.persist_rows: list[int] = []
         self.outer: list[int] = []  # the run's current outer step at each block
@@ -85,9 +87,9 @@ class Driver:
         for i, m in enumerate(msgs):
             process_msg(self.state, m, TxContext(height=h, time_ns=h, tx_hash=_h(h, i), signer=m.creator))
         end_block(self.state, ctx)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         digest = app_hash(self.state)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         block_hash = hashlib.sha256(h.to_bytes(8, "big") + digest).hexdigest()
         header = {"height": h, "app_hash": digest.hex(), "prev_block_hash": self.prev, "time_ns": h}
         stats = self.store.commit_block(
@@ -95,6 +97,7 @@ class Driver:
         )
         t3, c3 = time.perf_counter(), time.process_time()
         self.cpu_s.append(c3 - c0)
+        self.cpu_parts.append((c1 - c0, c2 - c1, c3 - c2))
         self.module_s.append(t1 - t0)
         self.hash_s.append(t2 - t1)
         self.persist_s.append(t3 - t2)
@@ -218,6 +221,10 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int, folder: Path) -> 
             ]
         )
     assert queries.run(d.state, 1)["status"] == "finished"
+    idle_from = len(d.module_s)
+    for _ in range(IDLE_TAIL):  # idle blocks with the whole history behind them
+        d.block([])
+    idle = range(idle_from, len(d.module_s))
     busy = [m for m in d.module_s if m > 0.001]
     t0 = time.perf_counter()
     text = state_to_json(d.state)
@@ -258,6 +265,12 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int, folder: Path) -> 
         "node_cpu_ms_per_block_mean": 1000 * statistics.mean(d.cpu_s),
         "node_cpu_ms_per_block_first_outer_step": statistics.mean(cpu_step[first]),
         "node_cpu_ms_per_block_last_outer_step": statistics.mean(cpu_step[last]),
+        "cpu_ms_mean_module": 1000 * statistics.mean(p[0] for p in d.cpu_parts),
+        "cpu_ms_mean_app_hash": 1000 * statistics.mean(p[1] for p in d.cpu_parts),
+        "cpu_ms_mean_persist": 1000 * statistics.mean(p[2] for p in d.cpu_parts),
+        "idle_block_after_history_ms": statistics.median(d.total_ms(i) for i in idle),
+        "idle_block_after_history_cpu_ms": statistics.median(1000 * d.cpu_s[i] for i in idle),
+        "idle_block_after_history_persist_ms": statistics.median(1000 * d.persist_s[i] for i in idle),
         "module_s_total": sum(d.module_s),
         "module_ms_per_msg": 1000 * sum(d.module_s) / d.msgs,
         "module_ms_per_block_mean": 1000 * statistics.mean(d.module_s),
