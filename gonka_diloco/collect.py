@@ -243,7 +243,7 @@ def collect(
         )
     return Snapshot(
         run_id=run_id,
-        chain_url=str(getattr(client, "url", "")),
+        chain_url=",".join(getattr(client, "urls", None) or [str(getattr(client, "url", ""))]),
         run_status=run["status"],
         config=run.get("config", {}),
         current_step=int(run["current_step"]),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.metadata
 import json
 import re
 import socket
@@ -50,6 +51,13 @@ ENGINE_CODESPACE = "cometbft"
 STOP_GRACE_S = 5.0
 ENGINE_WATCH_S = 0.2
 """How often the validator checks that its engine is alive and has not reported a consensus failure."""
+
+
+def _app_version() -> str:
+    try:
+        return importlib.metadata.version("gonka-diloco")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class AbciError(RuntimeError):
@@ -275,7 +283,7 @@ class Validator(Node):
         header = self.last_header
         return abci.ResponseInfo(
             data="gonka-diloco",
-            version=cometbft.COMETBFT_VERSION,
+            version=_app_version(),
             app_version=APP_VERSION,
             last_block_height=self.height,
             last_block_app_hash=bytes.fromhex(header["app_hash"]) if header and self.height else b"",
