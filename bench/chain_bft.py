@@ -87,6 +87,7 @@ def block_rate(url: str, n_blocks: int) -> dict[str, float]:
 def tps_and_rate(
     engine: str, folder: Path, streams: list[list[bytes]], interval: float, n_blocks: int
 ) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
     if engine == "embedded":
         node = NodeProcess(folder / "chain", block_interval=interval)
         procs, urls = [node], [node.url]
@@ -125,7 +126,7 @@ def devnet_wall(engine: str, folder: Path, quick: bool) -> dict[str, Any]:
         "exit_code": done.returncode,
         "blocks": (snap.get("chain") or {}).get("height"),
         "outer_steps": sum(s.get("phase") == "DONE" for s in snap.get("steps", [])),
-        "failures": len(snap.get("failures", [])),
+        "failures": "; ".join(snap.get("failures", []))[:300] or "none",
     }
 
 

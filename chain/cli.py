@@ -130,7 +130,6 @@ def _start_validator(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     sock = _listen(host, node.info.rest_port if port is None else port)
-    node.start_engine()  # before the server's threads exist: the child is forked from one thread
     _announce(
         sock,
         host,
@@ -140,6 +139,7 @@ def _start_validator(
         name=node.info.name,
         rpc=node.info.rpc_url,
     )
+    node.start_engine()  # before the server's threads exist: the child is forked from one thread
     try:
         config = uvicorn.Config(create_app(node), log_level="warning", access_log=False, lifespan="on")
         uvicorn.Server(config).run(sockets=[sock])
@@ -217,10 +217,13 @@ class NodeProcess:
         first: list[str] = []
         ready = threading.Event()
         threading.Thread(target=self._drain, args=(first, ready), daemon=True).start()
-        if not ready.wait(startup_timeout) or not first or not first[0].startswith("{"):
+        try:
+            if not ready.wait(startup_timeout) or not first:
+                raise ValueError("no output")
+            self.url: str = json.loads(first[0])["url"]
+        except (ValueError, KeyError, TypeError):
             self.kill()
-            raise RuntimeError(f"node did not start: {first[:1]} (see {self.log_path})")
-        self.url: str = json.loads(first[0])["url"]
+            raise RuntimeError(f"node did not start: {first[:1]} (see {self.log_path})") from None
 
     def _drain(self, first: list[str], ready: threading.Event) -> None:
         assert self.proc.stdout is not None
