@@ -29,7 +29,16 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
-from chain.state import ChainState, _from_jsonable, cached_digest, flat_text, layout, own_text, sealed
+from chain.state import (
+    ChainState,
+    _from_jsonable,
+    cached_digest,
+    flat_text,
+    forget_texts,
+    layout,
+    own_text,
+    sealed,
+)
 
 Path = tuple[Any, ...]
 """Field names and map keys from the root (`ChainState`) to a row's object."""
@@ -92,8 +101,6 @@ class RowTracker:
     def _walk(self, obj: Any, shadow: _Shadow, path: Path, out: RowDelta) -> None:
         digest = cached_digest(obj)
         if digest is not None and digest == shadow.digest:
-            if sealed(obj):
-                shadow.children.clear()  # never visited again: its rows' texts need not be kept
             return  # the app hash vouches that nothing below changed since it was written
         text = own_text(obj)  # the app hash's own serialization, reused
         if text != shadow.text:
@@ -123,6 +130,10 @@ class RowTracker:
                     child_shadow = known[key] = _Shadow()
                 self._walk(child, child_shadow, (*path, name, key), out)
         shadow.digest = digest
+        if digest is not None and sealed(obj):  # written for the last time (its digest is kept
+            # for good, so it is skipped from now on): keep neither its texts nor its children's
+            forget_texts(obj)
+            shadow.children.clear()
 
 
 def _sort_key(key: Any) -> tuple[int, Any]:

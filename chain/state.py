@@ -446,9 +446,14 @@ def node_digest(obj: Any, cached: bool = True) -> str:
     if cached and (isinstance(obj, TOUCH_TRACKED) or sealed(obj)):
         obj.__dict__[_DIGEST] = digest
         if sealed(obj):
-            for child in _descendants(obj):
-                child.__dict__.pop(_OWN, None)
+            forget_texts(obj)
     return digest
+
+
+def forget_texts(obj: Any) -> None:
+    """Drop the cached own texts below a sealed node: it is never visited again."""
+    for child in _descendants(obj):
+        child.__dict__.pop(_OWN, None)
 
 
 def cached_digest(obj: Any) -> str | None:

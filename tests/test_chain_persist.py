@@ -95,6 +95,11 @@ def test_a_finished_outer_step_is_written_once_and_never_visited_again() -> None
     rows.apply(first)
     sealed = sim.state.runs[1].steps[0]
     assert any(k.startswith('["runs",1,"steps",0,') for k, _ in first.upserts)
+    # history keeps no cached text in memory: neither its contributions nor their verdicts
+    below = [c for c in sealed.contributions.values()] + [
+        v for c in sealed.contributions.values() for v in c.verdicts.values()
+    ]
+    assert below and not any("_own_cache" in x.__dict__ for x in below)
     # The module never writes a DONE step; if something did without `touched`, the app hash would
     # not see it either, and nor does the walk: proof that it skips the sealed subtree.
     sealed.contributions[HOSTS[0]].reward += 1
