@@ -26,6 +26,7 @@ BENCHES = [
     "bench.chain_tps",
     "bench.chain_sim",
     "bench.scale",
+    "bench.chain_bft",
     "bench.plan",  # last: it reads detection.json (and scale.json) and the constants the others wrote
 ]
 

@@ -105,10 +105,10 @@ class Trial:
 
     def block(self, msgs: list[Any]) -> None:
         h = self.height + 1
-        ctx = BlockContext(height=h, time=float(h), prev_block_hash=_h(self.seed, h))
+        ctx = BlockContext(height=h, time_ns=h * 10**9, prev_block_hash=_h(self.seed, h))
         begin_block(self.state, ctx)
         for i, m in enumerate(msgs or self.react()):
-            process_msg(self.state, m, TxContext(h, float(h), _h(self.seed, h, i), m.creator))
+            process_msg(self.state, m, TxContext(h, h * 10**9, _h(self.seed, h, i), m.creator))
         end_block(self.state, ctx)
         self.height = h
 

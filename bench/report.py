@@ -322,6 +322,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
     ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
+    ("chain_bft", "7c. Chain on CometBFT: 4 validators beside the embedded node", "bench.chain_bft",
+     generic),
     ("scale", "8. Scale: the state pipeline at the largest GPT this box holds", "bench.scale", scale),
     ("plan", "9. Cost model: `gonka-diloco plan` against measurements, and the published plan", "bench.plan",
      plan),
@@ -397,6 +399,26 @@ def goals(res: dict[str, Any]) -> Lines:
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:
         out.append(f"- chain: {tps['committed_tps']} committed tx/s (goal {tps.get('goal_tps', '?')})")
+    if bft := res.get("chain_bft"):
+        rows = {r["engine"].split()[0]: r for r in bft["throughput"]}
+        walls = {r["engine"]: r["wall_s"] for r in bft["devnet"]}
+        bft_row, emb_row = rows["cometbft"], rows["embedded"]
+        out.append(f"- chain on CometBFT ({bft['cometbft']}, 4 validators): {bft_row['committed_tps']} "
+                   f"committed tx/s (embedded: {emb_row['committed_tps']}); {bft_row['blocks_per_s']} "
+                   f"blocks/s at a {bft_row['block_interval']} s interval; devnet wall time "
+                   f"{walls.get('cometbft')} s (embedded {walls.get('embedded')} s)")  # fmt: skip
+    if (sim := res.get("chain_sim")) and "node_ms_per_block_mean" in sim:
+        last, first = sim["node_ms_per_block_last_outer_step"], sim["node_ms_per_block_first_outer_step"]
+        cpu = sim.get("node_cpu_ms_per_block_last_outer_step", float("nan"))
+        idle = sim.get("idle_block_after_history_ms", float("nan"))
+        kb, persist = sim["persist_bytes_per_block_mean"] / 1e3, sim["persist_ms_mean"]
+        old_ms, old_mb = sim["sampled_json_persist_ms_mean"], sim["state_json_bytes"] / 1e6
+        out.append(f"- chain node at {sim['hosts']} hosts after {sim['outer_steps']} outer steps: "
+                   f"{last:.0f} ms per block over the last outer step (goal ≤ 50 ms: "
+                   f"**{'met' if last <= 50 else 'NOT met'}**; CPU {cpu:.0f} ms), {first:.0f} ms over the "
+                   f"first (flat in history: **{'met' if last <= 1.2 * first else 'NOT met'}**); an idle "
+                   f"block after the whole history {idle:.0f} ms; persistence {persist:.0f} ms and {kb:.0f} "
+                   f"kB per block (whole-state JSON: {old_ms:.0f} ms, {old_mb:.0f} MB)")  # fmt: skip
     return [*out, ""]
 
 

@@ -63,15 +63,19 @@ from protocol.messages import (
 
 @dataclass(frozen=True)
 class BlockContext:
+    """Everything a block brings into the state machine from outside, in one place. Both engines
+    fill it from consensus data only (never a local clock): the embedded node from its own header
+    chain, the CometBFT app from `RequestFinalizeBlock` (specs/protocol.md §2.9)."""
+
     height: int
-    time: float
+    time_ns: int  # block time, unix nanoseconds (an integer: no floats in state transitions)
     prev_block_hash: str  # hex; enters `recent_block_hashes`, which seed challenges and audits
 
 
 @dataclass(frozen=True)
 class TxContext:
     height: int
-    time: float
+    time_ns: int  # the block's time, unix nanoseconds
     tx_hash: str
     signer: str  # bech32 address whose signature the app verified
 

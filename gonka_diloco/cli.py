@@ -176,6 +176,13 @@ def devnet(
     live: Annotated[
         bool | None, typer.Option("--live/--no-live", help="Show the live terminal view.")
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help=f"Chain engine: embedded (one process) or cometbft (default {D.engine})."),
+    ] = None,
+    validators: Annotated[
+        int | None, typer.Option(help="CometBFT validators (with --engine cometbft; default 4 there).")
+    ] = None,
     list_adversaries: Annotated[
         bool, typer.Option("--list-adversaries", help="List the adversary library's behaviours and exit.")
     ] = False,
@@ -208,6 +215,8 @@ def devnet(
         "timeout": timeout,
         "out_dir": out_dir,
         "live": live,
+        "engine": engine,
+        "validators": validators if validators is not None else (4 if engine == "cometbft" else None),
     }
     try:
         if adversary:

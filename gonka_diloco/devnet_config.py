@@ -86,6 +86,10 @@ class DevnetConfig(Strict):
     seed: int = Field(0, ge=0, lt=2**63)
     threads: int = Field(1, ge=1, le=64)
     phases: PhaseSeconds = PhaseSeconds()
+    engine: Literal["embedded", "cometbft"] = Field(
+        "embedded", description="embedded: one chain process; cometbft: a network of CometBFT validators"
+    )
+    validators: int = Field(1, ge=1, le=16, description="CometBFT validators (the embedded engine has one)")
     timeout: float = Field(900.0, gt=0, description="seconds before the run counts as stalled")
     out_dir: Path = Path("runs")
     live: bool = True
@@ -106,6 +110,8 @@ class DevnetConfig(Strict):
             raise ValueError("at least one host must be honest (adversaries take up every host)")
         if sum(a.count for a in self.verifier_adversaries) > self.verifiers:
             raise ValueError("more adversarial verifiers than verifiers")
+        if self.engine == "embedded" and self.validators != 1:
+            raise ValueError("several validators need --engine cometbft (the embedded node is one process)")
         tolerances = (self.tolerance, self.tolerance_exp_avg, self.tolerance_exp_avg_sq)
         if self.replay_mode is ReplayMode.TOLERANCE and min(tolerances) <= 0:
             raise ValueError(

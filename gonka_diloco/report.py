@@ -68,6 +68,21 @@ class NodeRow(Model):
     val_loss: dict[int, float] = Field(default_factory=dict)
 
 
+class ValidatorRow(Model):
+    """One CometBFT validator at the end of a run (the embedded engine has none)."""
+
+    name: str
+    address: str = ""  # consensus address, hex
+    url: str = ""
+    height: int = 0
+    app_hash: str = ""  # its own app hash at `height`
+    network_app_hash: str = ""  # what most validators committed at that height
+    state: str = ""  # ok / halted / diverged / down
+    missed_blocks: int = 0
+    restarts: int = 0
+    detail: str = ""  # why it halted, in its own words
+
+
 class ChainStats(Model):
     height: int = 0
     txs: int | None = None
@@ -85,6 +100,7 @@ class Snapshot(Model):
     steps: list[StepRow] = Field(default_factory=list)
     contributions: list[ContributionRow] = Field(default_factory=list)
     nodes: list[NodeRow] = Field(default_factory=list)
+    validators: list[ValidatorRow] = Field(default_factory=list)
     chain: ChainStats = ChainStats()
     wall_s: float | None = None
     failures: list[str] = Field(default_factory=list)
@@ -112,6 +128,14 @@ def evaluate(snap: Snapshot, *, expect_finished: bool = True, expect_all_honest:
     for node in snap.nodes:
         if not node.alive:
             failures.append(f"{node.name} crashed")
+    for v in snap.validators:
+        if v.state == "diverged":
+            failures.append(
+                f"validator {v.name} diverged from the network at height {v.height}: app hash "
+                f"{v.app_hash[:16]} where the others have {v.network_app_hash[:16]} ({v.detail or 'running'})"
+            )
+        elif v.state != "ok":
+            failures.append(f"validator {v.name} is {v.state}" + (f": {v.detail}" if v.detail else ""))
     if expect_finished and snap.run_status != "finished":
         failures.append(
             f"run did not finish (status {snap.run_status or 'unknown'}, step {snap.current_step})"
@@ -310,6 +334,23 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
         ["rewards", _gnk(snap.chain.rewards)],
     ]
     parts += [_table(["", ""], chain_rows), ""]
+    if snap.validators:
+        parts += ["## Validators", ""]
+        validator_rows = [
+            [
+                v.name,
+                v.address[:12] or "-",
+                str(v.height),
+                (v.app_hash or "-")[:16],
+                v.state
+                + ("" if v.app_hash == v.network_app_hash else f" (network {v.network_app_hash[:16]})"),
+                str(v.missed_blocks),
+                str(v.restarts),
+            ]
+            for v in snap.validators
+        ]
+        header = ["validator", "address", "height", "app hash", "state", "missed blocks", "restarts"]
+        parts += [_table(header, validator_rows), ""]
     parts += ["## Nodes", ""]
     node_rows = [
         [n.name, n.role, n.behaviour, n.address or "-", n.state or "-", str(n.restarts), n.log or "-"]

@@ -350,14 +350,14 @@ def replay_blocks(blocks: list[dict[str, Any]]) -> ChainState:
         while height < b["height"]:
             height += 1
             prev = vector_block_hash(height - 1)
-            ctx = BlockContext(height=height, time=float(height), prev_block_hash=prev)
+            ctx = BlockContext(height=height, time_ns=height * 10**9, prev_block_hash=prev)
             begin_block(state, ctx)
             if height == b["height"]:
                 for i, tx in enumerate(b["txs"]):
                     msg = _MODEL_OF[tx["type_url"]].model_validate(tx["json"])
                     tx_hash = hashlib.sha256(f"tx {height} {i}".encode()).hexdigest()
                     signer = msg.creator  # type: ignore[attr-defined]
-                    process_msg(state, msg, TxContext(height, float(height), tx_hash, signer))
+                    process_msg(state, msg, TxContext(height, height * 10**9, tx_hash, signer))
             end_block(state, ctx)
     return state
 

@@ -106,11 +106,11 @@ class Sim:
 
     def block(self, *msgs: object) -> list[list[Event] | ChainError]:
         h = self.height + 1
-        bctx = BlockContext(height=h, time=float(h), prev_block_hash=self.prev_hash)
+        bctx = BlockContext(height=h, time_ns=h, prev_block_hash=self.prev_hash)
         self.events += begin_block(self.state, bctx)
         results: list[list[Event] | ChainError] = []
         for i, msg in enumerate(msgs):
-            ctx = TxContext(height=h, time=float(h), tx_hash=h32("tx", h, i), signer=msg.creator)  # type: ignore[attr-defined]
+            ctx = TxContext(height=h, time_ns=h, tx_hash=h32("tx", h, i), signer=msg.creator)  # type: ignore[attr-defined]
             before = state_to_json(self.state)
             try:
                 results.append(process_msg(self.state, msg, ctx))
@@ -286,7 +286,7 @@ def test_send_errors(msg: MsgSend, error: type[ChainError]) -> None:
 def test_envelope_errors_signer_mismatch_and_unknown_message() -> None:
     state = make_state()
     msg = MsgSend(from_address=STRANGER, to_address=POOR, amount=[Coin(amount=1)])
-    ctx = TxContext(height=1, time=1.0, tx_hash=h32("x"), signer=POOR)
+    ctx = TxContext(height=1, time_ns=1, tx_hash=h32("x"), signer=POOR)
     with pytest.raises(errors.ErrSignerMismatch):
         process_msg(state, msg, ctx)
     with pytest.raises(errors.ErrUnknownMessage):
