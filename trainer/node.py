@@ -31,8 +31,9 @@ from protocol.messages import EnvFingerprint, MsgRevealContribution, MsgSubmitOu
 from protocol.tensors import StateKind
 from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
 from trainer.blobs import BlobCatalog, BlobClient, BlobError, ServerThread, build_app, parse_listen
+from trainer.checkpoint import node_initial_global
 from trainer.commit import Contribution, openings
-from trainer.data import Corpus, eval_loss, shakespeare_corpus
+from trainer.data import Corpus, eval_loss, node_corpus
 from trainer.ddp import Team
 from trainer.globalmodel import GlobalModel, GlobalStore
 from trainer.metrics import HostMetrics
@@ -294,13 +295,15 @@ class HostNode:
         built = build(self.cfg.model, self._allow_list)
         self.model: nn.Module = built.module
         self.loss_fn = built.loss_fn
-        self.corpus = self._corpus if self._corpus is not None else shakespeare_corpus()
+        self.corpus = self._corpus if self._corpus is not None else node_corpus(
+            self.cfg, self.config.dataset_source, self.dir, self.address
+        )
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(
                 f"local dataset {self.corpus.manifest_hash[:12]} is not the run's "
                 f"{self.cfg.dataset_manifest_hash[:12]}"
             )
-        g0 = GlobalModel.from_module(self.model)
+        g0 = node_initial_global(self.cfg.initial_model_hash, self.model, self.config.init_checkpoint_source)
         if g0.hash == self.cfg.initial_model_hash:
             self.globals.save(g0)
         for h in self.globals.hashes():

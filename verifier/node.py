@@ -33,7 +33,8 @@ from trainer.blobs import (
     ServerThread,
     build_app,
 )
-from trainer.data import Corpus, shakespeare_corpus
+from trainer.checkpoint import node_initial_global
+from trainer.data import Corpus, node_corpus
 from trainer.globalmodel import GlobalModel, GlobalStore
 from trainer.nodebase import NodeError, Stopped, host_endpoints, join_run, json_line
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
@@ -179,7 +180,9 @@ class VerifierNode:
         self.cfg = RunConfig.model_validate(run["config"])
         configure_determinism(self.config.threads)
         self.env: EnvFingerprint = env_fingerprint(self.config.threads)
-        self.corpus = self._corpus if self._corpus is not None else shakespeare_corpus()
+        self.corpus = self._corpus if self._corpus is not None else node_corpus(
+            self.cfg, self.config.dataset_source, self.dir
+        )
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(f"local dataset {self.corpus.manifest_hash[:12]} is not the run's")
         workers = self.config.workers
@@ -191,7 +194,7 @@ class VerifierNode:
         numel = sum(p.numel() for p in model.parameters())
         self.max_state_bytes = 3 * 4 * numel + (1 << 20)  # params + two moments, float32, + header
         self.max_delta_bytes = 4 * numel + (1 << 20)  # fp32 is the largest codec
-        g0 = GlobalModel.from_module(model)
+        g0 = node_initial_global(self.cfg.initial_model_hash, model, self.config.init_checkpoint_source)
         if g0.hash == self.cfg.initial_model_hash:
             self.globals.save(g0)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")
