@@ -168,9 +168,11 @@ def test_a_vocabulary_past_uint16_needs_uint32(tmp_path: Path) -> None:
     tok.save(str(tmp_path / "big.json"))
     (tmp_path / "a.txt").write_text("w1 w69999 w5\n" * 50)
     with pytest.raises(DataError, match="70000 tokens overflows uint16"):
-        prepare([str(tmp_path / "a.txt")], tmp_path / "o1", PrepareOptions(tokenizer=str(tmp_path / "big.json"),
-                                                                           dtype="uint16"))  # fmt: skip
-    man = prepare([str(tmp_path / "a.txt")], tmp_path / "o2", PrepareOptions(tokenizer=str(tmp_path / "big.json")))
+        opts = PrepareOptions(tokenizer=str(tmp_path / "big.json"), dtype="uint16")
+        prepare([str(tmp_path / "a.txt")], tmp_path / "o1", opts)
+    man = prepare(
+        [str(tmp_path / "a.txt")], tmp_path / "o2", PrepareOptions(tokenizer=str(tmp_path / "big.json"))
+    )
     assert man.dtype == "uint32" and 69_999 in _all_tokens(open_dataset(str(tmp_path / "o2")).train)  # type: ignore[arg-type]
 
 
@@ -250,7 +252,12 @@ def test_fsspec_sources_local_file_url_and_http_give_the_same_tokens(
     local = open_dataset(str(dataset))
     cfg = _cfg(dataset_manifest_hash=local.manifest_hash, data_shards=3)
     want = (_all_tokens(local.train), _all_tokens(local.val))  # type: ignore[arg-type]
-    for source in (f"file://{dataset}", str(dataset / "manifest.json"), f"{http_dataset}/manifest.json", http_dataset):
+    for source in (
+        f"file://{dataset}",
+        str(dataset / "manifest.json"),
+        f"{http_dataset}/manifest.json",
+        http_dataset,
+    ):
         corpus = load_corpus(cfg, source, tmp_path / "cache", host=HOST_A)
         assert (_all_tokens(corpus.train), _all_tokens(corpus.val)) == want, source  # type: ignore[arg-type]
     cached = tmp_path / "cache" / local.manifest_hash
