@@ -118,22 +118,29 @@ def initial_model_hash(spec: Any, checkpoint: Path | None = None) -> str:
 def fetch_final_model(chain_url: str, run_id: int, out: Path) -> Path:
     """Run `run_id`'s final global model, fetched from its nodes by the on-chain hash (verified)."""
     from chain.client import HttpChainClient
-    from trainer.blobs import BlobClient, BlobError
-    from trainer.globalmodel import model_verifier
 
     client = HttpChainClient(chain_url)
     try:
-        run = client.run(run_id)
-        target = run["global_model_hash"]
-        parts = client.query("participants", run_id=run_id)["participants"]
-    except Exception as e:  # transport or unknown run: one clear line
-        raise RunConfigFileError(f"cannot read run {run_id} from {chain_url}: {e}") from None
+        return save_final_model(client, run_id, out)
     finally:
         client.close()
+
+
+def save_final_model(chain: Any, run_id: int, out: Path) -> Path:
+    """`fetch_final_model` over any chain client: the finished run's G by hash from its nodes."""
+    from trainer.blobs import BlobClient, BlobError
+    from trainer.globalmodel import model_verifier
+
+    try:
+        run = chain.run(run_id)
+        parts = chain.query("participants", run_id=run_id)["participants"]
+    except Exception as e:  # transport or unknown run: one clear line
+        raise RunConfigFileError(f"cannot read run {run_id} from the chain: {e}") from None
     if run["status"] != "finished":
         raise RunConfigFileError(
             f"run {run_id} is {run['status']}, not finished: its final model may still change"
         )
+    target = run["global_model_hash"]
     endpoints = [p["endpoint"] for p in parts if p.get("endpoint")]
     blobs = BlobClient(endpoints, 60.0, 2, max_bytes=64 << 30)
     try:
