@@ -3,11 +3,7 @@ HTTP), host shards over many files, PRF batches, and the Shakespeare default."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from gonka_diloco.adversaries.mirror import DatasetMirror, Tamper
 from protocol.config import ModelSpec, RunConfig
 from trainer.data import (
     Corpus,
@@ -231,45 +228,32 @@ def test_the_run_names_the_manifest_and_the_vocabulary_must_fit(dataset: Path) -
         load_corpus(_cfg(dataset_manifest_hash=h), str(dataset))
 
 
-@pytest.fixture
-def http_dataset(dataset: Path) -> Iterator[str]:
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(dataset.parent))
-    handler.log_message = lambda *a: None  # type: ignore[method-assign]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/ds"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
-def test_fsspec_sources_local_file_url_and_http_give_the_same_tokens(
-    dataset: Path, http_dataset: str, tmp_path: Path
-) -> None:
+def test_fsspec_sources_local_file_url_and_http_give_the_same_tokens(dataset: Path, tmp_path: Path) -> None:
     local = open_dataset(str(dataset))
     cfg = _cfg(dataset_manifest_hash=local.manifest_hash, data_shards=3)
     want = (_all_tokens(local.train), _all_tokens(local.val))  # type: ignore[arg-type]
-    for source in (
-        f"file://{dataset}",
-        str(dataset / "manifest.json"),
-        f"{http_dataset}/manifest.json",
-        http_dataset,
-    ):
-        corpus = load_corpus(cfg, source, tmp_path / "cache", host=HOST_A)
-        assert (_all_tokens(corpus.train), _all_tokens(corpus.val)) == want, source  # type: ignore[arg-type]
+    with DatasetMirror(dataset.parent) as url:
+        http = f"{url}/ds"
+        for source in (f"file://{dataset}", str(dataset / "manifest.json"), f"{http}/manifest.json", http):
+            corpus = load_corpus(cfg, source, tmp_path / "cache", host=HOST_A)
+            assert (_all_tokens(corpus.train), _all_tokens(corpus.val)) == want, source  # type: ignore[arg-type]
+        with pytest.raises(DataError, match="cannot"):
+            open_dataset(f"{http}/missing/manifest.json")
     cached = tmp_path / "cache" / local.manifest_hash
     assert sorted(p.name for p in cached.iterdir()) == sorted(p.name for p in dataset.glob("*.bin"))
-    # the server now serves a tampered shard: a fresh cache refuses it, the verified cache is re-checked
-    shard = dataset / "train-00000.bin"
-    shard.write_bytes(shard.read_bytes()[:-2] + b"\x00\x00")
-    with pytest.raises(DataError, match="sha256 does not match"):
-        open_dataset(http_dataset, tmp_path / "fresh").train.read(0, 10)  # type: ignore[union-attr]
-    assert open_dataset(http_dataset, tmp_path / "cache").train.read(0, 10).tolist() == want[0][:10]  # type: ignore[union-attr]
-    with pytest.raises(DataError, match="cannot"):
-        open_dataset(f"{http_dataset}/missing/manifest.json")
+
+
+@pytest.mark.parametrize("tamper", [Tamper.FLIP, Tamper.TRUNCATE, Tamper.PAD, Tamper.SWAP])
+def test_a_tampering_mirror_is_refused_next_to_an_honest_one(
+    dataset: Path, tmp_path: Path, tamper: Tamper
+) -> None:
+    """The adversary (`gonka_diloco.adversaries.mirror`) serves the same manifest with altered shards."""
+    cfg = _cfg(dataset_manifest_hash=open_dataset(str(dataset)).manifest_hash, data_shards=1)
+    with DatasetMirror(dataset.parent) as honest, DatasetMirror(dataset.parent, tamper) as bad:
+        assert load_corpus(cfg, f"{honest}/ds", tmp_path / "ok", host=HOST_A).train.numel() > 0
+        with pytest.raises(DataError, match=r"sha256|bytes"):
+            load_corpus(cfg, f"{bad}/ds", tmp_path / "bad", host=HOST_A)
+    assert not list((tmp_path / "bad").rglob("*.bin"))  # nothing unverified is kept
 
 
 def test_node_toml_points_at_the_dataset(tmp_path: Path) -> None:
