@@ -187,3 +187,16 @@ def test_run_create_binds_dataset_and_checkpoint(tmp_path: Path) -> None:
     old = {**LLAMA.config, "transformers_version": "0.0.1"}
     with pytest.raises(ValueError, match=r"defined by transformers 0\.0\.1"):  # a node refuses other maths
         build_model(LLAMA.model_copy(update={"config": old}))
+
+
+def test_devnet_model_option_puts_a_complete_llama_spec_on_chain() -> None:
+    from gonka_diloco.devnet import run_config as devnet_run_config
+    from gonka_diloco.devnet_config import DevnetConfigError, make_config
+
+    cfg = devnet_run_config(make_config({"model": "llama-tiny", "seed": 3}))
+    assert cfg.model == ModelSpec(factory="trainer.hf:llama", config=spec_config("llama", "tiny", seed=3))
+    assert cfg.initial_model_hash == GlobalModel.from_module(build_model(cfg.model)).hash
+    with pytest.raises(DevnetConfigError, match="context"):
+        make_config({"model": "llama-tiny", "seq_len": 256})
+    with pytest.raises(DevnetConfigError, match="model"):
+        make_config({"model": "llama-huge"})
