@@ -107,12 +107,16 @@ def convergence(d: dict[str, Any]) -> Lines:
         ax2.set_title("loss vs bytes")
         ax1.legend(fontsize=8)
         ax2.legend(fontsize=8)
-        fig.tight_layout()
-        png = f"convergence_{tag}{_kind(d)}.png"
-        fig.savefig(RESULTS / png, dpi=90)
-        plt.close(fig)
-        out += [f"![convergence {tag}](results/{png})", ""]
+        out += _save(plt, fig, f"convergence_{tag}{_kind(d)}.png", tag)
     return out
+
+
+def _save(plt: Any, fig: Any, png: str, alt: str) -> Lines:
+    """Write a figure into bench/results/ and link it from RESULTS.md."""
+    fig.tight_layout()
+    fig.savefig(RESULTS / png, dpi=90)
+    plt.close(fig)
+    return [f"![convergence {alt}](results/{png})", ""]
 
 
 def _cumulative_bytes(run: dict[str, Any]) -> list[float] | None:
@@ -313,11 +317,7 @@ def convergence_sweep(d: dict[str, Any]) -> Lines:
             for ax in (ax1, ax2):
                 ax.grid(alpha=0.3)
             ax1.legend(fontsize=6)
-            fig.tight_layout()
-            png = f"convergence_sweep_{s['start']}{_kind(d)}.png"
-            fig.savefig(RESULTS / png, dpi=90)
-            plt.close(fig)
-            out += [f"![tuned convergence {s['start']}](results/{png})", ""]
+            out += _save(plt, fig, f"convergence_sweep_{s['start']}{_kind(d)}.png", f"tuned {s['start']}")
     return out
 
 

@@ -176,7 +176,11 @@ def _char_boundary(data: bytes, i: int) -> int:
     return i
 
 
-def _cut(size: int, val_fraction: float) -> int:
+def _cut(path: Path, val_fraction: float) -> int:
+    """Where the held-out tail of a (non-empty) input file starts, in bytes."""
+    size = path.stat().st_size
+    if size == 0:
+        raise DataError(f"{path} is empty")
     return size - int(size * val_fraction)
 
 
@@ -184,10 +188,7 @@ def _text_docs(
     path: Path, opts: PrepareOptions, progress: Progress | None
 ) -> Iterator[tuple[str, str, bool]]:
     """(split, text, ends_document) chunks of a plain text file: the whole file is one document."""
-    size = path.stat().st_size
-    if size == 0:
-        raise DataError(f"{path} is empty")
-    cut = _cut(size, opts.val_fraction)
+    cut = _cut(path, opts.val_fraction)
     pos, buf, split = 0, bytearray(), "train"
     with path.open("rb") as f:
         for line in f:
@@ -212,10 +213,7 @@ def _jsonl_docs(
     path: Path, opts: PrepareOptions, progress: Progress | None
 ) -> Iterator[tuple[str, str, bool]]:
     """(split, text, True) per JSONL record; records starting in the last fraction are held out."""
-    size = path.stat().st_size
-    if size == 0:
-        raise DataError(f"{path} is empty")
-    cut = _cut(size, opts.val_fraction)
+    cut = _cut(path, opts.val_fraction)
     pos, seen = 0, 0
     with path.open("rb") as f:
         for lineno, line in enumerate(f, 1):
