@@ -239,8 +239,13 @@ def test_fsspec_sources_local_file_url_and_http_give_the_same_tokens(dataset: Pa
             assert (_all_tokens(corpus.train), _all_tokens(corpus.val)) == want, source  # type: ignore[arg-type]
         with pytest.raises(DataError, match="cannot"):
             open_dataset(f"{http}/missing/manifest.json")
-    cached = tmp_path / "cache" / local.manifest_hash
-    assert sorted(p.name for p in cached.iterdir()) == sorted(p.name for p in dataset.glob("*.bin"))
+        cached = tmp_path / "cache" / local.manifest_hash
+        assert sorted(p.name for p in cached.iterdir()) == sorted(p.name for p in dataset.glob("*.bin"))
+        bad = cached / "train-00000.bin"  # our cached copy rots on disk: checked again, fetched again
+        bad.write_bytes(b"\x00" * bad.stat().st_size)
+        again = open_dataset(http, tmp_path / "cache")
+        assert _all_tokens(again.train) == want[0]  # type: ignore[arg-type]
+        assert bad.read_bytes() == (dataset / "train-00000.bin").read_bytes()
 
 
 @pytest.mark.parametrize("tamper", [Tamper.FLIP, Tamper.TRUNCATE, Tamper.PAD, Tamper.SWAP])

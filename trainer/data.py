@@ -240,33 +240,43 @@ class ShardFile:
     def tokens(self) -> int:
         return self.shard.tokens
 
-    def _path(self) -> Path:
+    def _check(self, path: Path) -> None:
+        size = path.stat().st_size
+        if size != self.shard.bytes:
+            raise DataError(f"{path}: {size} bytes, the manifest says {self.shard.bytes}")
+        if _hash_file(path) != self.shard.sha256:
+            raise DataError(f"{path}: sha256 does not match the manifest")
+
+    def _verified_path(self) -> Path:
+        """The shard's local file, hash-checked now: the operator's own file, or our cached download
+        (re-fetched once if the cached copy went bad; a fresh download was checked as it arrived)."""
         location = _join(self.base, self.shard.name)
         local = _local_path(location)
         if local is not None:
+            self._check(local)
             return local
         if self.cache_dir is None:
             raise DataError(f"{location} is remote and there is no cache folder to fetch it into")
         dest = self.cache_dir / self.shard.name
-        if not dest.is_file() or dest.stat().st_size != self.shard.bytes:
-            _download(location, dest, self.shard)
+        if dest.is_file():
+            try:
+                self._check(dest)
+                return dest
+            except DataError:
+                dest.unlink(missing_ok=True)
+        _download(location, dest, self.shard)
         return dest
 
     def array(self) -> np.ndarray:
         """The verified tokens (read-only memmap); a shard that does not hash to the manifest is refused."""
         with self._lock:
             if self._array is None:
-                path = self._path()
                 try:
-                    size = path.stat().st_size
-                    if size != self.shard.bytes:
-                        raise DataError(f"{path}: {size} bytes, the manifest says {self.shard.bytes}")
-                    if _hash_file(path) != self.shard.sha256:
-                        raise DataError(f"{path}: sha256 does not match the manifest")
+                    path = self._verified_path()
                     self._array = np.memmap(path, dtype=np.dtype(DTYPES[self.dtype]).newbyteorder("<"),
                                             mode="r", shape=(self.shard.tokens,))  # fmt: skip
                 except OSError as e:
-                    raise DataError(f"cannot read shard {path}: {e}") from e
+                    raise DataError(f"cannot read shard {self.shard.name}: {e}") from e
             return self._array
 
 
