@@ -268,7 +268,10 @@ def convergence_sweep(d: dict[str, Any]) -> Lines:
         f"(the token-shard path). Both contenders get the same inner-lr sweep {fmt(d['inner_lrs'])}, "
         f"DiLoCo also outer lr/momentum {outers}; linear warm-up then cosine decay to 10% (the DiLoCo "
         f"paper's inner schedule), over the same total inner-step compute. DiLoCo is the protocol path: "
-        f"committed inner loop, int8 Δ blobs, every contribution replay-verified (s = 2). The warm start "
+        f"committed inner loop, int8 Δ blobs, "
+        + ("every contribution replay-verified (s = 2)" if d.get("verify", True) else
+           "not replay-verified in this run (honest contributions replay bitwise: see the quick run)")
+        + ". The warm start "
         f"is {d['warm_start']} data-parallel steps at lr 4e-4 (val loss {fmt(d.get('warm_start_loss'))}), "
         f"computed once and loaded by every warm contender.",
         "",
