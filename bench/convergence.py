@@ -52,8 +52,12 @@ def jobs_for(setup: Setup, full_set: bool, tmp: str) -> list[dict[str, Any]]:
     tag = setting_tag(setup)
     jobs: list[dict[str, Any]] = [
         {"label": f"{tag}/data_parallel", "kind": "data_parallel", "setup": s},
-        {"label": f"{tag}/data_parallel_lr_x{DP_LR_SCALE}", "kind": "data_parallel", "setup": s,
-         "lr_scale": DP_LR_SCALE},
+        {
+            "label": f"{tag}/data_parallel_lr_x{DP_LR_SCALE}",
+            "kind": "data_parallel",
+            "setup": s,
+            "lr_scale": DP_LR_SCALE,
+        },
         {"label": f"{tag}/ours_int8_verified", "kind": "diloco", "setup": s, "verify": True},
     ]
     if full_set:
@@ -154,8 +158,11 @@ def compare(quick: bool = False) -> dict[str, Any]:
 # ---------------------------------------------------------------- part two: tuned sweep, Llama
 
 
-def sweep_plan(quick: bool) -> dict[str, Any]:
-    """The grid both contenders share, and the run shape (same total inner-step compute)."""
+def sweep_plan(
+    quick: bool, outer_steps: int | None = None, inner_lrs: list[float] | None = None
+) -> dict[str, Any]:
+    """The grid both contenders share, and the run shape (same total inner-step compute);
+    `outer_steps` lengthens the full run (warm-up stays 5% of each host's steps)."""
     from trainer.hf import spec_config
 
     if quick:
@@ -168,6 +175,11 @@ def sweep_plan(quick: bool) -> dict[str, Any]:
         shape = dict(hosts=2, inner_steps=500, outer_steps=3, segment_len=50, warmup_steps=75, eval_batches=8)
         plan = {"inner_lrs": [2e-3, 5e-3], "outers": [(0.7, 0.9), (1.0, 0.9)], "warm_start": 500,
                 "verify": False}  # fmt: skip
+    if inner_lrs:
+        plan["inner_lrs"] = inner_lrs
+    if outer_steps is not None:
+        steps = outer_steps * int(shape["inner_steps"])
+        shape.update(outer_steps=outer_steps, warmup_steps=max(1, steps // 20))
     model = tuple(spec_config("llama", "tiny").items())
     plan["base"] = Setup(**shape, factory="trainer.hf:llama", model=model, cosine=True)  # type: ignore[arg-type]
     return plan
@@ -235,10 +247,17 @@ def sweep_summary(plan: dict[str, Any], runs: list[dict[str, Any]], start: str) 
     return out
 
 
-def sweep(quick: bool = False) -> dict[str, Any]:
+def sweep(
+    quick: bool = False,
+    outer_steps: int | None = None,
+    inner_lrs: list[float] | None = None,
+    scratch: bool = True,
+) -> dict[str, Any]:
+    """Both starting points (or only the warm one: `scratch=False`), the best of each contender."""
     import tempfile
 
-    plan = sweep_plan(quick)
+    plan = sweep_plan(quick, outer_steps, inner_lrs)
+    name = "convergence_sweep" if outer_steps is None else f"convergence_sweep_T{outer_steps}"
     result: dict[str, Any] = {"quick": quick, "inner_lrs": plan["inner_lrs"], "outers": plan["outers"],
                               "warm_start": plan["warm_start"], "verify": plan["verify"],
                               "settings": []}  # fmt: skip
@@ -248,13 +267,17 @@ def sweep(quick: bool = False) -> dict[str, Any]:
         print(f"  warm start: {plan['warm_start']} data-parallel steps, once, for every warm contender")
         pre_job = {"label": "pretrain", "kind": "pretrain", "setup": pre, "save_params": warm}
         # the warm start runs beside the first scratch contenders; results are written per setting
-        first = run_jobs([pre_job, *sweep_jobs(plan, None)], per_child=1)
-        pretrained = first[0]
+        if scratch:
+            first = run_jobs([pre_job, *sweep_jobs(plan, None)], per_child=1)
+            pretrained = first[0]
+            result["settings"].append(sweep_summary(plan, first[1:], "scratch"))
+            write_result(name, result)
+            runs = run_jobs(sweep_jobs(plan, warm), per_child=1) if "error" not in pretrained else []
+        else:  # the warm start first, alone, then every warm contender
+            pretrained = run_jobs([pre_job])[0]
+            runs = run_jobs(sweep_jobs(plan, warm), per_child=1) if "error" not in pretrained else []
         result["warm_start_loss"] = pretrained.get("final_val_loss")
-        result["settings"].append(sweep_summary(plan, first[1:], "scratch"))
-        write_result("convergence_sweep", result)
-        if "error" not in pretrained:
-            runs = run_jobs(sweep_jobs(plan, warm), per_child=1)
+        if runs:
             result["settings"].append(sweep_summary(plan, runs, "warm"))
     for s in result["settings"]:
         print(f"\n{s['start']}: Llama-tiny, M={s['setup']['hosts']} H={s['setup']['inner_steps']} "
@@ -270,7 +293,7 @@ def sweep(quick: bool = False) -> dict[str, Any]:
             print(f"best DP {b['dp']} {b['dp_loss']:.4f}; best DiLoCo {b['diloco']} {b['diloco_loss']:.4f} "
                   f"(≤ DP: {b['diloco_le_dp']}); bytes to equal loss {b['ratio_at_equal_loss']:.0f}x"
                   + ("" if b["dp_reached"] else " (DP never reached it: lower bound)"))  # fmt: skip
-    write_result("convergence_sweep", result)
+    write_result(name, result)
     return result
 
 
@@ -278,5 +301,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=["compare", "sweep"], default="")
+    ap.add_argument("--outer-steps", type=int, default=None, help="sweep only: a longer full run (T)")
+    ap.add_argument("--inner-lrs", default="", help="sweep only: comma-separated inner lrs (both contenders)")
+    ap.add_argument("--warm-only", action="store_true", help="sweep only: skip the from-scratch contenders")
     args = ap.parse_args()
-    main(quick=args.quick, only=args.only)
+    if args.outer_steps is not None or args.inner_lrs or args.warm_only:
+        lrs = [float(x) for x in args.inner_lrs.split(",") if x]
+        sweep(args.quick, args.outer_steps, lrs or None, scratch=not args.warm_only)
+    else:
+        main(quick=args.quick, only=args.only)

@@ -383,9 +383,12 @@ def goals(res: dict[str, Any]) -> Lines:
                 out.append(f"- **ratio at equal final loss**, int8, H = 500, {start}: "
                            f"{e['ratio']:.0f}×{bound} "
                            f"against {e['dp_baseline']} (goal ≥ 1000×: **{met}**)")  # fmt: skip
-    for s in (res.get("convergence_sweep") or {}).get("settings", []):
+    sweeps = sorted(k for k in res if k.startswith("convergence_sweep"))
+    for s in (s for k in sweeps for s in res[k].get("settings", [])):
         if b := s.get("best"):
-            start = "from a warm start" if s["start"] == "warm" else "from scratch"
+            st = s["setup"]
+            shape = f"M = {st['hosts']}, H = {st['inner_steps']}, T = {st['outer_steps']}"
+            start = ("from a warm start" if s["start"] == "warm" else "from scratch") + f" ({shape})"
             if s["start"] == "warm":
                 out.append(f"- tuned, Llama-tiny, {start}: DiLoCo's final loss ≤ data-parallel's at equal "
                            f"compute: **{'met' if b['diloco_le_dp'] else 'NOT met'}** "
@@ -446,6 +449,12 @@ def main(quick: bool = False) -> Path:
     for stem, title, module, render in SECTIONS:
         known.add(stem)
         lines += _section(runs.get(stem, []), title, module, render)
+        if stem == "convergence_sweep":  # the same sweep run longer (`--outer-steps T`), right after it
+            for longer in sorted((s for s in runs if s.startswith("convergence_sweep_T")), key=len):
+                known.add(longer)
+                t = longer.removeprefix("convergence_sweep_T")
+                cmd = f".venv/bin/python -m bench.convergence --outer-steps {t}"
+                lines += _section(runs[longer], f"1c. The same, longer: T = {t} outer steps", cmd, render)
     for stem in sorted(set(runs) - known):
         lines += _section(runs[stem], stem, f"bench.{stem}", generic)
     OUT.write_text("\n".join(lines).rstrip() + "\n")
