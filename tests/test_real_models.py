@@ -200,3 +200,18 @@ def test_devnet_model_option_puts_a_complete_llama_spec_on_chain() -> None:
         make_config({"model": "llama-tiny", "seq_len": 256})
     with pytest.raises(DevnetConfigError, match="model"):
         make_config({"model": "llama-huge"})
+
+
+def test_devnet_dataset_reaches_every_node_toml(tmp_path: Path) -> None:
+    from gonka_diloco.devnet import Devnet
+    from gonka_diloco.devnet_config import make_config
+    from trainer.node_config import load_host_config
+    from verifier.node_config import load_verifier_config
+
+    ds = tmp_path / "ds"
+    with Devnet(make_config({"dataset": str(ds), "model": "llama-tiny"}), tmp_path / "run") as dn:
+        dn.run_id = 1  # as after `create_run`
+        dn._add_node("host-0", "host", 1, "honest", {}, "http://127.0.0.1:1")
+        dn._add_node("verifier-0", "verifier", 2, "honest", {}, "http://127.0.0.1:1")
+    assert load_host_config(tmp_path / "run" / "host-0" / "host.toml").dataset_source == str(ds)
+    assert load_verifier_config(tmp_path / "run" / "verifier-0" / "verifier.toml").dataset_source == str(ds)
