@@ -276,6 +276,8 @@ def convergence_sweep(d: dict[str, Any]) -> Lines:
         f"computed once and loaded by every warm contender.",
         "",
     ]
+    if d.get("rerun_note"):
+        out += [f"Note: {d['rerun_note']}.", ""]
     for s in d["settings"]:
         st = s["setup"]
         start = f"from a {d['warm_start']}-step warm start" if s["start"] == "warm" else "from scratch"
@@ -320,7 +322,8 @@ def convergence_sweep(d: dict[str, Any]) -> Lines:
             for ax in (ax1, ax2):
                 ax.grid(alpha=0.3)
             ax1.legend(fontsize=6)
-            out += _save(plt, fig, f"convergence_sweep_{s['start']}{_kind(d)}.png", f"tuned {s['start']}")
+            png = f"convergence_sweep_{s['start']}_T{st['outer_steps']}{_kind(d)}.png"
+            out += _save(plt, fig, png, f"tuned {s['start']}")
     return out
 
 
@@ -453,7 +456,10 @@ def main(quick: bool = False) -> Path:
             for longer in sorted((s for s in runs if s.startswith("convergence_sweep_T")), key=len):
                 known.add(longer)
                 t = longer.removeprefix("convergence_sweep_T")
-                cmd = f".venv/bin/python -m bench.convergence --outer-steps {t}"
+                d = runs[longer][0][1]
+                lrs = ",".join(f"{x:g}" for x in d.get("inner_lrs", []))
+                warm_only = " --warm-only" if all(s["start"] == "warm" for s in d.get("settings", [])) else ""
+                cmd = f".venv/bin/python -m bench.convergence --outer-steps {t} --inner-lrs {lrs}{warm_only}"
                 lines += _section(runs[longer], f"1c. The same, longer: T = {t} outer steps", cmd, render)
     for stem in sorted(set(runs) - known):
         lines += _section(runs[stem], stem, f"bench.{stem}", generic)
