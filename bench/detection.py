@@ -48,14 +48,14 @@ from gonka_diloco.adversaries.lab import (
     synthetic_corpus,
     tiny_config,
 )
+from nodekit.globalmodel import GlobalModel
+from nodekit.store import StateStore
 from protocol import codecs
 from protocol.config import ModelSpec, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, Reason
 from trainer.behaviour import HostBehaviour
 from trainer.commit import Contribution
-from trainer.globalmodel import GlobalModel
 from trainer.step import configure_determinism
-from trainer.store import StateStore
 from verifier.calibrate import calibrate
 from verifier.verify import param_distance, replay_segment, verify
 

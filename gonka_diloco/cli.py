@@ -27,6 +27,7 @@ LAZY: dict[str, tuple[str, str]] = {
     ),
     "keys": ("gonka_diloco.keys_cli", "Create, import and list account keys."),
     "run": ("gonka_diloco.run_cli", "Create training runs from a TOML run config."),
+    "data": ("gonka_diloco.data_cli", "Prepare token-shard datasets from text or JSONL (`data prepare`)."),
     "status": ("gonka_diloco.status_cli", "Show runs, outer steps, phases, contributions and verdicts."),
     "plan": ("gonka_diloco.plan_cli", "What a run costs and how safe it is, per outer step (and --sweep)."),
 }
@@ -146,6 +147,15 @@ def devnet(
         str | None,
         typer.Option("--model-size", help=f"Model preset: tiny, small or base (default {D.model_size})."),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="gpt (sized by --model-size), llama-tiny, llama-small, qwen2-tiny or qwen2-small."
+        ),
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="Prepared dataset folder or URL (default: Shakespeare).")
+    ] = None,
     block_interval: Annotated[
         float | None,
         typer.Option("--block-interval", help=f"Seconds per block (default {D.block_interval})."),
@@ -206,6 +216,8 @@ def devnet(
         "verifiers_per_contribution": verifiers_per_contribution,
         "codec": codec,
         "model_size": model_size,
+        "model": model,
+        "dataset": dataset,
         "block_interval": block_interval,
         "replay_mode": replay_mode,
         "tolerance": tolerance,

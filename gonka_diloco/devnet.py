@@ -29,7 +29,7 @@ from gonka_diloco.collect import (
     update_from_status,
     validator_rows,
 )
-from gonka_diloco.devnet_config import MODEL_SIZES, DevnetConfig, DevnetConfigError
+from gonka_diloco.devnet_config import HF_MODELS, MODEL_SIZES, DevnetConfig, DevnetConfigError
 from gonka_diloco.live import LiveState, NodeView, render
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
 from gonka_diloco.report import NodeRow, Snapshot, evaluate, write_report
@@ -92,14 +92,11 @@ def _resolve(resolver: Callable[..., Any], role: str, name: str, params: dict[st
 def run_config(cfg: DevnetConfig) -> RunConfig:
     """The run's config: the preset GPT seeded with the run seed, G_0's hash (those parameters, zero
     momentum) and the Shakespeare manifest's hash — what every host recomputes and checks."""
-    from trainer.data import shakespeare_manifest
-    from trainer.globalmodel import GlobalModel
+    from gonka_diloco.run_cli import dataset_manifest_hash
+    from nodekit.globalmodel import GlobalModel
     from trainer.spec import build_model
 
-    model = ModelSpec(
-        factory="trainer.model:small_gpt", config={**MODEL_SIZES[cfg.model_size], "seed": cfg.seed}
-    )
-    _, manifest = shakespeare_manifest()
+    model = model_spec(cfg)
     phases = Phases(
         join_blocks=cfg.blocks(cfg.phases.join),
         train_blocks=cfg.blocks(cfg.phases.train),
@@ -113,7 +110,7 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
     return RunConfig(
         name="devnet",
         model=model,
-        dataset_manifest_hash=manifest.manifest_hash(),
+        dataset_manifest_hash=dataset_manifest_hash(cfg.dataset),
         initial_model_hash=GlobalModel.from_module(build_model(model)).hash,
         seed=cfg.seed,
         inner_steps=cfg.inner_steps,
@@ -132,6 +129,18 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         threads=cfg.threads,
         max_outer_steps=cfg.outer_steps,
     )
+
+
+def model_spec(cfg: DevnetConfig) -> ModelSpec:
+    """`--model`: the GPT preset of `model_size`, or a transformers preset (complete config), seeded."""
+    if cfg.model == "gpt":
+        return ModelSpec(
+            factory="trainer.model:small_gpt", config={**MODEL_SIZES[cfg.model_size], "seed": cfg.seed}
+        )
+    from trainer.hf import spec_config
+
+    arch, preset = HF_MODELS[cfg.model]
+    return ModelSpec(factory=f"trainer.hf:{arch}", config=spec_config(arch, preset, seed=cfg.seed))
 
 
 def _toml_value(value: Any) -> str:
@@ -333,6 +342,9 @@ class Devnet:
             "behaviour": behaviour,
             "behaviour_params": params,
         }
+        if self.cfg.dataset:
+            ds = self.cfg.dataset
+            fields["dataset"] = ds if "://" in ds else str(Path(ds).resolve())
         config_path = home / f"{role}.toml"
         config_path.write_text(node_toml(fields, {"test_index": index}))
         proc = NodeProcess(

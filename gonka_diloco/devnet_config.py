@@ -31,6 +31,12 @@ MAX_NODES = 31
 
 ModelSize = Literal["tiny", "small", "base"]
 
+HF_MODELS: dict[str, tuple[str, str]] = {
+    f"{arch}-{preset}": (arch, preset) for arch in ("llama", "qwen2") for preset in ("tiny", "small")
+}
+"""`--model` names for Hugging Face architectures (`trainer.hf`), e.g. llama-tiny; 'gpt' = small_gpt."""
+ModelName = Literal["gpt", "llama-tiny", "llama-small", "qwen2-tiny", "qwen2-small"]
+
 
 class DevnetConfigError(ValueError):
     """The devnet configuration (flags or TOML) is invalid; the message says which field and why."""
@@ -78,6 +84,8 @@ class DevnetConfig(Strict):
     seq_len: int = Field(64, ge=2, le=4096)
     codec: Codec = Codec.INT8
     model_size: ModelSize = "small"
+    model: ModelName = Field("gpt", description="gpt (sized by model_size) or a transformers preset")
+    dataset: str = Field("", max_length=4096, description="prepared dataset folder or URL; '' = Shakespeare")
     block_interval: float = Field(0.5, gt=0, le=10)
     replay_mode: ReplayMode = ReplayMode.BITWISE
     tolerance: float = Field(0.0, ge=0, description="tolerance mode: threshold on the parameters")
@@ -118,8 +126,13 @@ class DevnetConfig(Strict):
                 "replay_mode 'tolerance' needs positive tolerance, tolerance_exp_avg and "
                 "tolerance_exp_avg_sq (`gonka-diloco verifier calibrate` proposes all three)"
             )
-        if self.seq_len > MODEL_SIZES[self.model_size]["block_size"]:
+        if self.model == "gpt" and self.seq_len > MODEL_SIZES[self.model_size]["block_size"]:
             raise ValueError(f"seq_len exceeds the {self.model_size} model's context")
+        if self.model != "gpt":
+            from trainer.hf import PRESETS
+
+            if self.seq_len > PRESETS[HF_MODELS[self.model][1]]["max_position_embeddings"]:
+                raise ValueError(f"seq_len exceeds the {self.model} model's context")
         return self
 
     @property

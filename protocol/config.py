@@ -51,7 +51,9 @@ class ModelSpec(Frozen):
 
 
 class InnerOptim(Frozen):
-    """AdamW with DiLoCo's defaults."""
+    """AdamW with DiLoCo's defaults; the lr warms up linearly, then (if `decay_steps`) follows a
+    cosine down to `min_lr_fraction`·lr at step `decay_steps` of the host's step counter, as the
+    DiLoCo paper's inner schedule does."""
 
     lr: float = Field(4e-4, gt=0)
     weight_decay: float = Field(0.1, ge=0)
@@ -60,6 +62,8 @@ class InnerOptim(Frozen):
     eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, gt=0)
     warmup_steps: int = Field(0, ge=0)
+    decay_steps: int = Field(0, ge=0, description="0 = constant after warm-up")
+    min_lr_fraction: float = Field(0.0, ge=0, le=1)
 
 
 class OuterOptim(Frozen):

@@ -19,10 +19,10 @@ from gonka_diloco.adversaries import (
 )
 from gonka_diloco.adversaries.hosts import MALFORMED_KINDS, LazyHost, malformed_delta_blob
 from gonka_diloco.adversaries.lab import Lab, synthetic_corpus, tiny_config
+from nodekit.globalmodel import GlobalModel
 from protocol import codecs
 from protocol.messages import Reason
 from trainer import behaviour as host_behaviour
-from trainer.globalmodel import GlobalModel
 from trainer.step import configure_determinism
 from verifier.verify import Job, Outcome
 

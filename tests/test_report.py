@@ -139,6 +139,9 @@ def test_report_files(snap: Snapshot, tmp_path: Path) -> None:
     assert row in text
     assert "| contributions accepted / rejected | 4 / 2 |" in text
     assert "| global validation loss | 5.5000 → 4.1000 |" in text
+    assert "| validation perplexity | 244.69 → 60.34 |" in text
+    # per outer step and per token seen: two accepted hosts × 10240 tokens at steps 0 and 1
+    assert "| 0 | 20,480 | 5.5000 | 244.69 |" in text and "| 1 | 40,960 | 4.9000 | 134.29 |" in text
     assert "| transactions | 61 |" in text
     assert load_snapshot(tmp_path) == snap  # the snapshot round-trips through the folder
 

@@ -20,11 +20,11 @@ from gonka_diloco.adversaries.lab import (
     synthetic_corpus,
     tiny_config,
 )
+from nodekit.globalmodel import GlobalModel
 from protocol.config import ReplayMode
 from protocol.messages import EnvFingerprint, Reason
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, run_committed
-from trainer.globalmodel import GlobalModel
 from trainer.step import State, configure_determinism, env_fingerprint, optimizer_state
 from verifier.verify import (
     CannotVerify,

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from nodekit.store import StateStore
 from protocol.config import RunConfig
 from trainer.commit import Contribution, run_committed
 from trainer.data import Corpus, shakespeare_corpus
@@ -42,7 +43,6 @@ from trainer.step import (
     train_segment,
     training_state,
 )
-from trainer.store import StateStore
 
 FOLLOW_TIMEOUT = timedelta(days=30)
 """How long a collective may wait. Followers wait for rank 0's next training call through whole

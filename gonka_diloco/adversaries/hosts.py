@@ -41,13 +41,13 @@ import torch
 import zstandard
 from torch import Tensor
 
+from nodekit.store import clone_state
 from protocol import codecs
 from protocol.config import RunConfig
 from protocol.messages import MsgCommitPseudoGradient
 from trainer.behaviour import HostBehaviour, OuterContext, register
 from trainer.commit import Contribution
 from trainer.step import State, load_training_state, train_segment, training_hash, training_state
-from trainer.store import clone_state
 
 PARAM = "param/"
 
