@@ -7,7 +7,7 @@ Three figures, each beside the embedded engine's measured in the same invocation
 - blocks per second of an idle chain at the devnet's block interval (CometBFT's `timeout_commit`
   is the interval; the rest is the consensus rounds and the app's FinalizeBlock and Commit);
 - the wall time of a whole `gonka-diloco devnet` on each engine with the same configuration.
-Run: `.venv/bin/python -m bench.chain_bft` (the devnet's defaults, with a 60 s join window) or
+Run: `.venv/bin/python -m bench.chain_bft` (the devnet's defaults) or
 `--quick` (a 1-layer GPT, 3 outer steps); `--parts throughput` or `--parts devnet` reruns one.
 """
 
@@ -35,16 +35,15 @@ from chain.node import dev_genesis
 RESULTS = Path(__file__).parent / "results" / "chain_bft.json"
 PARTS = ("throughput", "devnet")
 ENGINES = ("embedded", "cometbft")
-FULL_TOML = "[phases]\njoin = 60.0\n"
-"""The full run is `make devnet`'s defaults with a longer join window: on a shared 2-core machine
-the nodes' start (torch import) can take longer than the default 25 s, for either engine."""
+FULL_TOML = ""
+"""The full run is `make devnet`'s defaults (outer step 0 waits for every node to bond)."""
 API = "/inference/diloco/v1"
 VALIDATORS = 4
 QUICK_FLAGS = [
     "--hosts", "3", "--verifiers", "2", "--adversary", "noise", "--outer-steps", "3", "-H", "10", "-k", "5",
     "-s", "1", "-v", "1", "--model-size", "tiny", "--block-interval", "0.25",
 ]  # fmt: skip
-QUICK_TOML = "batch_size = 4\nseq_len = 32\n[phases]\njoin = 20.0\ntrain = 3.0\nreveal = 2.0\n"
+QUICK_TOML = "batch_size = 4\nseq_len = 32\n[phases]\njoin = 2.0\ntrain = 3.0\nreveal = 2.0\n"
 QUICK_TOML += "verify = 3.0\nresult = 3.0\n"
 """The quick devnet: a 1-layer GPT, H = 10, three outer steps (as the devnet tests run it)."""
 

@@ -616,6 +616,26 @@ def _draw_audits(run: Run, step: OuterStep, seed: str, height: int) -> list[Even
     return events
 
 
+def _quorum_joined(run: Run) -> bool:
+    """Outer step 0 trains only once `min_hosts` hosts and `min_verifiers` verifiers are bonded
+    (later steps never wait: a run that has started goes on with whoever is left)."""
+    if run.current_step != 0:
+        return True
+    phases = run_config(run).phases
+    roles = [p.role for p in run.participants.values() if not p.leaving]
+    hosts = sum(1 for r in roles if r == Role.HOST.value)
+    return hosts >= phases.min_hosts and len(roles) - hosts >= phases.min_verifiers
+
+
+def _postpone_first_step(run: Run, step: OuterStep, height: int) -> list[Event]:
+    """Re-open outer step 0 at the next block, its deadlines with it, until the quorum has joined."""
+    first_delay = step.open_height == run.created_height + run_config(run).phases.join_blocks
+    run.steps[0] = new_outer_step(0, height + 1, run_config(run), step.base_model_hash)
+    if not first_delay:
+        return []
+    return [_event("outer_step_postponed", run_id=run.id, outer_step=0, reason="waiting for participants")]
+
+
 def begin_block(state: ChainState, ctx: BlockContext) -> list[Event]:
     """Advance each active run's current outer step through the phases its deadlines imply."""
     state.height = ctx.height
@@ -627,6 +647,9 @@ def begin_block(state: ChainState, ctx: BlockContext) -> list[Event]:
         if run.status != RunStatus.ACTIVE:
             continue
         step = run.steps[run.current_step]
+        if step.phase == Phase.PENDING and h >= step.train_start and not _quorum_joined(run):
+            events += _postpone_first_step(run, step, h)
+            step = run.steps[run.current_step]
         if step.phase == Phase.PENDING and h >= step.train_start:
             step.phase = Phase.TRAIN
             events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))

@@ -99,6 +99,8 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
     model = model_spec(cfg)
     phases = Phases(
         join_blocks=cfg.blocks(cfg.phases.join),
+        min_hosts=cfg.hosts,  # step 0 waits for every node, however slowly the box starts them
+        min_verifiers=cfg.verifiers,
         train_blocks=cfg.blocks(cfg.phases.train),
         reveal_blocks=cfg.blocks(cfg.phases.reveal),
         verify_blocks=cfg.blocks(cfg.phases.verify),

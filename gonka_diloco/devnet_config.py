@@ -57,7 +57,9 @@ class AdversarySpec(Strict):
 class PhaseSeconds(Strict):
     """Phase lengths in seconds of wall time (rounded up to whole blocks)."""
 
-    join: float = Field(25.0, gt=0, description="from run creation to outer step 0: nodes start and bond")
+    join: float = Field(
+        2.0, gt=0, description="at least this from run creation to outer step 0 (which waits for every node)"
+    )
     train: float = Field(8.0, gt=0)
     reveal: float = Field(4.0, gt=0)
     verify: float = Field(6.0, gt=0)

@@ -77,6 +77,8 @@ class Phases(Frozen):
     """Phase lengths in blocks. An outer step: train/commit → challenge → reveal → verify → finalize."""
 
     join_blocks: int = Field(5, ge=0, description="blocks after MsgCreateRun before outer step 0 opens")
+    min_hosts: int = Field(0, ge=0, description="outer step 0 trains once this many hosts are bonded")
+    min_verifiers: int = Field(0, ge=0, description="... and this many verifiers")
     train_blocks: int = Field(20, ge=1)
     reveal_blocks: int = Field(10, ge=1)
     verify_blocks: int = Field(20, ge=1)

@@ -63,6 +63,8 @@ def run_config() -> RunConfig:
         threads=1,
         phases=Phases(
             join_blocks=2,
+            min_hosts=1,  # step 0 trains only once the host and the verifier have bonded
+            min_verifiers=1,
             train_blocks=int(25 / BLOCK),
             reveal_blocks=int(4 / BLOCK),
             verify_blocks=int(4 / BLOCK),

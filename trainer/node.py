@@ -402,8 +402,9 @@ class HostNode:
         return opt
 
     def _train_and_commit(self, n: int, info: StepInfo) -> Contribution | None:
-        h = self.view.wait_height(info.train_start)
-        if h > info.commit_deadline:
+        # the phase, not a height: outer step 0 may be postponed until its participants have joined
+        info = self.view.wait_step(n, lambda i: i.phase is not Phase.PENDING, info.train_start)
+        if info.phase is not Phase.TRAIN or info.height > info.commit_deadline:
             return self._sit_out(n, "commit deadline passed before training")
         gm = self._global(info.base_model_hash)
         for h in self.globals.prune([gm.hash]):  # G_{n-1}: nobody needs it once G_n is the base
