@@ -29,6 +29,26 @@ class ReplayMode(StrEnum):
     TOLERANCE = "tolerance"
 
 
+class Precision(StrEnum):
+    """How the forward and backward run. Master weights, gradients and AdamW moments are float32
+    either way, and so is everything hashed and stored."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"  # torch.autocast(bfloat16) around forward and loss
+
+
+class Attention(StrEnum):
+    """The scaled-dot-product-attention kernel every node uses (`torch.nn.attention.SDPBackend`).
+
+    Fixed by the run because backends differ in their bits, and some have non-deterministic
+    backward passes on CUDA; `math` is deterministic everywhere (and slowest on GPUs)."""
+
+    MATH = "math"
+    FLASH = "flash"
+    EFFICIENT = "efficient"
+    CUDNN = "cudnn"
+
+
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -97,6 +117,14 @@ class Stake(Frozen):
     reward_per_outer_step: int = Field(10_000_000_000, ge=0)
 
 
+class Numerics(Frozen):
+    """The arithmetic a replay must repeat: precision, TF32 matmuls, the attention kernel."""
+
+    precision: Precision = Precision.FP32
+    tf32: bool = Field(False, description="allow TF32 in CUDA matmuls and convolutions")
+    attention: Attention = Attention.MATH
+
+
 class RunConfig(Frozen):
     """Everything a run is bound to. Its hash is recorded on chain with the run."""
 
@@ -124,6 +152,7 @@ class RunConfig(Frozen):
     tolerance: float = Field(0.0, ge=0)
     threads: int = Field(1, ge=1, le=256)
     max_outer_steps: int = Field(0, ge=0, description="0 = unbounded")
+    numerics: Numerics = Numerics()
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

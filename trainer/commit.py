@@ -25,11 +25,12 @@ from trainer.step import (
     SliceExchange,
     env_fingerprint,
     optimizer_hash,
+    snapshot_to_host,
     train_segment,
     training_hash,
     training_state,
 )
-from trainer.store import StateStore, clone_state
+from trainer.store import StateStore
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def param_tensors(model: nn.Module) -> dict[str, Tensor]:
 
 def pseudo_gradient(global_params: Mapping[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     """Δ = θ_global − θ_local (float32), name for name."""
-    return {n: (global_params[n] - p.detach()).to(torch.float32) for n, p in model.named_parameters()}
+    return {n: (global_params[n] - p.detach().to(global_params[n].device)).to(torch.float32)
+            for n, p in model.named_parameters()}  # fmt: skip
 
 
 def _boundary(store: StateStore | None, outer_step: int, snapshot: dict[str, Tensor]) -> str:
@@ -111,7 +113,7 @@ def run_committed(
     futures: list[Future[str]] = []
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary") as pool:
         for seg in range(cfg.n_segments + 1):
-            snap = clone_state(training_state(model, opt))
+            snap = snapshot_to_host(training_state(model, opt), opt)  # waited for on the worker
             futures.append(pool.submit(_boundary, store, outer_step, snap))
             if seg < cfg.n_segments:
                 losses += train_segment(

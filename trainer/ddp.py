@@ -1,8 +1,9 @@
 """Data-parallel inner loop inside one host, under `torchrun` (gloo on CPU, nccl on GPU).
 
-Every rank holds the full model and optimizer. Rank r takes slice r of the PRF batch; the slice
-gradients are all-*gathered* and summed in rank order by `trainer.step` itself, exactly as a
-single process does with `micro_batches = world size`. An all-reduce would be cheaper but its
+Every rank holds the full model and optimizer, on its own device (`cuda:LOCAL_RANK` on a GPU
+host). Rank r takes slice r of the PRF batch; the slice gradients are all-*gathered* and summed
+in rank order by `trainer.step` itself, exactly as a single process does with
+`micro_batches = world size`. An all-reduce would be cheaper but its
 summation order is up to the backend, and then the host's trajectory could not be replayed
 bitwise by a verifier on one machine. Rank 0 speaks for the host: it hashes, saves and encodes.
 
@@ -32,6 +33,7 @@ from torch import Tensor, nn
 from protocol.config import RunConfig
 from trainer.commit import Contribution, run_committed
 from trainer.data import Corpus, shakespeare_corpus
+from trainer.device import resolve_device
 from trainer.model import lm_loss
 from trainer.spec import DEFAULT_ALLOW_LIST, BuiltModel, Factory, build
 from trainer.step import (
@@ -53,12 +55,13 @@ PR_SET_PDEATHSIG = 1
 
 
 class GatherExchange:
-    """`trainer.step.SliceExchange` over a torch.distributed process group."""
+    """`trainer.step.SliceExchange` over a torch.distributed process group; `device` is this rank's."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        self.device = device if device is not None else torch.device("cpu")
 
     def gather(self, flat: Tensor) -> list[Tensor]:
         out = [torch.empty_like(flat) for _ in range(self.world_size)]
@@ -66,14 +69,23 @@ class GatherExchange:
         return out
 
 
-def init_from_env(backend: str | None = None, timeout: timedelta | None = None) -> GatherExchange:
+def backend_for(device: torch.device) -> str:
+    """gloo for CPU tensors; on a GPU host NCCL for CUDA tensors (gradient slices, states) and gloo
+    for the small CPU ones (job headers, the step counter), in one process group."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def init_from_env(
+    backend: str | None = None, timeout: timedelta | None = None, device: torch.device | None = None
+) -> GatherExchange:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
     missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
         raise RuntimeError(f"not launched by torchrun: {', '.join(missing)} unset")
+    dev = device if device is not None else torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"), timeout=timeout)
-    return GatherExchange()
+        dist.init_process_group(backend or backend_for(dev), timeout=timeout)
+    return GatherExchange(device=dev)
 
 
 def run_committed_ddp(
@@ -114,16 +126,19 @@ class TeamError(RuntimeError):
     collectives, so the host process must end (torchrun then stops the others) and resume from disk."""
 
 
-def launch() -> GatherExchange | None:
+def launch(device: str = "cpu") -> GatherExchange | None:
     """The process group when torchrun started more than one rank, else None (single process).
 
-    gloo, whatever the hardware: the replayable step and its tensors live on the CPU (the committed
-    environment says `device="cpu"`), and nccl only moves CUDA tensors.
+    `device` is the node setting: `cuda` puts each rank on `cuda:LOCAL_RANK` and its CUDA tensors
+    on NCCL (`backend_for`); `cpu` is gloo alone.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     _die_with_parent()
-    return init_from_env("gloo", timeout=FOLLOW_TIMEOUT)
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return init_from_env(timeout=FOLLOW_TIMEOUT, device=dev)
 
 
 def _die_with_parent() -> None:
@@ -210,7 +225,8 @@ class Team:
             for n, p in model.named_parameters():
                 p.copy_(global_params[n])
         state = training_state(model, opt)
-        job = {"stop": False, "outer_step": outer_step, "host": host, "config": cfg.model_dump(mode="json")}
+        job = {"stop": False, "outer_step": outer_step, "host": host, "config": cfg.model_dump(mode="json"),
+               "device": self.exchange.device.type}  # fmt: skip
         group = self.exchange.group
         try:
             _send_header({**job, **_state_header(state)}, group)
@@ -258,17 +274,21 @@ def follow(
         if header.get("stop"):
             return jobs
         cfg = RunConfig.model_validate(header["config"])
-        configure_determinism(cfg.threads)
+        if header.get("device") != exchange.device.type:
+            raise TeamError(f"rank 0 trains on {header.get('device')}, this rank on {exchange.device.type}")
+        configure_determinism(cfg.threads, exchange.device)
         if data is None or data.manifest_hash != cfg.dataset_manifest_hash:
             data = corpus()
             if data.manifest_hash != cfg.dataset_manifest_hash:
                 raise TeamError(f"local dataset {data.manifest_hash[:12]} is not the run's")
         spec = cfg.model.model_dump_json()
         if spec not in built:
-            built = {spec: build(cfg.model, allow_list)}
+            made = build(cfg.model, allow_list)
+            built = {spec: BuiltModel(made.module.to(exchange.device), made.loss_fn)}
         model, loss_fn = built[spec].module, built[spec].loss_fn
         opt = make_optimizer(model, cfg.inner)
-        state = training_state(model, opt, copy=True)
+        # receive buffers on rank 0's devices (CUDA tensors travel by NCCL, the step counter by gloo)
+        state = {k: v.detach().clone() for k, v in training_state(model, opt).items()}
         want = {k: header.get(k) for k in ("tensors", "numel")}
         if _state_header(state) != want:
             raise TeamError(f"rank 0's state {want} does not fit this rank's model {_state_header(state)}")

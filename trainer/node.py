@@ -37,10 +37,9 @@ from trainer.ddp import Team
 from trainer.globalmodel import GlobalModel, GlobalStore
 from trainer.metrics import HostMetrics
 from trainer.node_config import HostConfig
-from trainer.nodebase import NodeError, Stopped, host_endpoints, join_run, json_line
+from trainer.nodebase import NodeError, Stopped, host_endpoints, join_run, json_line, pin_device
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
 from trainer.step import (
-    configure_determinism,
     load_training_state,
     make_optimizer,
     optimizer_state,
@@ -290,9 +289,9 @@ class HostNode:
             raise NodeError(
                 f"host.toml threads={self.config.threads}, the run replays with {self.cfg.threads}"
             )
-        configure_determinism(self.cfg.threads)
+        device = pin_device(self.cfg.threads, self.config.device)
         built = build(self.cfg.model, self._allow_list)
-        self.model: nn.Module = built.module
+        self.model: nn.Module = built.module.to(device)
         self.loss_fn = built.loss_fn
         self.corpus = self._corpus if self._corpus is not None else shakespeare_corpus()
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:

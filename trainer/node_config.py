@@ -77,6 +77,11 @@ class NodeConfig(BaseModel):
     public_url: str = Field("", pattern=r"^(https?://.*)?$", max_length=256)
     stake: int = Field(2_000_000_000, ge=0)
     threads: int = Field(1, ge=1, le=256)
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d{1,3})?)$",
+        description="where the replayable step runs: cpu, cuda (this rank's GPU) or cuda:N",
+    )
     behaviour: str = Field("honest", min_length=1)
     behaviour_params: dict[str, Any] = Field(default_factory=dict)
     key: KeySource

@@ -10,10 +10,12 @@ import json
 import sys
 from typing import Any
 
+import torch
 from cosmpy.aerial.wallet import LocalWallet
 
 from chain.client import ChainClient, TxFailed
 from protocol.messages import MsgJoinRun, Role
+from trainer.device import DeviceError, configure_determinism, resolve_device
 
 
 class NodeError(RuntimeError):
@@ -22,6 +24,15 @@ class NodeError(RuntimeError):
 
 class Stopped(Exception):
     """`stop()` was called: leave the loop at the next wait."""
+
+
+def pin_device(threads: int, device: str) -> torch.device:
+    """The node's device setting resolved (`cuda` is this torchrun rank's GPU) and determinism pinned
+    on it; a device this machine does not have stops the node with a clear error."""
+    try:
+        return configure_determinism(threads, resolve_device(device))
+    except DeviceError as e:
+        raise NodeError(str(e)) from e
 
 
 def json_line(event: dict[str, Any]) -> None:

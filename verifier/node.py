@@ -35,9 +35,9 @@ from trainer.blobs import (
 )
 from trainer.data import Corpus, shakespeare_corpus
 from trainer.globalmodel import GlobalModel, GlobalStore
-from trainer.nodebase import NodeError, Stopped, host_endpoints, join_run, json_line
+from trainer.nodebase import NodeError, Stopped, host_endpoints, join_run, json_line, pin_device
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
-from trainer.step import State, configure_determinism, env_fingerprint
+from trainer.step import State, env_fingerprint
 from trainer.store import state_from_bytes
 from verifier.behaviour import VerifierBehaviour
 from verifier.metrics import VerifierMetrics
@@ -177,8 +177,9 @@ class VerifierNode:
     def _setup(self) -> None:
         run = self.chain.run(self.config.run_id)
         self.cfg = RunConfig.model_validate(run["config"])
-        configure_determinism(self.config.threads)
+        device = pin_device(self.config.threads, self.config.device)
         self.env: EnvFingerprint = env_fingerprint(self.config.threads)
+        self.log("environment", device=str(device), replay_class=self.env.replay_class)
         self.corpus = self._corpus if self._corpus is not None else shakespeare_corpus()
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(f"local dataset {self.corpus.manifest_hash[:12]} is not the run's")
@@ -186,7 +187,7 @@ class VerifierNode:
         self._contexts: queue.Queue[tuple[Any, Any]] = queue.Queue()
         for _ in range(workers):
             built = build(self.cfg.model, self._allow_list)
-            self._contexts.put((built.module, built.loss_fn))
+            self._contexts.put((built.module.to(device), built.loss_fn))
         model = self._contexts.queue[0][0]
         numel = sum(p.numel() for p in model.parameters())
         self.max_state_bytes = 3 * 4 * numel + (1 << 20)  # params + two moments, float32, + header
