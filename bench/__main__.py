@@ -24,6 +24,7 @@ BENCHES = [
     "bench.detection",
     "bench.chain_tps",
     "bench.chain_sim",
+    "bench.gpu_check",  # the full check on a GPU machine; tiny sizes on CPU (results/gpu_check_cpu.json)
 ]
 
 

@@ -98,8 +98,9 @@ def _set_tf32(on: bool) -> None:
     if hasattr(matmul, "fp32_precision"):
         mode = "tf32" if on else "ieee"
         matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode  # type: ignore[attr-defined]
-        torch.backends.cudnn.rnn.fp32_precision = mode  # type: ignore[attr-defined]
+        for kind in ("conv", "rnn"):  # not in every torch that has the matmul flag
+            if hasattr(backend := getattr(torch.backends.cudnn, kind, None), "fp32_precision"):
+                backend.fp32_precision = mode
     else:  # pragma: no cover - torch < 2.9
         matmul.allow_tf32 = on
         torch.backends.cudnn.allow_tf32 = on
