@@ -132,11 +132,35 @@ def forward_context(precision: str, device: torch.device) -> contextlib.Abstract
     raise DeviceError(f"unknown precision {precision!r}")
 
 
+_pinned_ok = True  # page-locked host memory works here (some sandboxes refuse it: then pageable)
+
+
+def _host_empty(shape: torch.Size, dtype: torch.dtype) -> Tensor:
+    """Host memory for a device-to-host copy: pinned (asynchronous copies) where the machine allows."""
+    global _pinned_ok
+    if _pinned_ok:
+        try:
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+        except RuntimeError:
+            _pinned_ok = False
+    return torch.empty(shape, dtype=dtype)
+
+
+def pinned_memory() -> bool:
+    """Whether device-to-host copies go through pinned memory (False once the machine refused it)."""
+    return _pinned_ok
+
+
 def to_device(t: Tensor, device: torch.device) -> Tensor:
     """A CPU batch onto the device without blocking the host (pinned first, so the copy is async)."""
     if device.type != "cuda":
         return t
-    return t.pin_memory().to(device, non_blocking=True)
+    if _pinned_ok:
+        try:
+            return t.pin_memory().to(device, non_blocking=True)
+        except RuntimeError:
+            pass
+    return t.to(device)
 
 
 def env_facts(device: str | torch.device | None = None) -> dict[str, Any]:
@@ -254,8 +278,8 @@ def snapshot_to_host(
             if not v.is_cuda:
                 out[k] = v.clone()
                 continue
-            host = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
-            host.copy_(v, non_blocking=True)
+            host = _host_empty(v.shape, v.dtype)
+            host.copy_(v, non_blocking=True)  # synchronous if the memory is not pinned: still correct
             if stage:
                 v.record_stream(side)  # the allocator must not hand the clone out before the copy is done
             out[k] = host
