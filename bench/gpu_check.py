@@ -159,12 +159,15 @@ def replay_worker(job_path: str) -> None:
     facts = env_facts(device)
     print(json.dumps({"env": facts, "replay_class": replay_class(facts)}), flush=True)
     for case in job["cases"]:
-        model, opt = build(job["model"], device)
-        load_training_state(model, opt, torch.load(case["start"], weights_only=True))  # our own file
-        seg = batches(text, job["seed"], job["warmup"], job["k"], job["batch"], job["seq"])
-        train_steps(model, opt, INNER, numerics(case["precision"], case["attention"]), seg)  # type: ignore[arg-type]
-        h = training_hash(training_state(model, opt, copy=True))
-        print(json.dumps({"case": case["name"], "hash": h}), flush=True)
+        try:
+            model, opt = build(job["model"], device)
+            load_training_state(model, opt, torch.load(case["start"], weights_only=True))  # our own file
+            seg = batches(text, job["seed"], job["warmup"], job["k"], job["batch"], job["seq"])
+            train_steps(model, opt, INNER, numerics(case["precision"], case["attention"]), seg)  # type: ignore[arg-type]
+            line = {"case": case["name"], "hash": training_hash(training_state(model, opt, copy=True))}
+        except Exception as e:  # the other cases still run
+            line = {"case": case["name"], "error": f"{type(e).__name__}: {e}"[:300]}
+        print(json.dumps(line), flush=True)
 
 
 def section_replay(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
@@ -225,14 +228,16 @@ def section_replay(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
                 raw = e.stdout or ""
                 stdout, stderr, rc = raw.decode() if isinstance(raw, bytes) else raw, "timed out", -1
             lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
-            if rc != 0:
-                for row in rows:
-                    row.setdefault("error", f"replay worker exit {rc}: {stderr[-300:]}")
             child = next((x for x in lines if "env" in x), None)
-            hashes = {x["case"]: x["hash"] for x in lines if "case" in x}
+            replays = {x["case"]: x for x in lines if "case" in x}
             for row in rows:
-                if row["case"] in hashes:
-                    row["other_process_equal"] = hashes[row["case"]] == row["trained"]
+                got = replays.get(row["case"])
+                if got is not None and "hash" in got:
+                    row["other_process_equal"] = got["hash"] == row["trained"]
+                elif got is not None:
+                    row["error"] = f"replay worker: {got['error']}"
+                elif "trained" in row:
+                    row["error"] = f"replay worker exit {rc}: {stderr[-300:]}"
             same_class = child is not None and child["replay_class"] == ctx.replay_class
         else:
             same_class = None

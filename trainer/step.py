@@ -57,13 +57,14 @@ def env_fingerprint(
     return EnvFingerprint(**facts, micro_batches=micro_batches)
 
 
-def make_optimizer(model: nn.Module, inner: InnerOptim) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module | Iterable[nn.Parameter], inner: InnerOptim) -> torch.optim.AdamW:
     """AdamW (decay on matrices only, as nanoGPT) with its state created up front as zeros.
 
     PyTorch creates moments lazily on the first step; creating them here means a fresh optimizer
     and one loaded from an all-zero state are the same object, bit for bit, for hashing and replay.
+    Given parameters instead of a model it covers only those (a rank's shard, `trainer.sharded`).
     """
-    params = list(model.parameters())
+    params = list(model.parameters()) if isinstance(model, nn.Module) else list(model)
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": inner.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
