@@ -34,6 +34,8 @@ Sections (each fails soft: an error is recorded and the next section runs; each 
    the honest pair, against the signal of a skipped first step. The input of a tolerance
    calibration for the (device, CPU) class pair; `verifier calibrate --device-a/--device-b` runs
    the full one.
+4. sharded: the phase-2 prototype `trainer.sharded` (2 ranks as threads on the device) against the
+   unsharded step with 2 slices: equal hashes or not.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import deque
@@ -69,7 +72,8 @@ from trainer.device import (  # noqa: E402
     resolve_device,
     snapshot_to_host,
 )
-from trainer.model import GPT, GPTConfig  # noqa: E402
+from trainer.model import GPT, GPTConfig, lm_loss  # noqa: E402
+from trainer.sharded import LocalGroup, ShardedAdamW  # noqa: E402
 from trainer.step import (  # noqa: E402
     load_training_state,
     make_optimizer,
@@ -84,7 +88,7 @@ INNER = SimpleNamespace(
 )
 PEAK_BF16_TFLOPS = 989.4  # H100/H200 SXM dense bf16, vendor datasheet
 GROUPS = ("param", "exp_avg", "exp_avg_sq")
-SHARES = {"replay": 0.3, "throughput": 0.45, "noise": 0.25}
+SHARES = {"replay": 0.28, "throughput": 0.45, "noise": 0.22, "sharded": 0.05}
 
 # sizes: (model config, batch, seq_len)
 FULL = {
@@ -489,10 +493,52 @@ def section_noise(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
 # ---------------------------------------------------------------- driver
 
 
+# ---------------------------------------------------------------- 4. sharded (phase-2 prototype)
+
+
+def section_sharded(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
+    """`trainer.sharded` (ranks as threads on this device) against the unsharded step with the same
+    slice count: equal hashes mean the per-tensor kernels (norms, AdamW) do not depend on which other
+    tensors share their launch, on this device too."""
+    config, b, t = ctx.sizes["replay"]
+    world, steps, seed = 2, 3, 11
+    num = numerics("fp32")
+    ref_model, ref_opt = build(config, ctx.device)
+    train_steps(ref_model, ref_opt, INNER, num, batches(ctx.text, seed, 0, steps, b, t), world)  # type: ignore[arg-type]
+    want = training_hash(training_state(ref_model, ref_opt, copy=True))
+    del ref_model, ref_opt
+    group = LocalGroup(world)
+    models = [build(config, ctx.device)[0] for _ in range(world)]
+    ranks = [ShardedAdamW(models[r], INNER, group.member(r)) for r in range(world)]  # type: ignore[arg-type]
+    errors: list[str] = []
+
+    def rank(r: int) -> None:
+        try:
+            for x, y in batches(ctx.text, seed, 0, steps, b, t):
+                ranks[r].step(x.to(ctx.device), y.to(ctx.device), lm_loss)
+        except Exception as e:
+            errors.append(f"rank {r}: {type(e).__name__}: {e}"[:300])
+            group._barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=max(1.0, clock.left()))
+    if errors or any(th.is_alive() for th in threads):
+        return {"ok": False, "error": "; ".join(errors) or "ranks did not finish in time"}
+    state = {f"param/{n}": p.detach() for n, p in models[0].named_parameters()}
+    for r in range(world):
+        state.update(ranks[r].shard_state({p: n for n, p in models[r].named_parameters()}))
+    got = training_hash({k: v.cpu() for k, v in state.items()})
+    return {"ok": got == want, "world": world, "steps": steps, "equal_to_unsharded": got == want}
+
+
 SECTIONS: dict[str, Callable[[SimpleNamespace, Clock], dict[str, Any]]] = {
     "replay": section_replay,
     "throughput": section_throughput,
     "noise": section_noise,
+    "sharded": section_sharded,
 }
 
 

@@ -271,7 +271,7 @@ def gpu_check(d: dict[str, Any]) -> Lines:
     out = [f"Ran {d.get('date')} on **{d.get('gpu')}** ({d.get('device')}), "
            f"torch {env.get('torch_version')}, CUDA {env.get('cuda_version') or '-'}, replay class `{cls}`, "
            f"{size} sizes, {d.get('elapsed_s')} s.", ""]  # fmt: skip
-    for name in ("replay", "throughput", "noise"):
+    for name in ("replay", "throughput", "noise", "sharded"):
         if name in d:
             out += [f"**{name}**", "", *generic(d[name])]
     return out

@@ -52,3 +52,5 @@ def test_gpu_check_runs_every_section_on_cpu_with_only_torch_and_numpy(tmp_path:
     }
     for r in rows:  # 1 vs 2 CPU threads: honest noise far below one skipped step, in every group
         assert r["skip_min"] > 10 * r["noise_max"], r
+
+    assert res["sharded"]["ok"] and res["sharded"]["equal_to_unsharded"], res["sharded"]
