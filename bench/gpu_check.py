@@ -3,7 +3,8 @@ throughput with commitments on vs off, and device-vs-CPU honest replay noise.
 
 How to run it on the GPU machine (a python3 with torch and numpy is all it needs: no install, no
 network; it imports this repo's `trainer.step`, `trainer.device`, `trainer.model`,
-`protocol.tensors` and `protocol.envclass`, which need nothing else), from the repo root:
+`trainer.sharded`, `protocol.tensors` and `protocol.envclass`, which need nothing else), from the
+repo root:
 
     PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $OUT/gpu_check.json
 
