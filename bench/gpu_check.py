@@ -11,7 +11,7 @@ repo root:
 It prints progress and a table per section and rewrites the JSON after every section, so a
 timeout still leaves what was measured. Default budget 420 s (`--budget`), under 8 minutes on one
 H200 including CUDA start-up; give the run a timeout of ~540 s. Back here, copy the JSON to
-`bench/results/gpu_check.json` and run `.venv/bin/python -m bench.report` (section 8 of
+`bench/results/gpu_check.json` and run `.venv/bin/python -m bench.report` (section 10 of
 bench/RESULTS.md shows the GPU and the date).
 
 On CPU (what the test runs, tiny sizes): `.venv/bin/python -m bench.gpu_check --device cpu`.

@@ -238,6 +238,15 @@ def _ratio(x: float | None) -> str:
     return "" if x is None else f"{x:.0f}×"
 
 
+# ---------------------------------------------------------------- cost model
+
+
+def plan(d: dict[str, Any]) -> Lines:
+    from bench.plan import markdown
+
+    return markdown(d)
+
+
 # ---------------------------------------------------------------- everything else
 
 
@@ -277,6 +286,12 @@ def gpu_check(d: dict[str, Any]) -> Lines:
     return out
 
 
+def scale(d: dict[str, Any]) -> Lines:
+    from bench.scale import render
+
+    return [*render(d), "", *generic({k: v for k, v in d.items() if k in ("per_step", "rss", "hashing")})]
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("convergence", "1. Convergence: data-parallel vs ours (verified) vs torchft DiLoCo", "bench.convergence",
      convergence),
@@ -289,13 +304,16 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
     ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
+    ("scale", "8. Scale: the state pipeline at the largest GPT this box holds", "bench.scale", scale),
+    ("plan", "9. Cost model: `gonka-diloco plan` against measurements, and the published plan", "bench.plan",
+     plan),
+    ("gpu_check", "10. GPU: bitwise replay, ≈1B throughput with commitments, device-vs-CPU noise",
+     "python3 bench/gpu_check.py --out bench/results/gpu_check.json (on the GPU machine)", gpu_check),
+    ("gpu_check_cpu", "10b. The same script on CPU (tiny sizes: what CI runs)",
+     ".venv/bin/python -m bench.gpu_check --device cpu", gpu_check),
     ("hashing", "Hashing throughput", "bench.hashing", generic),
     ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
      "--out bench/results/calibration.json", generic),
-    ("gpu_check", "8. GPU: bitwise replay, ≈1B throughput with commitments, device-vs-CPU noise",
-     "python3 bench/gpu_check.py --out bench/results/gpu_check.json (on the GPU machine)", gpu_check),
-    ("gpu_check_cpu", "8b. The same script on CPU (tiny sizes: what CI runs)",
-     ".venv/bin/python -m bench.gpu_check --device cpu", gpu_check),
 ]  # fmt: skip
 
 
@@ -335,6 +353,26 @@ def goals(res: dict[str, Any]) -> Lines:
         crit = 100 * h.get("critical_path_overhead", float("nan"))
         wall = 100 * h["overhead"]
         out.append(f"- host overhead: {wall:.1f}% wall-clock (critical path {crit:.2f}%), goal ≤ 3%")
+    if (pl := res.get("plan")) and "rows" in pl:
+        judged = [r for r in pl["rows"] if r["within_20pct"] is not None]
+        ok = sum(1 for r in judged if r["within_20pct"])
+        out.append(f"- cost model: {ok} of {len(judged)} predictions within 20% of the measurement "
+                   "(the rest explained in section 9)")  # fmt: skip
+        p30 = next((x["plan"] for x in pl.get("published", []) if x["params"] == 30e9 and x["plan"]), None)
+        if p30:
+            u = p30["utilization"]["overlapped"]
+            out.append(f"- 30B on 8×H100 hosts at 1 Gbit/s, predicted: {100 * u:.0f}% compute utilization "
+                       f"with overlap, {100 * p30['utilization']['sequential']:.0f}% without (goal ≥ 90%: "
+                       f"**{'met' if u >= 0.9 else 'NOT met'}** by the plan)")  # fmt: skip
+    if sc := res.get("scale"):
+        size = f"{sc['params'] / 1e6:.0f}M params"
+        dl = [p["download_ratio"] for p in sc["per_step"] if p["download_ratio"] is not None]
+        out.append(f"- scale ({size}): peak RSS ÷ live state host {sc['host_peak_rss_ratio']}, verifier "
+                   f"{sc['verifier_peak_rss_ratio']} (goal ≤ 2.0); hashing {sc['hashing_ratio']} of all "
+                   f"cores (goal ≥ 0.8); disk {sc['host_disk_peak_states']} states (goal ≤ "
+                   f"{sc['disk_goal_states']:g}); verifier download {max(dl) if dl else 0} of what it "
+                   f"cannot rebuild (goal ≤ 1.05); training-thread overhead "
+                   f"{100 * (sc['protocol_overhead'] or 0):.1f}% (goal ≤ 3%)")  # fmt: skip
     g = res.get("gpu_check") or {}
     if (rp := g.get("replay")) and "cases" in rp:
         eq = ", ".join(f"{c['case']} {'yes' if c.get('other_process_equal') else 'NO'}" for c in rp["cases"])

@@ -28,6 +28,7 @@ LAZY: dict[str, tuple[str, str]] = {
     "keys": ("gonka_diloco.keys_cli", "Create, import and list account keys."),
     "run": ("gonka_diloco.run_cli", "Create training runs from a TOML run config."),
     "status": ("gonka_diloco.status_cli", "Show runs, outer steps, phases, contributions and verdicts."),
+    "plan": ("gonka_diloco.plan_cli", "What a run costs and how safe it is, per outer step (and --sweep)."),
 }
 """name -> (module with a typer `app`, the one-line help shown without importing it)."""
 

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from protocol.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
+
 Hex32 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 """A SHA-256 digest as 64 lower-case hex characters: the only hash form on the wire."""
 
@@ -153,6 +155,12 @@ class RunConfig(Frozen):
     threads: int = Field(1, ge=1, le=256)
     max_outer_steps: int = Field(0, ge=0, description="0 = unbounded")
     numerics: Numerics = Numerics()
+    state_chunk_bytes: int = Field(
+        DEFAULT_CHUNK_BYTES,
+        ge=MIN_CHUNK_BYTES,
+        le=MAX_CHUNK_BYTES,
+        description="c: chunk size of every content hash (states, models, Δs); see protocol.chunks",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

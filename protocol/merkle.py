@@ -96,17 +96,38 @@ def _valid_root(root: object) -> bool:
     return isinstance(root, bytes | bytearray) and len(root) == HASH_LEN
 
 
+def root_of_hashes(hashes: Sequence[bytes]) -> bytes:
+    """MTH over leaves that are already leaf hashes (e.g. chunk digests, `protocol.chunks`)."""
+    if not hashes or len(hashes) > MAX_TREE_SIZE:
+        raise MerkleError(f"a tree of {len(hashes)} leaves")
+    return _root(hashes)
+
+
+def inclusion_proof_of_hashes(hashes: Sequence[bytes], index: int) -> list[bytes]:
+    """Audit path for leaf `index` of a tree given by its leaf hashes."""
+    if not isinstance(index, int) or not 0 <= index < len(hashes) <= MAX_TREE_SIZE:
+        raise MerkleError(f"index {index!r} outside a tree of {len(hashes)} leaves")
+    return _path(hashes, index)
+
+
 def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes], root: bytes) -> bool:
     """RFC 9162 §2.1.3.2: recompute the root from the leaf and its audit path."""
-    if not (isinstance(leaf, bytes | bytearray) and _valid_hashes(proof) and _valid_root(root)):
+    if not (isinstance(leaf, bytes | bytearray) and _valid_root(root)):
         return False
+    got = root_from_path(leaf_hash(bytes(leaf)), index, size, proof)
+    return got is not None and got == bytes(root)
+
+
+def root_from_path(r: bytes, index: int, size: int, proof: Sequence[bytes]) -> bytes | None:
+    """The root an audit path leads to from leaf hash `r`, or None if the path cannot fit (index, size)."""
+    if not _valid_hashes(proof):
+        return None
     if not (isinstance(index, int) and isinstance(size, int) and 0 <= index < size <= MAX_TREE_SIZE):
-        return False
+        return None
     fn, sn = index, size - 1
-    r = leaf_hash(bytes(leaf))
     for p in proof:
         if sn == 0:
-            return False
+            return None
         if fn & 1 or fn == sn:
             r = node_hash(bytes(p), r)
             while not fn & 1 and fn != 0:
@@ -116,7 +137,7 @@ def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes],
             r = node_hash(r, bytes(p))
         fn >>= 1
         sn >>= 1
-    return sn == 0 and r == bytes(root)
+    return r if sn == 0 else None
 
 
 def _pair_collect(hashes: Sequence[bytes], lo: int, targets: tuple[int, int], out: list[bytes]) -> None:

@@ -9,12 +9,13 @@ rounded to float32 once, by a rule another implementation can reproduce exactly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 
 import numpy as np
 import torch
 
+from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.tensors import StateKind, tensor_hash
 
 Tensors = Mapping[str, torch.Tensor]
@@ -88,7 +89,13 @@ def outer_update(
     _check(params, momentum, "momentum")
     if not deltas:
         return {n: t.clone() for n, t in params.items()}, {n: t.clone() for n, t in momentum.items()}
-    g = weighted_mean(deltas, params)
+    return nesterov(params, momentum, weighted_mean(deltas, params), lr, mu)
+
+
+def nesterov(
+    params: Tensors, momentum: Tensors, g: Tensors, lr: float, mu: float
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """b' = μ·b + g;  θ' = θ − lr·(g + μ·b'), element-wise float32, name by name."""
     lr32, mu32 = _scalar(f32_nearest(Fraction(lr))), _scalar(f32_nearest(Fraction(mu)))
     new_params, new_momentum = {}, {}
     for name in sorted(params):
@@ -99,9 +106,54 @@ def outer_update(
     return new_params, new_momentum
 
 
-def global_model_hash(params: Tensors, momentum: Tensors) -> str:
+class Accumulator:
+    """The weighted mean of §7 with one Δ in memory at a time: Δs are added in sorted host order,
+    tensor by tensor, with exactly the operations of `weighted_mean` (acc = c_0·Δ_0, then
+    acc = acc + c_i·Δ_i), so the result has the same bits. The weights need every token count
+    up front (c_i = w_i / Σw), which the chain's accepted set gives before any Δ is fetched."""
+
+    def __init__(self, like: Tensors, tokens: Mapping[str, int]) -> None:
+        self.hosts = sorted(tokens)
+        self.coeffs = [_scalar(c) for c in mean_weights([tokens[h] for h in self.hosts])]
+        self.shapes = {n: tuple(t.shape) for n, t in like.items()}
+        self.acc: dict[str, torch.Tensor] = {}
+        self.added = 0
+
+    @property
+    def next_host(self) -> str | None:
+        return self.hosts[self.added] if self.added < len(self.hosts) else None
+
+    def add(self, host: str, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Add `host`'s decoded Δ, tensor by tensor (e.g. `codecs.iter_decode` over a mapped file)."""
+        if host != self.next_host:
+            raise OuterError(f"Δ of {host} added out of order (expected {self.next_host})")
+        c, first, seen = self.coeffs[self.added], self.added == 0, set()
+        for name, t in tensors:
+            if name not in self.shapes or name in seen:
+                raise OuterError(f"delta of {host}: unexpected tensor {name!r}")
+            fits = isinstance(t, torch.Tensor) and t.dtype == torch.float32
+            if not fits or tuple(t.shape) != self.shapes[name]:
+                raise OuterError(f"delta of {host}: {name} must be float32 of shape {self.shapes[name]}")
+            seen.add(name)
+            term = torch.mul(t, c)
+            self.acc[name] = term if first else torch.add(self.acc[name], term)
+        if seen != set(self.shapes):
+            raise OuterError(f"delta of {host}: missing {sorted(set(self.shapes) - seen)[:3]}")
+        self.added += 1
+
+    def finish(
+        self, params: Tensors, momentum: Tensors, lr: float, mu: float
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """G_{n+1}; every accepted Δ must have been added."""
+        if self.added != len(self.hosts):
+            raise OuterError(f"{len(self.hosts) - self.added} accepted Δs were not added")
+        _check(params, momentum, "momentum")
+        return nesterov(params, momentum, self.acc, lr, mu)
+
+
+def global_model_hash(params: Tensors, momentum: Tensors, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:
     """Hash of G = {"param/<n>": θ, "momentum/<n>": b} with kind GLOBAL: what the chain records."""
     _check(params, momentum, "momentum")
     state = {f"param/{n}": t for n, t in params.items()}
     state.update({f"momentum/{n}": t for n, t in momentum.items()})
-    return tensor_hash(state, StateKind.GLOBAL)
+    return tensor_hash(state, StateKind.GLOBAL, chunk_bytes)

@@ -12,20 +12,24 @@ Byte form (all integers little-endian)::
     count x data (the tensor's elements, C order, little-endian)
 
 Names are non-empty, valid UTF-8, and strictly increasing by their UTF-8 bytes (which is also
-code-point order), so the form is unique. The hash is SHA-256(domain(kind) || byte form).
+code-point order), so the form is unique. The hash is the chunked content hash of the byte form
+(`protocol.chunks`: a Merkle root over fixed-size chunks, bound to domain(kind), chunk size and
+length), so it can be computed in parallel and checked chunk by chunk while it streams.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import struct
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from enum import StrEnum
 
 import numpy as np
 import torch
+
+from protocol import chunks
+from protocol.chunks import DEFAULT_CHUNK_BYTES
 
 MAGIC = b"GDTS"
 VERSION = 1
@@ -152,24 +156,91 @@ def canonical_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
     return b"".join(bytes(c) if isinstance(c, memoryview) else c for c in _chunks(tensors))
 
 
-def tensor_hash(tensors: Mapping[str, torch.Tensor], kind: StateKind) -> str:
-    """Hex SHA-256 of domain(kind) || canonical_bytes(tensors), streamed without a joined copy."""
-    h = hashlib.sha256(domain(kind))
-    for chunk in _chunks(tensors):
-        h.update(chunk)
-    return h.hexdigest()
+def canonical_pieces(tensors: Mapping[str, torch.Tensor]) -> list[bytes | memoryview]:
+    """The canonical byte form as buffers: the header, then each tensor's own memory (no copy of
+    contiguous CPU tensors). Writers and hashers stream these."""
+    return list(_chunks(tensors))
 
 
-def tensor_digest(tensors: Mapping[str, torch.Tensor], kind: StateKind) -> bytes:
+TensorSpec = tuple[str, torch.dtype, tuple[int, ...]]
+"""(name, dtype, shape): what the canonical form's header says about one tensor."""
+
+
+def canonical_header(specs: Sequence[TensorSpec]) -> bytes:
+    """The header bytes of a tensor set with these names, dtypes and shapes (no data needed): a
+    receiver knows the exact header and size of a state from its own model before fetching it."""
+    entries = []
+    for name, dtype, shape in specs:
+        if dtype not in _CODE_OF:
+            raise TensorFormatError(f"{name!r}: unsupported dtype {dtype}")
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        nbytes = numel * _DTYPES[_CODE_OF[dtype]][1].itemsize
+        entries.append((_name_bytes(name), _CODE_OF[dtype], tuple(int(d) for d in shape), nbytes))
+    entries.sort(key=lambda e: e[0])
+    parts = [_PREAMBLE.pack(MAGIC, VERSION, bytes(3), len(entries))]
+    for raw, code, shape, nbytes in entries:
+        parts += [_NAME_LEN.pack(len(raw)), raw, _DTYPE_NDIM.pack(code, len(shape))]
+        parts += [_U64.pack(d) for d in shape]
+        parts.append(_U64.pack(nbytes))
+    return b"".join(parts)
+
+
+def canonical_size(specs: Sequence[TensorSpec]) -> int:
+    """Exact length of the canonical form of a tensor set with these specs."""
+    total = len(canonical_header(specs))
+    for _, dtype, shape in specs:
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        total += numel * _DTYPES[_CODE_OF[dtype]][1].itemsize
+    return total
+
+
+def specs_of(tensors: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
+    return sorted((n, t.dtype, tuple(t.shape)) for n, t in tensors.items())
+
+
+def data_offsets(specs: Sequence[TensorSpec]) -> dict[str, tuple[int, int]]:
+    """name -> [start, end) of its data inside the canonical form."""
+    pos = len(canonical_header(specs))
+    out = {}
+    for name, dtype, shape in sorted(specs, key=lambda s: s[0].encode()):
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        n = numel * _DTYPES[_CODE_OF[dtype]][1].itemsize
+        out[name] = (pos, pos + n)
+        pos += n
+    return out
+
+
+def tensor_hash(
+    tensors: Mapping[str, torch.Tensor], kind: StateKind, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> str:
+    """The chunked content hash (`protocol.chunks`) of the canonical form, domain-separated by kind.
+    Chunks are hashed in parallel straight from the tensors' memory."""
+    return chunks.hash_stream(domain(kind), _chunks(tensors), chunk_bytes)[0]
+
+
+def tensor_hash_and_digests(
+    tensors: Mapping[str, torch.Tensor], kind: StateKind, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> tuple[str, list[bytes]]:
+    """`tensor_hash` and the chunk digests it was built from (what a holder serves as the manifest)."""
+    return chunks.hash_stream(domain(kind), _chunks(tensors), chunk_bytes)
+
+
+def tensor_digest(
+    tensors: Mapping[str, torch.Tensor], kind: StateKind, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> bytes:
     """`tensor_hash` as 32 raw bytes: the data of a trajectory Merkle leaf."""
-    return bytes.fromhex(tensor_hash(tensors, kind))
+    return bytes.fromhex(tensor_hash(tensors, kind, chunk_bytes))
 
 
-def hash_canonical(data: bytes, kind: StateKind) -> str:
+def hash_canonical(data: bytes, kind: StateKind, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:
     """Hash of an already-encoded byte form; equals `tensor_hash` of what it decodes to."""
-    h = hashlib.sha256(domain(kind))
-    h.update(data)
-    return h.hexdigest()
+    return chunks.hash_stream(domain(kind), [data], chunk_bytes)[0]
 
 
 class ByteReader:

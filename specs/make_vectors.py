@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocol import codecs, merkle, prf
+from protocol import chunks, codecs, merkle, prf
 from protocol.config import Codec, ModelSpec, Numerics, RunConfig
 from protocol.envclass import CLASS_DOMAIN, class_fields, class_pair, replay_decision
 from protocol.messages import (
@@ -28,7 +28,7 @@ from protocol.messages import (
     Reason,
 )
 from protocol.outer import global_model_hash, outer_update
-from protocol.tensors import StateKind, canonical_bytes, tensor_hash
+from protocol.tensors import StateKind, canonical_bytes, domain, tensor_hash
 from protocol.wire import to_any
 
 VECTORS = Path(__file__).resolve().parent / "vectors"
@@ -103,6 +103,38 @@ def tensor_vectors() -> list[dict[str, Any]]:
     return out
 
 
+def chunk_vectors() -> list[dict[str, Any]]:
+    """Chunked content hashes (protocol/chunks.py) at small chunk sizes: digests, tree hash, proofs."""
+    state = {
+        "param/w": ramp(96, (8, 12)),
+        "exp_avg/w": ramp(96, (8, 12), mul=11) / 1024,
+        "exp_avg_sq/w": ramp(96, (8, 12), mul=17).abs() / 4096,
+        "step": torch.tensor(3.0),
+    }
+    data = canonical_bytes(state)
+    payload = codecs.encode({"w": ramp(96, (8, 12)) / 64}, Codec.INT8, 16)
+    out = []
+    for label, dom, blob in [
+        ("training_state", domain(StateKind.TRAINING), data),
+        ("delta", chunks.DELTA_DOMAIN, payload),
+    ]:
+        for c in (256, 512, 1 << 20):
+            h, digests = chunks.hash_stream(dom, [blob], c)
+            out.append(
+                {
+                    "label": label,
+                    "input": {"domain": dom.hex(), "chunk_bytes": c, "bytes": blob.hex()},
+                    "output": {
+                        "digests": _hexes(digests),
+                        "tree_hash": chunks.mth(digests).hex(),
+                        "content_hash": h,
+                        "chunk_proofs": [_hexes(chunks.chunk_proof(digests, i)) for i in range(len(digests))],
+                    },
+                }
+            )
+    return out
+
+
 def _hexes(xs: list[bytes]) -> list[str]:
     return [x.hex() for x in xs]
 
@@ -161,8 +193,14 @@ def prf_vectors() -> dict[str, Any]:
         ],
         "batch_offsets": [
             {
-                "input": {"run_seed": 9, "host": HOST, "outer_step": 2, "inner_step": 3, "batch_size": 4,
-                          "n_positions": 5000},
+                "input": {
+                    "run_seed": 9,
+                    "host": HOST,
+                    "outer_step": 2,
+                    "inner_step": 3,
+                    "batch_size": 4,
+                    "n_positions": 5000,
+                },
                 "output": prf.batch_offsets(9, HOST, 2, 3, 4, 5000),
             }
         ],
@@ -224,8 +262,16 @@ def wire_vectors() -> list[dict[str, Any]]:
     msgs = [
         MsgCreateRun(creator=HOST, config=cfg),
         MsgCommitPseudoGradient(
-            creator=HOST, run_id=1, outer_step=3, base_model_hash=h, trajectory_root=h, leaf_count=11,
-            delta_hash=h, final_optimizer_hash=h, codec=Codec.INT8, tokens=5120,
+            creator=HOST,
+            run_id=1,
+            outer_step=3,
+            base_model_hash=h,
+            trajectory_root=h,
+            leaf_count=11,
+            delta_hash=h,
+            final_optimizer_hash=h,
+            codec=Codec.INT8,
+            tokens=5120,
             env=EnvFingerprint(torch_version="2.13.0", threads=1),
         ),
         MsgCreateRun(creator=HOST, config=cfg.model_copy(update={"numerics": Numerics(precision="bf16")})),
@@ -290,6 +336,7 @@ def envclass_vectors() -> dict[str, Any]:
 
 BUILDERS = {
     "tensors": tensor_vectors,
+    "chunks": chunk_vectors,
     "merkle": merkle_vectors,
     "codecs": codec_vectors,
     "prf": prf_vectors,

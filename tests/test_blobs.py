@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
 from prometheus_client import CollectorRegistry, Counter
 
-from protocol.tensors import StateKind, tensor_hash
-from trainer.blobs import (
+from nodekit.blobs import (
     BlobCatalog,
     BlobClient,
     BlobInvalid,
     BlobTooLarge,
     BlobUnavailable,
+    BytesObject,
     ServerThread,
+    StoredObject,
     build_app,
     parse_listen,
-    state_verifier,
-    tensors_from_bytes,
-    tensors_to_bytes,
 )
+from nodekit.objects import Kind, ObjectRef, TransferPolicy
+from nodekit.store import BytesSink, ContentStore, TensorSink
+from protocol.tensors import StateKind, canonical_bytes, specs_of, tensor_hash
 
 
 def sha(data: bytes) -> str:
@@ -150,23 +153,124 @@ def test_bad_requests_get_clear_errors_not_crashes(node) -> None:
         parse_listen("localhost")
 
 
-def test_state_verifier_checks_tensor_hash(node) -> None:
-    catalog, server, _ = node
-    state = {"param/w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "step": torch.tensor(3.0)}
-    leaf = tensor_hash(state, StateKind.TRAINING)
-    blob = tensors_to_bytes(state)
-    catalog.publish("state", leaf, lambda: blob)
-    other = dict(state, step=torch.tensor(4.0))
-    catalog.publish("state", "11" * 32, lambda: tensors_to_bytes(other))
-    with BlobClient([server.url], timeout=5, retries=0) as client:
-        got = tensors_from_bytes(client.get("state", leaf, state_verifier(leaf)))
-        assert tensor_hash(got, StateKind.TRAINING) == leaf
-        with pytest.raises(BlobInvalid, match="hash"):
-            client.get("state", "11" * 32, state_verifier("11" * 32))
-    catalog.publish("state", "22" * 32, lambda: b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
-    client = BlobClient([server.url], timeout=5, retries=0)
-    with client, pytest.raises(BlobInvalid, match="safetensors"):
-        client.get("state", "22" * 32, state_verifier("22" * 32))
+class Flaky:
+    """A served object that breaks its connection after `cut` bytes, `times` times (then behaves)."""
+
+    def __init__(self, inner: BytesObject, cut: int, times: int) -> None:
+        self.inner, self.cut, self.times, self.length = inner, cut, times, inner.length
+
+    def digests(self) -> list[bytes]:
+        return self.inner.digests()
+
+    def read(self, start: int, end: int) -> Iterator[bytes]:
+        if self.times > 0 and end - start > self.cut:
+            self.times -= 1
+            yield self.inner.data[start : start + self.cut]
+            raise ConnectionResetError("cut")  # the server drops the connection mid-response
+        yield from self.inner.read(start, end)
+
+
+def state_object(chunk: int) -> tuple[dict[str, torch.Tensor], bytes, ObjectRef]:
+    g = torch.Generator().manual_seed(1)
+    state = {"param/w": torch.randn(50, 40, generator=g), "exp_avg/w": torch.randn(50, 40, generator=g),
+             "step": torch.tensor(3.0)}  # fmt: skip
+    data = canonical_bytes(state)
+    ref = ObjectRef(Kind.STATE, tensor_hash(state, StateKind.TRAINING, chunk), len(data), chunk)
+    return state, data, ref
+
+
+def test_chunked_fetch_pulls_from_every_holder_resumes_and_drops_a_liar() -> None:
+    """A 16-kB state in 1-kB chunks held by three nodes: one serves a corrupted copy, one drops its
+    connection twice mid-chunk. The fetch resumes with Range, gets the rest from the honest ones,
+    checks every chunk on arrival and lands the state straight in tensors."""
+    chunk = 1024
+    state, data, ref = state_object(chunk)
+    assert ref.n_chunks == 16
+    bad = bytearray(data)
+    for i in range(0, len(bad), chunk):  # every chunk it serves is wrong
+        bad[i] ^= 1
+    catalogs = [BlobCatalog(chunk) for _ in range(3)]
+    catalogs[0].publish("state", ref.hash, Flaky(BytesObject(data, chunk), cut=300, times=2))
+    catalogs[1].publish("state", ref.hash, BytesObject(data, chunk))
+    liar = BytesObject(bytes(bad), chunk)
+    liar.digests = BytesObject(data, chunk).digests  # type: ignore[method-assign]  # an honest manifest
+    catalogs[2].publish("state", ref.hash, liar)
+    servers = [ServerThread(build_app(c, dict)).start() for c in catalogs]
+    try:
+        with BlobClient([], timeout=5, retries=1, backoff=0) as client:
+            sink = TensorSink(specs_of(state))
+            report = client.fetch(ref, sink, [s.url for s in reversed(servers)])
+            assert all(torch.equal(sink.tensors[k], v) for k, v in state.items())
+            assert report.resumed >= 2 and report.bad_chunks <= 1  # the liar's first chunk is its last
+            assert len(report.chunks_from) >= 2 and servers[2].url not in report.chunks_from
+            assert sum(report.chunks_from.values()) == 16
+            assert client.bytes_received < 1.3 * len(data) + 32 * 16  # a resume costs no re-download
+            with pytest.raises(BlobInvalid, match="digest"):  # only the liar: invalid, never accepted
+                client.fetch(ref, BytesSink(ref.length), [servers[2].url])
+            with pytest.raises(ValueError):  # a sink of another size is a caller bug
+                client.fetch(ref, BytesSink(10), [servers[1].url])
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_deadlines_scale_with_size_and_a_stalled_holder_is_left() -> None:
+    policy = TransferPolicy(min_bytes_per_s=1e6, base_s=2.0)
+    assert policy.timeout(0) == 2.0 and policy.timeout(360 * 10**9) == 2.0 + 360_000  # 360 GB at 1 MB/s
+    chunk = 1024
+    _, data, ref = state_object(chunk)
+
+    class Stalled(BytesObject):
+        def read(self, start: int, end: int) -> Iterator[bytes]:
+            yield self.data[start : start + 10]
+            threading.Event().wait(1.5)  # a holder that goes silent
+            yield self.data[start + 10 : end]
+
+    catalog = BlobCatalog(chunk)
+    catalog.publish("state", ref.hash, Stalled(data, chunk))
+    tight = TransferPolicy(min_bytes_per_s=1e6, base_s=0.5)
+    client = BlobClient([], timeout=1, retries=0, policy=tight, max_resumes=1)
+    with (
+        ServerThread(build_app(catalog, dict)) as server,
+        client,
+        pytest.raises(BlobUnavailable, match=r"Timeout|slower"),
+    ):
+        client.fetch(ref, BytesSink(ref.length), [server.url])
+
+
+def test_store_serves_verified_ranges_and_manifests(tmp_path: Path) -> None:
+    chunk = 1024
+    state, data, ref = state_object(chunk)
+    store = ContentStore(tmp_path, chunk)
+    assert store.put_tensors(Kind.STATE, state, "0") == ref.hash
+    catalog = BlobCatalog(chunk)
+    catalog.publish("state", ref.hash, StoredObject(store, Kind.STATE, ref.hash))
+    server = ServerThread(build_app(catalog, dict))
+    with server, httpx.Client(base_url=server.url, timeout=5) as http:
+        m = http.get(f"/blobs/state/{ref.hash}/chunks")
+        assert m.headers["x-object-length"] == str(len(data)) and len(m.content) == 32 * ref.n_chunks
+        part = http.get(f"/blobs/state/{ref.hash}", headers={"Range": "bytes=1000-3047"})
+        assert part.status_code == 206 and part.content == data[1000:3048]
+        path = store.find(Kind.STATE, ref.hash)
+        raw = bytearray(path.read_bytes())
+        raw[2500] ^= 1
+        path.write_bytes(bytes(raw))
+        with pytest.raises(httpx.HTTPError):  # a corrupted chunk never leaves: the stream is cut
+            http.get(f"/blobs/state/{ref.hash}", headers={"Range": "bytes=2048-3071"})
+        assert http.get(f"/blobs/state/{ref.hash}", headers={"Range": "bytes=0-1023"}).content == data[:1024]
+    with (
+        BlobClient([], timeout=5, retries=0) as client,
+        ServerThread(build_app(catalog, dict)) as server,
+        pytest.raises(BlobUnavailable),  # the holder's own disk is bad: nobody gets bad bytes
+    ):
+        client.fetch(ref, BytesSink(ref.length), [server.url])
+
+
+def test_error_bodies_do_not_echo_large_input(node) -> None:
+    _, server, _ = node
+    with httpx.Client(base_url=server.url, timeout=5) as http:
+        r = http.get(f"/blobs/model/{'00' * 32}", headers={"Range": "bytes=" + "9" * 100_000})
+        assert r.status_code == 422 and len(r.content) < 512
 
 
 def test_single_byte_ranges_for_resumed_downloads(node) -> None:

@@ -26,6 +26,8 @@ sampled_segments = 1
 [model]
 factory = "trainer.model:small_gpt"
 config = { n_layer = 1, n_head = 2, n_embd = 16, block_size = 32 }
+[phases]
+join_blocks = 100000  # outer step 0 stays PENDING however slowly the test runs
 """
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import struct
 
 import pytest
@@ -116,7 +117,11 @@ def test_hash_is_domain_separated_and_changes_with_every_choice() -> None:
     assert len(hashes) == 6
     # fp32/bf16 do not depend on the block size
     assert encode(d, "fp32", 16) == encode(d, "fp32", 64)
-    assert delta_hash(b"") != "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    p = encode(d, "int8", 16)
+    assert delta_hash(p) != hashlib.sha256(p).hexdigest()
+    assert delta_hash(p, 256) != delta_hash(p, 512)  # the chunk size is part of the hash
+    with pytest.raises(CodecError):
+        delta_hash(b"")
 
 
 @pytest.mark.parametrize("codec", CODECS)

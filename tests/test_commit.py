@@ -12,7 +12,7 @@ from protocol.config import Codec
 from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, tensor_hash
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
-from trainer.commit import Contribution, openings, param_tensors, run_committed
+from trainer.commit import Contribution, materialize_openings, openings, param_tensors, run_committed
 from trainer.step import load_training_state, train_segment, training_hash, training_state
 from trainer.store import StateStore, StoreError, state_from_bytes, state_to_bytes
 
@@ -85,7 +85,7 @@ def test_int8_payload_is_smaller_and_close(tmp_path: Path) -> None:
 
 
 def test_store_verifies_reads_and_prunes(tmp_path: Path) -> None:
-    store = StateStore(tmp_path, max_bytes=1 << 20)
+    store = StateStore(tmp_path)
     state = {"param/w": torch.arange(6, dtype=torch.float32).view(2, 3), "step": torch.tensor(2.0)}
     h = store.put(state, 3)
     assert h == tensor_hash(state, StateKind.TRAINING)
@@ -98,11 +98,11 @@ def test_store_verifies_reads_and_prunes(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-1] ^= 1  # flip one bit of the last float
     path.write_bytes(bytes(data))
-    with pytest.raises(StoreError, match="does not match"):
+    with pytest.raises(StoreError, match="corrupted"):
         store.get(h)
     with pytest.raises(StoreError, match="not in the store"):
         store.get("0" * 64)
-    with pytest.raises(StoreError, match="not a state hash"):
+    with pytest.raises(ValueError, match="64 lower-case hex"):
         store.get("../../etc/passwd")
     assert store.prune(before=5) == [3]
     assert store.outer_steps() == [5]
@@ -114,7 +114,37 @@ def test_state_bytes_are_bounded_and_parsed_safely() -> None:
     assert torch.equal(state_from_bytes(data)["param/w"], state["param/w"])
     with pytest.raises(StoreError, match="exceeds"):
         state_from_bytes(data, max_bytes=len(data) - 1)
-    with pytest.raises(StoreError, match="not a safetensors"):
+    with pytest.raises(StoreError, match="not a canonical"):
         state_from_bytes(b"\xff" * 64)
     with pytest.raises(StoreError, match="does not match"):
         state_from_bytes(data, "0" * 64)
+
+
+def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
+    """Persist every 3rd boundary (and the last two; boundary 0 is G_n + the optimizer), recompute the
+    opened ones after the challenge: the recomputed files are byte for byte the ones a host
+    persisting everything wrote, and every unopened boundary is gone."""
+    cfg = tiny_cfg(inner_steps=12, segment_len=2, sampled_segments=3, state_chunk_bytes=4096)
+    full = StateStore(tmp_path / "full", chunk_bytes=4096)
+    sparse = StateStore(tmp_path / "sparse", chunk_bytes=4096, checkpoint_every=3)
+    model, opt = fresh(cfg)
+    g0 = param_tensors(model)
+    c_full = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, full)
+    model, opt = fresh(cfg)
+    c = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, sparse)
+    assert c.leaves == c_full.leaves and len(c.leaves) == 7
+    assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (3, 5, 6)})  # 0 = G_n + optimizer
+
+    def start() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        m, o = fresh(cfg)
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                p.copy_(g0[n])
+        return m, o
+
+    segments = [0, 3, 5]  # opens boundaries 0, 1, 3, 4, 5, 6
+    done = materialize_openings(sparse, 0, c.leaves, segments, start, cfg, tiny_corpus(), HOST)
+    assert done == [0, 1, 4]
+    assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (0, 1, 3, 4, 5, 6)})
+    for j in (0, 1, 4):
+        assert sparse.find(c.leaves[j], 0).read_bytes() == full.find(c.leaves[j], 0).read_bytes()

@@ -12,11 +12,14 @@ from typing import Any
 
 import httpx
 
+from nodekit.globalmodel import GlobalModel
+from nodekit.store import ContentStore
 from tests.test_host_node import (
     SPEC,
     LockstepChain,
     create_run,
     host_config,
+    node_globals,
     run_config,
     running,
     then_stop,
@@ -25,7 +28,6 @@ from tests.test_host_node import (
     verifier_node,
 )
 from trainer.data import eval_loss
-from trainer.globalmodel import GlobalModel, GlobalStore
 from trainer.node import VAL_BATCHES, HostNode
 from trainer.spec import build_model
 
@@ -57,7 +59,7 @@ def test_three_honest_hosts_three_outer_steps_loss_falls(tmp_path: Path) -> None
     # the recorded G_3 is bitwise the same on every host's disk
     final = chain.run(run_id)["global_model_hash"]
     for h in hosts:
-        assert GlobalStore(h.dir / "global").load(final).hash == final
+        assert node_globals(h.dir).load(final).hash == final
         statuses.append(h.snapshot())
     # the global validation loss falls, and every host computed the same figure
     model = build_model(SPEC)  # G_0
@@ -153,12 +155,13 @@ def test_rejected_delta_never_reaches_the_global_model(tmp_path: Path) -> None:
     g0 = GlobalModel.from_module(build_model(SPEC))
 
     def delta_of(node: HostNode) -> tuple[str, int, dict]:
-        payload = (node.dir / "commits" / "0.payload").read_bytes()
+        record = json.loads((node.dir / "commits" / "0.json").read_bytes())
+        payload = ContentStore(node.dir / "store").read_bytes("delta", record["delta_hash"])
         return node.address, cfg.tokens_per_outer_step, decode(payload, g0.layout)
 
     only_accepted = g0.apply([delta_of(h) for h in honest], cfg.outer)
     with_cheat = g0.apply([delta_of(h) for h in hosts], cfg.outer)
     assert step["result_hash"] == only_accepted.hash != with_cheat.hash
     for node in hosts:  # the cheat computes the same G_1 too: it follows the chain like anyone
-        assert GlobalStore(node.dir / "global").load(only_accepted.hash).hash == only_accepted.hash
+        assert node_globals(node.dir).load(only_accepted.hash).hash == only_accepted.hash
     assert cheat.snapshot()["rejected"] == 1

@@ -20,13 +20,15 @@ import torch
 
 from chain.client import ChainTimeout
 from chain.inprocess import InProcessChain
+from nodekit.blobs import BlobClient, BlobUnavailable
+from nodekit.globalmodel import GlobalModel, GlobalModelError, GlobalStore
+from nodekit.store import ContentStore
+from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.codecs import delta_hash
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
 from protocol.keys import test_wallet
 from protocol.messages import MsgCreateRun
-from trainer.blobs import BlobClient, BlobUnavailable
 from trainer.data import Corpus, shakespeare_files
-from trainer.globalmodel import GlobalModel, GlobalModelError, GlobalStore
 from trainer.node import HostNode
 from trainer.node_config import ConfigError, HostConfig, KeySource, load_host_config
 from trainer.spec import build_model
@@ -114,7 +116,7 @@ def tiny_corpus() -> Corpus:
 
 
 def run_config(corpus: Corpus, **kw: Any) -> RunConfig:
-    g0 = GlobalModel.from_module(build_model(SPEC))
+    g0 = GlobalModel.from_module(build_model(SPEC), kw.get("state_chunk_bytes", DEFAULT_CHUNK_BYTES))
     base: dict[str, Any] = dict(
         model=SPEC,
         dataset_manifest_hash=corpus.manifest_hash,
@@ -281,17 +283,24 @@ def test_host_toml_loads_and_rejects_bad_configs(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the global model on disk
 
 
-def test_global_store_verifies_on_read_and_fetches_from_peers(tmp_path: Path) -> None:
-    from trainer.blobs import BlobCatalog, ServerThread, build_app
+def node_globals(node_dir: Path) -> GlobalStore:
+    """A node's global models, as `HostNode`/`VerifierNode` keep them (default chunk size)."""
+    return GlobalStore(ContentStore(node_dir / "store"))
 
-    g0 = GlobalModel.from_module(build_model(SPEC))
+
+def test_global_store_verifies_on_read_and_fetches_from_peers(tmp_path: Path) -> None:
+    from nodekit.blobs import BlobCatalog, ServerThread, StoredObject, build_app
+
+    model = build_model(SPEC)
+    layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    g0 = GlobalModel.from_module(model, 1024)  # many chunks
     assert all(torch.equal(m, torch.zeros_like(m)) for m in g0.momentum.values())
-    store = GlobalStore(tmp_path / "a")
+    store = GlobalStore(ContentStore(tmp_path / "a", 1024), layout)
     store.save(g0)
     assert store.load(g0.hash).hash == g0.hash
-    catalog = BlobCatalog()
-    catalog.publish("model", g0.hash, lambda: store.get_bytes(g0.hash))
-    other = GlobalStore(tmp_path / "b")
+    catalog = BlobCatalog(1024)
+    catalog.publish("model", g0.hash, StoredObject(store.store, "model", g0.hash))
+    other = GlobalStore(ContentStore(tmp_path / "b", 1024), layout)
     with (
         ServerThread(build_app(catalog, dict)) as server,
         BlobClient([server.url], timeout=5, retries=0) as c,
@@ -301,13 +310,13 @@ def test_global_store_verifies_on_read_and_fetches_from_peers(tmp_path: Path) ->
         with pytest.raises(BlobUnavailable):
             other.fetch("ab" * 32, c)
     # a flipped byte on disk is caught on the next read
-    path = tmp_path / "a" / f"{g0.hash}.safetensors"
+    path = tmp_path / "a" / "global" / f"{g0.hash}.model"
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 1
     path.write_bytes(bytes(raw))
-    with pytest.raises(GlobalModelError, match="hash"):
+    with pytest.raises(GlobalModelError, match="corrupted"):
         store.load(g0.hash)
-    with pytest.raises(GlobalModelError, match="not a global model hash"):
+    with pytest.raises(ValueError, match="64 lower-case hex"):
         store.has("../etc")
 
 
@@ -361,12 +370,12 @@ def test_honest_host_joins_commits_reveals_and_applies_its_accepted_delta(tmp_pa
     # the chain adopted the node's G_1, which is on its disk and differs from G_0
     g1 = chain.run(run_id)["global_model_hash"]
     assert g1 != cfg.initial_model_hash and g1 == step["result_hash"]
-    assert GlobalStore(tmp_path / "host-1" / "global").load(g1).hash == g1
+    assert node_globals(tmp_path / "host-1").load(g1).hash == g1
     assert node.snapshot()["accepted"] == 1 and node.snapshot()["commits"] == 1
     assert "0" in node.snapshot()["val_loss"]
     # finalized states were pruned and the Δ payload on disk is the committed one
-    assert not list((tmp_path / "host-1" / "states").glob("*/*.safetensors"))
-    payload = (tmp_path / "host-1" / "commits" / "0.payload").read_bytes()
+    assert not list((tmp_path / "host-1" / "store").glob("*/*.state"))
+    payload = ContentStore(tmp_path / "host-1" / "store").read_bytes("delta", c["delta_hash"])
     assert delta_hash(payload) == c["delta_hash"]
     text = "".join(f"{e}\n" for e in events)
     assert "sitting_out" not in text

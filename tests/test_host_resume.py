@@ -80,7 +80,7 @@ def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_glob
         with running([first.run], chain):
             chain.release()  # returns once the crashed node's thread has stopped; the chain is held
         assert [e["event"] for e in sink.logs][-1] == "stopped"
-        shutil.rmtree(tmp_path / "host-1" / "global")  # G_1 lost with the crash: must come from a peer
+        shutil.rmtree(tmp_path / "host-1" / "store" / "global")  # G_1 lost in the crash: comes from a peer
         second = HostNode(
             host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5
         )
@@ -99,7 +99,7 @@ def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_glob
         c = chain.query("commitment", run_id=run_id, host=first.address, step=n)
         assert c["equivocation_tx"] is None
     final = chain.run(run_id)["global_model_hash"]
-    assert (tmp_path / "host-1" / "global" / f"{final}.safetensors").exists()
+    assert (tmp_path / "host-1" / "store" / "global" / f"{final}.model").exists()
 
 
 class CrashBeforeBroadcast(HostBehaviour):
@@ -137,8 +137,8 @@ def test_restart_between_training_and_commit_commits_the_saved_record(tmp_path: 
         assert chain.query("commitment", run_id=run_id, host=first.address, step=0) is None
         saved = json.loads((tmp_path / "host-1" / "commits" / "0.json").read_bytes())
         if corrupt:
-            payload = tmp_path / "host-1" / "commits" / "0.payload"
-            payload.write_bytes(payload.read_bytes()[:-1] + b"\x00")
+            payload = tmp_path / "host-1" / "store" / "delta-0" / f"{saved['delta_hash']}.delta"
+            payload.write_bytes(payload.read_bytes()[:-1] + bytes([payload.read_bytes()[-1] ^ 1]))
         second = HostNode(cfg, chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
         lingering.append(second)
         with running([lambda: second.run(linger=True)], chain):

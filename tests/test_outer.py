@@ -147,3 +147,26 @@ def test_bitwise_identical_across_thread_counts_in_separate_processes() -> None:
         assert int(got_threads) == threads
         out[threads] = digest
     assert out[1] == out[2]
+
+
+def test_streaming_accumulator_has_the_bits_of_outer_update() -> None:
+    """One Δ at a time, tensor by tensor, in sorted order: bitwise what `outer_update` gives."""
+    from protocol.outer import Accumulator
+
+    g = torch.Generator().manual_seed(3)
+    shapes = {"a": (17, 5), "b": (9,), "c": (4, 4, 3)}
+    params = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+    momentum = {n: torch.randn(s, generator=g) * 0.1 for n, s in shapes.items()}
+    hosts = ["gonka1zz", "gonka1aa", "gonka1mm", "gonka1bb"]
+    deltas = [(h, 1000 + 37 * i, {n: torch.randn(s, generator=g) * 1e-2 for n, s in shapes.items()})
+              for i, h in enumerate(hosts)]  # fmt: skip
+    want_p, want_m = outer_update(params, momentum, deltas, 0.7, 0.9)
+    acc = Accumulator(params, {h: w for h, w, _ in deltas})
+    for host, _, delta in sorted(deltas, key=lambda d: d[0]):
+        acc.add(host, reversed(list(delta.items())))  # tensor order inside one Δ does not matter
+    got_p, got_m = acc.finish(params, momentum, 0.7, 0.9)
+    for n in shapes:
+        assert torch.equal(got_p[n].view(torch.int32), want_p[n].view(torch.int32))
+        assert torch.equal(got_m[n].view(torch.int32), want_m[n].view(torch.int32))
+    with pytest.raises(OuterError, match="out of order"):
+        Accumulator(params, {h: 1 for h in hosts}).add("gonka1zz", deltas[0][2].items())

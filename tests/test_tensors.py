@@ -53,8 +53,14 @@ def test_layout_is_exactly_as_specified() -> None:
         + struct.pack("<i", 3) + struct.pack("<ff", 1.0, -2.0)
     )
     assert data == expected
+    # one chunk: SHA-256(prefix ‖ domain ‖ c ‖ L ‖ SHA-256(0x00 ‖ bytes)), protocol/chunks.py
+    c = 1 << 20
+    tree = hashlib.sha256(b"\x00" + expected).digest()
+    want = hashlib.sha256(
+        b"gonka-diloco/chunked/v1\x00" + domain(StateKind.MODEL) + struct.pack("<QQ", c, len(expected)) + tree
+    ).hexdigest()
     assert tensor_hash({"b": torch.tensor([1.0, -2.0]), "a": torch.tensor([[3]], dtype=torch.int32)},
-                       StateKind.MODEL) == hashlib.sha256(domain(StateKind.MODEL) + expected).hexdigest()
+                       StateKind.MODEL, c) == want
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from google.protobuf import any_pb2
 
-from protocol import codecs, merkle, prf
+from protocol import chunks, codecs, merkle, prf
 from protocol.envclass import class_fields, class_pair, replay_decision
 from protocol.messages import EnvFingerprint, MsgCreateRun, MsgSend
 from protocol.outer import global_model_hash, outer_update
@@ -31,6 +31,20 @@ def test_tensor_vectors() -> None:
         assert canonical_bytes(ts).hex() == v["output"]["canonical_bytes"]
         for kind in StateKind:
             assert tensor_hash(ts, kind) == v["output"]["hash"][kind.value]
+
+
+def test_chunk_vectors() -> None:
+    for v in load("chunks"):
+        i = v["input"]
+        data, dom, c = bytes.fromhex(i["bytes"]), bytes.fromhex(i["domain"]), i["chunk_bytes"]
+        h, digests = chunks.hash_stream(dom, [data], c)
+        assert h == v["output"]["content_hash"]
+        assert [d.hex() for d in digests] == v["output"]["digests"]
+        assert chunks.mth(digests).hex() == v["output"]["tree_hash"]
+        for k, proof in enumerate(v["output"]["chunk_proofs"]):
+            a, b = chunks.chunk_span(k, len(data), c)
+            pb = [bytes.fromhex(p) for p in proof]
+            assert chunks.verify_chunk(h, dom, c, len(data), k, data[a:b], pb)
 
 
 def test_merkle_vectors() -> None:

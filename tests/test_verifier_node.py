@@ -1,6 +1,6 @@
 """The verifier node against the in-process chain, with real host nodes serving over HTTP.
 
-Two outer steps, five hosts (honest, free rider, zstd bomb, reveals-but-serves-nothing, copycat)
+Two outer steps, five hosts (honest, free rider, garbage states, reveals-but-serves-nothing, copycat)
 and three verifiers (honest, lazy, malicious) with v = 3: the honest host is accepted, every
 adversary is rejected, the lazy and malicious verifiers are outvoted and slashed, the honest one
 is not, and it answered the bomb and the silent host with the right reasons while judging the
@@ -17,15 +17,18 @@ import httpx
 import pytest
 
 from gonka_diloco.adversaries import resolve_host, resolve_verifier
+from nodekit.blobs import BlobClient
 from tests.test_host_node import LockstepChain, create_run, host_config, run_config, running, tiny_corpus
-from trainer.blobs import BlobClient
 from trainer.node import HostNode
 from verifier.node import HttpSource, VerifierNode
 from verifier.node_config import ConfigError, KeySource, VerifierConfig, load_verifier_config
 from verifier.verify import MissingData
 
 HOSTS = {1: "honest", 2: "zero", 3: "malformed", 4: "no_reveal", 5: "copycat"}
-HOST_PARAMS: dict[str, dict[str, Any]] = {"malformed": {"kind": "zstd_bomb"}, "no_reveal": {"mode": "serve"}}
+HOST_PARAMS: dict[str, dict[str, Any]] = {
+    "malformed": {"kind": "garbage_state"},
+    "no_reveal": {"mode": "serve"},
+}
 VERIFIERS = {11: "honest", 12: "lazy", 13: "malicious"}
 STAKE = 1000
 
@@ -40,7 +43,11 @@ def verifier_config(tmp: Path, index: int, run_id: int, **kw: Any) -> VerifierCo
 def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_path: Path) -> None:
     corpus = tiny_corpus()
     chain = LockstepChain()
-    cfg = run_config(corpus, max_outer_steps=2, verifiers_per_contribution=3, sampled_segments=2)
+    # 3 segments, 2 opened: one start is neither segment 0 (rebuilt from G_n) nor the end of a
+    # replayed segment, so the verifier must fetch it (what the withholding adversaries withhold)
+    cfg = run_config(
+        corpus, max_outer_steps=2, verifiers_per_contribution=3, sampled_segments=2, inner_steps=15
+    )
     run_id = create_run(chain, cfg)
     logs: list[dict[str, Any]] = []
     quick: dict[str, Any] = {"log": logs.append, "poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
@@ -70,7 +77,7 @@ def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_p
     for n in (0, 1):
         assert seen[f"{n}:{addr['honest']}"] == "ACCEPT"  # at step 1 from G_1 and its carried optimizer
         assert seen[f"{n}:{addr['zero']}"] == "REPLAY_MISMATCH"
-        assert seen[f"{n}:{addr['malformed']}"] == "MALFORMED_BLOB"  # a zstd bomb, and it kept working
+        assert seen[f"{n}:{addr['malformed']}"] == "MALFORMED_BLOB"  # garbage served, and it kept working
         assert seen[f"{n}:{addr['no_reveal']}"] == "MISSING_DATA"  # revealed on chain, never served
     assert seen[f"1:{addr['copycat']}"] == "REPLAY_MISMATCH"
     assert set(lazy.snapshot()["verdicts"].values()) == {"ACCEPT"}
@@ -104,7 +111,7 @@ def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_p
         g = steps[n - 1]["result_hash"]
         assert any(e["event"] == "outer_step_applied" and e["model_hash"] == g and e["node"] == "verifier-11"
                    for e in logs), n  # fmt: skip
-        assert (tmp_path / "verifier-11" / "global" / f"{g}.safetensors").is_file()
+        assert (tmp_path / "verifier-11" / "store" / "global" / f"{g}.model").is_file()
     text = json.dumps([e for e in logs if e.get("node", "").startswith("verifier")])
     assert "verify_error" not in text and "abstain" not in text
 
@@ -156,8 +163,13 @@ def test_verifier_node_metrics_and_status_are_served(tmp_path: Path) -> None:
 
 
 def test_unreachable_host_is_missing_data_fast() -> None:
+    from nodekit.objects import ObjectPolicy
+    from trainer.spec import build_model
+
+    cfg = run_config(tiny_corpus())
+    objects = ObjectPolicy.of(build_model(cfg.model), cfg)
     with BlobClient([], timeout=2, retries=1, backoff=0) as client:
-        source = HttpSource(client, "http://127.0.0.1:9", 1 << 20, 1 << 20)  # discard port: refused
+        source = HttpSource(client, "http://127.0.0.1:9", objects)  # discard port: refused
         with pytest.raises(MissingData, match="not served"):
             source.state("ab" * 32)
         with pytest.raises(MissingData):

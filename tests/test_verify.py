@@ -26,7 +26,7 @@ from protocol.messages import EnvFingerprint, Reason
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, run_committed
 from trainer.globalmodel import GlobalModel
-from trainer.step import configure_determinism, env_fingerprint
+from trainer.step import State, configure_determinism, env_fingerprint, optimizer_state
 from verifier.verify import CannotVerify, Job, MissingData, check_verifier_env, param_distance, verify
 
 A = "gonka1" + "a" * 38
@@ -107,9 +107,50 @@ def test_lazy_host_is_caught_exactly_when_a_faked_segment_is_sampled(world: Worl
 def test_malformed_blobs_are_rejected_and_the_verifier_keeps_working(world: World, kind: str) -> None:
     honest = step1(world, HostBehaviour())
     bad = dataclasses.replace(honest, behaviour=resolve_host("malformed", {"kind": kind}))
+    tol_cfg = world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": 1e-3})
+    tol = dataclasses.replace(world.lab, cfg=tol_cfg)
+    job = tol.job(bad, 1, SEED, sampled=[0, LAST])
+    out = verify(job, bad.source(), tol.replay_context(world.g1))
+    assert out.reason is Reason.MALFORMED_BLOB, out.detail  # tolerance mode downloads the Δ
     reason, detail = check(world, bad)
-    assert reason is Reason.MALFORMED_BLOB, detail
+    if kind == "garbage_state":
+        assert reason is Reason.MALFORMED_BLOB, detail
+    else:  # bitwise mode derives Δ from its own replay: the bomb is never downloaded, the work is honest
+        assert reason is Reason.ACCEPT, detail
     assert check(world, honest)[0] is Reason.ACCEPT  # same verifier context, next job
+
+
+def test_bitwise_verifier_downloads_only_what_it_cannot_rebuild(world: World) -> None:
+    """Segment 0 is rebuilt from G_n and the carried optimizer state, a segment after a replayed
+    one starts from that replay, and the Δ is derived: only the other starts are downloaded."""
+    honest = step1(world, HostBehaviour())
+    got: list[tuple[State, bytes]] = []
+    ctx = world.lab.replay_context(world.g1)
+    ctx.on_derived = lambda final, payload: got.append((final, payload))
+
+    class Counting:
+        def __init__(self) -> None:
+            self.inner, self.states, self.optimizers, self.deltas = honest.source(), [], [], []
+
+        def state(self, leaf: str) -> State:
+            self.states.append(leaf)
+            return self.inner.state(leaf)
+
+        def optimizer(self, h: str) -> State:
+            self.optimizers.append(h)
+            return optimizer_state(carried_optimizer(world.step0[A])[0])
+
+        def delta(self, h: str) -> bytes:
+            self.deltas.append(h)
+            return self.inner.delta(h)
+
+    src = Counting()
+    job = world.lab.job(honest, 1, SEED, sampled=[0, 1, 3, 4, LAST])
+    assert verify(job, src, ctx).reason is Reason.ACCEPT
+    c = honest.contribution
+    assert src.states == [c.leaves[3]]  # 0 rebuilt, 1 and 4 and 5 follow a replayed segment
+    assert src.optimizers == [job.prev_optimizer_hash] and src.deltas == []
+    assert len(got) == 1 and got[0][1] == c.payload  # the Δ it derived is the committed one
 
 
 def test_no_reveal_and_unreachable_host_are_missing_data(world: World) -> None:

@@ -22,17 +22,18 @@ import torch
 from torch import Tensor, nn
 
 from chain.client import ChainClient
-from protocol.codecs import delta_hash, encode, from_blob
+from nodekit.blobs import BlobClient
+from nodekit.globalmodel import GlobalModel
+from nodekit.objects import Kind, ObjectRef
+from nodekit.store import BytesSink, StateStore
+from protocol.codecs import delta_hash, encode, payload_len
 from protocol.config import RunConfig
 from protocol.merkle import merkle_root
 from protocol.messages import MsgCommitPseudoGradient
-from trainer.blobs import BlobClient
 from trainer.commit import Contribution, pseudo_gradient, run_committed
 from trainer.data import Corpus
 from trainer.ddp import Team
-from trainer.globalmodel import GlobalModel
 from trainer.step import LossFn, env_fingerprint, optimizer_hash
-from trainer.store import StateStore
 
 
 class BehaviourError(ValueError):
@@ -119,9 +120,9 @@ class OuterContext:
             trajectory_root=merkle_root([bytes.fromhex(h) for h in leaves]).hex(),
             delta=delta,
             payload=payload,
-            delta_hash=delta_hash(payload),
+            delta_hash=delta_hash(payload, self.cfg.state_chunk_bytes),
             codec=self.cfg.codec,
-            final_optimizer_hash=optimizer_hash(final_state),
+            final_optimizer_hash=optimizer_hash(final_state, self.cfg.state_chunk_bytes),
             tokens=self.cfg.tokens_per_outer_step,
             env=env_fingerprint(self.cfg.threads),
             mean_loss=sum(losses) / len(losses) if losses else float("nan"),
@@ -138,25 +139,25 @@ class OuterContext:
     ) -> Contribution:
         """The same trajectory committed with an already-encoded payload (a copied or broken Δ)."""
         kept = delta if delta is not None else {}
-        return dataclasses.replace(contribution, payload=payload, delta_hash=delta_hash(payload), delta=kept)
+        h = delta_hash(payload, self.cfg.state_chunk_bytes)
+        return dataclasses.replace(contribution, payload=payload, delta_hash=h, delta=kept)
 
     def honest_delta(self) -> dict[str, Tensor]:
         """Δ of the model as it stands now against G_n."""
         return pseudo_gradient(self.global_model.params, self.model)
 
     def fetch_delta(self, entry: AcceptedDelta, max_payload_bytes: int | None = None) -> bytes:
-        """Download and verify another host's accepted Δ payload (as any node may)."""
-        limit = max_payload_bytes or 8 * self.global_model.numel() + (1 << 20)  # fp32 is 4 bytes each
-        layout = self.global_model.layout
-
-        def payload_of(blob: bytes) -> bytes:
-            payload = from_blob(blob, layout, max_payload_bytes=limit)
-            if delta_hash(payload) != entry.delta_hash:
-                raise ValueError("Δ payload hash mismatch")
-            return payload
-
+        """Download another host's accepted Δ payload (as any node may), every chunk verified
+        against its hash; its exact length comes from the run's layout and codec."""
+        cfg = self.cfg
+        length = payload_len(cfg.codec, cfg.codec_block_size, self.global_model.layout)
+        if max_payload_bytes is not None and length > max_payload_bytes:
+            raise ValueError(f"a Δ of this run is {length} bytes > {max_payload_bytes}")
+        ref = ObjectRef(Kind.DELTA, entry.delta_hash, length, cfg.state_chunk_bytes)
+        sink = BytesSink(length)
         endpoints = [e for e in [entry.endpoint, *self.peers] if e]
-        return payload_of(self.blobs.get("delta", entry.delta_hash, payload_of, endpoints=endpoints))
+        self.blobs.fetch(ref, sink, endpoints)
+        return bytes(sink.buf)
 
 
 class HostBehaviour:

@@ -1,36 +1,42 @@
 """The committed inner loop: H steps of `train_segment`, a trajectory leaf every k steps, then Δ.
 
-Boundary work (hash the full training state, save it) runs on a worker thread from a snapshot, so
-the training thread only pays for one memory copy per boundary. Everything a host later commits
-and reveals is in the returned `Contribution`.
+Boundary work (hash the full training state on all cores, persist every m-th) runs on a worker
+thread over the live state while the next step's forward and backward run; the training thread
+waits only if the boundary is not done by that step's optimizer update, and no state is copied.
+After the challenge, `materialize_openings` recomputes the opened boundaries that were not
+persisted and deletes the rest. Everything a host later commits and reveals is in the returned `Contribution`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from nodekit.objects import training_specs
+from nodekit.store import StateStore
 from protocol.codecs import delta_hash, encode
 from protocol.config import Codec, RunConfig
 from protocol.merkle import merkle_root, pair_proof
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient, SegmentOpening
+from protocol.tensors import StateKind, tensor_hash_and_digests
 from trainer.data import Corpus
 from trainer.model import lm_loss
 from trainer.step import (
     LossFn,
     SliceExchange,
     env_fingerprint,
+    load_training_state,
     optimizer_hash,
     snapshot_to_host,
     train_segment,
-    training_hash,
     training_state,
 )
-from trainer.store import StateStore
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,8 @@ class Contribution:
     env: EnvFingerprint
     mean_loss: float
     losses: list[float] = field(repr=False)
+    boundary_seconds: float = field(default=0.0, compare=False)
+    """Time the training thread spent on boundaries (snapshot copies, waiting for a free slot)."""
 
     @property
     def leaf_count(self) -> int:
@@ -82,11 +90,97 @@ def pseudo_gradient(global_params: Mapping[str, Tensor], model: nn.Module) -> di
             for n, p in model.named_parameters()}  # fmt: skip
 
 
-def _boundary(store: StateStore | None, outer_step: int, snapshot: dict[str, Tensor]) -> str:
-    h = training_hash(snapshot)
-    if store is not None:
-        store.put_hashed(snapshot, outer_step, h)
-    return h
+def host_snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[Mapping[str, Tensor], bool]:
+    """THE boundary snapshot: the training state as the boundary worker reads it, and whether it
+    is the live state. On the CPU these are the live tensors themselves (no copy): only `opt.step`
+    writes them, and `Boundaries` holds the next step until the boundary is hashed (and persisted).
+    On a GPU it is `snapshot_to_host`: a copy into pinned host memory on a side stream (the next
+    `opt.step` waits only for the copy, never for hashing or disk)."""
+    state = training_state(model, opt)
+    if not any(t.is_cuda for t in state.values()):
+        return state, True
+    return snapshot_to_host(state, opt), False
+
+
+class Boundaries:
+    """Hash every boundary (all cores, `protocol.chunks`), persist every m-th and the last two.
+
+    At most one boundary is in flight, and none is ever copied on the CPU: the worker hashes the
+    live state while the training thread runs the next step's forward and backward (which only
+    write gradients), and an optimizer pre-step hook makes the training thread wait for the
+    boundary before the step that would change it (backpressure, never a queue of snapshots).
+    A GPU state is a host copy (`host_snapshot`): the next step waits only for the copy, and the
+    next boundary for this one's hash and write.
+    The digests computed here are stored with the state, so it is never hashed again to be served.
+    """
+
+    def __init__(
+        self,
+        store: StateStore | None,
+        outer_step: int,
+        cfg: RunConfig,
+        opt: torch.optim.Optimizer,
+        *,
+        every: int = 1,
+    ) -> None:
+        self.store, self.outer_step, self.cfg = store, outer_step, cfg
+        self.every = max(1, every)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary")
+        self._futures: list[Future[tuple[str, list[bytes]]]] = []
+        self._inflight: Future[Any] | None = None
+        self._live = True  # the in-flight boundary reads the live state: the next update waits for it
+        self._hook = opt.register_step_pre_hook(lambda *_: self._settle() if self._live else None)
+        self.seconds = 0.0  # the training thread's time waiting on boundaries
+
+    def persisted(self, j: int) -> bool:
+        """Boundary j goes to disk: every m-th, and the last segment's two ends (always opened).
+        With m > 1 boundary 0 is not written: it is G_n and the carried optimizer state, both on
+        disk already (`materialize_openings` rebuilds it)."""
+        return (j % self.every == 0 and (j > 0 or self.every == 1)) or j >= self.cfg.n_segments - 1
+
+    def _settle(self) -> None:
+        if self._inflight is not None:
+            t0 = time.perf_counter()
+            try:
+                self._inflight.result()
+            finally:
+                self._inflight = None
+                self.seconds += time.perf_counter() - t0
+
+    def submit(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        self._settle()
+        t0 = time.perf_counter()
+        j = len(self._futures)
+        snap, self._live = host_snapshot(model, opt)
+        hashed = self._pool.submit(self._hash, snap)
+        self._futures.append(hashed)
+        self._inflight = hashed
+        if self.store is not None and self.persisted(j):
+            written = self._pool.submit(self._write, hashed, snap)  # same worker: after the hash
+            self._inflight = written
+            if j == self.cfg.n_segments:  # the last boundary: nothing writes the live state before
+                self.store.pending.append(written)  # the reveal, which waits for it (store.flush)
+        self.seconds += time.perf_counter() - t0
+
+    def _hash(self, snap: Mapping[str, Tensor]) -> tuple[str, list[bytes]]:
+        return tensor_hash_and_digests(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
+
+    def _write(self, hashed: Future[tuple[str, list[bytes]]], snap: Mapping[str, Tensor]) -> None:
+        assert self.store is not None
+        h, digests = hashed.result()
+        self.store.put_hashed(snap, self.outer_step, h, digests)
+
+    def leaves(self) -> list[str]:
+        """The leaves, once hashed: the final boundary's write may still run (off the training
+        thread, before the commit is needed); `StateStore.flush` waits for it."""
+        t0 = time.perf_counter()
+        try:
+            return [f.result()[0] for f in self._futures]
+        finally:
+            self._inflight = None
+            self._hook.remove()
+            self._pool.shutdown(wait=False)  # queued writes still run
+            self.seconds += time.perf_counter() - t0
 
 
 def run_committed(
@@ -104,26 +198,33 @@ def run_committed(
     loss_fn: LossFn = lm_loss,
     exchange: SliceExchange | None = None,
 ) -> Contribution:
-    """Train one outer step from the global params with the host's carried optimizer state."""
+    """Train one outer step from the global params with the host's carried optimizer state.
+
+    The store's `checkpoint_every` (m, a host setting) says which boundaries are persisted; the
+    others are recomputed from the nearest persisted one if the challenge opens them
+    (`materialize_openings`)."""
+    if store is not None:
+        store.flush()  # the previous step's last boundary is written from these very tensors
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(global_params[n])
     k = cfg.segment_len
     losses: list[float] = []
-    futures: list[Future[str]] = []
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary") as pool:
+    every = store.checkpoint_every if store is not None else 1
+    boundaries = Boundaries(store, outer_step, cfg, opt, every=every)
+    try:
         for seg in range(cfg.n_segments + 1):
-            snap = snapshot_to_host(training_state(model, opt), opt)  # waited for on the worker
-            futures.append(pool.submit(_boundary, store, outer_step, snap))
+            boundaries.submit(model, opt)
             if seg < cfg.n_segments:
                 losses += train_segment(
                     model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
                     loss_fn=loss_fn, exchange=exchange,
                 )  # fmt: skip
-        leaves = [f.result() for f in futures]
-    final = training_state(model, opt)
-    delta = pseudo_gradient(global_params, model)
-    payload = encode(delta, cfg.codec, cfg.codec_block_size)
+        final = training_state(model, opt)  # Δ is encoded while the last boundary is hashed
+        delta = pseudo_gradient(global_params, model)
+        payload = encode(delta, cfg.codec, cfg.codec_block_size)
+    finally:
+        leaves = boundaries.leaves()
     return Contribution(
         outer_step=outer_step,
         base_model_hash=base_model_hash,
@@ -131,14 +232,94 @@ def run_committed(
         trajectory_root=merkle_root([bytes.fromhex(h) for h in leaves]).hex(),
         delta=delta,
         payload=payload,
-        delta_hash=delta_hash(payload),
+        delta_hash=delta_hash(payload, cfg.state_chunk_bytes),
         codec=cfg.codec,
-        final_optimizer_hash=optimizer_hash(final),
+        final_optimizer_hash=optimizer_hash(final, cfg.state_chunk_bytes),
         tokens=cfg.tokens_per_outer_step,
         env=env_fingerprint(micro_batches=micro_batches),
         mean_loss=sum(losses) / len(losses),
         losses=losses,
+        boundary_seconds=boundaries.seconds,
     )
+
+
+def _save_recomputed(
+    store: StateStore,
+    outer_step: int,
+    leaves: Sequence[str],
+    j: int,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    cfg: RunConfig,
+) -> None:
+    """Hash the recomputed boundary j, check it is the committed leaf, and persist it."""
+    snap = training_state(model, opt)
+    h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, cfg.state_chunk_bytes)
+    if h != leaves[j]:
+        raise ValueError(f"recomputed boundary {j} hashes to {h[:12]}, committed {leaves[j][:12]}")
+    store.put_hashed(snap, outer_step, h, digests)
+
+
+def needed_boundaries(segments: Sequence[int]) -> set[int]:
+    """The boundaries a challenge opens: both ends of every sampled segment."""
+    return {j for s in segments for j in (s, s + 1)}
+
+
+def materialize_openings(
+    store: StateStore,
+    outer_step: int,
+    leaves: Sequence[str],
+    segments: Sequence[int],
+    start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
+    cfg: RunConfig,
+    data: Corpus,
+    host: str,
+    *,
+    micro_batches: int = 1,
+    loss_fn: LossFn = lm_loss,
+) -> list[int]:
+    """After the challenge: every opened boundary on disk, nothing else.
+
+    Persisted boundaries that are neither opened nor the nearest source of an opened one go at
+    once; each missing opened boundary is recomputed bitwise from the nearest persisted one below
+    it (boundary 0: `start()` rebuilds it from G_n and the carried optimizer) with the same step
+    function, checked against its committed leaf, and saved; then the sources go. Returns the
+    boundaries that were recomputed. Raises `ValueError` if a recomputed state does not hash to
+    its leaf (the host could not reproduce its own trajectory).
+    """
+    store.flush()  # the last boundary may still be being written
+    needed = needed_boundaries(segments)
+    on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
+    missing = sorted(needed - on_disk)
+    sources = {max((q for q in on_disk if q <= j), default=0) for j in missing}
+    keep = {leaves[j] for j in needed | sources}  # leaves may repeat (a host that did not train)
+    for h in {leaves[j] for j in on_disk} - keep:
+        store.delete(h, outer_step)
+    k = cfg.segment_len
+    done: list[int] = []
+    at: int | None = None  # the boundary the model currently holds
+    model: nn.Module | None = None
+    opt: torch.optim.Optimizer | None = None
+    for j in missing:
+        src = max((q for q in on_disk | set(done) if q <= j), default=0)  # 0: rebuilt by `start`
+        if at is None or at > j or at < src:
+            model, opt = start()  # boundary 0; a persisted source is loaded over it
+            if src in on_disk or src in done:
+                specs = training_specs(model)
+                load_training_state(model, opt, store.get(leaves[src], outer_step, specs=specs))
+            at = src
+        assert model is not None and opt is not None
+        while at < j:
+            train_segment(model, opt, cfg, data, host, outer_step, at * k, k, micro_batches, loss_fn=loss_fn)
+            at += 1
+            if at in needed and at not in on_disk and at not in done and at != j:
+                _save_recomputed(store, outer_step, leaves, at, model, opt, cfg)
+                done.append(at)
+        _save_recomputed(store, outer_step, leaves, j, model, opt, cfg)
+        done.append(j)
+    for h in {leaves[j] for j in sources - needed} - {leaves[j] for j in needed}:
+        store.delete(h, outer_step)
+    return done
 
 
 def openings(contribution: Contribution, segments: Sequence[int]) -> list[SegmentOpening]:

@@ -87,6 +87,12 @@ def configure_determinism(threads: int, device: str | torch.device = "cpu") -> t
     return dev
 
 
+def pin_device(threads: int, device: str) -> torch.device:
+    """A node's device setting resolved (`cuda` is this torchrun rank's GPU) and determinism pinned
+    on it; `DeviceError` (the node stops with it) for a device this machine does not have."""
+    return configure_determinism(threads, resolve_device(device))
+
+
 def replay_device() -> torch.device:
     """The device `configure_determinism` was given (cpu unless told otherwise)."""
     return _replay_device

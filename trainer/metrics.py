@@ -12,8 +12,8 @@ PHASES = [
 class HostMetrics:
     """Throughput, loss, phase, traffic and outcomes, named `gonka_host_*`."""
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
         r = self.registry
         self.inner_steps = Counter("gonka_host_inner_steps", "inner steps trained", registry=r)
         self.tokens = Counter("gonka_host_tokens", "tokens trained on", registry=r)

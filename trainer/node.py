@@ -6,55 +6,83 @@ any point and restarted on the same `data_dir` re-derives where it stands: it ne
 second, different contribution for one outer step, reveals what it committed, and sits out an
 outer step whose deadline it missed. Only Δs the chain finalized as accepted reach the model.
 
-Under torchrun this is rank 0, and the only rank that talks to the chain, serves and writes
-`data_dir`; its `team` (`trainer.ddp.Team`) makes the other ranks train each batch with it.
+The node is its protocol script (`outer_step`: train → commit → reveal → aggregate); the parts
+it is built from are `nodekit`'s (chain view, store, fetcher, server, board), shared with the
+verifier. Under torchrun this is rank 0, the only rank that talks to the chain, serves and
+writes `data_dir`; its `team` (`trainer.ddp.Team`) makes the other ranks train each batch with it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from chain.client import ChainClient, ChainTimeout, TxFailed
-from protocol.codecs import CodecError, decode, delta_hash, from_blob, to_blob
+from chain.client import ChainClient, TxFailed
+from nodekit.blobs import (
+    BlobCatalog,
+    BlobClient,
+    BlobError,
+    ServerThread,
+    StoredObject,
+    build_app,
+    fetch_to_store,
+    parse_listen,
+)
+from nodekit.board import Board
+from nodekit.chainview import (
+    Accepted,
+    ChainView,
+    ErrDuplicateCommit,
+    Phase,
+    StepInfo,
+    Stopped,
+    is_chain_error,
+)
+from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.node import NodeError, join_run, json_line
+from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
+from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write
+from protocol.codecs import CodecError, iter_decode
 from protocol.config import Codec, RunConfig
 from protocol.messages import EnvFingerprint, MsgRevealContribution, MsgSubmitOuterResult, Role
-from protocol.tensors import StateKind
 from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
-from trainer.blobs import BlobCatalog, BlobClient, BlobError, ServerThread, build_app, parse_listen
-from trainer.commit import Contribution, openings
+from trainer.commit import Contribution, materialize_openings, openings
 from trainer.data import Corpus, eval_loss, shakespeare_corpus
 from trainer.ddp import Team
-from trainer.globalmodel import GlobalModel, GlobalStore
 from trainer.metrics import HostMetrics
 from trainer.node_config import HostConfig
-from trainer.nodebase import NodeError, Stopped, host_endpoints, join_run, json_line, pin_device
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
 from trainer.step import (
-    load_training_state,
+    DeviceError,
     make_optimizer,
     optimizer_state,
+    pin_device,
     training_state,
 )
-from trainer.store import StateStore, atomic_write
+
+__all__ = ["VAL_BATCHES", "HostNode", "NodeError", "Record"]
 
 VAL_BATCHES = 4
-DONE = "DONE"  # the chain's phase of a finished outer step (chain.params.Phase; trainer sees only the client)
-ERR_DUPLICATE_COMMIT = "ErrDuplicateCommit"
+OPTIMIZER_GROUP = "optimizer"
+
+
+def delta_group(n: int) -> str:
+    return f"delta-{n}"
 
 
 @dataclass
 class Record:
-    """What the node committed in one outer step, on disk before the commit is broadcast."""
+    """What the node committed in one outer step, on disk before the commit is broadcast (the Δ
+    payload itself is in the content store under its hash)."""
 
     outer_step: int
     base_model_hash: str
@@ -128,37 +156,31 @@ class HostNode:
         self._corpus = corpus
         self._allow_list = allow_list
         self._log = log
-        self.poll_timeout = poll_timeout
+        self.view = ChainView(chain, config.run_id, poll_timeout=poll_timeout)
         self.dir = config.data_path
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.store = StateStore(self.dir / "states")
-        self.optim_store = StateStore(self.dir / "optimizer")
-        self.globals = GlobalStore(self.dir / "global")
-        self.metrics = HostMetrics()
-        self.catalog = BlobCatalog()
-        self.blobs = BlobClient(
-            [], blob_timeout, blob_retries, backoff=blob_backoff, on_bytes=self.metrics.bytes_received.inc
-        )
         self.state = self._load_state()
-        self._stop = threading.Event()
+        self.board = Board(
+            node=self.name, role="host", address=self.address, run_id=config.run_id, outer_step=None,
+            phase="STARTING", loss=None, val_loss=dict(self.state.get("val_loss", {})),
+            commits=self.state.get("commits", 0), accepted=self.state.get("accepted", 0),
+            rejected=self.state.get("rejected", 0),
+        )  # fmt: skip
+        self.metrics = HostMetrics(self.board.registry)
+        self.catalog = BlobCatalog()
+        policy = TransferPolicy(min_bytes_per_s=config.min_transfer_bps, base_s=blob_timeout)
+        self.blobs = BlobClient(
+            [], blob_timeout, blob_retries, backoff=blob_backoff, on_bytes=self.metrics.bytes_received.inc,
+            policy=policy,
+        )  # fmt: skip
         self._gm_cache: dict[str, GlobalModel] = {}
         self._opt: torch.optim.Optimizer | None = None
         self._published_deltas: dict[int, str] = {}
-        self._lock = threading.Lock()
-        self.status: dict[str, Any] = {
-            "node": self.name,
-            "role": "host",
-            "address": self.address,
-            "run_id": config.run_id,
-            "outer_step": None,
-            "phase": "STARTING",
-            "loss": None,
-            "val_loss": dict(self.state.get("val_loss", {})),
-            "commits": self.state.get("commits", 0),
-            "accepted": self.state.get("accepted", 0),
-            "rejected": self.state.get("rejected", 0),
-        }
         self.server = self._bind_server()
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.board.status
 
     # ---------------------------------------------------------------- disk state
 
@@ -181,20 +203,22 @@ class HostNode:
         return self.dir / "commits" / f"{n}.json"
 
     def _save_record(self, c: Contribution) -> None:
-        atomic_write(self.dir / "commits" / f"{c.outer_step}.payload", c.payload)
+        self.content.put_bytes(Kind.DELTA, c.payload, delta_group(c.outer_step))
         atomic_write(self._record_path(c.outer_step), json.dumps(asdict(Record.of(c))).encode())
 
     def _load_record(self, n: int) -> Contribution | None:
         try:
             record = Record(**json.loads(self._record_path(n).read_bytes()))
-            payload = (self.dir / "commits" / f"{n}.payload").read_bytes()
         except FileNotFoundError:
             return None
         except (OSError, ValueError, TypeError) as e:
             self.log("record_unreadable", outer_step=n, error=str(e))
             return None
-        if delta_hash(payload) != record.delta_hash:
-            self.log("record_unreadable", outer_step=n, error="payload does not match its hash")
+        try:  # verified chunk by chunk against the committed Δ hash on the way in
+            payload = self.content.read_bytes(Kind.DELTA, record.delta_hash, delta_group(n))
+        except (StoreError, ValueError, OSError) as e:
+            self.log("record_unreadable", outer_step=n, error=f"payload: {e}")
+            self.content.delete(Kind.DELTA, record.delta_hash, delta_group(n))
             return None
         return record.contribution(payload)
 
@@ -217,11 +241,13 @@ class HostNode:
         def sent(kind: str, n: int) -> None:
             self.metrics.bytes_sent.labels(kind).inc(n)
 
+        # an honest host streams from disk; a behaviour that tampers with what it serves sees whole objects
+        tampers = type(self.behaviour).serve_blob is not HostBehaviour.serve_blob
         app = build_app(
             self.catalog,
             self.snapshot,
-            self.metrics.registry,
-            serve_filter=self.behaviour.serve_blob,
+            self.board.registry,
+            serve_filter=self.behaviour.serve_blob if tampers else None,
             on_sent=sent,
         )
         return ServerThread(app, listen)
@@ -231,12 +257,10 @@ class HostNode:
         return self.config.public_url or self.server.url
 
     def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return json.loads(json.dumps(self.status, default=str))
+        return self.board.snapshot()
 
     def _set(self, **fields: Any) -> None:
-        with self._lock:
-            self.status.update(fields)
+        self.board.set(**fields)
         if "phase" in fields:
             self.metrics.phase.state(fields["phase"])
         if fields.get("outer_step") is not None:
@@ -245,37 +269,8 @@ class HostNode:
     def log(self, event: str, **fields: Any) -> None:
         self._log({"ts": round(time.time(), 3), "node": self.name, "event": event, **fields})
 
-    # ---------------------------------------------------------------- chain following
-
     def stop(self) -> None:
-        self._stop.set()
-
-    def _check_stop(self) -> None:
-        if self._stop.is_set():
-            raise Stopped
-
-    def _wait_height(self, target: int) -> int:
-        """Block until the chain is at `target` or beyond, one long-poll per block."""
-        h = self.chain.height()
-        while h < target:
-            self._check_stop()
-            try:
-                h = self.chain.wait_for_block(h, timeout=self.poll_timeout).height
-            except ChainTimeout:
-                h = self.chain.height()
-        self._check_stop()
-        return h
-
-    def _wait_step(
-        self, n: int, done: Callable[[dict[str, Any]], bool], from_height: int = 0
-    ) -> dict[str, Any]:
-        """Re-read outer step n after every block until `done` holds."""
-        h = self._wait_height(from_height)
-        while True:
-            info = self._step_info(n)
-            if done(info):
-                return info
-            h = self._wait_height(max(h, info["height"]) + 1)
+        self.view.stop.set()
 
     def _broadcast(self, msgs: list[Any]) -> None:
         self.chain.broadcast(self.wallet, msgs)
@@ -283,13 +278,16 @@ class HostNode:
     # ---------------------------------------------------------------- start-up
 
     def _setup(self) -> None:
-        run = self.chain.run(self.config.run_id)
-        self.cfg = RunConfig.model_validate(run["config"])
+        run = self.view.run()
+        self.cfg = RunConfig.model_validate(run.config)
         if self.cfg.threads != self.config.threads:
             raise NodeError(
                 f"host.toml threads={self.config.threads}, the run replays with {self.cfg.threads}"
             )
-        device = pin_device(self.cfg.threads, self.config.device)
+        try:
+            device = pin_device(self.cfg.threads, self.config.device)
+        except DeviceError as e:
+            raise NodeError(str(e)) from e
         built = build(self.cfg.model, self._allow_list)
         self.model: nn.Module = built.module.to(device)
         self.loss_fn = built.loss_fn
@@ -299,11 +297,22 @@ class HostNode:
                 f"local dataset {self.corpus.manifest_hash[:12]} is not the run's "
                 f"{self.cfg.dataset_manifest_hash[:12]}"
             )
-        g0 = GlobalModel.from_module(self.model)
+        c = self.cfg.state_chunk_bytes
+        self.objects = ObjectPolicy.of(self.model, self.cfg)
+        self.content = ContentStore(self.dir / "store", c)
+        self.store = StateStore(
+            self.dir / "store", chunk_bytes=c, checkpoint_every=self.config.checkpoint_every
+        )
+        self.globals = GlobalStore(
+            self.content, {n: tuple(p.shape) for n, p in self.model.named_parameters()}
+        )
+        self.catalog.chunk_bytes = c
+        g0 = GlobalModel.from_module(self.model, c)
         if g0.hash == self.cfg.initial_model_hash:
             self.globals.save(g0)
         for h in self.globals.hashes():
-            self.catalog.publish("model", h, lambda h=h: self.globals.get_bytes(h))
+            self.catalog.publish(Kind.MODEL, h, StoredObject(self.content, Kind.MODEL, h))
+        self._publish_optimizer()
 
     def _join(self) -> None:
         me = join_run(self.chain, self.wallet, self.config.run_id, Role.HOST, self.url, self.config.stake)
@@ -313,7 +322,9 @@ class HostNode:
             self.log("endpoint_changed", on_chain=me["endpoint"], now=self.url)
 
     def _peers(self) -> list[str]:
-        return host_endpoints(self.chain, self.config.run_id, exclude=self.address)
+        """Everyone who may hold a run object: the other hosts, then the verifiers."""
+        hosts = self.view.endpoints(Role.HOST, exclude=self.address)
+        return hosts + self.view.endpoints(Role.VERIFIER)
 
     # ---------------------------------------------------------------- the loop
 
@@ -327,24 +338,24 @@ class HostNode:
             self._setup()
             self._join()
             while max_outer_steps is None or done < max_outer_steps:
-                run = self.chain.run(self.config.run_id)
-                if run["status"] != "active":
-                    self.log("run_finished", outer_step=run["current_step"])
+                run = self.view.run()
+                if not run.active:
+                    self.log("run_finished", outer_step=run.current_step)
                     break
                 try:
-                    self.outer_step(run["current_step"])
+                    self.outer_step(run.current_step)
                 except (BlobError, ValueError, OSError) as e:  # peers down, a bad G on offer, disk trouble
                     self.log(
-                        "outer_step_failed", outer_step=run["current_step"], error=f"{type(e).__name__}: {e}"
+                        "outer_step_failed", outer_step=run.current_step, error=f"{type(e).__name__}: {e}"
                     )
-                    self._wait_step(run["current_step"], lambda i: i["phase"] == DONE)
+                    self.view.wait_step(run.current_step, lambda i: i.phase is Phase.DONE)
                 done += 1
             self._set(phase="DONE")
             if self.team is not None:
                 self.team.close()  # no more training: the other ranks exit
             if linger:
                 self.log("lingering", url=self.url)
-                self._wait_height(sys.maxsize)
+                self.view.wait_height(sys.maxsize)
         except Stopped:
             self.log("stopped")
         finally:
@@ -352,46 +363,56 @@ class HostNode:
             self.blobs.close()
 
     def outer_step(self, n: int) -> None:
-        """One outer step, resumable at every point from the chain and the disk."""
+        """The protocol script, resumable at every point from the chain and the disk:
+        train → commit → reveal → aggregate."""
         self._set(outer_step=n, phase="WAITING")
-        info = self._step_info(n)
-        mine = self.chain.query("commitment", run_id=self.config.run_id, host=self.address, step=n)
+        info = self.view.step(n)
+        mine = self.view.commitment(self.address, n)
         contribution = self._train_and_commit(n, info) if mine is None else self._recover(n, mine)
         if contribution is not None:
             self._reveal(n, contribution)
         self._aggregate(n, contribution)
 
-    def _step_info(self, n: int) -> dict[str, Any]:
-        return self.chain.query("outer_step", run_id=self.config.run_id, step=n)
+    # ---------------------------------------------------------------- train and commit
 
     def _global(self, h: str) -> GlobalModel:
-        """G by hash: memory, else own disk (verified), else peers (verified), then kept on disk."""
+        """G by hash: memory, else own disk (verified), else peers (verified chunk by chunk)."""
         if h not in self._gm_cache:
             if not self.globals.has(h):
                 self.log("fetching_global", model_hash=h)
             self._gm_cache[h] = self.globals.fetch(h, self.blobs, endpoints=self._peers())
-            self.catalog.publish("model", h, lambda: self.globals.get_bytes(h))
+            self.catalog.publish(Kind.MODEL, h, StoredObject(self.content, Kind.MODEL, h))
         return self._gm_cache[h]
 
     def _start_optimizer(self, gm: GlobalModel) -> torch.optim.Optimizer:
         """The optimizer state the chain says this step starts from: last accepted, or fresh."""
+        self.store.flush()  # a last boundary still being written reads the live model
         opt = make_optimizer(self.model, self.cfg.inner)
-        prev = self.chain.query("prev_optimizer_hash", run_id=self.config.run_id, host=self.address)
+        prev = self.view.prev_optimizer_hash(self.address)
         gm.load_into(self.model)
-        if prev:
+        if prev:  # read from disk straight into the new optimizer's own tensors (no second copy)
+            into = optimizer_state(training_state(self.model, opt))
+            sink = TensorSink.into(into)  # a GPU model's moments: via host tensors, then copied
             try:
-                saved = self.optim_store.get(prev, kind=StateKind.OPTIMIZER)
+                self.content.load_into(Kind.OPTIMIZER, prev, sink, OPTIMIZER_GROUP)
             except ValueError as e:
                 raise NodeError(f"own optimizer state {prev[:12]} is lost ({e}); leave and rejoin") from e
-            params = {f"param/{n}": p.detach() for n, p in self.model.named_parameters()}
-            load_training_state(self.model, opt, {**params, **saved})
+            with torch.no_grad():
+                for k, t in into.items():
+                    if sink.tensors[k] is not t:
+                        t.copy_(sink.tensors[k])
+            for p in self.model.parameters():  # every parameter carries its own step counter
+                opt.state[p]["step"].copy_(into["step"])
         return opt
 
-    def _train_and_commit(self, n: int, info: dict[str, Any]) -> Contribution | None:
-        h = self._wait_height(info["train_start"])
-        if h > info["commit_deadline"]:
+    def _train_and_commit(self, n: int, info: StepInfo) -> Contribution | None:
+        h = self.view.wait_height(info.train_start)
+        if h > info.commit_deadline:
             return self._sit_out(n, "commit deadline passed before training")
-        gm = self._global(info["base_model_hash"])
+        gm = self._global(info.base_model_hash)
+        for h in self.globals.prune([gm.hash]):  # G_{n-1}: nobody needs it once G_n is the base
+            self.catalog.withdraw(Kind.MODEL, h)
+            self._gm_cache.pop(h, None)
         contribution = self._load_record(n)
         if contribution is None or contribution.base_model_hash != gm.hash:
             self._set(phase="TRAINING")
@@ -400,9 +421,11 @@ class HostNode:
             t0 = time.perf_counter()
             contribution = self.behaviour.make_contribution(ctx)
             seconds = time.perf_counter() - t0
+            for p in self.model.parameters():  # no more backward passes this step: free 4 B/param
+                p.grad = None
             self.metrics.trained(self.cfg.inner_steps, contribution.tokens, seconds, contribution.mean_loss)
-            self.optim_store.put(
-                optimizer_state(training_state(self.model, opt, copy=True)), n, StateKind.OPTIMIZER
+            self.content.put_tensors(
+                Kind.OPTIMIZER, optimizer_state(training_state(self.model, opt)), OPTIMIZER_GROUP
             )
             self._save_record(contribution)
             self._set(loss=contribution.mean_loss)
@@ -411,6 +434,7 @@ class HostNode:
                 outer_step=n,
                 loss=round(contribution.mean_loss, 4),
                 seconds=round(seconds, 3),
+                boundary_seconds=round(contribution.boundary_seconds, 3),
                 tokens_per_s=round(contribution.tokens / max(seconds, 1e-9)),
             )
         ctx = self._context(n, gm, self._opt)
@@ -419,8 +443,11 @@ class HostNode:
                 self._broadcast([msg])
                 self.metrics.commits.inc()
         except TxFailed as e:
-            if ERR_DUPLICATE_COMMIT not in e.log:
+            if not is_chain_error(e, ErrDuplicateCommit):
                 return self._sit_out(n, f"commit refused: {e.log}")
+        contribution = dataclasses.replace(
+            contribution, delta={}
+        )  # the payload is enough from here: 4 B/param
         self._count("commits")
         self._set(phase="COMMITTED")
         self.log("committed", outer_step=n, root=contribution.trajectory_root, delta=contribution.delta_hash)
@@ -443,8 +470,8 @@ class HostNode:
     def _context(self, n: int, gm: GlobalModel, opt: torch.optim.Optimizer | None) -> OuterContext:
         previous: list[AcceptedDelta] = []
         if n > 0:
-            acc = self.chain.query("accepted", run_id=self.config.run_id, step=n - 1)["accepted"]
-            previous = [AcceptedDelta(a["host"], a["delta_hash"], a["tokens"], a["endpoint"]) for a in acc]
+            _, acc = self.view.accepted(n - 1)
+            previous = [AcceptedDelta(a.host, a.delta_hash, a.tokens, a.endpoint) for a in acc]
         return OuterContext(
             cfg=self.cfg,
             run_id=self.config.run_id,
@@ -471,19 +498,20 @@ class HostNode:
     # ---------------------------------------------------------------- reveal
 
     def _reveal(self, n: int, c: Contribution) -> None:
-        info = self._wait_step(n, lambda i: i["challenge_seed"] is not None or i["phase"] == DONE)
-        if info["challenge_seed"] is None:
+        info = self.view.wait_step(n, lambda i: i.challenge_seed is not None or i.phase is Phase.DONE)
+        if info.challenge_seed is None:
             return
-        ch = self.chain.query("challenges", run_id=self.config.run_id, step=n)["challenges"]
-        segments = next((x["segments"] for x in ch if x["host"] == self.address), None)
+        segments = self.view.segments(self.address, n)
         if segments is None:
             return
-        revealed = self.chain.query("reveals", run_id=self.config.run_id, step=n)["reveals"]
-        already = any(r["host"] == self.address for r in revealed)
+        already = self.view.reveal(self.address, n) is not None
         ctx = self._context(n, self._global(c.base_model_hash), self._opt)
         if not already and not self.behaviour.should_reveal(c, ctx):
             self.log("not_revealing", outer_step=n)
             return
+        del ctx
+        self._opt = None  # the last hook that sees it: its moments (8 B/param) go now
+        self._materialize(n, c, segments)
         # The commit deadline is past, so serving now lets nobody copy; verifiers need it at once.
         self._publish(n, c, segments)
         if not already:
@@ -498,101 +526,119 @@ class HostNode:
         self._set(phase="REVEALED")
         self.log("revealed", outer_step=n, segments=segments)
 
+    def _materialize(self, n: int, c: Contribution, segments: list[int]) -> None:
+        """Opened boundaries that were not persisted are recomputed from the nearest persisted one
+        (sparse checkpoints, host.toml `checkpoint_every`); every other boundary goes at once."""
+        gm = self._global(c.base_model_hash)
+
+        def start() -> tuple[nn.Module, torch.optim.Optimizer]:
+            return self.model, self._start_optimizer(gm)
+
+        try:
+            done = materialize_openings(
+                self.store, n, c.leaves, segments, start, self.cfg, self.corpus, self.address,
+                micro_batches=c.env.micro_batches, loss_fn=self.loss_fn,
+            )  # fmt: skip
+        except (ValueError, OSError) as e:  # cannot reproduce an own boundary: serve what we have
+            self.log("recompute_failed", outer_step=n, error=f"{type(e).__name__}: {e}")
+            return
+        if done:
+            self.log("recomputed", outer_step=n, boundaries=done)
+
     def _publish(self, n: int, c: Contribution, segments: list[int]) -> None:
+        group = str(n)
         for s in segments:
             for leaf in (c.leaves[s], c.leaves[s + 1]):
-                self.catalog.publish("state", leaf, lambda leaf=leaf: self.store.get_bytes(leaf, n))
-        try:
-            blob = to_blob(c.payload)
-        except CodecError:
-            blob = c.payload  # a deliberately malformed payload: serve it as it is
-        self.catalog.publish("delta", c.delta_hash, lambda: blob)
+                if self.content.has(Kind.STATE, leaf, group):
+                    self.catalog.publish(
+                        Kind.STATE, leaf, StoredObject(self.content, Kind.STATE, leaf, group)
+                    )
+        if self.content.has(Kind.DELTA, c.delta_hash, delta_group(n)):
+            obj = StoredObject(self.content, Kind.DELTA, c.delta_hash, delta_group(n))
+            self.catalog.publish(Kind.DELTA, c.delta_hash, obj)
+        else:  # a payload that does not hash to what was committed (an adversary's): as it is
+            self.catalog.publish(Kind.DELTA, c.delta_hash, lambda: c.payload)
         self._published_deltas[n] = c.delta_hash
 
-    # ---------------------------------------------------------------- outer step
+    def _publish_optimizer(self) -> None:
+        """Serve the optimizer state the chain names as this host's start state: verifiers rebuild
+        segment 0 from it and G_n instead of downloading a whole training state."""
+        prev = self.view.prev_optimizer_hash(self.address)
+        for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
+            if h == prev:
+                obj = StoredObject(self.content, Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
+                self.catalog.publish(Kind.OPTIMIZER, h, obj)
+            else:
+                self.catalog.withdraw(Kind.OPTIMIZER, h)
+
+    # ---------------------------------------------------------------- aggregate
 
     def _aggregate(self, n: int, mine: Contribution | None) -> None:
-        info = self._step_info(n)
-        info = self._wait_step(n, lambda i: i["finalized_height"] is not None, info["verify_deadline"])
+        info = self.view.step(n)
+        info = self.view.wait_step(n, lambda i: i.finalized_height is not None, info.verify_deadline)
         self._set(phase="AGGREGATING")
-        acc = self.chain.query("accepted", run_id=self.config.run_id, step=n)
-        accepted = acc["accepted"]
+        base, accepted = self.view.accepted(n)
+        ok = any(a.host == self.address for a in accepted)
         if mine is not None:
-            ok = any(a["host"] == self.address for a in accepted)
             self._count("accepted" if ok else "rejected")
             (self.metrics.accepted if ok else self.metrics.rejected).inc()
-            self.log("outcome", outer_step=n, outcome=info["outcomes"].get(self.address))
+            self.log("outcome", outer_step=n, outcome=info.outcomes.get(self.address))
         try:
-            new = self._apply(self._global(acc["base_model_hash"]), accepted, mine)
+            new = self._apply(n, self._global(base), accepted, mine)
         except (BlobError, ValueError, OSError) as e:  # G_n itself unavailable: take the chain's G_{n+1}
             self.log("outer_step_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
             new = None
-        voted = self.address in info["result_votes"]
+        voted = self.address in info.result_votes
         if new is not None:
             self._adopt(n, new)
-            if any(a["host"] == self.address for a in accepted) and not voted and info["phase"] != DONE:
+            if ok and not voted and info.phase is not Phase.DONE:
+                msg = MsgSubmitOuterResult(
+                    creator=self.address, run_id=self.config.run_id, outer_step=n, model_hash=new.hash
+                )
                 try:
-                    self._broadcast(
-                        [
-                            MsgSubmitOuterResult(
-                                creator=self.address,
-                                run_id=self.config.run_id,
-                                outer_step=n,
-                                model_hash=new.hash,
-                            )
-                        ]
-                    )
+                    self._broadcast([msg])
                 except TxFailed as e:
                     self.log("result_refused", outer_step=n, error=e.log)
-        done = self._wait_step(n, lambda i: i["phase"] == DONE)
-        if done["result_hash"] and (new is None or new.hash != done["result_hash"]):
-            self.log(
-                "result_differs", outer_step=n, chain=done["result_hash"], mine=new.hash if new else None
-            )
-            self._adopt(n, self._global(done["result_hash"]))
+        done = self.view.wait_step(n, lambda i: i.phase is Phase.DONE)
+        if done.result_hash and (new is None or new.hash != done.result_hash):
+            self.log("result_differs", outer_step=n, chain=done.result_hash, mine=new.hash if new else None)
+            self._adopt(n, self._global(done.result_hash))
         self._prune(n)
 
     def _apply(
-        self, gm: GlobalModel, accepted: list[dict[str, Any]], mine: Contribution | None
+        self, n: int, gm: GlobalModel, accepted: list[Accepted], mine: Contribution | None
     ) -> GlobalModel | None:
-        """G_{n+1} from the accepted Δs only, each decoded from its verified payload."""
-        deltas = []
-        for a in accepted:
-            try:
-                if mine is not None and a["host"] == self.address and a["delta_hash"] == mine.delta_hash:
-                    payload = mine.payload
-                else:
-                    payload = self._fetch_delta(gm, a)
-                deltas.append((a["host"], a["tokens"], decode(payload, gm.layout)))
-            except (BlobError, ValueError, OSError) as e:
-                self.log("delta_unavailable", host=a["host"], error=f"{type(e).__name__}: {e}")
-                return None
-        return gm.apply(deltas, self.cfg.outer)
+        """G_{n+1} from the accepted Δs only, one Δ at a time in sorted host order, each fetched
+        (chunk-verified) into the store and decoded tensor by tensor."""
+        by_host = {a.host: a for a in accepted}
 
-    def _fetch_delta(self, gm: GlobalModel, a: dict[str, Any]) -> bytes:
-        limit = 8 * gm.numel() + (1 << 20)
+        def delta_of(host: str) -> Iterator[tuple[str, Tensor]]:
+            a = by_host[host]
+            own = mine is not None and host == self.address and a.delta_hash == mine.delta_hash
+            if not own or not self.content.has(Kind.DELTA, a.delta_hash):
+                self._fetch_delta(n, a)
+            payload = self.content.read_bytes(Kind.DELTA, a.delta_hash)
+            return iter_decode(payload, gm.layout)
 
-        def payload_of(blob: bytes) -> bytes:
-            payload = from_blob(blob, gm.layout, max_payload_bytes=limit, codec=self.cfg.codec)
-            if delta_hash(payload) != a["delta_hash"]:
-                raise ValueError("Δ payload hash mismatch")
-            return payload
+        try:
+            return gm.apply_streamed({a.host: a.tokens for a in accepted}, delta_of, self.cfg.outer)
+        except (BlobError, CodecError, StoreError) as e:
+            self.log("delta_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
+            return None
 
-        endpoints = [e for e in [a["endpoint"], *self._peers()] if e and e != self.url]
-        got: list[bytes] = []
-        self.blobs.get(
-            "delta",
-            a["delta_hash"],
-            lambda b: got.append(payload_of(b)),
-            endpoints=endpoints,
-            max_bytes=2 * limit,
+    def _fetch_delta(self, n: int, a: Accepted) -> None:
+        if self.content.has(Kind.DELTA, a.delta_hash):
+            return
+        endpoints = [e for e in [a.endpoint, *self._peers()] if e and e != self.url]
+        report = fetch_to_store(
+            self.blobs, self.content, self.objects.ref(Kind.DELTA, a.delta_hash), delta_group(n), endpoints
         )
-        return got[-1]
+        self.log("fetched", outer_step=n, **self.board.fetched(report))
 
     def _adopt(self, n: int, gm: GlobalModel) -> None:
         self.globals.save(gm)
         self._gm_cache[gm.hash] = gm
-        self.catalog.publish("model", gm.hash, lambda h=gm.hash: self.globals.get_bytes(h))
+        self.catalog.publish(Kind.MODEL, gm.hash, StoredObject(self.content, Kind.MODEL, gm.hash))
         gm.load_into(self.model)
         loss = eval_loss(
             self.model,
@@ -606,28 +652,30 @@ class HostNode:
         self.state.setdefault("val_loss", {})[str(n)] = loss
         self._save_state()
         self.metrics.val_loss.set(loss)
-        with self._lock:
-            self.status["val_loss"] = dict(self.state["val_loss"])
+        self.board.set(val_loss=dict(self.state["val_loss"]))
         self.log("outer_step_applied", outer_step=n, model_hash=gm.hash, val_loss=round(loss, 4))
 
     def _prune(self, n: int) -> None:
         """Finalized states go; Δs stay one step longer (late peers, copycats download them like
         anyone); only the optimizer state the chain chains on and the last two models stay."""
-        for _, h in self.catalog.served("state"):
-            self.catalog.withdraw("state", h)
+        for _, h in self.catalog.served(Kind.STATE):
+            self.catalog.withdraw(Kind.STATE, h)
         self.store.prune(n + 1)
         for m, h in list(self._published_deltas.items()):
             if m < n:
-                self.catalog.withdraw("delta", h)
+                self.catalog.withdraw(Kind.DELTA, h)
                 del self._published_deltas[m]
-                for suffix in ("json", "payload"):
-                    (self.dir / "commits" / f"{m}.{suffix}").unlink(missing_ok=True)
-        keep = self.chain.query("prev_optimizer_hash", run_id=self.config.run_id, host=self.address)
-        for path in self.optim_store.root.glob("*/*.safetensors"):
-            if path.stem != keep:
-                path.unlink(missing_ok=True)
-        base = self._step_info(n)["base_model_hash"]
-        current = self.chain.run(self.config.run_id)["global_model_hash"]
+        for group in self.content.groups():
+            if group.startswith("delta-") and int(group.removeprefix("delta-")) < n:
+                self.content.drop_group(group)
+                self._record_path(int(group.removeprefix("delta-"))).unlink(missing_ok=True)
+        keep = self.view.prev_optimizer_hash(self.address)
+        for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
+            if h != keep:
+                self.content.delete(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
+        self._publish_optimizer()
+        base = self.view.step(n).base_model_hash
+        current = self.view.run().global_model_hash
         for h in self.globals.prune([base, current]):
-            self.catalog.withdraw("model", h)
+            self.catalog.withdraw(Kind.MODEL, h)
             self._gm_cache.pop(h, None)

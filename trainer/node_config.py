@@ -84,6 +84,9 @@ class NodeConfig(BaseModel):
     )
     behaviour: str = Field("honest", min_length=1)
     behaviour_params: dict[str, Any] = Field(default_factory=dict)
+    min_transfer_bps: float = Field(
+        1_000_000.0, gt=0, description="slowest a peer may serve before a transfer gives up (bytes/s)"
+    )
     key: KeySource
     base_dir: Path = Field(Path("."), exclude=True)
 
@@ -100,6 +103,10 @@ class NodeConfig(BaseModel):
 
 class HostConfig(NodeConfig):
     """A host node's configuration (host.toml); `threads` must equal the run's."""
+
+    checkpoint_every: int = Field(
+        4, ge=1, le=1_000_000, description="m: persist every m-th boundary; opened ones are recomputed"
+    )
 
 
 C = TypeVar("C", bound=NodeConfig)

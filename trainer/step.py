@@ -24,9 +24,12 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor, nn
 
+from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.tensors import StateKind, tensor_hash
+from trainer.device import DeviceError as DeviceError  # re-exported
 from trainer.device import configure_determinism as configure_determinism  # re-exported
 from trainer.device import env_facts, forward_context, host_state, pin_numerics, to_device
+from trainer.device import pin_device as pin_device  # re-exported
 from trainer.device import snapshot_to_host as snapshot_to_host  # re-exported
 from trainer.model import lm_loss
 
@@ -111,13 +114,13 @@ def optimizer_state(state: Mapping[str, Tensor]) -> State:
     return {k: v for k, v in state.items() if not k.startswith("param/")}
 
 
-def training_hash(state: Mapping[str, Tensor]) -> str:
-    """A trajectory leaf (hex)."""
-    return tensor_hash(state, StateKind.TRAINING)
+def training_hash(state: Mapping[str, Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:
+    """A trajectory leaf (hex): the chunked content hash with the run's `state_chunk_bytes`."""
+    return tensor_hash(state, StateKind.TRAINING, chunk_bytes)
 
 
-def optimizer_hash(state: Mapping[str, Tensor]) -> str:
-    return tensor_hash(optimizer_state(state), StateKind.OPTIMIZER)
+def optimizer_hash(state: Mapping[str, Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:
+    return tensor_hash(optimizer_state(state), StateKind.OPTIMIZER, chunk_bytes)
 
 
 def load_training_state(model: nn.Module, opt: torch.optim.Optimizer, state: Mapping[str, Tensor]) -> None:

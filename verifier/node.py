@@ -1,44 +1,51 @@
 """The verifier node: follow the run, check every assigned contribution, submit verdicts.
 
 Per outer step it (1) holds G_n (from its own outer step over the accepted Δs, or fetched from
-hosts by the on-chain hash), (2) polls its assignments after every block, (3) builds a `Job` from
+holders by the on-chain hash), (2) polls its assignments after every block, (3) builds a `Job` from
 chain queries once the host revealed (or the reveal deadline passed), (4) runs `verify.verify`
 on a bounded pool whose workers each own one replay model, and (5) signs `MsgSubmitVerdict`.
+It fetches only what it cannot rebuild: segment 0's start comes from G_n and the host's carried
+optimizer state (fetched at most once per host, then derived from its own replays), and in bitwise
+mode the Δ comes from its own replay of the last segment; it keeps and serves the Δs it derived.
 A blob that is missing before the reveal deadline is retried later, not held against the host.
 Nothing a host sends can stop the loop: every failure becomes a reason code or a log line.
 """
 
 from __future__ import annotations
 
-import json
 import queue
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import httpx
+from torch import Tensor
 
 from chain.client import ChainClient, ChainTimeout, TxFailed
-from protocol.codecs import decode, delta_hash, from_blob
-from protocol.config import RunConfig
-from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
-from trainer.blobs import (
+from nodekit.blobs import (
     BlobCatalog,
     BlobClient,
     BlobError,
     BlobInvalid,
     BlobUnavailable,
     ServerThread,
+    StoredObject,
     build_app,
+    fetch_to_store,
 )
+from nodekit.board import Board
+from nodekit.chainview import Accepted, ChainView, Phase, StepInfo, Stopped
+from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.node import NodeError, join_run, json_line
+from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
+from nodekit.store import BytesSink, ContentStore, TensorSink
+from protocol.codecs import CodecError, iter_decode
+from protocol.config import RunConfig
+from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
 from trainer.data import Corpus, shakespeare_corpus
-from trainer.globalmodel import GlobalModel, GlobalStore
-from trainer.nodebase import NodeError, Stopped, host_endpoints, join_run, json_line, pin_device
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
-from trainer.step import State, env_fingerprint
-from trainer.store import state_from_bytes
+from trainer.step import DeviceError, State, env_fingerprint, optimizer_state, pin_device
 from verifier.behaviour import VerifierBehaviour
 from verifier.metrics import VerifierMetrics
 from verifier.node_config import VerifierConfig
@@ -54,7 +61,9 @@ from verifier.verify import (
     verify,
 )
 
-DONE_PHASES = ("AWAITING_RESULT", "DONE")  # chain.params.Phase values after finalization
+__all__ = ["HttpSource", "NodeError", "VerifierNode"]
+
+OPTIMIZER_GROUP = "optimizer"
 Pending = Future["Outcome | None"]
 RECOVERABLE = (httpx.HTTPError, OSError, ChainTimeout, BlobError)
 """The chain or every host unreachable (cosmpy's requests errors are OSErrors): wait, then resume."""
@@ -65,31 +74,59 @@ class _Retry(Exception):
 
 
 class HttpSource:
-    """`BlobSource` over a host's endpoint: bounded, hash-checked, retried; errors become reasons."""
+    """`BlobSource` over a host's endpoint: each object fetched chunk by chunk (Range, resumable,
+    every chunk checked against its hash as it arrives) straight into fresh tensors, so a state
+    is hashed once and never buffered; errors become reasons. Optimizer states (segment 0's
+    start) come from the node's store when it holds them, else are fetched once and kept."""
 
-    def __init__(self, client: BlobClient, endpoint: str, max_state_bytes: int, max_delta_bytes: int):
+    def __init__(
+        self,
+        client: BlobClient,
+        endpoint: str,
+        objects: ObjectPolicy,
+        store: ContentStore | None = None,
+        on_fetched: Callable[[Any], None] | None = None,
+    ):
         self.client, self.endpoints = client, [endpoint]
-        self.max_state_bytes, self.max_delta_bytes = max_state_bytes, max_delta_bytes
+        self.objects, self.store = objects, store
+        self.on_fetched = on_fetched or (lambda _r: None)
 
-    def _get(self, kind: str, h: str, check: Callable[[bytes], None], limit: int) -> bytes:
+    def _fetch(self, kind: Kind, h: str, sink: Any) -> None:
         try:
-            return self.client.get(kind, h, check, endpoints=self.endpoints, max_bytes=limit)
+            self.on_fetched(self.client.fetch(self.objects.ref(kind, h), sink, self.endpoints))
         except BlobUnavailable as e:
             raise MissingData(str(e)) from e
-        except BlobInvalid as e:
+        except (BlobInvalid, ValueError) as e:
             raise MalformedBlob(str(e)) from e
 
-    def state(self, leaf_hash: str) -> State:
-        parsed: list[State] = []
+    def _tensors(self, kind: Kind, h: str, into: State | None = None) -> State:
+        sink = TensorSink(self.objects.specs[kind]) if into is None else TensorSink.into(into)
+        self._fetch(kind, h, sink)
+        return sink.tensors
 
-        def check(data: bytes) -> None:  # parse and hash once, keep the result
-            parsed[:] = [state_from_bytes(data, leaf_hash, max_bytes=self.max_state_bytes)]
+    def state(self, leaf_hash: str, into: State | None = None) -> State:
+        """Fetched into `into` (the replay model's own tensors) when given: no buffer state."""
+        return self._tensors(Kind.STATE, leaf_hash, into)
 
-        self._get("state", leaf_hash, check, self.max_state_bytes)
-        return parsed[0]
+    def optimizer(self, optimizer_hash: str, into: State | None = None) -> State:
+        if self.store is None:
+            return self._tensors(Kind.OPTIMIZER, optimizer_hash, into)
+        if not self.store.has(Kind.OPTIMIZER, optimizer_hash, OPTIMIZER_GROUP):
+            try:
+                ref = self.objects.ref(Kind.OPTIMIZER, optimizer_hash)
+                self.on_fetched(fetch_to_store(self.client, self.store, ref, OPTIMIZER_GROUP, self.endpoints))
+            except BlobUnavailable as e:
+                raise MissingData(str(e)) from e
+            except BlobInvalid as e:
+                raise MalformedBlob(str(e)) from e
+        sink = TensorSink(self.objects.specs[Kind.OPTIMIZER]) if into is None else TensorSink.into(into)
+        self.store.load_into(Kind.OPTIMIZER, optimizer_hash, sink, OPTIMIZER_GROUP)
+        return sink.tensors
 
     def delta(self, delta_hash: str) -> bytes:
-        return self._get("delta", delta_hash, lambda b: None, self.max_delta_bytes)  # verify.py decodes
+        sink = BytesSink(self.objects.length(Kind.DELTA))
+        self._fetch(Kind.DELTA, delta_hash, sink)
+        return bytes(sink.buf)
 
 
 class VerifierNode:
@@ -119,65 +156,57 @@ class VerifierNode:
         self.address = str(self.wallet.address())
         self.name = config.data_path.name or "verifier"
         self._corpus, self._allow_list, self._log = corpus, allow_list, log
-        self.poll_timeout, self.retry_backoff = poll_timeout, retry_backoff
+        self.retry_backoff = retry_backoff
+        self.view = ChainView(chain, config.run_id, poll_timeout=poll_timeout)
         self.dir = config.data_path
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.globals = GlobalStore(self.dir / "global")
-        self.metrics = VerifierMetrics()
+        self.board = Board(
+            node=self.name, role="verifier", address=self.address, run_id=config.run_id,
+            outer_step=None, phase="STARTING", verdicts={}, submitted=0,
+        )  # fmt: skip
+        self.metrics = VerifierMetrics(self.board.registry)
         self.catalog = BlobCatalog()
+        policy = TransferPolicy(min_bytes_per_s=config.min_transfer_bps, base_s=blob_timeout)
         self.blobs = BlobClient(
-            [], blob_timeout, blob_retries, backoff=blob_backoff, on_bytes=self.metrics.bytes_fetched.inc
-        )
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
+            [], blob_timeout, blob_retries, backoff=blob_backoff, on_bytes=self.metrics.bytes_fetched.inc,
+            policy=policy,
+        )  # fmt: skip
         self._gm: dict[str, GlobalModel] = {}
-        self.status: dict[str, Any] = {
-            "node": self.name, "role": "verifier", "address": self.address, "run_id": config.run_id,
-            "outer_step": None, "phase": "STARTING", "verdicts": {}, "submitted": 0,
-        }  # fmt: skip
-        app = build_app(self.catalog, self.snapshot, self.metrics.registry)
+        self._derived: dict[str, int] = {}  # Δ hash -> outer step of the Δs we derived and serve
+        app = build_app(self.catalog, self.snapshot, self.board.registry)
         self.server = ServerThread(app, config.listen)
 
     # ---------------------------------------------------------------- plumbing
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.board.status
 
     @property
     def url(self) -> str:
         return self.config.public_url or self.server.url
 
     def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return json.loads(json.dumps(self.status, default=str))
+        return self.board.snapshot()
 
     def _set(self, **fields: Any) -> None:
-        with self._lock:
-            self.status.update(fields)
+        self.board.set(**fields)
 
     def log(self, event: str, **fields: Any) -> None:
         self._log({"ts": round(time.time(), 3), "node": self.name, "event": event, **fields})
 
     def stop(self) -> None:
-        self._stop.set()
-
-    def _check_stop(self) -> None:
-        if self._stop.is_set():
-            raise Stopped
-
-    def _next_block(self, h: int) -> int:
-        self._check_stop()
-        try:
-            return self.chain.wait_for_block(h, timeout=self.poll_timeout).height
-        except ChainTimeout:
-            return self.chain.height()
-
-    def _step_info(self, n: int) -> dict[str, Any]:
-        return self.chain.outer_step(self.config.run_id, n)
+        self.view.stop.set()
 
     # ---------------------------------------------------------------- start-up
 
     def _setup(self) -> None:
-        run = self.chain.run(self.config.run_id)
-        self.cfg = RunConfig.model_validate(run["config"])
-        device = pin_device(self.config.threads, self.config.device)
+        run = self.view.run()
+        self.cfg = RunConfig.model_validate(run.config)
+        try:
+            device = pin_device(self.config.threads, self.config.device)
+        except DeviceError as e:
+            raise NodeError(str(e)) from e
         self.env: EnvFingerprint = env_fingerprint(self.config.threads)
         self.log("environment", device=str(device), replay_class=self.env.replay_class)
         self.corpus = self._corpus if self._corpus is not None else shakespeare_corpus()
@@ -189,10 +218,12 @@ class VerifierNode:
             built = build(self.cfg.model, self._allow_list)
             self._contexts.put((built.module.to(device), built.loss_fn))
         model = self._contexts.queue[0][0]
-        numel = sum(p.numel() for p in model.parameters())
-        self.max_state_bytes = 3 * 4 * numel + (1 << 20)  # params + two moments, float32, + header
-        self.max_delta_bytes = 4 * numel + (1 << 20)  # fp32 is the largest codec
-        g0 = GlobalModel.from_module(model)
+        c = self.cfg.state_chunk_bytes
+        self.objects = ObjectPolicy.of(model, self.cfg)  # exact sizes of everything we fetch
+        self.content = ContentStore(self.dir / "store", c)
+        self.globals = GlobalStore(self.content, {n: tuple(p.shape) for n, p in model.named_parameters()})
+        self.catalog.chunk_bytes = c
+        g0 = GlobalModel.from_module(model, c)
         if g0.hash == self.cfg.initial_model_hash:
             self.globals.save(g0)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")
@@ -202,8 +233,9 @@ class VerifierNode:
         if me is None:
             self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
 
-    def _host_endpoints(self) -> list[str]:
-        return host_endpoints(self.chain, self.config.run_id)
+    def _holders(self) -> list[str]:
+        """Who may hold a run object besides its author: every host, then the other verifiers."""
+        return self.view.endpoints(Role.HOST) + self.view.endpoints(Role.VERIFIER, exclude=self.address)
 
     # ---------------------------------------------------------------- the loop
 
@@ -220,16 +252,16 @@ class VerifierNode:
                         self._setup()
                         ready = True
                     self._join()
-                    run = self.chain.run(self.config.run_id)
-                    if run["status"] != "active":
-                        self.log("run_finished", outer_step=run["current_step"])
+                    run = self.view.run()
+                    if not run.active:
+                        self.log("run_finished", outer_step=run.current_step)
                         break
-                    self.outer_step(run["current_step"])
+                    self.outer_step(run.current_step)
                     done, failures = done + 1, 0
                 except RECOVERABLE as e:  # resumable: assignments already judged are not listed again
                     failures += 1
                     self.log("interrupted", error=f"{type(e).__name__}: {e}", retry=failures)
-                    if self._stop.wait(min(self.retry_backoff * 2 ** (failures - 1), 10.0)):
+                    if self.view.stop.wait(min(self.retry_backoff * 2 ** (failures - 1), 10.0)):
                         raise Stopped from None
             self._set(phase="DONE")
         except Stopped:
@@ -241,47 +273,47 @@ class VerifierNode:
             self.blobs.close()
 
     def outer_step(self, n: int) -> None:
-        """Judge every contribution assigned to us in outer step n, then follow G to G_{n+1}."""
+        """The protocol script for outer step n: (fetch → check → replay → verdict) for every
+        contribution assigned to us, then follow G to G_{n+1}."""
         self._set(outer_step=n, phase="WAITING")
-        info = self._step_info(n)
+        info = self.view.step(n)
         h = self.chain.height()
-        while info["challenge_seed"] is None and info["phase"] not in DONE_PHASES:
-            h = self._next_block(max(h, info["height"]))
-            info = self._step_info(n)
-        if self.behaviour.online() and info["phase"] not in DONE_PHASES:
+        while info.challenge_seed is None and not info.phase.finalized:
+            h = self.view.next_block(max(h, info.height))
+            info = self.view.step(n)
+        if self.behaviour.online() and not info.phase.finalized:
             self._set(phase="VERIFYING")
             self._verify_step(n, info)
         self._set(phase="FOLLOWING")
         self._follow(n)
 
-    def _verify_step(self, n: int, info: dict[str, Any]) -> None:
-        gm = self._global(info["base_model_hash"])
+    def _verify_step(self, n: int, info: StepInfo) -> None:
+        gm = self._global(info.base_model_hash)
         settled: set[str] = set()
         deferred: dict[str, int] = {}  # host -> height at which its data was not yet served
         running: dict[Pending, tuple[str, float]] = {}
-        h = info["height"]
+        h = info.height
         while True:
-            info = self._step_info(n)
-            if info["finalized_height"] is not None or info["phase"] in DONE_PHASES:
+            info = self.view.step(n)
+            if info.finalized_height is not None or info.phase.finalized:
                 break
-            me, rid = self.address, self.config.run_id
-            assigned = self.chain.query("assignments", run_id=rid, verifier=me, step=n)["hosts"]
+            assigned = self.view.assignments(self.address, n)
             busy = {host for host, _ in running.values()}
             for host in assigned:
-                if host in settled or host in busy or deferred.get(host, -1) >= info["height"]:
+                if host in settled or host in busy or deferred.get(host, -1) >= info.height:
                     continue
                 job = self._job(n, host, info)
                 if job is not None:
                     running[self.pool.submit(self._judge, job, gm)] = (host, time.perf_counter())
             if running:  # wait for work, not for blocks: the chain may be waiting on us
-                finished, _ = wait(list(running), timeout=self.poll_timeout, return_when=FIRST_COMPLETED)
+                finished, _ = wait(list(running), timeout=self.view.poll_timeout, return_when=FIRST_COMPLETED)
                 ready: list[tuple[str, Outcome, float]] = []
                 for fut in finished:
                     host, t0 = running.pop(fut)
                     try:
                         out = self._outcome(n, host, fut, info)
                     except _Retry:
-                        deferred[host] = info["height"]
+                        deferred[host] = info.height
                         continue
                     settled.add(host)
                     if out is not None:
@@ -289,42 +321,46 @@ class VerifierNode:
                 if ready:
                     self._submit(n, ready)
             else:
-                h = self._next_block(max(h, info["height"]))
+                h = self.view.next_block(max(h, info.height))
 
-    def _job(self, n: int, host: str, info: dict[str, Any]) -> Job | None:
+    def _job(self, n: int, host: str, info: StepInfo) -> Job | None:
         """The job once the host revealed; after the reveal deadline, a job with nothing opened."""
-        rid = self.config.run_id
-        c = self.chain.query("commitment", run_id=rid, host=host, step=n)
+        c = self.view.commitment(host, n)
         if c is None:
             return None
-        reveals = self.chain.query("reveals", run_id=rid, step=n)["reveals"]
-        reveal = next((r for r in reveals if r["host"] == host), None)
-        if reveal is None and info["height"] <= info["reveal_deadline"]:
+        reveal = self.view.reveal(host, n)
+        if reveal is None and info.height <= info.reveal_deadline:
             return None
-        challenges = self.chain.query("challenges", run_id=rid, step=n)["challenges"]
-        segments = next(x["segments"] for x in challenges if x["host"] == host)
+        segments = self.view.segments(host, n) or []
         opened = tuple(  # the chain checked each pair proof at reveal and keeps only the leaves
             OpeningData(o["segment"], o["start_leaf"], o["end_leaf"], tuple(o.get("proof") or ()) or None)
             for o in (reveal["openings"] if reveal else [])
         )
         return Job(
-            run_id=rid, outer_step=n, host=host, cfg=self.cfg, trajectory_root=c["trajectory_root"],
-            leaf_count=c["leaf_count"], delta_hash=c["delta_hash"],
+            run_id=self.config.run_id, outer_step=n, host=host, cfg=self.cfg,
+            trajectory_root=c["trajectory_root"], leaf_count=c["leaf_count"], delta_hash=c["delta_hash"],
             final_optimizer_hash=c["final_optimizer_hash"], tokens=c["tokens"],
             env=EnvFingerprint.model_validate(c["env"]), sampled=tuple(segments), openings=opened,
-            prev_optimizer_hash=self.chain.query("prev_optimizer_hash", run_id=rid, host=host),
+            prev_optimizer_hash=self.view.prev_optimizer_hash(host),
         )  # fmt: skip
 
     def _judge(self, job: Job, gm: GlobalModel) -> Outcome | None:
         """Runs on a pool worker with that worker's own model; the behaviour decides what to report."""
         model, loss_fn = self._contexts.get()
         try:
-            endpoint = next(
-                (p["endpoint"] for p in self.chain.query("participants", run_id=job.run_id)["participants"]
-                 if p["address"] == job.host), "",
-            )  # fmt: skip
-            source = HttpSource(self.blobs, endpoint, self.max_state_bytes, self.max_delta_bytes)
-            ctx = ReplayContext(model, loss_fn, self.corpus, gm.params, self.metrics.replay_steps.inc)
+            author = self.view.participant(job.host)
+            def fetched(report: Any) -> None:
+                self.log("fetched", outer_step=job.outer_step, host=job.host, **self.board.fetched(report))
+
+            source = HttpSource(self.blobs, author.endpoint if author else "", self.objects, self.content,
+                                on_fetched=fetched)  # fmt: skip
+
+            def derived(final: State, payload: bytes) -> None:
+                self._keep_derived(job, final, payload)
+
+            ctx = ReplayContext(
+                model, loss_fn, self.corpus, gm.params, self.metrics.replay_steps.inc, on_derived=derived
+            )
 
             def check() -> Outcome:
                 check_verifier_env(job, self.env)
@@ -335,7 +371,15 @@ class VerifierNode:
         finally:
             self._contexts.put((model, loss_fn))
 
-    def _outcome(self, n: int, host: str, fut: Pending, info: dict[str, Any]) -> Outcome | None:
+    def _keep_derived(self, job: Job, final: State, payload: bytes) -> None:
+        """What a bitwise replay gave us for free: the host's next start optimizer state (so next
+        step we need not fetch it) and its Δ payload, which we serve to everyone who aggregates."""
+        self.content.put_tensors(Kind.OPTIMIZER, optimizer_state(final), OPTIMIZER_GROUP)
+        h = self.content.put_bytes(Kind.DELTA, payload, f"delta-{job.outer_step}")
+        self.catalog.publish(Kind.DELTA, h, StoredObject(self.content, Kind.DELTA, h))
+        self._derived[h] = job.outer_step
+
+    def _outcome(self, n: int, host: str, fut: Pending, info: StepInfo) -> Outcome | None:
         """A finished verification's verdict, None if there is nothing to submit; raises `_Retry`
         when the data is missing but the reveal deadline has not passed (it may still come)."""
         try:
@@ -348,7 +392,7 @@ class VerifierNode:
             self.metrics.errors.labels(type(e).__name__).inc()
             self.log("verify_error", outer_step=n, host=host, error=f"{type(e).__name__}: {e}")
             return None
-        early = self.chain.height() <= info["reveal_deadline"]
+        early = self.chain.height() <= info.reveal_deadline
         if out is not None and out.reason is Reason.MISSING_DATA and early:
             self.log("data_not_yet_served", outer_step=n, host=host, detail=out.detail)
             raise _Retry
@@ -383,59 +427,81 @@ class VerifierNode:
             if out.replay_steps and out.replay_seconds > 0:  # host's time ≈ H steps at our replay speed
                 host_seconds = out.replay_seconds / out.replay_steps * self.cfg.inner_steps
                 self.metrics.cost_fraction.set(seconds / host_seconds)
-            with self._lock:
-                self.status["verdicts"][f"{n}:{host}"] = out.reason.name
-                self.status["submitted"] += 1
+            self.board.update("verdicts", lambda v, k=f"{n}:{host}", r=out.reason.name: {**v, k: r})
+            self.board.update("submitted", lambda x: x + 1)
             self.log("verdict", outer_step=n, host=host, reason=out.reason.name, detail=out.detail,
                      evidence=out.evidence_hash, seconds=round(seconds, 3))  # fmt: skip
 
     # ---------------------------------------------------------------- following G
 
     def _global(self, h: str) -> GlobalModel:
-        """G by hash: memory, own disk (verified on read), else any host (verified)."""
+        """G by hash: memory, own disk (verified on read), else any holder (verified chunk by chunk)."""
         if h not in self._gm:
             if self.globals.has(h):
                 self._gm[h] = self.globals.load(h)
             else:
-                self._gm[h] = self.globals.fetch(h, self.blobs, endpoints=self._host_endpoints())
-            self.catalog.publish("model", h, lambda: self.globals.get_bytes(h))
+                self._gm[h] = self.globals.fetch(h, self.blobs, endpoints=self._holders())
+            self.catalog.publish(Kind.MODEL, h, StoredObject(self.content, Kind.MODEL, h))
         return self._gm[h]
 
     def _follow(self, n: int) -> None:
         """Compute G_{n+1} ourselves from the accepted Δs once step n is done (fetch it if that fails)."""
-        info = self._step_info(n)
+        info = self.view.step(n)
         h = self.chain.height()
-        while info["phase"] != "DONE":
-            h = self._next_block(max(h, info["height"]))
-            info = self._step_info(n)
-        target = info["result_hash"] or info["base_model_hash"]
-        if target in self._gm or self.globals.has(target):
+        while info.phase is not Phase.DONE:
+            h = self.view.next_block(max(h, info.height))
+            info = self.view.step(n)
+        target = info.result_hash or info.base_model_hash
+        if target not in self._gm and not self.globals.has(target):
+            try:
+                gm = self._global(info.base_model_hash)
+                _, accepted = self.view.accepted(n)
+                by_host = {a.host: a for a in accepted}
+
+                def delta_of(host: str) -> Iterator[tuple[str, Tensor]]:
+                    a = by_host[host]
+                    self._fetch_delta(n, a)
+                    return iter_decode(self.content.read_bytes(Kind.DELTA, a.delta_hash), gm.layout)
+
+                new = gm.apply_streamed({a.host: a.tokens for a in accepted}, delta_of, self.cfg.outer)
+                if new.hash == target:
+                    self.globals.save(new)
+                    self._gm[new.hash] = new
+                    obj = StoredObject(self.content, Kind.MODEL, new.hash)
+                    self.catalog.publish(Kind.MODEL, new.hash, obj)
+                    self.log("outer_step_applied", outer_step=n, model_hash=new.hash)
+                else:
+                    self.log("outer_step_differs", outer_step=n, mine=new.hash, chain=target)
+                    self._global(target)
+            except (BlobUnavailable, BlobInvalid, CodecError, ValueError, OSError) as e:
+                self.log("outer_step_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
+                self._global(target)
+        self._prune(n)
+
+    def _fetch_delta(self, n: int, a: Accepted) -> None:
+        if self.content.has(Kind.DELTA, a.delta_hash):
             return
-        try:
-            gm = self._global(info["base_model_hash"])
-            acc = self.chain.query("accepted", run_id=self.config.run_id, step=n)["accepted"]
-            deltas = [(a["host"], a["tokens"], decode(self._fetch_delta(gm, a), gm.layout)) for a in acc]
-            new = gm.apply(deltas, self.cfg.outer)
-            if new.hash == target:
-                self.globals.save(new)
-                self._gm[new.hash] = new
-                self.catalog.publish("model", new.hash, lambda: self.globals.get_bytes(new.hash))
-                self.log("outer_step_applied", outer_step=n, model_hash=new.hash)
-                return
-            self.log("outer_step_differs", outer_step=n, mine=new.hash, chain=target)
-        except (BlobUnavailable, BlobInvalid, ValueError, OSError) as e:
-            self.log("outer_step_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
-        self._global(target)
+        endpoints = [e for e in [a.endpoint, *self._holders()] if e]
+        ref = self.objects.ref(Kind.DELTA, a.delta_hash)
+        report = fetch_to_store(self.blobs, self.content, ref, f"delta-{n}", endpoints)
+        self.log("fetched", outer_step=n, **self.board.fetched(report))
 
-    def _fetch_delta(self, gm: GlobalModel, a: dict[str, Any]) -> bytes:
-        limit = self.max_delta_bytes
-
-        def payload_of(blob: bytes) -> bytes:
-            payload = from_blob(blob, gm.layout, max_payload_bytes=limit, codec=self.cfg.codec)
-            if delta_hash(payload) != a["delta_hash"]:
-                raise ValueError("Δ payload hash mismatch")
-            return payload
-
-        endpoints = [e for e in [a["endpoint"], *self._host_endpoints()] if e]
-        blob = self.blobs.get("delta", a["delta_hash"], payload_of, endpoints=endpoints, max_bytes=2 * limit)
-        return payload_of(blob)
+    def _prune(self, n: int) -> None:
+        """Keep the Δs of steps n and n−1 (late aggregators fetch them from us), the optimizer states
+        the chain still names, and the last two global models."""
+        for h, m in list(self._derived.items()):
+            if m < n - 1:
+                self.catalog.withdraw(Kind.DELTA, h)
+                del self._derived[h]
+        for group in self.content.groups():
+            if group.startswith("delta-") and int(group.removeprefix("delta-")) < n - 1:
+                self.content.drop_group(group)
+        hosts = [p.address for p in self.view.participants() if p.role == Role.HOST.value]
+        named = {self.view.prev_optimizer_hash(a) for a in hosts}
+        for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
+            if h not in named:
+                self.content.delete(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
+        keep = [self.view.step(n).base_model_hash, self.view.run().global_model_hash]
+        for h in self.globals.prune(keep):
+            self.catalog.withdraw(Kind.MODEL, h)
+            self._gm.pop(h, None)

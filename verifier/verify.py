@@ -14,6 +14,7 @@ and, in tolerance mode or on a mismatch, the claimed end); the node sizes its po
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
 from protocol.tensors import StateKind, tensor_hash
 from trainer.data import Corpus
-from trainer.device import host_view
+from trainer.device import host_state, host_view
 from trainer.step import (
     LossFn,
     State,
@@ -70,7 +71,17 @@ class BlobSource(Protocol):
         ...
 
     def delta(self, delta_hash: str) -> bytes:
-        """The Δ blob (`codecs.to_blob(payload)`) whose payload hashes to `delta_hash`."""
+        """The Δ payload whose chunked hash is `delta_hash` (fetched only in tolerance mode)."""
+        ...
+
+
+class OptimizerSource(Protocol):
+    """A `BlobSource` that can also give a host's carried optimizer state by its chain hash, so
+    segment 0's start is rebuilt from G_n instead of downloaded (optional: without it, the start
+    state is fetched)."""
+
+    def optimizer(self, optimizer_hash: str) -> State:
+        """The optimizer state (moments + step) whose OPTIMIZER hash is `optimizer_hash`."""
         ...
 
 
@@ -112,6 +123,18 @@ class ReplayContext:
     data: Corpus
     global_params: Mapping[str, Tensor]  # G_n, keyed by the model's parameter names
     on_replay_steps: Callable[[int], None] = field(default=lambda n: None)
+    on_derived: Callable[[State, bytes], None] | None = None
+    """Bitwise mode, all checks passed: the host's final state (our replay, bit for bit) and the Δ
+    payload we derived from it. The node keeps both: the optimizer state is the host's next start
+    (no fetch next time) and the Δ is served to everyone who aggregates."""
+    opt: torch.optim.Optimizer | None = field(default=None, repr=False)
+    """The replay optimizer, made once: starts are written into it and the model in place."""
+
+    def live(self, job: Job) -> State:
+        """The replay model's and optimizer's own tensors as a training state (no copies)."""
+        if self.opt is None:
+            self.opt = make_optimizer(self.model, job.cfg.inner)
+        return training_state(self.model, self.opt)
 
 
 @dataclass(frozen=True)
@@ -226,9 +249,10 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
             raise _Reject(Reason.WRONG_START, f"start param {name} does not fit G_n")
         if not torch.equal(got, want):
             raise _Reject(Reason.WRONG_START, f"start param {name} differs from G_n")
-    fresh = tensor_hash(fresh_optimizer_state(ctx.model, job), StateKind.OPTIMIZER)
+    c = job.cfg.state_chunk_bytes
+    fresh = tensor_hash(fresh_optimizer_state(ctx.model, job), StateKind.OPTIMIZER, c)
     want_opt = job.prev_optimizer_hash or fresh
-    got_opt = optimizer_hash(start)
+    got_opt = optimizer_hash(start, c)
     if got_opt != want_opt:
         kind = "fresh" if job.prev_optimizer_hash is None else "previously committed"
         detail = f"start optimizer {got_opt[:12]} is not the {kind} state {want_opt[:12]}"
@@ -270,14 +294,92 @@ def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> 
 
 
 def _checked_state(source: BlobSource, leaf: str) -> State:
-    state = source.state(leaf)
-    if training_hash(state) != leaf:
-        raise MalformedBlob(f"state {leaf[:12]} does not hash to its address")
-    return state
+    """A fetched state: the source checked every chunk against `leaf` while it streamed, so it is
+    hashed once, there, and not again here."""
+    return source.state(leaf)
 
 
-def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource) -> None:
-    """Committed Δ hash == hash of encode(θ_global − θ_H); the served blob is exactly that payload."""
+def _takes_into(fn: Callable[..., object]) -> bool:
+    try:
+        return "into" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _fetch(source: BlobSource, method: str, key: str, into: State | None) -> State:
+    """`source.<method>(key)`, written straight into `into` when the source can (no second copy)."""
+    fn = getattr(source, method)
+    return fn(key, into=into) if into is not None and _takes_into(fn) else fn(key)
+
+
+def fill_live(ctx: ReplayContext, live: State, state: State) -> None:
+    """Copy a start into the replay model and optimizer in place, refusing one that does not fit
+    (the checks of `trainer.step.load_training_state`); a no-op when it was fetched in place."""
+    if set(state) != set(live):
+        missing, extra = sorted(set(live) - set(state)), sorted(set(state) - set(live))
+        raise StateError(f"state names do not match the model: missing {missing[:3]}, extra {extra[:3]}")
+    step = state["step"]
+    if step.dim() != 0 or step.dtype != torch.float32 or not bool(torch.isfinite(step)) or float(step) < 0:
+        raise StateError("state 'step' must be a finite non-negative float32 scalar")
+    with torch.no_grad():
+        for k, t in live.items():
+            src = state[k]
+            if src.shape != t.shape or src.dtype != t.dtype:
+                raise StateError(f"{k}: {src.dtype}{list(src.shape)} != {t.dtype}{list(t.shape)}")
+            if src.data_ptr() != t.data_ptr():
+                t.copy_(src)
+        assert ctx.opt is not None
+        for p in ctx.model.parameters():  # every parameter carries its own step counter
+            ctx.opt.state[p]["step"].copy_(step)
+
+
+def rebuild_start(
+    job: Job, ctx: ReplayContext, source: BlobSource, leaf: str, into: State | None = None
+) -> State:
+    """Segment 0's start from what the verifier already has: G_n's params and the host's carried
+    optimizer state (fresh zeros, or the chain's `prev_optimizer_hash`, from the source at most
+    once per host), built in `into` (the live replay state) when given. Only if that does not hash
+    to the committed leaf 0 is the host's claimed start fetched, to say what is wrong with it
+    (WRONG_START either way)."""
+    c = job.cfg.state_chunk_bytes
+    params = {PARAM + n: t for n, t in ctx.global_params.items()}
+    opt_into = None if into is None else {k: t for k, t in into.items() if not k.startswith(PARAM)}
+    if job.prev_optimizer_hash is None:
+        opt_state: State | None = fresh_optimizer_state(ctx.model, job)
+    elif getattr(source, "optimizer", None) is not None:
+        opt_state = _fetch(source, "optimizer", job.prev_optimizer_hash, opt_into)
+    else:
+        opt_state = None
+    if opt_state is not None:
+        rebuilt = {**params, **opt_state}
+        if into is not None:
+            fill_live(ctx, into, rebuilt)
+            rebuilt = into
+        if training_hash(rebuilt, c) == leaf:
+            return rebuilt
+    claimed = _checked_state(source, leaf)
+    check_start(job, ctx, claimed)
+    if opt_state is not None:
+        raise _Reject(Reason.WRONG_START, "start leaf is not G_n with the carried optimizer state")
+    return claimed
+
+
+def _start_again(job: Job, ctx: ReplayContext, source: BlobSource, o: OpeningData) -> State | None:
+    """A start that was written into the live state and replayed over, for the distance of a
+    mismatch (bitwise mode keeps no copy): rebuilt or fetched again; None if that fails."""
+    try:
+        if o.segment == 0:
+            return rebuild_start(job, ctx, source, o.start_leaf)
+        return _checked_state(source, o.start_leaf)
+    except (MissingData, MalformedBlob, _Reject):
+        return None
+
+
+def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource | None) -> bytes:
+    """Committed Δ hash == hash of encode(θ_global − θ_H); the served payload is exactly that one.
+
+    With `source` None (bitwise mode: `final` is our own replay, bit for bit the host's θ_H) the Δ
+    is not downloaded at all. Returns the payload we derived."""
     cfg = job.cfg
     delta: dict[str, Tensor] = {}
     for name, want in ctx.global_params.items():
@@ -289,20 +391,20 @@ def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource) 
             raise _Reject(Reason.DELTA_MISMATCH, f"Δ of {name} is not finite")
         delta[name] = d
     payload = codecs.encode(delta, cfg.codec, cfg.codec_block_size)
-    mine = codecs.delta_hash(payload)
+    mine = codecs.delta_hash(payload, cfg.state_chunk_bytes)
     if mine != job.delta_hash:
         raise _Reject(Reason.DELTA_MISMATCH, f"committed Δ {job.delta_hash[:12]} != θ_global−θ_H {mine[:12]}")
+    if source is None:
+        return payload
     layout = {n: tuple(t.shape) for n, t in delta.items()}
-    blob = source.delta(job.delta_hash)
+    served = source.delta(job.delta_hash)  # the source checked every chunk against the hash
     try:
-        served = codecs.from_blob(
-            blob, layout, max_payload_bytes=len(payload), codec=cfg.codec, block_size=cfg.codec_block_size
-        )
         codecs.decode(served, layout)  # what every host will do with it: must not fail
     except codecs.CodecError as e:
-        raise MalformedBlob(f"Δ blob: {e}") from e
-    if codecs.delta_hash(served) != job.delta_hash:
-        raise MalformedBlob("served Δ payload does not hash to the committed Δ")
+        raise MalformedBlob(f"Δ payload: {e}") from e
+    if served != payload:
+        raise MalformedBlob("served Δ payload differs from the committed Δ")
+    return payload
 
 
 # ---------------------------------------------------------------- the whole verification
@@ -322,24 +424,43 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
         check_claims(job)
         final: State | None = None
         last = job.cfg.n_segments - 1
+        bitwise = job.cfg.replay_mode is ReplayMode.BITWISE
+        chunk = job.cfg.state_chunk_bytes
+        # Every start is written into the replay model's own tensors (fetched in place where the
+        # source can): a verification holds one training state, plus a copy of the start only in
+        # tolerance mode. `at`: the boundary the live state holds, bitwise equal to the host's.
+        live = ctx.live(job)
+        at: int | None = None
         for o in sorted(job.openings, key=lambda o: o.segment):
-            start = _checked_state(source, o.start_leaf)
-            if o.segment == 0:
-                check_start(job, ctx, start)
+            if at != o.segment:
+                if o.segment == 0:
+                    start: State | None = rebuild_start(job, ctx, source, o.start_leaf, into=live)
+                else:
+                    start = _fetch(source, "state", o.start_leaf, live)
+                try:
+                    fill_live(ctx, live, start)
+                except StateError as e:
+                    raise MalformedBlob(f"segment {o.segment} start state does not load: {e}") from e
+            start = None if bitwise else host_state(live)  # a copy in host memory, like `claim`
             t0 = time.perf_counter()
-            try:
-                end = replay_segment(job, ctx, start, o.segment)
-            except StateError as e:
-                raise MalformedBlob(f"segment {o.segment} start state does not load: {e}") from e
+            k = job.cfg.segment_len
+            train_segment(
+                ctx.model, ctx.opt, job.cfg, ctx.data, job.host, job.outer_step, o.segment * k, k,
+                job.env.micro_batches, loss_fn=ctx.loss_fn,
+            )  # fmt: skip
+            ctx.on_replay_steps(job.cfg.segment_len)
             seconds += time.perf_counter() - t0
             steps += job.cfg.segment_len
-            leaf = training_hash(end)
+            end = host_view(live)  # the live state itself on CPU; a host copy of a GPU replay
+            leaf = training_hash(end, chunk)
             replayed.append(leaf)
             claim = None
             if job.cfg.replay_mode is ReplayMode.TOLERANCE or leaf != o.end_leaf:
                 claim = _checked_state(source, o.end_leaf)
             if leaf != o.end_leaf:
-                dist = param_distance(end, claim, start) if claim is not None else math.inf
+                start = start if start is not None else _start_again(job, ctx, source, o)
+                known = claim is not None and start is not None
+                dist = param_distance(end, claim, start) if known else math.inf  # type: ignore[arg-type]
                 tolerated = job.cfg.replay_mode is ReplayMode.TOLERANCE and dist < job.cfg.tolerance
                 if not tolerated:
                     raise _Reject(
@@ -347,14 +468,17 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
                         f"segment {o.segment}: replay {leaf[:12]} != committed {o.end_leaf[:12]}, "
                         f"distance {dist:.3e}",
                     )
+            at = o.segment + 1 if bitwise and leaf == o.end_leaf else None
             if o.segment == last:
                 final = claim if claim is not None else end
-            del start, end, claim
+            del start, claim
         if final is None:  # check_proofs guarantees the last segment is opened; defensive
             raise _Reject(Reason.BAD_PROOF, "the last segment was not opened")
-        if optimizer_hash(final) != job.final_optimizer_hash:
+        if optimizer_hash(final, chunk) != job.final_optimizer_hash:
             raise _Reject(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
-        check_delta(job, ctx, final, source)
+        payload = check_delta(job, ctx, final, None if bitwise else source)
+        if bitwise and ctx.on_derived is not None:
+            ctx.on_derived(final, payload)
         reason, detail = Reason.ACCEPT, ""
     except _Reject as r:
         reason, detail = r.reason, r.detail

@@ -17,13 +17,17 @@ must find.
 | stale         | no training: re-commits its Δ of an earlier outer step        | REPLAY_MISMATCH      |
 | copycat       | no training: commits a peer's Δ of the previous outer step    | REPLAY_MISMATCH      |
 | no_reveal     | commits, then reveals nothing (or reveals but serves nothing) | chain / MISSING_DATA |
-| malformed     | serves a zstd bomb, wrong shapes, NaN Δ or garbage state      | MALFORMED_BLOB       |
+| malformed     | serves a zstd bomb, wrong shapes, NaN Δ or garbage state      | MALFORMED_BLOB (1)   |
 | equivocation  | sends a second, different commit for the same outer step      | chain (EQUIVOCATED)  |
 | bad_tokens    | trains honestly, claims more tokens than H × batch × seq_len  | BAD_TOKENS           |
 | forged_env    | free rider claiming a GPU class no verifier has               | abstain (unverified) |
 
+(1) a bad Δ only in tolerance mode: a bitwise verifier derives Δ from its own replay, never
+downloads the author's, and serves its copy to the aggregators (an availability attack then).
+
 `forged_env` is contained rather than caught in bitwise mode (no verifier of its claimed class,
 so no verdict: `unverified`, never in the model, never paid); in tolerance mode: REPLAY_MISMATCH.
+
 `stale` and `copycat` fake a consistent trajectory (θ_H = G_n − Δ_copied, boundaries
 interpolated), so the Δ check alone would pass: replay of the always-opened last segment fails.
 """
@@ -315,15 +319,16 @@ class MalformedBlob(HostAdversary):
         if kind not in MALFORMED_KINDS:
             raise ValueError(f"kind must be one of {MALFORMED_KINDS}")
         self.kind = kind
+        if kind != "garbage_state":  # a bitwise verifier derives Δ from its replay and never downloads
+            self.expected = ("ACCEPT", "MALFORMED_BLOB")  # it (and serves its own copy); tolerance does
+            self.chain_outcome = "accepted"
 
     def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
         if self.kind == "garbage_state":
             return GARBAGE_SAFETENSORS if kind == "state" else data
         if kind != "delta":
             return data
-        h = codecs.read_header(data)
-        payload = codecs.from_blob(data, h.shapes, max_payload_bytes=h.header_len + h.body_len)
-        return malformed_delta_blob(payload, self.kind)
+        return malformed_delta_blob(data, self.kind)  # nodes serve the committed payload itself
 
 
 def malformed_delta_blob(payload: bytes, kind: str) -> bytes:

@@ -129,7 +129,7 @@ class Lab:
         )  # fmt: skip
         c = behaviour.make_contribution(ctx)
         final = store.get(c.leaves[-1])
-        blobs = {c.delta_hash: codecs.to_blob(c.payload)}
+        blobs = {c.delta_hash: c.payload}  # nodes serve the committed payload itself
         return HostRun(address, behaviour, c, store, blobs, prev_optimizer_hash, final)
 
     def job(

@@ -10,29 +10,17 @@ import json
 import sys
 from typing import Any
 
-import torch
 from cosmpy.aerial.wallet import LocalWallet
 
 from chain.client import ChainClient, TxFailed
+from nodekit.chainview import Stopped
 from protocol.messages import MsgJoinRun, Role
-from trainer.device import DeviceError, configure_determinism, resolve_device
+
+__all__ = ["NodeError", "Stopped", "host_endpoints", "join_run", "json_line", "participant"]
 
 
 class NodeError(RuntimeError):
     """The node cannot go on (wrong run or role, mismatched thread count or dataset, lost state)."""
-
-
-class Stopped(Exception):
-    """`stop()` was called: leave the loop at the next wait."""
-
-
-def pin_device(threads: int, device: str) -> torch.device:
-    """The node's device setting resolved (`cuda` is this torchrun rank's GPU) and determinism pinned
-    on it; a device this machine does not have stops the node with a clear error."""
-    try:
-        return configure_determinism(threads, resolve_device(device))
-    except DeviceError as e:
-        raise NodeError(str(e)) from e
 
 
 def json_line(event: dict[str, Any]) -> None:

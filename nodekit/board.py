@@ -1,0 +1,50 @@
+"""One status/metrics board per node: the JSON `/status` serves and the Prometheus registry
+`/metrics` serves, updated under one lock (the node loop, its pool and HTTP threads share it)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+
+class Board:
+    def __init__(self, **status: Any) -> None:
+        self._lock = threading.Lock()
+        self.status: dict[str, Any] = dict(status)
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.fetch_resumed = Counter("gonka_fetch_resumed", "transfers resumed mid-chunk (Range)", registry=r)
+        self.fetch_bad_chunks = Counter(
+            "gonka_fetch_bad_chunks", "chunks that failed their digest", registry=r
+        )
+        self.fetch_bytes = Counter("gonka_fetch_bytes", "object bytes fetched, by kind", ["kind"], registry=r)
+
+    def set(self, **fields: Any) -> None:
+        with self._lock:
+            self.status.update(fields)
+
+    def update(self, key: str, fn: Any) -> None:
+        """status[key] = fn(status[key]) under the lock (counters, maps)."""
+        with self._lock:
+            self.status[key] = fn(self.status.get(key))
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return json.loads(json.dumps(self.status, default=str))
+
+    def fetched(self, report: Any) -> dict[str, Any]:
+        """Account one `BlobClient.fetch` report; returns the fields of its log line."""
+        self.fetch_resumed.inc(report.resumed)
+        self.fetch_bad_chunks.inc(report.bad_chunks)
+        self.fetch_bytes.labels(report.ref.kind.value).inc(sum(report.bytes_from.values()))
+        return {
+            "kind": report.ref.kind.value,
+            "hash": report.ref.hash,
+            "bytes": sum(report.bytes_from.values()),
+            "chunks_from": dict(report.chunks_from),
+            "resumed": report.resumed,
+            "bad_chunks": report.bad_chunks,
+        }

@@ -1,0 +1,221 @@
+"""A typed view of the chain state a node follows: phases and outcomes as enums, records as
+dataclasses, chain errors matched by their stable code (never by log text).
+
+Both nodes follow a run only through this view, so a renamed query field breaks here, once, and
+not in two node loops. Unknown fields in an answer are ignored (the chain may add some).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from chain.client import ChainClient, ChainTimeout, TxFailed
+from chain.errors import ChainError, ErrDuplicateCommit
+from chain.params import CODESPACE
+from chain.params import Outcome as _Outcome
+from chain.params import Phase as _Phase
+from protocol.messages import Role
+
+__all__ = ["ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "StepInfo", "Stopped", "is_chain_error"]
+
+
+class Stopped(Exception):
+    """`stop()` was called: leave the loop at the next wait."""
+
+
+class Phase(StrEnum):
+    """Phases of one outer step, in the order they happen (chain.params.Phase)."""
+
+    PENDING = _Phase.PENDING
+    TRAIN = _Phase.TRAIN
+    CHALLENGE = _Phase.CHALLENGE
+    REVEAL = _Phase.REVEAL
+    VERIFY = _Phase.VERIFY
+    ESCALATION = _Phase.ESCALATION
+    AWAITING_RESULT = _Phase.AWAITING_RESULT
+    DONE = _Phase.DONE
+
+    @property
+    def finalized(self) -> bool:
+        return self in (Phase.AWAITING_RESULT, Phase.DONE)
+
+
+class Outcome(StrEnum):
+    """How a contribution was finalized (chain.params.Outcome)."""
+
+    ACCEPTED = _Outcome.ACCEPTED
+    REJECTED = _Outcome.REJECTED
+    MISSING_REVEAL = _Outcome.MISSING_REVEAL
+    EQUIVOCATED = _Outcome.EQUIVOCATED
+    UNVERIFIED = _Outcome.UNVERIFIED
+
+
+def _outcome(value: str | None) -> Outcome | str | None:
+    try:
+        return None if value is None else Outcome(value)
+    except ValueError:  # an outcome this node does not know yet: keep the chain's word
+        return value
+
+
+D = TypeVar("D")
+
+
+def _typed(cls: type[D], data: dict[str, Any], **override: Any) -> D:
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in data.items() if k in names}, **override)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One outer step: phase, deadlines, the model commits build on, and the outcome so far."""
+
+    outer_step: int
+    phase: Phase
+    height: int
+    train_start: int
+    commit_deadline: int
+    reveal_deadline: int
+    verify_deadline: int
+    round_deadline: int
+    base_model_hash: str
+    challenge_seed: str | None
+    finalized_height: int | None
+    result_hash: str | None
+    done_height: int | None = None
+    accepted: list[str] = field(default_factory=list)
+    outcomes: dict[str, Outcome | str | None] = field(default_factory=dict)
+    result_votes: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> StepInfo:
+        outcomes = {h: _outcome(o) for h, o in data.get("outcomes", {}).items()}
+        rest = {k: v for k, v in data.items() if k not in ("phase", "outcomes")}
+        return _typed(cls, rest, phase=Phase(data["phase"]), outcomes=outcomes)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: int
+    status: str
+    current_step: int
+    global_model_hash: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.status == "active"
+
+
+@dataclass(frozen=True)
+class Participant:
+    address: str
+    role: str
+    stake: int
+    endpoint: str
+    joined_height: int = 0
+    leaving: bool = False
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """One accepted contribution: what aggregation needs (its Δ hash, tokens, author endpoint)."""
+
+    host: str
+    delta_hash: str
+    tokens: int
+    endpoint: str | None = None
+
+
+def is_chain_error(e: TxFailed, err: type[ChainError]) -> bool:
+    """Whether a refused tx failed on this rule: by codespace and code, never by log text."""
+    return e.codespace == CODESPACE and e.code == err.code
+
+
+class ChainView:
+    """Typed queries of one run, and waits that end at `stop`."""
+
+    def __init__(
+        self, chain: ChainClient, run_id: int, stop: threading.Event | None = None, poll_timeout: float = 10.0
+    ) -> None:
+        self.chain, self.run_id = chain, run_id
+        self.stop = stop or threading.Event()
+        self.poll_timeout = poll_timeout
+
+    def q(self, name: str, **params: Any) -> Any:
+        return self.chain.query(name, run_id=self.run_id, **params)
+
+    def run(self) -> RunInfo:
+        return _typed(RunInfo, self.chain.run(self.run_id))
+
+    def step(self, n: int) -> StepInfo:
+        return StepInfo.of(self.q("outer_step", step=n))
+
+    def commitment(self, host: str, n: int) -> dict[str, Any] | None:
+        return self.q("commitment", host=host, step=n)
+
+    def segments(self, host: str, n: int) -> list[int] | None:
+        ch = self.q("challenges", step=n)["challenges"]
+        return next((list(x["segments"]) for x in ch if x["host"] == host), None)
+
+    def reveal(self, host: str, n: int) -> dict[str, Any] | None:
+        return next((r for r in self.q("reveals", step=n)["reveals"] if r["host"] == host), None)
+
+    def accepted(self, n: int) -> tuple[str, list[Accepted]]:
+        """(G_n's hash, the accepted contributions in sorted host order)."""
+        acc = self.q("accepted", step=n)
+        return acc["base_model_hash"], [_typed(Accepted, a) for a in acc["accepted"]]
+
+    def participants(self) -> list[Participant]:
+        return [_typed(Participant, p) for p in self.q("participants")["participants"]]
+
+    def participant(self, address: str) -> Participant | None:
+        return next((p for p in self.participants() if p.address == address), None)
+
+    def endpoints(self, role: Role | None = None, exclude: str | None = None) -> list[str]:
+        """Blob endpoints of the run's participants (of one role), as the chain records them."""
+        return [
+            p.endpoint
+            for p in self.participants()
+            if (role is None or p.role == role.value) and p.address != exclude and p.endpoint
+        ]
+
+    def prev_optimizer_hash(self, host: str) -> str | None:
+        return self.q("prev_optimizer_hash", host=host)
+
+    def assignments(self, verifier: str, n: int) -> list[str]:
+        return list(self.q("assignments", verifier=verifier, step=n)["hosts"])
+
+    # ---- waiting
+
+    def check_stop(self) -> None:
+        if self.stop.is_set():
+            raise Stopped
+
+    def next_block(self, h: int) -> int:
+        self.check_stop()
+        try:
+            return self.chain.wait_for_block(h, timeout=self.poll_timeout).height
+        except ChainTimeout:
+            return self.chain.height()
+
+    def wait_height(self, target: int) -> int:
+        """Block until the chain is at `target` or beyond, one long-poll per block."""
+        h = self.chain.height()
+        while h < target:
+            h = self.next_block(h)
+        self.check_stop()
+        return h
+
+    def wait_step(self, n: int, done: Callable[[StepInfo], bool], from_height: int = 0) -> StepInfo:
+        """Re-read outer step n after every block until `done` holds."""
+        h = self.wait_height(from_height)
+        while True:
+            info = self.step(n)
+            if done(info):
+                return info
+            h = self.wait_height(max(h, info.height) + 1)

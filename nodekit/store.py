@@ -1,0 +1,497 @@
+"""One content-addressed store: objects kept as their canonical bytes, verified chunk by chunk.
+
+A file holds exactly the bytes its content hash commits to (`protocol.tensors` canonical form,
+or a Δ payload), next to its chunk digests (`.chunks`, 32 bytes per chunk). So serving a byte
+range is reading the file, and every read checks each chunk against its digest (the digest list
+is checked against the hash once per open): a corrupted file is an error, never a wrong state.
+Nothing is ever held whole: writes stream the tensors' own memory, reads fill tensors (or a
+payload decoder) one chunk at a time. Writes are atomic (temp, fsync, rename, fsync dir).
+
+Files live under a group (an outer step, "global", "optimizer") so a finished step goes at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nodekit.objects import DOMAINS, Kind, check_ref
+from protocol import chunks
+from protocol.chunks import DEFAULT_CHUNK_BYTES, Piece
+from protocol.tensors import (
+    StateKind,
+    TensorFormatError,
+    TensorSpec,
+    canonical_bytes,
+    canonical_header,
+    canonical_pieces,
+    canonical_size,
+    data_offsets,
+    decode_canonical,
+    specs_of,
+    tensor_hash,
+)
+
+_GROUP = re.compile(r"^[a-z0-9_-]{1,40}$")
+READ_BLOCK = 1 << 20
+
+
+class StoreError(ValueError):
+    """Missing, malformed or corrupted stored data."""
+
+
+# ---------------------------------------------------------------- atomic files
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_pieces(path: Path, pieces: Iterable[Piece]) -> None:
+    """Write-to-temp, fsync, rename, fsync the directory: a crash leaves old or new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for p in pieces:
+                f.write(p)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    atomic_write_pieces(path, [data])
+
+
+# ---------------------------------------------------------------- sinks: where streamed bytes land
+
+
+class TensorSink:
+    """Bytes of a canonical tensor set, written at any offset, straight into tensor memory.
+
+    The receiver knows the exact header from its own model (`specs`), so the header bytes are
+    compared, not parsed, and data bytes go to the tensor they belong to: a fetched state needs
+    no buffer beyond the state itself. `tensors` may be live memory (a model's parameters).
+    """
+
+    def __init__(
+        self, specs: Sequence[TensorSpec] | None = None, tensors: Mapping[str, Tensor] | None = None
+    ):
+        if sys.byteorder != "little":  # pragma: no cover
+            raise RuntimeError("the canonical form is little-endian")
+        if tensors is not None:
+            self.specs = specs_of(tensors)
+            self.tensors = dict(tensors)
+        elif specs is not None:
+            self.specs = sorted(specs, key=lambda s: s[0].encode())
+            self.tensors = {n: torch.empty(shape, dtype=dt) for n, dt, shape in self.specs}
+        else:
+            raise ValueError("TensorSink needs specs or tensors")
+        self.header = canonical_header(self.specs)
+        self.length = canonical_size(self.specs)
+        offsets = data_offsets(self.specs)
+        self._regions = sorted((a, b, n) for n, (a, b) in offsets.items() if b > a)
+        self._starts = [a for a, _, _ in self._regions]
+        self._views = {n: self._bytes_of(self.tensors[n]) for _, _, n in self._regions}
+
+    @classmethod
+    def into(cls, tensors: Mapping[str, Tensor]) -> TensorSink:
+        """A sink straight into `tensors` when they are contiguous host memory; else (a GPU
+        model's tensors) into fresh host tensors of their layout, which the caller copies over."""
+        if all(t.is_contiguous() and t.device.type == "cpu" for t in tensors.values()):
+            return cls(tensors=tensors)
+        return cls(specs_of(tensors))
+
+    @staticmethod
+    def _bytes_of(t: Tensor) -> np.ndarray:
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError("TensorSink writes into contiguous CPU tensors only")
+        return t.detach().reshape(-1).view(torch.uint8).numpy()
+
+    def write_at(self, offset: int, data: Piece) -> None:
+        view = memoryview(data).cast("B")
+        end = offset + len(view)
+        if offset < 0 or end > self.length:
+            raise TensorFormatError(f"bytes [{offset}, {end}) outside a state of {self.length}")
+        h = len(self.header)
+        if offset < h:
+            n = min(h, end) - offset
+            if bytes(view[:n]) != self.header[offset : offset + n]:
+                raise TensorFormatError("the state's header does not match this model's layout")
+            view, offset = view[n:], offset + n
+        i = max(0, bisect.bisect_right(self._starts, offset) - 1)
+        while len(view):
+            a, b, name = self._regions[i]
+            if offset >= b:
+                i += 1
+                continue
+            n = min(b, offset + len(view)) - offset
+            self._views[name][offset - a : offset - a + n] = np.frombuffer(view[:n], dtype=np.uint8)
+            view, offset = view[n:], offset + n
+            i += 1
+
+
+class FileSink:
+    """A preallocated file written at any offset (`os.pwrite`: safe from several threads)."""
+
+    def __init__(self, path: Path, length: int) -> None:
+        self.path, self.length = path, length
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.fstat(self.fd).st_size != length:
+            os.ftruncate(self.fd, length)
+
+    def write_at(self, offset: int, data: Piece) -> None:
+        view = memoryview(data).cast("B")
+        if offset < 0 or offset + len(view) > self.length:
+            raise StoreError(f"bytes [{offset}, {offset + len(view)}) outside an object of {self.length}")
+        while len(view):
+            n = os.pwrite(self.fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class BytesSink:
+    """A small object into memory (tests, adversaries' offline paths)."""
+
+    def __init__(self, length: int) -> None:
+        self.buf = bytearray(length)
+        self.length = length
+
+    def write_at(self, offset: int, data: Piece) -> None:
+        view = memoryview(data).cast("B")
+        if offset < 0 or offset + len(view) > self.length:
+            raise StoreError(f"bytes [{offset}, {offset + len(view)}) outside an object of {self.length}")
+        self.buf[offset : offset + len(view)] = view
+
+
+# ---------------------------------------------------------------- the store
+
+
+class ContentStore:
+    """`<root>/<group>/<hash>.<kind>` + `.chunks`: every object a node holds, verified on every read."""
+
+    def __init__(self, root: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.chunk_bytes = chunks.check_chunk_bytes(chunk_bytes)
+
+    # ---- paths
+
+    def _path(self, kind: Kind | str, h: str, group: str) -> Path:
+        kind = check_ref(kind, h)
+        if not _GROUP.match(str(group)):
+            raise StoreError(f"bad group {group!r}")
+        return self.root / str(group) / f"{h}.{kind.value}"
+
+    def find(self, kind: Kind | str, h: str, group: str | None = None) -> Path | None:
+        if group is not None:
+            p = self._path(kind, h, group)
+            return p if p.is_file() else None
+        check_ref(kind, h)
+        for d in sorted(self.root.iterdir()):
+            p = d / f"{h}.{Kind(kind).value}"
+            if d.is_dir() and p.is_file():
+                return p
+        return None
+
+    def has(self, kind: Kind | str, h: str, group: str | None = None) -> bool:
+        return self.find(kind, h, group) is not None
+
+    def groups(self) -> list[str]:
+        return sorted(d.name for d in self.root.iterdir() if d.is_dir())
+
+    def hashes(self, kind: Kind | str, group: str | None = None) -> list[str]:
+        dirs = [self.root / group] if group is not None else [self.root / g for g in self.groups()]
+        suffix = "." + Kind(kind).value
+        return sorted({p.name[: -len(suffix)] for d in dirs if d.is_dir() for p in d.glob("*" + suffix)})
+
+    def _require(self, kind: Kind | str, h: str, group: str | None) -> Path:
+        p = self.find(kind, h, group)
+        if p is None:
+            raise StoreError(f"{Kind(kind).value} {h[:12]}… is not in the store")
+        return p
+
+    # ---- writing
+
+    def put_pieces(
+        self,
+        kind: Kind | str,
+        pieces: Sequence[Piece],
+        group: str,
+        *,
+        h: str | None = None,
+        digests: Sequence[bytes] | None = None,
+    ) -> str:
+        """Store an object from its buffers; `h`/`digests` when the caller already hashed them."""
+        kind = Kind(kind)
+        if h is None or digests is None:
+            h, digests = chunks.hash_stream(DOMAINS[kind], pieces, self.chunk_bytes)
+        path = self._path(kind, h, group)
+        if not path.exists():
+            atomic_write_pieces(path.with_name(path.name + ".chunks"), [b"".join(digests)])
+            atomic_write_pieces(path, pieces)
+        return h
+
+    def put_tensors(self, kind: Kind | str, tensors: Mapping[str, Tensor], group: str, **kw: object) -> str:
+        return self.put_pieces(kind, canonical_pieces(tensors), group, **kw)  # type: ignore[arg-type]
+
+    def put_bytes(self, kind: Kind | str, data: bytes, group: str) -> str:
+        return self.put_pieces(kind, [data], group)
+
+    def begin(self, kind: Kind | str, h: str, group: str, length: int) -> FileSink:
+        """A part file for a fetch into the store; `commit` it once every chunk is verified. A part
+        file left by an interrupted fetch is reused (the fetcher resumes its verified chunks)."""
+        path = self._path(kind, h, group)
+        return FileSink(path.with_name("." + path.name + ".part"), length)
+
+    def commit(self, kind: Kind | str, h: str, group: str, sink: FileSink, digests: Sequence[bytes]) -> Path:
+        path = self._path(kind, h, group)
+        os.fsync(sink.fd)
+        sink.close()
+        atomic_write_pieces(path.with_name(path.name + ".chunks"), [b"".join(digests)])
+        os.replace(sink.path, path)
+        _fsync_dir(path.parent)
+        return path
+
+    def abort(self, sink: FileSink) -> None:
+        sink.close()
+        sink.path.unlink(missing_ok=True)
+
+    # ---- reading (always verified)
+
+    def digests(self, kind: Kind | str, h: str, group: str | None = None) -> list[bytes]:
+        """The chunk digests, checked against `h` (cheap: a tree over n digests, no data read)."""
+        path = self._require(kind, h, group)
+        raw = path.with_name(path.name + ".chunks").read_bytes()
+        digests = [raw[i : i + chunks.DIGEST] for i in range(0, len(raw), chunks.DIGEST)]
+        size = path.stat().st_size
+        if not chunks.verify_manifest(h, DOMAINS[Kind(kind)], self.chunk_bytes, size, digests):
+            raise StoreError(f"{path.name}: stored chunk digests do not match its hash")
+        return digests
+
+    def length(self, kind: Kind | str, h: str, group: str | None = None) -> int:
+        return self._require(kind, h, group).stat().st_size
+
+    def read(
+        self, kind: Kind | str, h: str, start: int = 0, end: int | None = None, group: str | None = None
+    ) -> Iterator[bytes]:
+        """Bytes [start, end) in pieces of at most one chunk, each whole chunk checked before any of
+        its bytes are given out (so a range costs the chunks it touches)."""
+        path = self._require(kind, h, group)
+        digests = self.digests(kind, h, group)
+        size = path.stat().st_size
+        end = size if end is None else min(end, size)
+        if not 0 <= start <= end:
+            raise StoreError(f"range [{start}, {end}) outside {size} bytes")
+        c = self.chunk_bytes
+        with open(path, "rb", buffering=0) as f:
+            for i in range(start // c, -(-end // c)):
+                a, b = chunks.chunk_span(i, size, c)
+                f.seek(a)
+                buf = bytearray(b - a)
+                got = f.readinto(buf)
+                if got != len(buf) or chunks.chunk_digest(buf) != digests[i]:
+                    raise StoreError(f"{path.name}: chunk {i} is corrupted on disk")
+                lo, hi = max(a, start) - a, min(b, end) - a
+                yield bytes(buf[lo:hi]) if (lo, hi) != (0, len(buf)) else bytes(buf)
+
+    def read_bytes(self, kind: Kind | str, h: str, group: str | None = None) -> bytes:
+        return b"".join(self.read(kind, h, group=group))
+
+    def load_into(self, kind: Kind | str, h: str, sink: TensorSink, group: str | None = None) -> None:
+        pos = 0
+        for piece in self.read(kind, h, group=group):
+            sink.write_at(pos, piece)
+            pos += len(piece)
+        if pos != sink.length:
+            raise StoreError(f"{Kind(kind).value} {h[:12]}: {pos} bytes, the layout needs {sink.length}")
+
+    def load_tensors(
+        self, kind: Kind | str, h: str, specs: Sequence[TensorSpec] | None = None, group: str | None = None
+    ) -> dict[str, Tensor]:
+        """The stored tensor set; with `specs` (the node's own layout) it streams into fresh tensors,
+        without them it parses the whole verified file (small objects)."""
+        if specs is not None:
+            if canonical_size(specs) != self.length(kind, h, group):
+                raise StoreError(f"{Kind(kind).value} {h[:12]} does not fit this model's layout")
+            sink = TensorSink(specs)
+            self.load_into(kind, h, sink, group)
+            return sink.tensors
+        try:
+            return decode_canonical(self.read_bytes(kind, h, group))
+        except TensorFormatError as e:
+            raise StoreError(f"{Kind(kind).value} {h[:12]}: {e}") from e
+
+    # ---- deleting
+
+    def delete(self, kind: Kind | str, h: str, group: str | None = None) -> None:
+        path = self.find(kind, h, group)
+        if path is not None:
+            path.unlink(missing_ok=True)
+            path.with_name(path.name + ".chunks").unlink(missing_ok=True)
+
+    def drop_group(self, group: str) -> None:
+        shutil.rmtree(self.root / str(group), ignore_errors=True)
+
+
+# ---------------------------------------------------------------- training states by outer step
+
+
+def state_to_bytes(state: Mapping[str, Tensor]) -> bytes:
+    """The served and stored form of a state: its canonical bytes (never pickle)."""
+    return canonical_bytes(state)
+
+
+def state_from_bytes(
+    data: bytes,
+    expected_hash: str | None = None,
+    kind: StateKind = StateKind.TRAINING,
+    *,
+    max_bytes: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> dict[str, Tensor]:
+    """Parse untrusted canonical bytes, bounded in size, and check the content hash if given."""
+    if max_bytes is not None and len(data) > max_bytes:
+        raise StoreError(f"state of {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        state = decode_canonical(data)
+    except TensorFormatError as e:
+        raise StoreError(f"not a canonical tensor set: {e}") from e
+    if expected_hash is not None:
+        got = tensor_hash(state, kind, chunk_bytes)
+        if got != expected_hash:
+            raise StoreError(f"state hash {got[:12]}… does not match the expected {expected_hash[:12]}…")
+    return state
+
+
+_KIND_OF = {StateKind.TRAINING: Kind.STATE, StateKind.OPTIMIZER: Kind.OPTIMIZER, StateKind.GLOBAL: Kind.MODEL}
+
+
+class StateStore:
+    """Training (and optimizer) states by outer step over a `ContentStore`: what a host persists
+    at boundaries and serves when opened. Kept for the behaviours' `ctx.store`."""
+
+    def __init__(
+        self, root: Path | str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, checkpoint_every: int = 1
+    ) -> None:
+        self.content = ContentStore(root, chunk_bytes)
+        self.root = self.content.root
+        self.chunk_bytes = chunk_bytes
+        self.checkpoint_every = max(1, checkpoint_every)
+        """m: a host persists every m-th boundary while training (trainer.commit.Boundaries)."""
+        self.pending: list[Future[Any]] = []
+        """Writes still running in the background (the last boundary of a step)."""
+
+    def flush(self) -> None:
+        """Wait for background writes; a failed one is re-raised here."""
+        while self.pending:
+            self.pending.pop().result()
+
+    def put(self, state: Mapping[str, Tensor], outer_step: int, kind: StateKind = StateKind.TRAINING) -> str:
+        return self.content.put_tensors(_KIND_OF[kind], state, _group(outer_step))
+
+    def put_hashed(
+        self,
+        state: Mapping[str, Tensor],
+        outer_step: int,
+        h: str,
+        digests: Sequence[bytes] | None = None,
+        kind: StateKind = StateKind.TRAINING,
+    ) -> None:
+        """Save a state whose hash the caller just computed (saves hashing twice on the hot path)."""
+        pieces = canonical_pieces(state)
+        if digests is None:
+            self.content.put_pieces(_KIND_OF[kind], pieces, _group(outer_step))
+        else:
+            self.content.put_pieces(_KIND_OF[kind], pieces, _group(outer_step), h=h, digests=digests)
+
+    def has(self, h: str, outer_step: int | None = None, kind: StateKind = StateKind.TRAINING) -> bool:
+        self.flush()
+        group = None if outer_step is None else _group(outer_step)
+        return self.content.has(_KIND_OF[kind], h, group)
+
+    def find(self, h: str, outer_step: int | None = None, kind: StateKind = StateKind.TRAINING) -> Path:
+        self.flush()
+        group = None if outer_step is None else _group(outer_step)
+        path = self.content.find(_KIND_OF[kind], h, group)
+        if path is None:
+            raise StoreError(f"state {h[:12]}… is not in the store")
+        return path
+
+    def get_bytes(self, h: str, outer_step: int | None = None, kind: StateKind = StateKind.TRAINING) -> bytes:
+        self.flush()
+        group = None if outer_step is None else _group(outer_step)
+        if not self.content.has(_KIND_OF[kind], h, group):
+            raise StoreError(f"state {h[:12]}… is not in the store")
+        return self.content.read_bytes(_KIND_OF[kind], h, group)
+
+    def get(
+        self,
+        h: str,
+        outer_step: int | None = None,
+        kind: StateKind = StateKind.TRAINING,
+        specs: Sequence[TensorSpec] | None = None,
+    ) -> dict[str, Tensor]:
+        self.flush()
+        group = None if outer_step is None else _group(outer_step)
+        if not self.content.has(_KIND_OF[kind], h, group):
+            raise StoreError(f"state {h[:12]}… is not in the store")
+        return self.content.load_tensors(_KIND_OF[kind], h, specs, group)
+
+    def delete(self, h: str, outer_step: int | None = None, kind: StateKind = StateKind.TRAINING) -> None:
+        self.flush()
+        self.content.delete(_KIND_OF[kind], h, None if outer_step is None else _group(outer_step))
+
+    def hashes(self, outer_step: int, kind: StateKind = StateKind.TRAINING) -> list[str]:
+        self.flush()
+        return self.content.hashes(_KIND_OF[kind], _group(outer_step))
+
+    def outer_steps(self) -> list[int]:
+        return sorted(int(g) for g in self.content.groups() if g.isdigit())
+
+    def prune(self, before: int) -> list[int]:
+        """Delete every outer step < `before` (those are finalized); returns what was removed."""
+        self.flush()
+        gone = [n for n in self.outer_steps() if n < before]
+        for n in gone:
+            self.content.drop_group(_group(n))
+        return gone
+
+    def bytes_on_disk(self) -> int:
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+
+
+def _group(outer_step: int) -> str:
+    if not isinstance(outer_step, int) or outer_step < 0:
+        raise StoreError("outer_step must be an int >= 0")
+    return str(outer_step)
+
+
+def clone_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in state.items()}

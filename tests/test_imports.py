@@ -1,0 +1,111 @@
+"""DESIGN §3's import table, enforced on the source (AST, no imports run).
+
+protocol/ imports no other package of ours; chain/ only protocol; nodekit/ protocol and the
+chain's client side (client, errors, params); trainer/ protocol, the chain client and nodekit;
+verifier/ protocol, the chain client, nodekit and trainer's replayable parts (step, device, model,
+data, spec, node_config), never the host node; nobody but tests, benches and the composition root
+imports gonka_diloco, except the CLIs' documented lazy resolution of adversary behaviours.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("protocol", "chain", "nodekit", "trainer", "verifier", "gonka_diloco", "specs", "tests", "bench")
+CHAIN_CLIENT = ("chain.client", "chain.errors", "chain.params")
+REPLAYABLE = (
+    "trainer.step", "trainer.device", "trainer.model", "trainer.data", "trainer.spec", "trainer.node_config"
+)  # fmt: skip
+
+# package -> module prefixes of ours it may import (its own package is always allowed)
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "protocol": (),
+    "chain": ("protocol",),
+    "nodekit": ("protocol", *CHAIN_CLIENT),
+    "trainer": ("protocol", "chain.client", "nodekit"),
+    "verifier": ("protocol", "chain.client", "nodekit", *REPLAYABLE),
+}
+LAZY_ADVERSARIES = ("gonka_diloco.adversaries",)
+"""What a package's cli.py may import inside a function: the composition root's behaviours."""
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(module, at top level) for every import in a file, relative imports resolved."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            if isinstance(child, ast.Import):
+                out.extend((a.name, top) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parts = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*parts, base] if base else parts)
+                out.append((base, top))
+                out.extend((f"{base}.{a.name}", top) for a in child.names)  # `from pkg import module`
+            visit(child, top and not nested)
+
+    visit(tree, True)
+    return out
+
+
+def _ours(module: str) -> bool:
+    return module.split(".")[0] in OURS
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def violations(package: str) -> list[str]:
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for module, top in imports(path):
+            if not _ours(module) or _under(module, package):
+                continue
+            if any(_under(module, p) for p in ALLOWED[package]):
+                continue
+            if _names_a_symbol(module):  # `from trainer.step import State` also yields trainer.step.State
+                continue
+            if path.name == "cli.py" and not top and any(_under(module, p) for p in LAZY_ADVERSARIES):
+                continue
+            bad.append(f"{path.relative_to(ROOT)}: {module}{'' if top else ' (inside a function)'}")
+    return bad
+
+
+def _names_a_symbol(module: str) -> bool:
+    """`pkg.mod.Name` where pkg.mod is a file: the name is a symbol, judged by its module."""
+    parts = module.split(".")
+    return any((ROOT / Path(*parts[:i])).with_suffix(".py").is_file() for i in range(1, len(parts)))
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_follow_the_design_table(package: str) -> None:
+    assert violations(package) == []
+
+
+def test_the_checker_catches_what_it_must(tmp_path: Path) -> None:
+    """The rules bite: the verifier importing the host node, trainer importing the chain's state
+    machine, and top-level adversaries in a node are all reported."""
+    assert imports(ROOT / "verifier" / "node.py")  # it parses real files
+    fake = {
+        "verifier": "from trainer.node import HostNode\n",
+        "trainer": "from chain.module import process_msg\n",
+        "nodekit": "import gonka_diloco.adversaries\n",
+        "protocol": "from nodekit.store import ContentStore\n",
+    }
+    for package, text in fake.items():
+        path = ROOT / package / "_import_rule_probe.py"
+        path.write_text(text)
+        try:
+            assert any("_import_rule_probe" in v for v in violations(package)), package
+        finally:
+            path.unlink()

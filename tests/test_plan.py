@@ -1,0 +1,349 @@
+"""The cost model's formulas against hand-worked cases, and `gonka-diloco plan` end to end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gonka_diloco import plan as pm
+from gonka_diloco.plan import (
+    Cheat,
+    Constants,
+    Floors,
+    Inputs,
+    PhaseBlocks,
+    Pipeline,
+    Sharding,
+    Timeline,
+)
+from gonka_diloco.plan_cli import app, parse_bytes, parse_count, parse_rate
+from gonka_diloco.plan_constants import load_constants
+from protocol.config import Codec, ReplayMode
+
+C = Constants(codec_ratio={"fp32": 1.0, "bf16": 2.0, "int8": 4.0, "int4": 8.0}, sha256_bytes_per_s=2e9)
+"""Round constants so every expected value below can be worked by hand."""
+
+
+# ---------------------------------------------------------------- compute and sizes
+
+
+def test_inner_step_is_six_flops_per_param_token() -> None:
+    # 6 · 1e9 · 1e6 = 6e15 FLOP on 8 GPUs × 1e15 × 0.5 = 4e15 FLOP/s → 1.5 s
+    assert pm.inner_step_seconds(1e9, 1_000_000, 8, 1e15, 0.5) == pytest.approx(1.5)
+
+
+def test_model_shape() -> None:
+    assert pm.model_shape(1e9, d_model=2048, layers=16) == (2048, 16)
+    p = 12 * 32 * 4096**2  # Llama-7B-like: d/L = 128
+    assert pm.model_shape(p) == (4096, 32)
+    assert pm.model_shape(p, layers=32) == (4096, 32)
+    assert pm.model_shape(p, d_model=4096) == (4096, 32)
+
+
+def test_sizes() -> None:
+    assert pm.state_bytes(1e9) == 12e9
+    assert pm.delta_bytes(1e6, Codec.INT8, C) == 1e6  # 4 MB of fp32 at 4×
+    assert pm.delta_bytes(1e6, Codec.FP32, C) == 4e6
+
+
+def test_leaf_hashing_uses_at_most_one_thread_per_chunk() -> None:
+    # 12 GB in 64 MiB chunks = 179 chunks > 96 cores: 12e9 / (96 · 2e9 · 0.8) s
+    assert pm.leaf_hash_seconds(1e9, 96, 64 * 2**20, C) == pytest.approx(12e9 / (96 * 1.6e9))
+    # 12 MB is one chunk: one thread, however many cores
+    assert pm.leaf_hash_seconds(1e6, 96, 64 * 2**20, C) == pytest.approx(12e6 / 1.6e9)
+
+
+def test_boundary_costs() -> None:
+    assert pm.snapshot_seconds(1e9, 8, 25e9) == pytest.approx(12e9 / 200e9)
+    assert pm.boundary_stall(3.0, 5.0) == 0.0
+    assert pm.boundary_stall(7.0, 5.0) == 2.0
+    # 2·4·1e9 / (8 · 25e9) = 0.04 s over PCIe + 28e9 / 200e9 = 0.14 s of CPU AdamW
+    assert pm.offload_seconds(1e9, 8, 25e9, 200e9) == pytest.approx(0.18)
+
+
+# ---------------------------------------------------------------- checkpoints and disk
+
+
+def test_recompute_segments_by_hand() -> None:
+    # n = 4, s = 2, m = 2: the random opening is 0, 1 or 2; the last (3) needs 1 segment from 2.
+    # j = 0 → 0 + 1; j = 1 → 1 + 1; j = 2 → shares the pass to 3 → 1. Mean 4/3.
+    assert pm.recompute_segments(4, 2, 2) == pytest.approx(4 / 3)
+    assert pm.recompute_segments(100, 8, 1) == 0.0
+
+
+@pytest.mark.parametrize(("n", "s", "m"), [(6, 3, 2), (7, 2, 3), (9, 4, 4), (10, 3, 5), (5, 5, 2)])
+def test_recompute_segments_against_enumeration(n: int, s: int, m: int) -> None:
+    costs = []
+    for chosen in itertools.combinations(range(n - 1), s - 1):
+        opened = {*chosen, n - 1}
+        costs.append(sum(max((j % m for j in opened if j // m == b), default=0) for b in range(n // m + 1)))
+    assert pm.recompute_segments(n, s, m) == pytest.approx(sum(costs) / len(costs))
+
+
+def test_disk_states() -> None:
+    sparse = Inputs(H=500, k=5, m=10, s=8)
+    assert pm.disk_states(sparse) == 100 / 10 + 8 + 3
+    assert pm.disk_states(replace(sparse, m=3)) == 34 + 8 + 3  # ⌈100/3⌉
+    today = replace(sparse, pipeline=Pipeline.TODAY)
+    assert pm.disk_states(today) == pytest.approx(101 + 4 * 8 / 12)  # all boundaries + 2 G + 2 optimizer
+    assert pm.disk_bytes(today, C) == pytest.approx((101 + 8 / 3) * 12 * 30e9 + 30e9)
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_gpu_memory_sharding() -> None:
+    i = Inputs(params=8e9, gpus_per_host=8, d_model=4096, layers=40, micro_tokens=1000)
+    fsdp = pm.gpu_memory(i)
+    assert fsdp["sharded"] == 16 * 8e9 / 8  # weights, moments, gradients: 16 B/param over 8 ranks
+    assert fsdp["replicated"] == 12 * 4096**2 * 8  # two bf16 layers gathered + one fp32 layer of grads
+    assert fsdp["activations"] == 1000 * 4096 * (2 * 40 + 34)
+    assert fsdp["total"] == pytest.approx(fsdp["sharded"] + fsdp["replicated"] + fsdp["activations"] + 3e9)
+    assert pm.gpu_memory(replace(i, sharding=Sharding.NONE))["replicated"] == 16 * 8e9
+    assert pm.gpu_memory(replace(i, sharding=Sharding.ZERO1))["sharded"] == 8 * 8e9 / 8
+    assert pm.gpu_memory(replace(i, sharding=Sharding.ZERO2))["sharded"] == 12 * 8e9 / 8
+    assert pm.gpu_memory(replace(i, sharding=Sharding.FSDP_OFFLOAD))["sharded"] == 8 * 8e9 / 8
+
+
+# ---------------------------------------------------------------- bytes
+
+
+def test_verifier_bytes_per_contribution() -> None:
+    i = Inputs(params=1e9, s=8, codec=Codec.INT8)
+    assert pm.verifier_bytes_per_contribution(replace(i, pipeline=Pipeline.TODAY), C) == 8 * 12e9 + 1e9
+    assert pm.verifier_bytes_per_contribution(i, C) == 7 * 12e9 + 8e9  # segment 0 rebuilt, Δ derived
+    tol = replace(i, replay=ReplayMode.TOLERANCE)
+    assert pm.verifier_bytes_per_contribution(tol, C) == 7 * 12e9 + 8e9 + 1e9
+
+
+def test_host_and_verifier_transfers() -> None:
+    i = Inputs(params=1e9, s=2, v=2, hosts=4, verifier_nodes=2, audit_p=0.5, auditors=2)
+    assert pm.checks_per_contribution(i) == 3.0  # 2 drawn + 0.5 × 2 auditors
+    assert pm.contributions_per_verifier(i) == 6.0  # 4 hosts × 3 checks over 2 verifiers
+    per = 12e9 + 8e9
+    up = pm.host_upload_bytes(i, C)
+    assert up["openings"] == 3 * per
+    assert up["delta"] == 3 * 1e9  # multi-source: about what it downloads
+    assert pm.host_download_bytes(i, C) == 3 * 1e9
+    assert pm.verifier_download_bytes(i, C) == 6 * per + 4 * 1e9
+    today = replace(i, pipeline=Pipeline.TODAY)
+    assert pm.host_upload_bytes(today, C)["delta"] == (3 + 2) * 1e9  # the author serves everyone
+
+
+# ---------------------------------------------------------------- detection and deterrence
+
+
+def test_detection() -> None:
+    assert pm.faked_segments(100, 0.5) == 50
+    assert pm.faked_segments(4, 1.0) == 3  # never the last one
+    assert pm.detection_probability(100, 50, 2) == pytest.approx(50 / 99)
+    assert pm.detection_probability(4, 1, 2) == pytest.approx(1 / 3)
+    assert pm.detection_probability(100, 50, 1) == 0.0  # only the last segment, which it did not fake
+    assert pm.detection_probability(10, 9, 2) == 1.0
+    assert pm.naive_detection(0.5, 3) == 0.875
+
+
+def test_cheat_outcome_by_hand() -> None:
+    # σ = 0.5, v = 2, p = 0.5, one auditor, a fake Δ (always caught by an honest check):
+    # success = 0.5² · (1 − 0.5 + 0.5 · 0.5) = 0.1875; caught first 0.75; by audit 0.25 · 0.5 · 0.5
+    c = pm.cheat_outcome(0.5, 2, 0.5, 1, 1.0)
+    assert (c.success, c.caught_first, c.caught_audit) == pytest.approx((0.1875, 0.75, 0.0625))
+    # no accomplices, a lazy host caught half the time, no audits: success = 1 − detection
+    lazy = pm.cheat_outcome(0.0, 3, 0.0, 1, 0.5)
+    assert (lazy.success, lazy.caught_first, lazy.caught_audit) == pytest.approx((0.5, 0.5, 0.0))
+    # the brief's form: σ^v · (1 − p + p·σ^a)
+    assert pm.cheat_outcome(0.2, 3, 0.1, 2, 1.0).success == pytest.approx(0.2**3 * (0.9 + 0.1 * 0.04))
+
+
+def test_profit_and_deterrent_slash() -> None:
+    c = Cheat(success=0.1875, caught_first=0.75, caught_audit=0.0625)
+    assert pm.expected_profit(c, 10.0, 2.0, 8.0) == pytest.approx(1.875 - 1.5 - 0.5)
+    assert pm.min_deterrent_slash(c, 10.0) == pytest.approx(1.875 / 0.8125)
+    assert pm.expected_profit(c, 10.0, 1.875 / 0.8125, 1.875 / 0.8125) == pytest.approx(0.0)
+    assert pm.min_deterrent_slash(Cheat(1.0, 0.0, 0.0), 1.0) == math.inf
+
+
+def test_cheat_gain() -> None:
+    i = Inputs(reward=32.0, hosts=16, gpus_per_host=8, gpu_hour_value=2.0, attack_value=5.0)
+    # 2 GNK reward share + half of 8 GPUs × 1 h × 2 GNK + 5
+    assert pm.cheat_gain(i, 0.5, 3600.0) == pytest.approx(2 + 8 + 5)
+
+
+# ---------------------------------------------------------------- time and utilization
+
+
+def test_timeline_schedules() -> None:
+    tl = Timeline(train=100, stall=0, commit=3, recompute=10, reveal=1, verify=50, finalize=1, aggregate=20,
+                  result=1, poc_wait=0)  # fmt: skip
+    assert tl.sequential == 100 + 3 + 10 + 1 + 50 + 1 + 20 + 1
+    assert tl.overlapped == 110  # GPU-bound: train + recompute outlasts the 86 s after training
+    slow = replace(tl, verify=150)
+    assert slow.overlapped == 3 + 10 + 1 + 150 + 1 + 20 + 1
+    assert pm.utilization(100, 200) == 0.5
+    assert pm.utilization(100, 200, poc_share=0.1) == pytest.approx(0.45)
+    assert pm.run_cost(0.5, 0.1) == pytest.approx(2.1)
+
+
+def test_configured_period_matches_the_devnet_phase_arithmetic() -> None:
+    # train 16 + 1 + reveal 8 + verify 12 blocks to finalization, a result block, a block to open:
+    # 39 blocks, as a 0.5 s devnet measures (open heights 51, 90).
+    assert pm.configured_period(PhaseBlocks(16, 8, 12), 0.5, aggregate=0.2) == pytest.approx(19.5)
+    assert pm.configured_period(PhaseBlocks(16, 8, 12), 0.5, aggregate=1.2) == pytest.approx(20.5)
+
+
+def test_poc_wait() -> None:
+    i = Inputs(epoch_blocks=100, poc_blocks=10, block_seconds=5.0)
+    assert pm.poc_wait_seconds(i) == pytest.approx(10**2 / 200 * 5)
+    assert pm.poc_wait_seconds(Inputs()) == 0.0
+
+
+def test_verify_window() -> None:
+    i = Inputs(params=1e9, s=2, k=5, v=1, hosts=2, verifier_nodes=1, audit_p=0.0, up=1e9, down=2e9)
+    per = 12e9 + 8e9  # one start state + the optimizer state
+    w = pm.verify_seconds(i, C, t_step=1.0)
+    assert w["data"] == max(per / 1e9, 2 * per / 2e9)  # host uplink vs the verifier's two downloads
+    assert w["replay"] == 2 * 10.0
+    assert w["total"] == max(w["data"], w["replay"]) + min(per / 2e9, 10.0)
+
+
+def test_plan_hangs_together() -> None:
+    i = Inputs(params=30e9, hosts=16, H=500, k=5, s=8, v=1, m=10)
+    p = pm.plan(i, C)
+    tl = p.timeline
+    assert tl["train"] == pytest.approx(500 * pm.step_seconds(i))
+    assert p.utilization["sequential"] == pytest.approx(tl["train"] / tl["sequential"])
+    assert p.utilization["overlapped"] >= p.utilization["sequential"]
+    assert tl["recompute"] == pytest.approx(pm.recompute_segments(100, 8, 10) * 5 * pm.step_seconds(i))
+    assert p.security["detection"] == pytest.approx(pm.detection_probability(100, 50, 8))
+    assert p.verification["replay_share"] == pytest.approx(1.1 * 8 * 5 / 500)
+    assert p.phases["train"] == math.ceil(tl["train"] * 1.2 / 5.0)
+    assert json.dumps(p.to_json(), default=str)
+    big = pm.plan(replace(i, params=50e9), C)
+    assert any("does not fit" in w for w in big.warnings)  # 16 B/param over 8 × 80 GB: no
+    assert not pm.plan(replace(i, params=50e9, sharding=Sharding.FSDP_OFFLOAD), C).warnings
+
+
+def test_configured_phases_that_are_too_short_are_flagged() -> None:
+    i = Inputs(params=1e9, phases=PhaseBlocks(train=1, reveal=1, verify=1))
+    p = pm.plan(i, C)
+    assert "configured" in p.utilization
+    assert any("train phase too short" in w for w in p.warnings)
+
+
+def test_sweep_meets_its_floors_cheapest_first() -> None:
+    floors = Floors(utilization=0.85, detection=0.9, collusion_success=0.01)
+    found = pm.sweep(Inputs(params=30e9), C, floors, top=5)
+    assert found
+    costs = [p.cost for p in found]
+    assert costs == sorted(costs)
+    for p in found:
+        assert p.utilization["overlapped"] >= 0.85 and not p.warnings
+        assert p.security["detection"] >= 0.9 and p.security["collusion_success"] <= 0.01
+        assert p.security["lazy_profit"] < 0 and p.security["collusion_profit"] < 0
+        assert p.inputs["codec"] != "int4"  # 9% error: above the default quality floor
+    # a slower link can only make the best setting costlier (or impossible)
+    slow = pm.sweep(Inputs(params=30e9, up=12.5e6, down=12.5e6), C, floors, top=1)
+    assert not slow or slow[0].cost >= found[0].cost
+
+
+# ---------------------------------------------------------------- constants
+
+
+def test_constants_come_from_results_with_their_source(tmp_path: Path) -> None:
+    (tmp_path / "hashing.json").write_text(json.dumps({"hashlib_sha256_gb_s": 1.5, "quick": True}))
+    rows = [dict(codec="int8", ratio_vs_fp32=3.5, encode_mb_s=100, decode_mb_s=200, rel_l2_error=0.01)]
+    (tmp_path / "codecs.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "chain_sim.json").write_text("{not json")
+    c = load_constants(tmp_path)
+    assert c.sha256_bytes_per_s == 1.5e9
+    assert "hashing.json (quick run" in c.sources["sha256_bytes_per_s"]
+    assert c.codec_ratio["int8"] == 3.5 and c.codec_decode["int8"] == 200e6
+    assert c.codec_ratio["int4"] == Constants().codec_ratio["int4"]  # not measured: the default
+    assert c.chain_ms_per_msg == Constants().chain_ms_per_msg
+    assert c.sources["chain_ms_per_msg"] == "default"
+    assert load_constants(tmp_path / "absent").sources["codec_ratio"] == "default"
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_units() -> None:
+    assert parse_rate("1Gbit") == 125e6
+    assert parse_rate("1 Gbps") == 125e6
+    assert parse_rate("100Mb/s") == 12.5e6
+    assert parse_rate("2GB/s") == 2e9
+    assert parse_rate("125MBps") == 125e6
+    assert parse_bytes("30TB") == 30e12
+    assert parse_bytes("64MiB") == 64 * 2**20
+    assert parse_count("30B") == 30e9
+    assert parse_count("30e9") == 30e9
+    assert parse_count("1Mi") == 2**20
+    assert parse_count("500M") == 500e6
+    for bad, parse in (("fast", parse_rate), ("1 parsec", parse_bytes), ("lots", parse_count)):
+        with pytest.raises(ValueError):
+            parse(bad)
+
+
+runner = CliRunner()
+
+
+def test_cli_json_follows_the_flags() -> None:
+    r = runner.invoke(app, ["--params", "10B", "--hosts", "8", "-H", "100", "-k", "10", "-s", "3", "--up",
+                            "10Gbit", "--down", "10Gbit", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    i = out["plan"]["inputs"]
+    assert (i["params"], i["hosts"], i["H"], i["k"], i["s"], i["up"]) == (10e9, 8, 100, 10, 3, 1.25e9)
+    assert out["plan"]["security"]["detection"] == pytest.approx(pm.detection_probability(10, 5, 3))
+    assert "sources" in out["constants"]
+
+
+def test_cli_tables_and_sweep() -> None:
+    r = runner.invoke(app, ["--params", "1B", "--sweep", "--top", "2", "--min-util", "0.8"])
+    assert r.exit_code == 0, r.output
+    assert "utilization" in r.output and "machine constants" in r.output and "cheapest settings" in r.output
+
+
+def test_cli_reads_a_run_config(tmp_path: Path) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        'inner_steps = 40\nsegment_len = 4\nsampled_segments = 3\nbatch_size = 4\nseq_len = 32\n'
+        '[model]\nfactory = "trainer.model:small_gpt"\nconfig = { n_layer = 1, n_embd = 32, n_head = 2 }\n'
+        "[phases]\ntrain_blocks = 30\nreveal_blocks = 5\nverify_blocks = 7\n"
+    )
+    r = runner.invoke(app, [str(toml), "--json", "-s", "2"])
+    assert r.exit_code == 0, r.output
+    i = json.loads(r.output)["plan"]["inputs"]
+    assert (i["H"], i["k"], i["s"], i["tokens_per_step"]) == (40, 4, 2, 128)  # the flag wins over the file
+    assert i["phases"] == {"train": 30, "reveal": 5, "verify": 7}
+    assert 10_000 < i["params"] < 100_000  # counted from the model spec
+
+
+def test_cli_bad_input_is_one_clear_error(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["-H", "100", "-k", "7"])
+    assert r.exit_code == 2 and "not a multiple" in r.output
+    r = runner.invoke(app, ["--up", "fast"])
+    assert r.exit_code == 2 and "not a rate" in r.output
+    r = runner.invoke(app, ["--gpu", "abacus"])
+    assert r.exit_code == 2 and "unknown --gpu" in r.output
+    bad = tmp_path / "bad.toml"
+    bad.write_text('inner_steps = 10\nsegment_len = 3\n[model]\nfactory = "trainer.model:small_gpt"\n')
+    r = runner.invoke(app, [str(bad)])
+    assert r.exit_code == 2 and "multiple of segment_len" in r.output
+
+
+def test_help_does_not_import_torch() -> None:
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom gonka_diloco.cli import app\n"
+        "r = CliRunner().invoke(app, ['plan', '--help'])\nassert r.exit_code == 0, r.output\n"
+        "assert '--sweep' in r.output\nassert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
