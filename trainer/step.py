@@ -19,7 +19,7 @@ where used), so bench/gpu_check.py runs the real step on a bare GPU machine.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -166,9 +166,40 @@ class SliceExchange(Protocol):
         ...
 
 
-def _flat_grad(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, precision: str) -> Tensor:
-    """Gradient of one slice as one flat vector, with the slice loss appended at the end."""
-    params = list(model.parameters())
+@runtime_checkable
+class ShardedUpdate(Protocol):
+    """A rank of a host whose optimizer state is sharded (`trainer.sharded.ShardedStep`): it does
+    the whole update of one batch (its slice's gradient, the ordered reduce-scatter, clipping,
+    AdamW on its own tensors, the parameter broadcast), bit for bit the unsharded step."""
+
+    rank: int
+    world_size: int
+
+    def update(
+        self,
+        model: nn.Module,
+        opt: torch.optim.Optimizer,
+        inner: InnerOptim,
+        x: Tensor,
+        y: Tensor,
+        loss_fn: LossFn,
+        precision: str,
+    ) -> Tensor:
+        """One inner step on (x, y); the batch loss (a 0-d tensor on the device)."""
+        ...
+
+
+def _flat_grad(
+    model: nn.Module,
+    loss_fn: LossFn,
+    x: Tensor,
+    y: Tensor,
+    precision: str,
+    params: list[nn.Parameter] | None = None,
+) -> Tensor:
+    """Gradient of one slice as one flat vector (in `params` order, default the model's), with the
+    slice loss appended at the end."""
+    params = list(model.parameters()) if params is None else params
     with forward_context(precision, x.device):
         loss = loss_fn(model(x), y)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
@@ -223,28 +254,33 @@ def train_steps(
     micro_batches: int = 1,
     *,
     loss_fn: LossFn = lm_loss,
-    exchange: SliceExchange | None = None,
+    exchange: SliceExchange | ShardedUpdate | None = None,
 ) -> list[float]:
     """One inner step per (x, y) batch, on the model's device; returns the losses.
 
     The core of `train_segment`, with the batches given: it needs torch alone, so bench/gpu_check
-    runs this very code on a machine with nothing but torch and numpy."""
+    runs this very code on a machine with nothing but torch and numpy. With a `ShardedUpdate`
+    exchange `opt` covers this rank's own tensors only."""
     if micro_batches < 1:
         raise ValueError("micro_batches must be >= 1")
     if exchange is not None and exchange.world_size != micro_batches:
         raise ValueError("micro_batches must equal the DDP world size")
     params = list(model.parameters())
     device = params[0].device
+    first = opt.param_groups[0]["params"][0]  # every parameter carries the same step counter
     pin_numerics(numerics.tf32, str(numerics.attention))
     precision = str(numerics.precision)
     model.train()
     losses: list[Tensor] = []
     for x, y in batches:
         x, y = to_device(x, device), to_device(y, device)
-        lr = lr_at(inner, int(opt.state[params[0]]["step"]))  # a CPU tensor: no device sync
+        lr = lr_at(inner, int(opt.state[first]["step"]))  # a CPU tensor: no device sync
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
+        if isinstance(exchange, ShardedUpdate):
+            losses.append(exchange.update(model, opt, inner, x, y, loss_fn, precision))
+            continue
         losses.append(_compute_grads(model, loss_fn, x, y, micro_batches, exchange, precision))
         torch.nn.utils.clip_grad_norm_(params, inner.grad_clip)
         opt.step()
@@ -263,7 +299,7 @@ def train_segment(
     micro_batches: int = 1,
     *,
     loss_fn: LossFn = lm_loss,
-    exchange: SliceExchange | None = None,
+    exchange: SliceExchange | ShardedUpdate | None = None,
 ) -> list[float]:
     """Run inner steps `start_inner .. start_inner + n_steps - 1` on their PRF batches; their losses."""
     from trainer.data import batch  # imported here so that the step's core needs no pydantic
