@@ -3,8 +3,8 @@ throughput with commitments on vs off, and device-vs-CPU honest replay noise.
 
 How to run it on the GPU machine (a python3 with torch and numpy is all it needs: no install, no
 network; it imports this repo's `trainer.step`, `trainer.device`, `trainer.model`,
-`trainer.sharded`, `protocol.tensors` and `protocol.envclass`, which need nothing else), from the
-repo root:
+`trainer.sharded`, `protocol.tensors`, `protocol.chunks` and `protocol.envclass`, which need
+nothing else), from the repo root:
 
     PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $OUT/gpu_check.json
 
@@ -27,22 +27,24 @@ Sections (each fails soft: an error is recorded and the next section runs; each 
 2. throughput: a ≈1B-parameter GPT (20 layers, width 2048, context 1024, batch 8, bf16, math
    attention) trained by `trainer.step.train_steps`: tokens/s and MFU with commitments off, with
    boundary snapshots every k = 5 steps (`snapshot_to_host`: the device-side cost), and end to end
-   with the boundary states hashed as `trainer.commit` does (one worker, `training_hash`), plus
-   the hashing rate single-threaded and over 16 threads (what chunked commitments parallelise).
+   with the boundary states hashed as `trainer.commit` does (one boundary worker, the chunked
+   content hash of `protocol.chunks`: 64 MiB chunks on all cores), plus the hashing rate of one
+   SHA-256 stream and of the chunked hash, and whether one boundary's hash keeps up with a segment.
    Flash attention with commitments off, for the price of the deterministic math kernel.
 3. noise: from the same warm states, the device and the CPU each train k steps (k = 1, 2, 5, 10);
    per tensor group (params, exp_avg, exp_avg_sq) the relative distance ‖a − b‖ / ‖b − start‖ of
    the honest pair, against the signal of a skipped first step. The input of a tolerance
    calibration for the (device, CPU) class pair; `verifier calibrate --device-a/--device-b` runs
    the full one.
-4. sharded: the phase-2 prototype `trainer.sharded` (2 ranks as threads on the device) against the
-   unsharded step with 2 slices: equal hashes or not.
+4. sharded: `trainer.sharded` (2 ranks as threads on the device: the ordered reduce-scatter, the
+   norms, AdamW on each rank's tensors, the broadcasts; each rank's part of the chunked hash) against
+   the unsharded step with 2 slices: equal hashes or not; the sharded step's time and each rank's
+   share of the moments.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -65,7 +67,9 @@ if str(ROOT) not in sys.path:  # run as a script: `python3 bench/gpu_check.py`
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
+from protocol import chunks  # noqa: E402
 from protocol.envclass import replay_class  # noqa: E402
+from protocol.tensors import StateKind, canonical_pieces, domain, tensor_hash_and_digests  # noqa: E402
 from trainer.device import (  # noqa: E402
     configure_determinism,
     env_facts,
@@ -73,8 +77,8 @@ from trainer.device import (  # noqa: E402
     resolve_device,
     snapshot_to_host,
 )
-from trainer.model import GPT, GPTConfig, lm_loss  # noqa: E402
-from trainer.sharded import LocalGroup, ShardedAdamW  # noqa: E402
+from trainer.model import GPT, GPTConfig  # noqa: E402
+from trainer.sharded import LocalGroup, ShardedState, ShardedStep, ShardPlan, make_shard_optimizer  # noqa: E402
 from trainer.step import (  # noqa: E402
     load_training_state,
     make_optimizer,
@@ -258,15 +262,19 @@ def section_replay(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
 # ---------------------------------------------------------------- 2. throughput
 
 
-def _hash_parallel(state: dict[str, Tensor], threads: int) -> float:
-    """Seconds to sha256 every tensor on `threads` threads: the stand-in for chunked commitments."""
+CHUNK_BYTES = chunks.DEFAULT_CHUNK_BYTES
 
-    def one(v: Tensor) -> str:
-        return hashlib.sha256(memoryview(v.contiguous().reshape(-1).view(torch.uint8).numpy())).hexdigest()
 
+def chunked_hash(state: Any) -> str:
+    """A boundary leaf exactly as `trainer.commit` computes it: the chunked content hash
+    (`protocol.chunks`), chunks hashed on the process-wide pool (one thread per core)."""
+    return tensor_hash_and_digests(state, StateKind.TRAINING, CHUNK_BYTES)[0]
+
+
+def one_stream_s(state: dict[str, Tensor]) -> float:
+    """Seconds for the same chunk digests on one thread (one SHA-256 stream's rate)."""
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(one, state.values()))
+    chunks.hash_stream(domain(StateKind.TRAINING), canonical_pieces(state), CHUNK_BYTES, parallel=False)
     return time.perf_counter() - t0
 
 
@@ -361,7 +369,7 @@ def section_throughput(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
     out["off_step_s"] = off["step_ms"] / 1000
     if ctx.device.type == "cuda":
         out["max_memory_gb"] = round(torch.cuda.max_memory_allocated(ctx.device) / 1e9, 2)
-    par_threads = min(16, os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
     try:  # host buffers for two snapshots in flight (a node allocates them once per run); the hash rate
         t1 = time.perf_counter()
         first = [snapshot_to_host(training_state(model, opt), opt) for _ in range(2)]
@@ -369,28 +377,30 @@ def section_throughput(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
         first[1].wait()
         del first
         out["first_snapshots_s"] = round(time.perf_counter() - t1, 2)
+        single = one_stream_s(snap)
         t1 = time.perf_counter()
-        training_hash(snap)
-        single = time.perf_counter() - t1
-        par = _hash_parallel(snap, par_threads)
+        chunked_hash(snap)
+        par = time.perf_counter() - t1
         del snap
         out["hash_single_gb_s"] = round(state_bytes / single / 1e9, 3)
-        out["hash_parallel_gb_s"] = round(state_bytes / par / 1e9, 3)
-        out["hash_parallel_threads"] = par_threads
+        out["hash_chunked_gb_s"] = round(state_bytes / par / 1e9, 3)
+        out["hash_chunked_threads"] = cores
+        out["chunk_mib"] = CHUNK_BYTES >> 20
+        out["hash_chunked_efficiency"] = round(single / par / cores, 3)  # of cores × one stream
         segment_s = k * out["off_step_s"]
         out["hash_single_keeps_up"] = single <= segment_s
-        out["hash_parallel_keeps_up"] = par <= segment_s
+        out["hash_chunked_keeps_up"] = par <= segment_s
         log(
-            f"hashing {out['state_gb']} GB: {out['hash_single_gb_s']} GB/s on 1 thread, "
-            f"{out['hash_parallel_gb_s']} GB/s on {par_threads}; a segment trains in {segment_s:.2f}s"
+            f"hashing {out['state_gb']} GB: {out['hash_single_gb_s']} GB/s as one stream, "
+            f"{out['hash_chunked_gb_s']} GB/s chunked on {cores} cores; a segment trains in {segment_s:.2f}s"
         )
     except Exception as e:
         out["hash_error"] = f"{type(e).__name__}: {e}"[:300]
     copy = timed("snapshots only (device side)", bf16, Boundaries(lambda s: s.wait()))
-    hashed = timed("commitments on (training_hash, 1 worker)", bf16, Boundaries(training_hash))
-    stand_in = timed(f"commitments on (per-tensor sha256, {par_threads} threads: chunked stand-in)", bf16,
-                   Boundaries(lambda s: _hash_parallel(s.wait(), par_threads)))  # fmt: skip
-    for name, row in (("snapshots", copy), ("hashed", hashed), ("chunked_stand_in", stand_in)):
+    hashed = timed(
+        f"commitments on (chunked hash, {cores} cores, as trainer.commit)", bf16, Boundaries(chunked_hash)
+    )
+    for name, row in (("snapshots", copy), ("hashed", hashed)):
         if row is not None:
             out[f"overhead_{name}"] = round(row["total_s"] / off["total_s"] - 1, 4)
     if ctx.device.type == "cuda":
@@ -500,26 +510,43 @@ def section_noise(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
 def section_sharded(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
     """`trainer.sharded` (ranks as threads on this device) against the unsharded step with the same
     slice count: equal hashes mean the per-tensor kernels (norms, AdamW) do not depend on which other
-    tensors share their launch, on this device too."""
+    tensors share their launch, on this device too; the ranks' collective chunked hash is checked
+    against the whole state's."""
     config, b, t = ctx.sizes["replay"]
     world, steps, seed = 2, 3, 11
     num = numerics("fp32")
     ref_model, ref_opt = build(config, ctx.device)
+    t0 = time.perf_counter()
     train_steps(ref_model, ref_opt, INNER, num, batches(ctx.text, seed, 0, steps, b, t), world)  # type: ignore[arg-type]
-    want = training_hash(training_state(ref_model, ref_opt, copy=True))
+    _sync(ctx.device)
+    ref_s = time.perf_counter() - t0
+    want = chunked_hash(training_state(ref_model, ref_opt, copy=True))
+    n_moments = 2 * sum(p.numel() for p in ref_model.parameters())
     del ref_model, ref_opt
-    group = LocalGroup(world)
+    train, boundary = LocalGroup(world), LocalGroup(world)
     models = [build(config, ctx.device)[0] for _ in range(world)]
-    ranks = [ShardedAdamW(models[r], INNER, group.member(r)) for r in range(world)]  # type: ignore[arg-type]
+    plan = ShardPlan.of(models[0], world)
+    results: list[Any] = [None] * world
     errors: list[str] = []
 
     def rank(r: int) -> None:
         try:
-            for x, y in batches(ctx.text, seed, 0, steps, b, t):
-                ranks[r].step(x.to(ctx.device), y.to(ctx.device), lm_loss)
+            opt = make_shard_optimizer(models[r], plan, r, INNER)  # type: ignore[arg-type]
+            step = ShardedStep(plan, train.member(r))
+            t0 = time.perf_counter()
+            data = batches(ctx.text, seed, 0, steps, b, t)
+            train_steps(models[r], opt, INNER, num, data, world, exchange=step)  # type: ignore[arg-type]
+            _sync(ctx.device)
+            seconds = time.perf_counter() - t0
+            state = ShardedState(plan, models[r], boundary.member(r))
+            local = snapshot_to_host(state.local(models[r], opt)).wait()
+            h, _ = state.hash(local, StateKind.TRAINING, CHUNK_BYTES)
+            moments = sum(v.numel() for k, v in local.items() if k.startswith("exp_avg"))
+            results[r] = (h, seconds, moments)
         except Exception as e:
             errors.append(f"rank {r}: {type(e).__name__}: {e}"[:300])
-            group._barrier.abort()
+            train.barrier.abort()
+            boundary.barrier.abort()
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
     for th in threads:
@@ -528,11 +555,10 @@ def section_sharded(ctx: SimpleNamespace, clock: Clock) -> dict[str, Any]:
         th.join(timeout=max(1.0, clock.left()))
     if errors or any(th.is_alive() for th in threads):
         return {"ok": False, "error": "; ".join(errors) or "ranks did not finish in time"}
-    state = {f"param/{n}": p.detach() for n, p in models[0].named_parameters()}
-    for r in range(world):
-        state.update(ranks[r].shard_state({p: n for n, p in models[r].named_parameters()}))
-    got = training_hash({k: v.cpu() for k, v in state.items()})
-    return {"ok": got == want, "world": world, "steps": steps, "equal_to_unsharded": got == want}
+    equal = all(h == want for h, _, _ in results)
+    return {"ok": equal, "world": world, "steps": steps, "equal_to_unsharded": equal,
+            "unsharded_s": round(ref_s, 3), "sharded_s": round(max(s for _, s, _ in results), 3),
+            "max_moment_share": round(max(m for *_, m in results) / n_moments, 3)}  # fmt: skip
 
 
 SECTIONS: dict[str, Callable[[SimpleNamespace, Clock], dict[str, Any]]] = {

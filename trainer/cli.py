@@ -101,6 +101,8 @@ def run(
     team = ddp.Team(exchange) if exchange is not None else None
     try:
         cfg = load_host_config(config)
+        if team is not None:
+            team.shard_state = cfg.shard_state
         node_behaviour = _resolve(cfg.behaviour, cfg.behaviour_params)
         chain = HttpChainClient(cfg.chain_url)
         progress = _Progress() if sys.stdout.isatty() else None

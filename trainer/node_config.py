@@ -107,6 +107,11 @@ class HostConfig(NodeConfig):
     checkpoint_every: int = Field(
         4, ge=1, le=1_000_000, description="m: persist every m-th boundary; opened ones are recomputed"
     )
+    shard_state: bool = Field(
+        False,
+        description="under torchrun: each rank keeps 1/W of the optimizer moments and hashes and saves "
+        "its part of every state (trainer.sharded); the trajectory and hashes are the unsharded ones",
+    )
 
 
 C = TypeVar("C", bound=NodeConfig)
