@@ -4,7 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint devnet bench bench-quick vectors proto clean
+.PHONY: venv test lint devnet bench bench-quick vectors proto clean cometbft
+
+# CometBFT, built from source at a pinned version (never a downloaded binary) into a project-local
+# folder named after the version: a second `make` finds the file and builds nothing, and changing
+# the pin builds the new one. chain/abci/cometbft.py's COMETBFT_VERSION must say the same.
+COMETBFT_VERSION := v0.38.26
+COMETBFT := .tools/cometbft-$(COMETBFT_VERSION)/bin/cometbft
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,11 +26,16 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP)
+$(COMETBFT):
+	GOBIN=$(CURDIR)/$(dir $(COMETBFT)) go install github.com/cometbft/cometbft/cmd/cometbft@$(COMETBFT_VERSION)
+
+cometbft: $(COMETBFT)
+
+test: $(STAMP) $(COMETBFT)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-devnet: $(STAMP)
+devnet: $(STAMP) $(COMETBFT)
 	$(BIN)/gonka-diloco devnet $(ARGS)
 
 bench-quick: $(STAMP)
@@ -32,7 +43,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python -c "import torchft" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0 -e '.[bench]'
 	$(BIN)/python -m bench --quick
 
-bench: $(STAMP)
+bench: $(STAMP) $(COMETBFT)
 	# torchft (the DiLoCo reference of bench.convergence) with torch pinned: never a CUDA build.
 	$(BIN)/python -c "import torchft" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0 -e '.[bench]'
 	$(BIN)/python -m bench
@@ -45,3 +56,4 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+	# .tools (the CometBFT build) stays: rebuilding it costs minutes; `rm -rf .tools` if you mean it

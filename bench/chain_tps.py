@@ -53,10 +53,13 @@ def presign(n_txs: int, n_accounts: int) -> list[list[bytes]]:
     return streams
 
 
-def run(url: str, streams: list[list[bytes]]) -> dict[str, float]:
+def run(url: str | list[str], streams: list[list[bytes]]) -> dict[str, float]:
     """One thread per account with its own keep-alive connection: ordered per account, concurrent
-    across accounts, and light enough on the client side not to starve the node of CPU."""
-    host, port = url.removeprefix("http://").split(":")
+    across accounts, and light enough on the client side not to starve the node of CPU. With several
+    URLs (validators) the accounts' streams are spread over them; blocks are read from the first."""
+    urls = [url] if isinstance(url, str) else url
+    hosts = [u.removeprefix("http://").split(":") for u in urls]
+    host, port = hosts[0]
     bodies = [
         [
             json.dumps({"tx_bytes": base64.b64encode(raw).decode(), "mode": "BROADCAST_MODE_SYNC"}).encode()
@@ -68,7 +71,8 @@ def run(url: str, streams: list[list[bytes]]) -> dict[str, float]:
     rejected = [0] * len(streams)
 
     def stream(i: int) -> None:
-        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        to_host, to_port = hosts[i % len(hosts)]
+        conn = http.client.HTTPConnection(to_host, int(to_port), timeout=30)
         for body in bodies[i]:
             conn.request("POST", "/cosmos/tx/v1beta1/txs", body, {"Content-Type": "application/json"})
             resp = json.loads(conn.getresponse().read())

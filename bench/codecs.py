@@ -26,7 +26,7 @@ BLOCK = 256
 
 
 def real_delta(steps: int) -> tuple[dict[str, torch.Tensor], str]:
-    from trainer.data import shakespeare_corpus
+    from trainer.data import shakespeare_corpus, windows
     from trainer.model import lm_loss, small_gpt
 
     model = small_gpt(seed=0)
@@ -37,8 +37,8 @@ def real_delta(steps: int) -> tuple[dict[str, torch.Tensor], str]:
     opt = torch.optim.AdamW(model.parameters(), lr=4e-4, weight_decay=0.1, betas=(0.9, 0.95))
     for _ in range(steps):
         off = torch.randint(0, tokens.numel() - seq - 1, (8,), generator=g)
-        chunk = tokens[off[:, None] + torch.arange(seq + 1)].long()
-        loss = lm_loss(model(chunk[:, :-1]), chunk[:, 1:])
+        x, y = windows(tokens, off.tolist(), seq)
+        loss = lm_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

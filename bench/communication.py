@@ -20,12 +20,12 @@ import json
 from typing import Any
 
 from bench.sim import RESULTS_DIR, Host, Setup, make_env, n_params, ring_allreduce_bytes, write_result
+from nodekit.store import state_to_bytes
 from protocol.codecs import encode, to_blob
 from protocol.config import Codec
 from trainer.commit import param_tensors
 from trainer.spec import build_model
 from trainer.step import configure_determinism, training_state
-from trainer.store import state_to_bytes
 
 M = 8  # workers in the data-parallel ring (the DiLoCo paper's 8)
 VERIFIERS = 1  # v, the protocol default

@@ -3,12 +3,16 @@ host, and what does a verifier pay for it?
 
 Four tables (all with the real committed loop, store, codec and `verifier.verify`, no chain):
 
-1. per host adversary, the detection rate over seeded trials at the run defaults (H, k, s);
+1. per host adversary, the detection rate over seeded trials at the run defaults (H, k, s); per
+   verifier adversary (collude), its verdict on its partner's fake next to an honest verifier's
+   on the same job (an honest REJECT is what opens the chain's dispute, bench.collusion);
 2. a lazy host faking half of its non-final segments: measured detection per outer step for
    several s, next to the exact prediction 1 − C(n−1−m, s−1)/C(n−1, s−1) (it never fakes the
    always-opened last segment) and the naive 1 − (1 − f)^s, with the replay cost of each s;
 3. honest false rejections: bitwise (same environment) and tolerance mode with the host in a
-   2-thread process and the verifier at 1 thread, threshold from `verifier.calibrate`;
+   2-thread process and the verifier at 1 thread, thresholds (params and both moments) from
+   `verifier.calibrate`; and a moment-steering host in tolerance mode, judged by the whole state
+   and by the parameters alone (what the verifier compared before);
 4. verification cost as a fraction of the host's inner loop on the default small GPT.
 
     .venv/bin/python -m bench.detection [--quick]
@@ -34,7 +38,7 @@ from typing import Any
 
 import torch
 
-from gonka_diloco.adversaries import resolve_host
+from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from gonka_diloco.adversaries.hosts import MALFORMED_KINDS, LazyHost
 from gonka_diloco.adversaries.lab import (
     HostRun,
@@ -44,16 +48,16 @@ from gonka_diloco.adversaries.lab import (
     synthetic_corpus,
     tiny_config,
 )
+from nodekit.globalmodel import GlobalModel
+from nodekit.store import StateStore
 from protocol import codecs
 from protocol.config import ModelSpec, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, Reason
 from trainer.behaviour import HostBehaviour
 from trainer.commit import Contribution
-from trainer.globalmodel import GlobalModel
 from trainer.step import configure_determinism
-from trainer.store import StateStore
 from verifier.calibrate import calibrate
-from verifier.verify import verify
+from verifier.verify import param_distance, replay_segment, verify
 
 A = "gonka1" + "a" * 38
 B = "gonka1" + "b" * 38
@@ -75,7 +79,7 @@ def host_addr(i: int) -> str:
 ADVERSARIES: list[tuple[str, dict[str, Any]]] = [
     ("noise", {}), ("zero", {}), ("scaled", {}), ("sign_flip", {}), ("lazy", {"fraction": 0.5}),
     ("wrong_data", {}), ("stale", {}), ("copycat", {}), ("bad_tokens", {}),
-    ("no_reveal", {"mode": "chain"}), ("no_reveal", {"mode": "serve"}),
+    ("no_reveal", {"mode": "chain"}), ("no_reveal", {"mode": "serve"}), ("moment_steer", {}),
     *[("malformed", {"kind": k}) for k in MALFORMED_KINDS],
 ]  # fmt: skip
 SEEDED = {"noise", "lazy"}  # their contribution depends on a seed: retrained per trial
@@ -124,7 +128,36 @@ def adversary_table(cfg: RunConfig, trials: int, root: Path) -> list[dict[str, A
         })  # fmt: skip
     rows.append({"behaviour": "equivocation", "trials": 0, "rejected": None, "right_reason": None,
                  "expected": ["chain: EQUIVOCATED"], "reasons": {}, "seconds": 0.0})  # fmt: skip
+    rows.append(collude_row(lab, g1, train, trials))
     return rows
+
+
+def collude_row(lab: Lab, g1: GlobalModel, train: Any, trials: int) -> dict[str, Any]:
+    """The colluding verifier on its partner's fake (noise Δ): it accepts every time; an honest
+    verifier on the same job rejects every time, and that REJECT (initial or audit) opens the dispute
+    the verifier stake decides (bench.collusion measures how often an honest one is drawn)."""
+    colluder = resolve_verifier("collude", {"partner": A})
+    reasons: dict[str, int] = {}
+    honest_rejects = 0
+    t0 = time.perf_counter()
+    for t in range(trials):
+        run = train(resolve_host("noise", {"seed": t}))
+        job = lab.job(run, 1, seed_hex("collude", t))
+
+        def check(job: Any = job, run: HostRun = run) -> Any:
+            return verify(job, run.source(), lab.replay_context(g1))
+
+        out = colluder.decide(job, check)
+        assert out is not None
+        reasons[out.reason.name] = reasons.get(out.reason.name, 0) + 1
+        honest_rejects += not check().accept
+    return {
+        "behaviour": "collude (verifier) on its partner's noise Δ", "trials": trials,
+        "rejected": 1 - reasons.get("ACCEPT", 0) / trials,
+        "right_reason": honest_rejects / trials, "expected": ["ACCEPT by it; an honest verifier rejects"],
+        "reasons": reasons, "honest_verifier_rejected": honest_rejects / trials,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------- 2. lazy host vs s
@@ -191,7 +224,9 @@ def host_worker(job: dict[str, Any]) -> None:
     g0 = GlobalModel.from_module(lab.build()[0])
     out = []
     for t in range(job["trials"]):
-        for kind, behaviour in (("honest", HostBehaviour()), ("lazy", LazyHost(0.5, seed=t))):
+        kinds = (("honest", HostBehaviour()), ("lazy", LazyHost(0.5, seed=t)),
+                 ("moment_steer", resolve_host("moment_steer", {"seed": t})))  # fmt: skip
+        for kind, behaviour in kinds:
             run = lab.train(behaviour, host_addr(t), 0, g0)
             c = run.contribution
             (root / f"{kind}-{t}.payload").write_bytes(c.payload)
@@ -218,8 +253,10 @@ def _load_run(lab: Lab, r: dict[str, Any], root: Path) -> HostRun:
 def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Path) -> dict[str, Any]:
     k = cfg.segment_len
     proposal = calibrate(cfg, CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5)
-    tau = proposal.rows[0].threshold
-    tcfg = cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": tau})
+    tau = proposal.rows[0].threshold  # per group: params, exp_avg, exp_avg_sq
+    fields = {"tolerance": tau["param"], "tolerance_exp_avg": tau["exp_avg"],
+              "tolerance_exp_avg_sq": tau["exp_avg_sq"]}  # fmt: skip
+    tcfg = cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, **fields})
     job = {"cfg": tcfg.model_dump(mode="json"), "root": str(root), "trials": trials, "threads": 2}
     (root / "job.json").write_text(json.dumps(job))
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
@@ -229,8 +266,9 @@ def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Pa
         raise RuntimeError(proc.stderr[-2000:])
     lab = Lab(tcfg, synthetic_corpus(), root)
     g0 = GlobalModel.from_module(lab.build()[0])
-    counts = {"honest": [0, 0], "lazy": [0, 0]}
+    counts = {"honest": [0, 0], "lazy": [0, 0], "moment_steer": [0, 0]}
     dists: list[float] = []
+    params_only_accepts = 0
     for r in json.loads((root / "runs.json").read_text()):
         run = _load_run(lab, r, root)
         if r["kind"] == "lazy":  # open a faked segment: does tolerance mode still see it?
@@ -242,15 +280,34 @@ def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Pa
         counts[r["kind"]][0] += not out.accept
         counts[r["kind"]][1] += 1
         if r["kind"] == "lazy" and "distance" in out.detail:
-            dists.append(float(out.detail.rsplit("distance ", 1)[1]))
+            dists.append(float(out.detail.rsplit("distance ", 1)[1].split()[0]))
+        if r["kind"] == "moment_steer":  # the old rule: parameters alone, every opened segment
+            params_only_accepts += params_only_accept(job, run, lab, g0, tau["param"])
     return {
-        "mode": "tolerance (host 2 threads, verifier 1)", "k": k, "threshold": tau,
-        "calibrated_noise": proposal.rows[0].noise, "calibration_trials": calib_trials,
+        "mode": "tolerance (host 2 threads, verifier 1)", "k": k, "threshold": tau["param"],
+        "threshold_exp_avg": tau["exp_avg"], "threshold_exp_avg_sq": tau["exp_avg_sq"],
+        "calibrated_noise": proposal.rows[0].noise["param"],
+        "calibrated_noise_exp_avg": proposal.rows[0].noise["exp_avg"],
+        "calibrated_noise_exp_avg_sq": proposal.rows[0].noise["exp_avg_sq"],
+        "calibration_trials": calib_trials,
         "calibration_share_differing": proposal.rows[0].noisy, "trials": counts["honest"][1],
         "false_rejections": counts["honest"][0] / counts["honest"][1],
         "lazy_detected_when_faked_segment_opened": counts["lazy"][0] / counts["lazy"][1],
         "lazy_min_distance": min(dists) if dists else None,
-    }
+        "moment_steer_rejected": counts["moment_steer"][0] / counts["moment_steer"][1],
+        "moment_steer_accepted_by_params_only": params_only_accepts / counts["moment_steer"][1],
+    }  # fmt: skip
+
+
+def params_only_accept(job: Any, run: HostRun, lab: Lab, g0: GlobalModel, tau: float) -> bool:
+    """Would the previous rule (parameters only, every opened segment within `tau`) have accepted?"""
+    ctx = lab.replay_context(g0)
+    for o in job.openings:
+        start, claim = run.store.get(o.start_leaf), run.store.get(o.end_leaf)
+        end = replay_segment(job, ctx, start, o.segment)
+        if not param_distance(end, claim, start) < tau:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------- 4. cost on the default model
@@ -280,6 +337,9 @@ def cost_row(cfg: RunConfig, root: Path, repeats: int = 3) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- main
+
+
+GROUP_SUFFIXES = (("param", ""), ("exp_avg", "_exp_avg"), ("exp_avg_sq", "_exp_avg_sq"))
 
 
 def pct(x: float | None) -> str:
@@ -314,6 +374,14 @@ def report(result: dict[str, Any]) -> None:
         [[r["mode"], r["trials"], pct(r["false_rejections"]), f"{r.get('threshold', 0):.2e}",
           f"{r.get('calibrated_noise', 0):.2e}", pct(r.get("lazy_detected_when_faked_segment_opened")),
           f"{r.get('lazy_min_distance') or 0:.2e}"] for r in result["honest"]],
+    )  # fmt: skip
+    tol = [r for r in result["honest"] if "moment_steer_rejected" in r]
+    table(
+        "3b. tolerance mode, per group (params, exp_avg, exp_avg_sq), and a moment-steering host",
+        ["group", "noise", "threshold", "moment_steer rejected", "accepted by params only"],
+        [[g, f"{r.get('calibrated_noise' + suffix, 0):.2e}", f"{r.get('threshold' + suffix, 0):.2e}",
+          pct(r["moment_steer_rejected"]), pct(r["moment_steer_accepted_by_params_only"])]
+         for r in tol for g, suffix in GROUP_SUFFIXES],
     )  # fmt: skip
     table(
         "4. one verifier's cost vs the host's inner loop on the default small GPT",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from nodekit.store import StateStore, clone_state
 from protocol.codecs import encode, to_blob
 from protocol.config import Codec, ModelSpec, RunConfig
 from trainer.commit import param_tensors, run_committed
@@ -33,7 +34,6 @@ from trainer.step import (
     training_hash,
     training_state,
 )
-from trainer.store import StateStore, clone_state
 
 MODEL = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128}
 RESULTS = Path(__file__).parent / "results" / "host_overhead.json"

@@ -107,12 +107,16 @@ def convergence(d: dict[str, Any]) -> Lines:
         ax2.set_title("loss vs bytes")
         ax1.legend(fontsize=8)
         ax2.legend(fontsize=8)
-        fig.tight_layout()
-        png = f"convergence_{tag}{_kind(d)}.png"
-        fig.savefig(RESULTS / png, dpi=90)
-        plt.close(fig)
-        out += [f"![convergence {tag}](results/{png})", ""]
+        out += _save(plt, fig, f"convergence_{tag}{_kind(d)}.png", tag)
     return out
+
+
+def _save(plt: Any, fig: Any, png: str, alt: str) -> Lines:
+    """Write a figure into bench/results/ and link it from RESULTS.md."""
+    fig.tight_layout()
+    fig.savefig(RESULTS / png, dpi=90)
+    plt.close(fig)
+    return [f"![convergence {alt}](results/{png})", ""]
 
 
 def _cumulative_bytes(run: dict[str, Any]) -> list[float] | None:
@@ -245,6 +249,36 @@ def plan(d: dict[str, Any]) -> Lines:
     from bench.plan import markdown
 
     return markdown(d)
+# ---------------------------------------------------------------- collusion
+
+
+def collusion(d: dict[str, Any]) -> Lines:
+    """P(fake reaches the model) and the cheater's profit per outer step, measured next to exact."""
+    dd = d["defaults"]
+    out = [
+        f"{d['keys']} verifier keys of equal stake, {d['trials_per_cell']} seeded trials per cell on the "
+        "state machine (`bench/collusion.py`), the coalition playing its best strategy; *exact* is "
+        "`protocol.collusion.pass_probability_keys` / `expected_profit_keys`, *bound* the many-small-keys "
+        "limit q^v (1 − p + p q^a). Profit is reward − slashes of the host and its accomplices, in units "
+        "of the reward R, with the run defaults' bonds (min_host_stake = reward_per_outer_step).",
+        "",
+    ]
+    rows = [
+        [r["v"], r["p"], r["a"], f"{100 * r['share']:.0f}%", f"{100 * r['passed']:.2f}%",
+         f"{100 * r['pass_exact']:.2f}%", f"{100 * r['pass_bound_many_keys']:.2f}%",
+         f"{r['profit_per_step_R']:+.3f}", f"{r['profit_exact_R']:+.3f}"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    head = ["v", "p", "a", "accomplice stake", "fake passed", "exact", "bound", "profit/R", "exact"]
+    out += table(head, rows)
+    out += [
+        f"Defaults v = {dd['v']}, p = {dd['p']}, a = {dd['a']} ({dd['replays_per_contribution']} replays per "
+        f"contribution): fake in ≤ 1% of outer steps up to an accomplice share of "
+        f"{100 * dd['max_share_fake_below_1pct']:.1f}% (bound); expected profit negative at every share up "
+        f"to 50%: {'yes' if dd['profit_negative_at_all_shares'] else 'no'}.",
+        "",
+    ]
+    return out
 
 
 # ---------------------------------------------------------------- everything else
@@ -261,6 +295,74 @@ def generic(d: Any) -> Lines:
             out += [f"*{k}*", "", *table(cols, [[x.get(c) for c in cols] for x in v])]
         elif isinstance(v, dict) and v and all(_cell_ok(x) for x in v.values()):
             out += [f"*{k}*", "", *table(["key", "value"], [[a, b] for a, b in v.items()])]
+    return out
+
+
+def convergence_sweep(d: dict[str, Any]) -> Lines:
+    """Part two of bench.convergence: both tuned with one sweep; the best of each; bytes to equal loss."""
+    plt = _plt()
+    outers = ", ".join(f"{lr:g}/{mu:g}" for lr, mu in d["outers"])
+    out: Lines = [
+        f"Llama-style model (`trainer.hf:llama`, preset tiny) on Shakespeare's prepared byte-token manifest "
+        f"(the token-shard path). Both contenders get the same inner-lr sweep {fmt(d['inner_lrs'])}, "
+        f"DiLoCo also outer lr/momentum {outers}; linear warm-up then cosine decay to 10% (the DiLoCo "
+        f"paper's inner schedule), over the same total inner-step compute. DiLoCo is the protocol path: "
+        f"committed inner loop, int8 Δ blobs, "
+        + ("every contribution replay-verified (s = 2)" if d.get("verify", True) else
+           "not replay-verified in this run (honest contributions replay bitwise: see the quick run)")
+        + ". The warm start "
+        f"is {d['warm_start']} data-parallel steps at lr 4e-4 (val loss {fmt(d.get('warm_start_loss'))}), "
+        f"computed once and loaded by every warm contender.",
+        "",
+    ]
+    if d.get("rerun_note"):
+        out += [f"Note: {d['rerun_note']}.", ""]
+    for s in d["settings"]:
+        st = s["setup"]
+        start = f"from a {d['warm_start']}-step warm start" if s["start"] == "warm" else "from scratch"
+        out += [f"**{start}: M = {st['hosts']} hosts, H = {st['inner_steps']}, T = {st['outer_steps']}** "
+                f"(warm-up {st['warmup_steps']} steps, batch {st['batch_size']}×{st['seq_len']}; every "
+                f"contender does M·H·T = {st['hosts'] * st['inner_steps'] * st['outer_steps']:,} "
+                "batch-gradient computations)", ""]  # fmt: skip
+        rows = []
+        for r in s["rows"]:
+            outer = f"{r['outer_lr']:g} / {r['outer_momentum']:g}" if r["outer_lr"] is not None else "-"
+            v = r.get("verdicts") or {}
+            loss = r["final_val_loss"] if r["final_val_loss"] is not None else f"error: {r['error'][-80:]}"
+            kind = "DiLoCo" if r["kind"] == "diloco" else "data-parallel"
+            verdicts = ", ".join(f"{k} {n}" for k, n in v.items())
+            rows.append([r["label"], kind, r["inner_lr"], outer, loss, r["mb_per_host"], verdicts])
+        out += table(["contender", "kind", "inner lr", "outer lr / μ", "final val loss", "MB sent per host",
+                      "verdicts"], rows)  # fmt: skip
+        if b := s.get("best"):
+            bound = "" if b["dp_reached"] else " (no DP run reached it: lower bound)"
+            out += [f"- best data-parallel: {b['dp']} → {b['dp_loss']:.4f}; best DiLoCo: {b['diloco']} → "
+                    f"{b['diloco_loss']:.4f} (DiLoCo ≤ DP: **{b['diloco_le_dp']}**)",
+                    f"- bytes to reach {b['diloco_loss']:.4f}: data-parallel ({b['equal_loss_dp_run']}) "
+                    f"{b['dp_bytes_to_equal_loss'] / 1e6:,.1f} MB per worker, DiLoCo "
+                    f"{b['diloco_bytes'] / 1e6:.2f} MB per host → "
+                    f"**{b['ratio_at_equal_loss']:,.0f}×**{bound}; "
+                    f"at the same steps {b['ratio_same_steps']:,.0f}×", ""]  # fmt: skip
+        runs = {r["label"].split("/", 1)[1]: r for r in s["runs"] if "curve" in r}
+        if runs and (b := s.get("best")):
+            fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+            for name, r in runs.items():
+                best = name in (b["dp"], b["diloco"])
+                style = "-" if r["job"]["kind"] == "diloco" else "--"
+                xs = [c["inner_steps"] for c in r["curve"]]
+                ys = [c["val_loss"] for c in r["curve"]]
+                kw = {"linewidth": 2 if best else 0.8, "alpha": 1 if best else 0.45, "label": name}
+                ax1.plot(xs, ys, style, **kw)
+                ax2.plot([max(c["bytes_per_host"], 1) / 1e6 for c in r["curve"]], ys, style, **kw)
+            ax1.set(xlabel="inner steps per host (equal compute)", ylabel="validation loss",
+                    title=f"tuned, {s['start']}")  # fmt: skip
+            ax2.set(xlabel="MB sent per host (log)", ylabel="validation loss", xscale="log",
+                    title="loss vs bytes")  # fmt: skip
+            for ax in (ax1, ax2):
+                ax.grid(alpha=0.3)
+            ax1.legend(fontsize=6)
+            png = f"convergence_sweep_{s['start']}_T{st['outer_steps']}{_kind(d)}.png"
+            out += _save(plt, fig, png, f"tuned {s['start']}")
     return out
 
 
@@ -295,15 +397,21 @@ def scale(d: dict[str, Any]) -> Lines:
 SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("convergence", "1. Convergence: data-parallel vs ours (verified) vs torchft DiLoCo", "bench.convergence",
      convergence),
+    ("convergence_sweep", "1b. Convergence, tuned: data-parallel vs DiLoCo on a Llama-style model",
+     ".venv/bin/python -m bench.convergence --only sweep [--quick]", convergence_sweep),
     ("attack", "2. Under attack: robust aggregation vs replay verification", "bench.attack", attack),
     ("communication", "3. Communication: bytes per host per outer step vs data-parallel",
      "bench.communication",
      communication),
     ("codecs", "4. Codecs", "bench.codecs", generic),
     ("detection", "5. Verification cost vs detection", "bench.detection", generic),
+    ("collusion", "5b. Collusion: colluding verifiers vs stake-weighted draws, audits and disputes",
+     "bench.collusion", collusion),
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
     ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
+    ("chain_bft", "7c. Chain on CometBFT: 4 validators beside the embedded node", "bench.chain_bft",
+     generic),
     ("scale", "8. Scale: the state pipeline at the largest GPT this box holds", "bench.scale", scale),
     ("plan", "9. Cost model: `gonka-diloco plan` against measurements, and the published plan", "bench.plan",
      plan),
@@ -348,6 +456,21 @@ def goals(res: dict[str, Any]) -> Lines:
                 out.append(f"- **ratio at equal final loss**, int8, H = 500, {start}: "
                            f"{e['ratio']:.0f}×{bound} "
                            f"against {e['dp_baseline']} (goal ≥ 1000×: **{met}**)")  # fmt: skip
+    sweeps = sorted(k for k in res if k.startswith("convergence_sweep"))
+    for s in (s for k in sweeps for s in res[k].get("settings", [])):
+        if b := s.get("best"):
+            st = s["setup"]
+            shape = f"M = {st['hosts']}, H = {st['inner_steps']}, T = {st['outer_steps']}"
+            start = ("from a warm start" if s["start"] == "warm" else "from scratch") + f" ({shape})"
+            if s["start"] == "warm":
+                out.append(f"- tuned, Llama-tiny, {start}: DiLoCo's final loss ≤ data-parallel's at equal "
+                           f"compute: **{'met' if b['diloco_le_dp'] else 'NOT met'}** "
+                           f"({b['diloco_loss']:.4f} vs {b['dp_loss']:.4f})")  # fmt: skip
+            bound = "" if b["dp_reached"] else " (lower bound)"
+            out.append(f"- tuned, Llama-tiny, {start}: bytes to equal loss "
+                       f"{b['ratio_at_equal_loss']:,.0f}×{bound} "
+                       f"fewer than data-parallel (goal ≥ 1000×: "
+                       f"**{'met' if b['ratio_at_equal_loss'] >= 1000 else 'NOT met'}**)")  # fmt: skip
     h = res.get("host_overhead") or {}
     if "overhead" in h:
         crit = 100 * h.get("critical_path_overhead", float("nan"))
@@ -384,9 +507,36 @@ def goals(res: dict[str, Any]) -> Lines:
         out.append(f"- GPU commitments overhead at {tp['n_params'] / 1e9:.2f}B params "
                    f"({off.get('tokens_per_s')} tokens/s, MFU {100 * off.get('mfu', 0):.1f}% off): "
                    f"{', '.join(parts)}; goal ≤ 3%")  # fmt: skip
+    if cl := res.get("collusion"):
+        dd = cl["defaults"]
+        share = 100 * dd["max_share_fake_below_1pct"]
+        out.append(f"- collusion, defaults v = {dd['v']}, p = {dd['p']}, a = {dd['a']}: a fake reaches the "
+                   f"model in ≤ 1% of outer steps while the accomplices hold ≤ {share:.1f}% of the verifier "
+                   f"stake; faking has negative expected profit at every share ≤ 50%: "
+                   f"**{'met' if dd['profit_negative_at_all_shares'] else 'NOT met'}**")  # fmt: skip
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:
         out.append(f"- chain: {tps['committed_tps']} committed tx/s (goal {tps.get('goal_tps', '?')})")
+    if bft := res.get("chain_bft"):
+        rows = {r["engine"].split()[0]: r for r in bft["throughput"]}
+        walls = {r["engine"]: r["wall_s"] for r in bft["devnet"]}
+        bft_row, emb_row = rows["cometbft"], rows["embedded"]
+        out.append(f"- chain on CometBFT ({bft['cometbft']}, 4 validators): {bft_row['committed_tps']} "
+                   f"committed tx/s (embedded: {emb_row['committed_tps']}); {bft_row['blocks_per_s']} "
+                   f"blocks/s at a {bft_row['block_interval']} s interval; devnet wall time "
+                   f"{walls.get('cometbft')} s (embedded {walls.get('embedded')} s)")  # fmt: skip
+    if (sim := res.get("chain_sim")) and "node_ms_per_block_mean" in sim:
+        last, first = sim["node_ms_per_block_last_outer_step"], sim["node_ms_per_block_first_outer_step"]
+        cpu = sim.get("node_cpu_ms_per_block_last_outer_step", float("nan"))
+        idle = sim.get("idle_block_after_history_ms", float("nan"))
+        kb, persist = sim["persist_bytes_per_block_mean"] / 1e3, sim["persist_ms_mean"]
+        old_ms, old_mb = sim["sampled_json_persist_ms_mean"], sim["state_json_bytes"] / 1e6
+        out.append(f"- chain node at {sim['hosts']} hosts after {sim['outer_steps']} outer steps: "
+                   f"{last:.0f} ms per block over the last outer step (goal ≤ 50 ms: "
+                   f"**{'met' if last <= 50 else 'NOT met'}**; CPU {cpu:.0f} ms), {first:.0f} ms over the "
+                   f"first (flat in history: **{'met' if last <= 1.2 * first else 'NOT met'}**); an idle "
+                   f"block after the whole history {idle:.0f} ms; persistence {persist:.0f} ms and {kb:.0f} "
+                   f"kB per block (whole-state JSON: {old_ms:.0f} ms, {old_mb:.0f} MB)")  # fmt: skip
     return [*out, ""]
 
 
@@ -430,6 +580,15 @@ def main(quick: bool = False) -> Path:
     for stem, title, module, render in SECTIONS:
         known.add(stem)
         lines += _section(runs.get(stem, []), title, module, render)
+        if stem == "convergence_sweep":  # the same sweep run longer (`--outer-steps T`), right after it
+            for longer in sorted((s for s in runs if s.startswith("convergence_sweep_T")), key=len):
+                known.add(longer)
+                t = longer.removeprefix("convergence_sweep_T")
+                d = runs[longer][0][1]
+                lrs = ",".join(f"{x:g}" for x in d.get("inner_lrs", []))
+                warm_only = " --warm-only" if all(s["start"] == "warm" for s in d.get("settings", [])) else ""
+                cmd = f".venv/bin/python -m bench.convergence --outer-steps {t} --inner-lrs {lrs}{warm_only}"
+                lines += _section(runs[longer], f"1c. The same, longer: T = {t} outer steps", cmd, render)
     for stem in sorted(set(runs) - known):
         lines += _section(runs[stem], stem, f"bench.{stem}", generic)
     OUT.write_text("\n".join(lines).rstrip() + "\n")

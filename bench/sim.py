@@ -31,12 +31,12 @@ import torch
 from torch import Tensor, nn
 
 from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
-from protocol.config import Codec, InnerOptim, ModelSpec, RunConfig
+from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, RunConfig
 from protocol.merkle import merkle_root
 from protocol.outer import global_model_hash, outer_update
 from protocol.prf import sample_segments
 from trainer.commit import Contribution, openings, param_tensors, run_committed
-from trainer.data import Corpus, batch, eval_loss, load_corpus, shakespeare_manifest
+from trainer.data import Corpus, batch, eval_loss, open_dataset
 from trainer.model import lm_loss
 from trainer.spec import build_model
 from trainer.step import (
@@ -70,9 +70,22 @@ class Setup:
     warm_start: int = 0  # data-parallel steps from the init first: DiLoCo starts from a checkpoint
     eval_batches: int = 16
     model: tuple[tuple[str, Any], ...] = tuple(BENCH_MODEL.items())
+    factory: str = "trainer.model:small_gpt"
+    dataset: str = ""  # a prepared dataset (folder or URL); '' = Shakespeare's byte-token manifest
+    inner_lr: float = 4e-4
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    warmup_steps: int = 0
+    cosine: bool = False  # decay the inner lr to 10% over the run (T·H steps per host), as the paper
+    init_params: str = ""  # start from these saved parameters (a warm start computed once)
 
     def spec(self) -> ModelSpec:
-        return ModelSpec(factory="trainer.model:small_gpt", config=dict(self.model))
+        return ModelSpec(factory=self.factory, config=dict(self.model))
+
+    def inner(self) -> InnerOptim:
+        decay = self.outer_steps * self.inner_steps if self.cosine else 0
+        return InnerOptim(lr=self.inner_lr, warmup_steps=self.warmup_steps, decay_steps=decay,
+                          min_lr_fraction=0.1 if self.cosine else 0.0)  # fmt: skip
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Setup:
@@ -101,13 +114,14 @@ class Env:
 
 
 def make_env(setup: Setup) -> Env:
-    root, manifest = shakespeare_manifest()
-    corpus = load_corpus(root, manifest)
+    """The run config and the corpus, read through the token-shard path the nodes use."""
+    corpus = open_dataset(setup.dataset)
     cfg = RunConfig(
-        model=setup.spec(), dataset_manifest_hash=manifest.manifest_hash(), initial_model_hash="0" * 64,
+        model=setup.spec(), dataset_manifest_hash=corpus.manifest_hash, initial_model_hash="0" * 64,
         seed=setup.seed, inner_steps=setup.inner_steps, segment_len=setup.segment_len,
         sampled_segments=setup.sampled_segments, batch_size=setup.batch_size, seq_len=setup.seq_len,
-        data_shards=max(8, setup.hosts), codec=Codec(setup.codec), threads=1,
+        data_shards=max(8, setup.hosts), codec=Codec(setup.codec), threads=1, inner=setup.inner(),
+        outer=OuterOptim(lr=setup.outer_lr, momentum=setup.outer_momentum),
     )  # fmt: skip
     return Env(setup, cfg, corpus, host_names(setup.hosts))
 
@@ -142,7 +156,7 @@ def roundtrip(delta: Mapping[str, Tensor], codec: Codec, block: int) -> tuple[Pa
 
 
 class MemStore:
-    """In-memory stand-in for `trainer.store.StateStore` that also serves as a verifier BlobSource.
+    """In-memory stand-in for `nodekit.store.StateStore` that also serves as a verifier BlobSource.
 
     Disk I/O is what `bench.host_overhead` measures; here it would only slow the runs down.
     """
@@ -353,13 +367,32 @@ def dp_step(
 
 
 def initial_model(env: Env) -> nn.Module:
-    """The seeded init, optionally warm-started by `warm_start` data-parallel steps (not counted)."""
+    """The seeded init, optionally warm-started by `warm_start` data-parallel steps (not counted),
+    or loaded from `init_params` (such a warm start, computed once for every contender)."""
     model = build_model(env.setup.spec())
-    if env.setup.warm_start:
-        opt = make_optimizer(model, env.cfg.inner)
+    if env.setup.init_params:
+        from safetensors.torch import load_file
+
+        saved = load_file(env.setup.init_params)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(saved[n])
+    elif env.setup.warm_start:
+        warm = InnerOptim(lr=4e-4)  # the pre-training is the same whatever the contender's own lr
+        opt = make_optimizer(model, warm)
         for t in range(env.setup.warm_start):
-            dp_step(env, model, opt, env.cfg.inner, PRETRAIN_OUTER_STEP, t, t)
+            dp_step(env, model, opt, warm, PRETRAIN_OUTER_STEP, t, t)
     return model
+
+
+def pretrain(setup: Setup, *, save_params: str) -> dict[str, Any]:
+    """The warm start alone (`warm_start` data-parallel steps), saved for the contenders to load."""
+    from safetensors.torch import save_file
+
+    env = make_env(setup)
+    model = initial_model(env)
+    save_file(param_tensors(model), save_params)
+    return {"final_val_loss": evaluate(env, model), "curve": [], "params": n_params(param_tensors(model))}
 
 
 def run_data_parallel(setup: Setup, *, lr_scale: float = 1.0, evals_per_outer: int = 5) -> dict[str, Any]:
@@ -401,7 +434,11 @@ def run_data_parallel(setup: Setup, *, lr_scale: float = 1.0, evals_per_outer: i
 
 # ---------------------------------------------------------------- child-process runner
 
-RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {"diloco": run_diloco, "data_parallel": run_data_parallel}
+RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
+    "diloco": run_diloco,
+    "data_parallel": run_data_parallel,
+    "pretrain": pretrain,
+}
 
 
 def run_job(job: Mapping[str, Any]) -> dict[str, Any]:

@@ -68,6 +68,8 @@ KNOWN_TYPE_URLS = frozenset([m.type_url() for m in DILOCO_MSGS] + [MsgSend.type_
 SECP256K1_PUBKEY_URL = "/cosmos.crypto.secp256k1.PubKey"
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 BECH32_PREFIX = "gonka"
+MAX_SIG_CACHE = 200_000
+"""Tx hashes whose signature CheckTx verified, kept so the block need not verify them again."""
 
 
 @dataclass(frozen=True)
@@ -348,7 +350,10 @@ class App:
                     gas_used=gas_used,
                 )
             required = self.required_fee(tx.gas_limit)
-            if tx.fee < required:
+            # The minimum gas price is each validator's own setting (as the SDK's min-gas-prices):
+            # it admits txs to the mempool and never decides a block's result, which must be the
+            # same on every validator.
+            if tx.fee < required and not self._delivering:
                 raise TxRejected(
                     ERR_INSUFFICIENT_FEE,
                     f"insufficient fees; got: {tx.fee}{DENOM} required: {required}{DENOM}: insufficient fee",
@@ -403,6 +408,8 @@ class App:
         tx = self.decode(raw)
         expected = pending_sequences.get(tx.signer) if pending_sequences else None
         self.ante(tx, expected_sequence=expected)
+        if len(self._sig_verified) >= MAX_SIG_CACHE:  # txs that never reached a block: start over
+            self._sig_verified.clear()
         self._sig_verified.add(tx.hash)
         return tx
 
@@ -415,9 +422,7 @@ class App:
         tx = self.decode(raw)
         gas = self.ante(tx, simulate=True)
         scratch = copy.deepcopy(self.state)
-        ctx = TxContext(
-            height=self.height + 1, time=self._ctx_time(self.last_time_ns), tx_hash=tx.hash, signer=tx.signer
-        )
+        ctx = TxContext(height=self.height + 1, time_ns=self.last_time_ns, tx_hash=tx.hash, signer=tx.signer)
         events: list[dict[str, Any]] = []
         try:
             for msg in tx.msgs:
@@ -427,10 +432,6 @@ class App:
         return gas, events
 
     # ------------------------------------------------------------ delivery
-
-    @staticmethod
-    def _ctx_time(time_ns: int) -> float:
-        return time_ns / 1_000_000_000
 
     def deliver_tx(self, raw: bytes, index: int, time_ns: int) -> TxResult:
         height = self.height
@@ -469,7 +470,7 @@ class App:
                 },
             }
         )
-        ctx = TxContext(height=height, time=self._ctx_time(time_ns), tx_hash=result.hash, signer=tx.signer)
+        ctx = TxContext(height=height, time_ns=time_ns, tx_hash=result.hash, signer=tx.signer)
         snapshot = copy.deepcopy(self.state) if len(tx.msgs) > 1 else None
         msg_events: list[dict[str, Any]] = []
         try:
@@ -487,11 +488,23 @@ class App:
         """Put back the pre-msgs state while keeping the ante's writes (fee, sequence) applied."""
         self.state.__dict__.update(snapshot.__dict__)
 
-    def deliver_block(self, txs: list[bytes], time_ns: int) -> BlockResult:
-        """begin_block, every tx in order, end_block, then the header committing to it all."""
+    def deliver_block(
+        self,
+        txs: list[bytes],
+        time_ns: int,
+        *,
+        block_hash: str | None = None,
+        extra_header: dict[str, Any] | None = None,
+    ) -> BlockResult:
+        """begin_block, every tx in order, end_block, then the header committing to it all.
+
+        The embedded node derives the block hash from the header; under CometBFT the hash (and the
+        time) come from the consensus engine's header and are passed in (`block_hash`), and
+        `extra_header` records engine facts (proposer, absent validators) next to ours.
+        """
         time_ns = max(time_ns, self.last_time_ns + 1)
         height = self.height + 1
-        ctx = BlockContext(height=height, time=self._ctx_time(time_ns), prev_block_hash=self.last_block_hash)
+        ctx = BlockContext(height=height, time_ns=time_ns, prev_block_hash=self.last_block_hash)
         events = [event_to_json(e) for e in (module.begin_block(self.state, ctx) or [])]
         self._delivering = True
         try:
@@ -508,7 +521,8 @@ class App:
             "txs_root": merkle_root([bytes.fromhex(r.hash) for r in results]).hex() if results else ZERO_HASH,
             "results_hash": hashlib.sha256(canonical([r.to_json() for r in results] + events)).hexdigest(),
             "app_hash": app_hash(self.state).hex(),
+            **(extra_header or {}),
         }
-        block_hash = hashlib.sha256(canonical(header)).hexdigest()
+        block_hash = block_hash or hashlib.sha256(canonical(header)).hexdigest()
         self.last_block_hash, self.last_time_ns = block_hash, time_ns
         return BlockResult(header=header, hash=block_hash, txs=list(txs), results=results, events=events)

@@ -1,13 +1,21 @@
-"""`gonka-diloco chain start`: run the devnet node in the foreground.
+"""`gonka-diloco chain start`: run a chain node in the foreground; `chain localnet`: lay out a network.
 
-The first stdout line is `{"event": "listening", "url": ...}` (with the real port when `--port 0`),
-so a parent process can start the node and read where it listens; every later line is a JSON log
-record (one per block, one per rejected tx).
+Two engines run the same state machine: `--engine embedded` (default) is the single-process devnet
+node that makes its own blocks; `--engine cometbft` is one validator of a CometBFT network (the
+app plus a CometBFT child process, `chain.abci.validator`), its home made by `chain localnet`
+(or, for a one-validator network, on first start). The first stdout line is
+`{"event": "listening", "url": ...}` (with the real port when `--port 0`), so a parent process
+can start the node and read where it listens; every later line is a JSON log record (one per
+block, one per rejected tx).
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +30,7 @@ from chain.genesis import Genesis
 from chain.node import Node, create_app, dev_genesis, log_json
 from chain.store import StoreError
 
-app = typer.Typer(help="The single-validator devnet chain.", no_args_is_help=True)
+app = typer.Typer(help="The devnet chain: the embedded node, or CometBFT validators.", no_args_is_help=True)
 MAX_GENESIS_BYTES = 16 * 1024 * 1024
 
 
@@ -37,35 +45,136 @@ def load_genesis(path: Path) -> Genesis:
         raise typer.Exit(2) from None
 
 
+class Engine(enum.StrEnum):
+    EMBEDDED = "embedded"
+    COMETBFT = "cometbft"
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+def _announce(sock: socket.socket, host: str, **fields: object) -> None:
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    sys.stdout.write(json.dumps({"event": "listening", "url": url, **fields}) + "\n")
+    sys.stdout.flush()
+
+
 @app.command()
 def start(
-    home: Path = typer.Option(Path(".devnet/chain"), help="Data directory (SQLite database)."),
+    home: Path = typer.Option(Path(".devnet/chain"), help="Data directory (SQLite; CometBFT home)."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-    port: int = typer.Option(26657, min=0, max=65535, help="HTTP port; 0 picks a free one."),
+    port: int | None = typer.Option(
+        None, min=0, max=65535, help="HTTP port; 0 picks a free one (default 26657, or the localnet's)."
+    ),
     block_interval: float = typer.Option(1.0, min=0.01, help="Seconds between blocks."),
     genesis: Path | None = typer.Option(None, help="Genesis JSON; default: dev wallets 0..31 funded."),
     min_gas_price: float = typer.Option(1.0, min=0, help="Minimum fee in ngonka per unit of gas."),
+    engine: Engine = typer.Option(Engine.EMBEDDED, help="embedded (one process) or cometbft (a validator)."),
 ) -> None:
-    """Start the node: produce blocks and serve the Cosmos REST routes and the module's API."""
+    """Start a node: make (or validate) blocks; serve the Cosmos REST routes and the module's API."""
     gen = load_genesis(genesis) if genesis else None
+    if engine is Engine.COMETBFT:
+        _start_validator(home, host, port, block_interval, gen, min_gas_price)
+        return
     try:
         node = Node(home, gen, block_interval=block_interval, min_gas_price=min_gas_price)
     except StoreError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    url = f"http://{host}:{sock.getsockname()[1]}"
-    sys.stdout.write(
-        json.dumps({"event": "listening", "url": url, "height": node.height, "chain_id": node.app.chain_id})
-        + "\n"
-    )
-    sys.stdout.flush()
+    sock = _listen(host, 26657 if port is None else port)
+    _announce(sock, host, height=node.height, chain_id=node.app.chain_id, engine="embedded")
     log_json(event="genesis", authority=node.genesis.authority, accounts=len(node.genesis.accounts))
     config = uvicorn.Config(create_app(node), log_level="warning", access_log=False, lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def validator_home(home: Path, genesis: Genesis | None, block_interval: float) -> Path:
+    """The CometBFT home to run: `home` itself, the only node of a localnet in `home`, or a new
+    one-validator network made there on first start."""
+    from chain.abci.cometbft import LOCALNET_FILE, Localnet, write_localnet
+
+    if (home / "config" / "genesis.json").exists():
+        return home
+    if not (home / LOCALNET_FILE).exists():
+        write_localnet(home, 1, genesis=genesis or dev_genesis(), block_interval=block_interval)
+    net = Localnet.load(home)
+    if len(net.validators) != 1:
+        names = ", ".join(f"{home / v.home}" for v in net.validators)
+        raise StoreError(f"{home} holds {len(net.validators)} validators: start each with --home ({names})")
+    return home / net.validators[0].home
+
+
+def _start_validator(
+    home: Path,
+    host: str,
+    port: int | None,
+    block_interval: float,
+    genesis: Genesis | None,
+    min_gas_price: float,
+) -> None:
+    from chain.abci.cometbft import CometBFTError
+    from chain.abci.faults import FAULT_ENV
+    from chain.abci.validator import Validator
+
+    try:
+        vhome = validator_home(home, genesis, block_interval)
+        node = Validator(vhome, min_gas_price=min_gas_price, fault=os.environ.get(FAULT_ENV) or None)
+        if genesis is not None and genesis.chain_id != node.genesis.chain_id:
+            raise StoreError(f"{vhome} runs chain {node.genesis.chain_id}, not {genesis.chain_id}")
+    except (StoreError, CometBFTError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    sock = _listen(host, node.info.rest_port if port is None else port)
+    _announce(
+        sock,
+        host,
+        height=node.height,
+        chain_id=node.app.chain_id,
+        engine="cometbft",
+        name=node.info.name,
+        rpc=node.info.rpc_url,
+    )
+    node.start_engine()  # before the server's threads exist: the child is forked from one thread
+    try:
+        config = uvicorn.Config(create_app(node), log_level="warning", access_log=False, lifespan="on")
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        node.stop_engine()
+
+
+@app.command()
+def localnet(
+    validators: int = typer.Option(4, min=1, max=64, help="Number of validators."),
+    home: Path = typer.Option(Path(".devnet/localnet"), help="Folder for the validators' homes (empty)."),
+    block_interval: float = typer.Option(0.5, min=0.05, help="Seconds between blocks (timeout_commit)."),
+    base_port: int = typer.Option(
+        26600,
+        min=0,
+        max=65000,
+        help="Validator i listens on base+10i (P2P), +1 (RPC), +2 (REST); 0: free ports.",
+    ),
+    genesis: Path | None = typer.Option(None, help="App genesis JSON; default: dev wallets 0..31 funded."),
+) -> None:
+    """Write keys, one genesis and a config per validator for a local CometBFT network."""
+    from chain.abci.cometbft import CometBFTError, write_localnet
+
+    gen = load_genesis(genesis) if genesis else dev_genesis()
+    try:
+        net = write_localnet(
+            home, validators, genesis=gen, block_interval=block_interval, base_port=base_port
+        )
+    except CometBFTError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"localnet {net.chain_id}: {len(net.validators)} validators in {home}")
+    for v in net.validators:
+        typer.echo(f"  {v.name}: REST {v.rest_url}  RPC {v.rpc_url}  P2P 127.0.0.1:{v.p2p_port}  {v.address}")
+    typer.echo("start each with: gonka-diloco chain start --engine cometbft --home " + str(home / "node<i>"))
 
 
 @app.command()
@@ -84,35 +193,37 @@ class NodeProcess:
         *,
         block_interval: float = 1.0,
         genesis: Path | None = None,
-        port: int = 0,
+        port: int | None = 0,
         log_path: Path | None = None,
         startup_timeout: float = 60.0,
+        engine: Engine = Engine.EMBEDDED,
+        env: dict[str, str] | None = None,
     ):
-        cmd = [
-            sys.executable,
-            "-m",
-            "chain.cli",
-            "start",
-            "--home",
-            str(home),
-            "--port",
-            str(port),
-            "--block-interval",
-            str(block_interval),
-        ]
+        cmd = [sys.executable, "-m", "chain.cli", "start", "--home", str(home)]
+        cmd += ["--block-interval", str(block_interval), "--engine", engine.value]
+        if port is not None:
+            cmd += ["--port", str(port)]
         if genesis is not None:
             cmd += ["--genesis", str(genesis)]
         self.log_path = log_path or Path(home).with_suffix(".log")
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parent.parent,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its own group: stopping it stops its CometBFT child too
         )
         first: list[str] = []
         ready = threading.Event()
         threading.Thread(target=self._drain, args=(first, ready), daemon=True).start()
-        if not ready.wait(startup_timeout) or not first or not first[0].startswith("{"):
+        try:
+            if not ready.wait(startup_timeout) or not first:
+                raise ValueError("no output")
+            self.url: str = json.loads(first[0])["url"]
+        except (ValueError, KeyError, TypeError):
             self.kill()
-            raise RuntimeError(f"node did not start: {first[:1]} (see {self.log_path})")
-        self.url: str = json.loads(first[0])["url"]
+            raise RuntimeError(f"node did not start: {first[:1]} (see {self.log_path})") from None
 
     def _drain(self, first: list[str], ready: threading.Event) -> None:
         assert self.proc.stdout is not None
@@ -128,17 +239,21 @@ class NodeProcess:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL if it does not exit in time."""
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._signal(signal.SIGKILL)  # anything of its group left behind
 
     def kill(self) -> None:
-        """SIGKILL: the crash a durable chain must survive."""
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """SIGKILL to the node's whole process group: the crash a durable chain must survive."""
+        self._signal(signal.SIGKILL)
         self.proc.wait()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
 
 
 if __name__ == "__main__":

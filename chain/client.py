@@ -245,7 +245,9 @@ class ChainClient(ABC):
                     memo=memo,
                 )
                 tx_hash, code, codespace, log = self._submit(raw)
-                if code == 0:
+                # Already in a mempool (a retry on another validator after a dropped answer): the
+                # same bytes, so the same tx; it is admitted.
+                if code == 0 or (code == ERR_TX_IN_CACHE and codespace == "sdk"):
                     self._accounts[address] = (number, sequence + 1)
                     break
                 if code == ERR_WRONG_SEQUENCE and codespace == "sdk" and attempt + 1 < attempts:
@@ -291,10 +293,15 @@ class ChainClient(ABC):
         return self.query("account", address=address)
 
 
+class EndpointUnavailable(ChainClientError):
+    """An endpoint answered 502/503/504: restarting, halted (a validator that stopped, or whose
+    state diverged from the network's) or overloaded. Try another."""
+
+
 def _is_transient(exc: Exception) -> bool:
     text = str(exc)
     return (
-        isinstance(exc, (httpx.TransportError, ConnectionError))
+        isinstance(exc, (httpx.TransportError, ConnectionError, EndpointUnavailable))
         or "Response: 5" in text
         or "Connection" in type(exc).__name__
     )
@@ -319,46 +326,122 @@ def retrying(fn: Callable[[], T], attempts: int = 8, base_delay: float = 0.1, ma
     raise AssertionError("unreachable")
 
 
+def endpoints(url: str | Sequence[str]) -> list[str]:
+    """One URL, a comma-separated list (what a node's `chain_url` setting may hold), or a list."""
+    items = url.split(",") if isinstance(url, str) else list(url)
+    urls = [u.strip().rstrip("/") for u in items if u.strip()]
+    if not urls:
+        raise ValueError("no chain endpoint given")
+    return urls
+
+
 class HttpChainClient(ChainClient):
-    """Over HTTP to a devnet node; thread-safe (httpx.Client is, LedgerClients are per thread)."""
+    """Over HTTP to one node, or to several validators of one chain with failover between them.
+
+    Each call goes to the active endpoint; a transport failure, a 5xx (a validator that is down,
+    restarting or halted) or a long-poll on which that endpoint made no progress moves it to the
+    next one, and only after every endpoint failed in a round does the client back off. All
+    validators serve the same committed state, so callers never notice which one answered.
+    Thread-safe (httpx.Client is, LedgerClients are per thread)."""
+
+    ROUNDS = 8
+    """Rounds over all endpoints before a transient failure is raised (≈ 7 s of backoff in all)."""
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         chain_id: str = CHAIN_ID,
         gas_price: float = DEFAULT_GAS_PRICE,
         timeout: float = 10.0,
     ):
         super().__init__()
-        self.url = url.rstrip("/")
+        self.urls = endpoints(url)
         self.chain_id = chain_id
         self.gas_price = gas_price
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        self._https = [httpx.Client(base_url=u, timeout=timeout) for u in self.urls]
         # A long-poll must end before the HTTP timeout does, or every quiet wait is a ReadTimeout.
         self._poll = max(0.5, timeout - 2.0)
         self._local = threading.local()
-
-    def close(self) -> None:
-        self._http.close()
+        self._active = 0
+        self._active_lock = threading.Lock()
 
     @property
-    def ledger(self) -> LedgerClient:
-        """cosmpy's own client for this node (one per thread: its requests session is not shared)."""
-        ledger = getattr(self._local, "ledger", None)
+    def url(self) -> str:
+        """The endpoint calls go to now."""
+        return self.urls[self._active]
+
+    def close(self) -> None:
+        for http in self._https:
+            http.close()
+
+    def _failover(self, failed: int) -> None:
+        with self._active_lock:
+            if self._active == failed:
+                self._active = (failed + 1) % len(self.urls)
+
+    def _call(self, fn: Callable[[int], T]) -> T:
+        """`fn(endpoint index)` on the active endpoint, failing over on transient errors."""
+        n = len(self.urls)
+        attempts = self.ROUNDS * n
+        for attempt in range(attempts):
+            index = self._active
+            try:
+                return fn(index)
+            except Exception as exc:
+                if attempt + 1 == attempts or not _is_transient(exc):
+                    raise
+                self._failover(index)
+                if (attempt + 1) % n == 0:  # every endpoint failed once more: back off
+                    time.sleep(min(2.0, 0.1 * 2 ** ((attempt + 1) // n - 1)))
+        raise AssertionError("unreachable")
+
+    def _ledger(self, index: int) -> LedgerClient:
+        """cosmpy's own client for one endpoint (one per thread: its requests session is not shared)."""
+        ledgers = getattr(self._local, "ledgers", None)
+        if ledgers is None:
+            ledgers = self._local.ledgers = {}
+        ledger = ledgers.get(index)
         if ledger is None:
             cfg = NetworkConfig(
                 chain_id=self.chain_id,
-                url=f"rest+{self.url}",
+                url=f"rest+{self.urls[index]}",
                 fee_minimum_gas_price=self.gas_price,
                 fee_denomination=DENOM,
                 staking_denomination=DENOM,
             )
-            ledger = self._local.ledger = LedgerClient(cfg)
+            ledger = ledgers[index] = LedgerClient(cfg)
         return ledger
 
+    @property
+    def ledger(self) -> LedgerClient:
+        """cosmpy's client for the active endpoint."""
+        return self._ledger(self._active)
+
+    def _get_from(self, index: int, path: str, params: dict[str, Any]) -> httpx.Response:
+        response = self._https[index].get(path, params=params or None)
+        if response.status_code in (502, 503, 504):
+            raise EndpointUnavailable(
+                f"{self.urls[index]}{path}: HTTP {response.status_code} {response.text[:300]}"
+            )
+        return response
+
     def _get(self, path: str, **params: Any) -> httpx.Response:
-        return retrying(lambda: self._http.get(path, params=params or None))
+        return self._call(lambda i: self._get_from(i, path, params))
+
+    def _poll_get(self, path: str, wait: float, **params: Any) -> httpx.Response:
+        """A long-poll; with several endpoints, one that made no progress in a whole poll period
+        (stopped, or cut off from the others) is left for the next."""
+        holder: list[int] = []
+
+        def call(i: int) -> httpx.Response:
+            holder.append(i)
+            return self._get_from(i, path, {**params, "wait": wait})
+
+        response = self._call(call)
+        if response.status_code == 404 and len(self.urls) > 1 and wait >= self._poll:
+            self._failover(holder[-1])
+        return response
 
     def _json(self, response: httpx.Response) -> Any:
         if response.status_code >= 400:
@@ -368,12 +451,12 @@ class HttpChainClient(ChainClient):
         return response.json()
 
     def _account(self, address: str) -> tuple[int, int]:
-        account = retrying(lambda: self.ledger.query_account(address))  # type: ignore[arg-type]
+        account = self._call(lambda i: self._ledger(i).query_account(address))  # type: ignore[arg-type]
         return int(account.number), int(account.sequence)
 
     def _submit(self, tx_bytes: bytes) -> tuple[str, int, str, str]:
         request = BroadcastTxRequest(tx_bytes=tx_bytes, mode=BroadcastMode.BROADCAST_MODE_SYNC)
-        resp = retrying(lambda: self.ledger.txs.BroadcastTx(request)).tx_response
+        resp = self._call(lambda i: self._ledger(i).txs.BroadcastTx(request)).tx_response
         return resp.txhash, int(resp.code), resp.codespace, resp.raw_log
 
     def wait_for_tx(self, tx_hash: str, timeout: float = 30.0) -> TxResult:
@@ -383,7 +466,7 @@ class HttpChainClient(ChainClient):
             if remaining <= 0:
                 raise ChainTimeout(f"tx {tx_hash} not committed within {timeout}s")
             wait = round(min(remaining, self._poll), 3)
-            response = self._get(f"/inference/diloco/v1/txs/{tx_hash}", wait=wait)
+            response = self._poll_get(f"/inference/diloco/v1/txs/{tx_hash}", wait)
             if response.status_code != 404:
                 return TxResult.from_json(self._json(response)["result"])
 
@@ -396,9 +479,8 @@ class HttpChainClient(ChainClient):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ChainTimeout(f"no block after {after_height} within {timeout}s")
-            response = self._get(
-                f"/inference/diloco/v1/blocks/{after_height + 1}", wait=round(min(remaining, self._poll), 3)
-            )
+            wait = round(min(remaining, self._poll), 3)
+            response = self._poll_get(f"/inference/diloco/v1/blocks/{after_height + 1}", wait)
             if response.status_code != 404:
                 return Block.from_json(self._json(response))
 
@@ -409,4 +491,4 @@ class HttpChainClient(ChainClient):
         return self._json(self._get(f"/inference/diloco/v1/query/{name}", **params))
 
     def balance(self, address: str) -> int:
-        return retrying(lambda: self.ledger.query_bank_balance(address, DENOM))  # type: ignore[arg-type]
+        return self._call(lambda i: self._ledger(i).query_bank_balance(address, DENOM))  # type: ignore[arg-type]

@@ -280,6 +280,24 @@ class ErrDuplicateOuterResult(ChainError):
     code = 52
 
 
+class ErrDuplicateReport(ChainError):
+    """The host already reported unavailable Δs in this result round."""
+
+    code = 53
+
+
+class ErrReportAfterVote(ChainError):
+    """The host voted for a result in this round: it had every Δ."""
+
+    code = 54
+
+
+class ErrNotInResultSet(ChainError):
+    """A reported host is not in the current result round's accepted set."""
+
+    code = 55
+
+
 ERRORS: dict[int, type[ChainError]] = {cls.code: cls for cls in ChainError.__subclasses__()}
 """Every named error by code (the app and the client map codes back to names with it)."""
 assert len(ERRORS) == len(ChainError.__subclasses__()), "error codes must be unique"

@@ -3,7 +3,8 @@
 Each `process_*(state, msg, ctx)` first runs every validity check, each one explicit and raising
 its own named `ChainError`, and only then writes: a failing message changes nothing, which the
 app relies on to discard failed txs without snapshots. `begin_block` moves outer steps through
-their phases and derives challenges; `end_block` finalizes contributions and outer results.
+their phases and derives challenges and audits; `end_block` closes verdict rounds, audits and
+disputes, finalizes contributions and ends result rounds (specs/protocol.md §2.5–§2.7).
 Deterministic: no wall clock, no randomness but block hashes through `protocol.prf`, every
 iteration over a collection in sorted order.
 
@@ -13,8 +14,7 @@ digest (chain.state); nothing ever writes to a DONE outer step, whose digest is 
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +24,11 @@ from chain.params import (
     CHALLENGE_DELAY,
     MODULE_ACCOUNT,
     REWARD_POOL_ACCOUNT,
+    SEED_BLOCKS,
     SLASHED_OUTCOMES,
     Outcome,
     Phase,
+    Review,
     RunStatus,
 )
 from chain.state import (
@@ -49,6 +51,7 @@ from protocol.messages import (
     MsgCreateRun,
     MsgJoinRun,
     MsgLeaveRun,
+    MsgReportUnavailable,
     MsgRevealContribution,
     MsgSend,
     MsgSubmitOuterResult,
@@ -60,15 +63,19 @@ from protocol.messages import (
 
 @dataclass(frozen=True)
 class BlockContext:
+    """Everything a block brings into the state machine from outside, in one place. Both engines
+    fill it from consensus data only (never a local clock): the embedded node from its own header
+    chain, the CometBFT app from `RequestFinalizeBlock` (specs/protocol.md §2.9)."""
+
     height: int
-    time: float
-    prev_block_hash: str  # hex; seeds the challenge at commit_deadline + 2
+    time_ns: int  # block time, unix nanoseconds (an integer: no floats in state transitions)
+    prev_block_hash: str  # hex; enters `recent_block_hashes`, which seed challenges and audits
 
 
 @dataclass(frozen=True)
 class TxContext:
     height: int
-    time: float
+    time_ns: int  # the block's time, unix nanoseconds
     tx_hash: str
     signer: str  # bech32 address whose signature the app verified
 
@@ -131,6 +138,21 @@ def active_verifiers(run: Run) -> list[str]:
     return sorted(a for a, p in run.participants.items() if p.role == Role.VERIFIER.value and not p.leaving)
 
 
+def verifier_pool(run: Run) -> prf.StakePool:
+    """The active verifiers with their bonded stakes: every draw is weighted by stake."""
+    return prf.StakePool({a: run.participants[a].stake for a in active_verifiers(run)})
+
+
+def stake_of(run: Run, address: str) -> int:
+    participant = run.participants.get(address)
+    return participant.stake if participant is not None else 0
+
+
+def result_weight(step: OuterStep, hosts: Iterable[str]) -> int:
+    """The weight of some hosts in a result round: their tokens (what the outer step weighs by)."""
+    return sum(step.contributions[h].tokens for h in hosts)
+
+
 def _require_run(state: ChainState, run_id: int) -> Run:
     run = state.runs.get(run_id)
     if run is None:
@@ -145,12 +167,16 @@ def _require_current_step(run: Run, outer_step: int) -> OuterStep:
 
 
 def _is_pending(run: Run, address: str) -> bool:
-    """Does an unfinalized outer step still need this participant (its commit or its verdicts)?"""
+    """Does the current outer step still need this participant (its commit, its verdicts, or, while
+    results are asked for, its accepted Δ)? A pending participant unbonds only after the step's
+    slashes: nobody escapes one by leaving."""
     if run.status != RunStatus.ACTIVE:
         return False
     step = run.steps[run.current_step]
-    if step.phase in (Phase.PENDING, Phase.AWAITING_RESULT, Phase.DONE):
+    if step.phase in (Phase.PENDING, Phase.DONE):
         return False
+    if step.phase == Phase.AWAITING_RESULT:
+        return address in step.accepted
     return any(address == c.host or address in c.verifier_rounds for c in step.contributions.values())
 
 
@@ -341,7 +367,7 @@ def process_reveal(state: ChainState, msg: MsgRevealContribution, ctx: TxContext
 
 # ---------------------------------------------------------------- verdict
 
-_VERDICT_PHASES = (Phase.REVEAL, Phase.VERIFY, Phase.ESCALATION)
+_VERDICT_PHASES = (Phase.REVEAL, Phase.VERIFY, Phase.ESCALATION, Phase.AUDIT, Phase.CONFIRM)
 
 
 def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) -> list[Event]:
@@ -397,31 +423,84 @@ def _open_next_step(run: Run, step: OuterStep, open_height: int) -> list[Event]:
     return [_event("outer_step_opened", run_id=run.id, outer_step=nxt.index, train_start=nxt.train_start)]
 
 
-def _adopt_result(run: Run, step: OuterStep, model_hash: str, height: int) -> list[Event]:
+def _release_leavers(state: ChainState, run: Run, keep: list[str]) -> list[Event]:
+    """Unbond every leaving participant (sorted) except those in `keep` (still pending)."""
+    leaving = [a for a in sorted(run.participants) if run.participants[a].leaving and a not in keep]
+    return [_unbond(state, run, a) for a in leaving]
+
+
+def _pay_rewards(state: ChainState, run: Run, step: OuterStep) -> list[Event]:
+    """Each host whose Δ reached the model gets its token share of min(reward, pool balance)."""
+    total_tokens = result_weight(step, step.accepted)
+    budget = min(run_config(run).stake.reward_per_outer_step, balance_of(state, REWARD_POOL_ACCOUNT))
+    events = []
+    for host in step.accepted:
+        c = step.contributions[host]
+        c.reward = budget * c.tokens // total_tokens if total_tokens else 0
+        touched(c)
+        transfer(state, REWARD_POOL_ACCOUNT, host, c.reward)
+        events.append(_event("reward", run_id=run.id, outer_step=step.index, host=host, amount=c.reward))
+    return events
+
+
+def _close_step(state: ChainState, run: Run, step: OuterStep, model_hash: str, height: int) -> list[Event]:
     step.result_hash = model_hash
     step.phase = Phase.DONE
     step.done_height = height
     run.global_model_hash = model_hash
-    events = [_event("global_model", run_id=run.id, outer_step=step.index, model_hash=model_hash)]
+    events = _release_leavers(state, run, [])
     return events + _open_next_step(run, step, height + 1)
 
 
-def process_outer_result(state: ChainState, msg: MsgSubmitOuterResult, ctx: TxContext) -> list[Event]:
+def _adopt_result(state: ChainState, run: Run, step: OuterStep, model_hash: str, height: int) -> list[Event]:
+    """A strict majority of the round's accepted weight agreed: G_{n+1}; the Δs in it are paid."""
+    events = _pay_rewards(state, run, step)
+    events.append(_event("global_model", run_id=run.id, outer_step=step.index, model_hash=model_hash))
+    return events + _close_step(state, run, step, model_hash, height)
+
+
+def _require_result_round(
+    state: ChainState, msg: MsgSubmitOuterResult | MsgReportUnavailable
+) -> tuple[Run, OuterStep]:
+    """The checks a result vote and an unavailability report share: run, step, phase, sender."""
     run = _require_run(state, msg.run_id)
     step = _require_current_step(run, msg.outer_step)
     if step.phase != Phase.AWAITING_RESULT:
         raise errors.ErrNotResultPhase(f"phase {step.phase}")
     if msg.creator not in step.accepted:
         raise errors.ErrNotAcceptedHost(f"{msg.creator} in outer step {step.index}")
+    return run, step
+
+
+def process_outer_result(state: ChainState, msg: MsgSubmitOuterResult, ctx: TxContext) -> list[Event]:
+    run, step = _require_result_round(state, msg)
     if msg.creator in step.result_votes:
         raise errors.ErrDuplicateOuterResult(f"{msg.creator} reported {step.result_votes[msg.creator]}")
 
     step.result_votes[msg.creator] = msg.model_hash
+    step.unavailable.pop(msg.creator, None)  # it computed the result: it had every Δ after all
     events = [_event("outer_result", run_id=run.id, outer_step=step.index, host=msg.creator)]
-    votes = sum(1 for h in step.result_votes.values() if h == msg.model_hash)
-    if 2 * votes > len(step.accepted):
-        events += _adopt_result(run, step, msg.model_hash, ctx.height)
+    voters = [h for h, v in step.result_votes.items() if v == msg.model_hash]
+    if 2 * result_weight(step, voters) > result_weight(step, step.accepted):
+        events += _adopt_result(state, run, step, msg.model_hash, ctx.height)
     return events
+
+
+def process_report_unavailable(state: ChainState, msg: MsgReportUnavailable, ctx: TxContext) -> list[Event]:
+    run, step = _require_result_round(state, msg)
+    if msg.creator in step.result_votes:
+        raise errors.ErrReportAfterVote(f"{msg.creator} voted {step.result_votes[msg.creator]}")
+    if msg.creator in step.unavailable:
+        raise errors.ErrDuplicateReport(f"{msg.creator} in result round {step.result_round}")
+    missing = [h for h in msg.hosts if h not in step.accepted]
+    if missing:
+        raise errors.ErrNotInResultSet(f"{missing[0]} in result round {step.result_round}")
+
+    step.unavailable[msg.creator] = sorted(msg.hosts)
+    hosts = ",".join(sorted(msg.hosts))
+    return [
+        _event("report_unavailable", run_id=run.id, outer_step=step.index, reporter=msg.creator, hosts=hosts)
+    ]
 
 
 # ---------------------------------------------------------------- dispatch
@@ -435,6 +514,7 @@ HANDLERS: dict[type, Handler] = {
     MsgRevealContribution: process_reveal,
     MsgSubmitVerdict: process_verdict,
     MsgSubmitOuterResult: process_outer_result,
+    MsgReportUnavailable: process_report_unavailable,
     MsgSend: process_send,
 }
 
@@ -452,18 +532,28 @@ def process_msg(state: ChainState, msg: Any, ctx: TxContext) -> list[Event]:
 # ---------------------------------------------------------------- begin block
 
 
+def block_seed(state: ChainState) -> str:
+    """The seed of a draw in this block: SHA-256 over the last SEED_BLOCKS block hashes."""
+    return prf.seed_from_blocks(state.recent_block_hashes)
+
+
+def _assign(c: Contribution, verifiers: list[str], round: int) -> None:
+    new = [v for v in verifiers if v not in c.verifier_rounds]
+    c.verifiers += new
+    c.verifier_rounds.update(dict.fromkeys(new, round))
+    touched(c)
+
+
 def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int) -> list[Event]:
     config = run_config(run)
-    verifiers = active_verifiers(run)
+    pool = verifier_pool(run)
     step.challenge_seed = seed
     step.challenge_height = height
     events = []
     for host in sorted(step.contributions):
         c = step.contributions[host]
         c.sampled_segments = prf.sample_segments(seed, host, config.n_segments, config.sampled_segments)
-        c.verifiers = prf.assign_verifiers(seed, host, verifiers, config.verifiers_per_contribution, 0)
-        c.verifier_rounds = dict.fromkeys(c.verifiers, 0)
-        touched(c)
+        _assign(c, pool.draw(seed, host, config.verifiers_per_contribution, 0), 0)
         events.append(
             _event(
                 "challenge",
@@ -477,9 +567,59 @@ def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int) -> list
     return events
 
 
+def _open_dispute(run: Run, step: OuterStep, c: Contribution) -> Event:
+    """Some verifier rejected: every active verifier is asked, the stake majority will decide."""
+    c.review = Review.CONFIRM
+    _assign(c, active_verifiers(run), step.round)
+    return _event("dispute", run_id=run.id, outer_step=step.index, host=c.host, round=step.round)
+
+
+def _has_reject(c: Contribution) -> bool:
+    return any(v.reason != Reason.ACCEPT for v in c.verdicts.values())
+
+
+def _draw_audits(run: Run, step: OuterStep, seed: str, height: int) -> list[Event]:
+    """The audit lottery, from a seed no verifier knew when it voted: each provisionally accepted
+    contribution is audited with probability audit_bps / 10^4 by `audit_verifiers` more verifiers
+    drawn by stake, never one already assigned to it (nor its host)."""
+    config = run_config(run)
+    pool = verifier_pool(run)
+    step.audit_seed = seed
+    events: list[Event] = []
+    waiting = False
+    for host in sorted(step.contributions):
+        c = step.contributions[host]
+        if c.outcome is not None:
+            continue
+        if c.review == Review.CONFIRM:
+            waiting = True
+            continue
+        if _has_reject(c):  # a late reject since the rounds closed: disputed like any other
+            events.append(_open_dispute(run, step, c))
+            waiting = True
+            continue
+        auditors: list[str] = []
+        if prf.audited(seed, host, config.audit_bps):
+            auditors = pool.draw(seed, host, config.audit_verifiers, step.round, exclude=c.verifier_rounds)
+        if auditors:
+            c.review, c.audited = Review.AUDIT, True
+            _assign(c, auditors, step.round)
+            waiting = True
+            events.append(
+                _event("audit", run_id=run.id, outer_step=step.index, host=host, verifiers=",".join(auditors))
+            )
+        else:
+            c.outcome = Outcome.ACCEPTED
+            touched(c)
+    if not waiting:  # nothing to wait for: this block's end_block finalizes
+        step.round_deadline = height
+    return events
+
+
 def begin_block(state: ChainState, ctx: BlockContext) -> list[Event]:
     """Advance each active run's current outer step through the phases its deadlines imply."""
     state.height = ctx.height
+    state.recent_block_hashes = [*state.recent_block_hashes, ctx.prev_block_hash][-SEED_BLOCKS:]
     events: list[Event] = []
     h = ctx.height
     for run_id in sorted(state.runs):
@@ -495,15 +635,22 @@ def begin_block(state: ChainState, ctx: BlockContext) -> list[Event]:
             events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
         if step.phase == Phase.CHALLENGE and h >= step.commit_deadline + CHALLENGE_DELAY:
             step.phase = Phase.REVEAL
-            events += _derive_challenge(run, step, ctx.prev_block_hash, h)
+            events += _derive_challenge(run, step, block_seed(state), h)
             events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
         if step.phase == Phase.REVEAL and h > step.reveal_deadline:
             step.phase = Phase.VERIFY
             events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
+        if (
+            step.phase == Phase.AUDIT
+            and step.audit_seed is None
+            and step.audit_height is not None
+            and h >= step.audit_height
+        ):
+            events += _draw_audits(run, step, block_seed(state), h)
     return events
 
 
-# ---------------------------------------------------------------- end block: finalization
+# ---------------------------------------------------------------- end block: verdicts
 
 
 def _tally(c: Contribution) -> tuple[int, int]:
@@ -511,24 +658,33 @@ def _tally(c: Contribution) -> tuple[int, int]:
     return accepts, len(c.verdicts) - accepts
 
 
-def _round_outcome(c: Contribution, final_round: bool) -> str | None:
-    """The outcome at a round deadline, or None to escalate."""
+def _initial_review(c: Contribution, final_round: bool) -> str | None:
+    """At the end of an initial round: an outcome, a review stage, or None to escalate."""
     if c.reveal_height is None:
         return Outcome.MISSING_REVEAL
     if c.equivocation_tx is not None:
         return Outcome.EQUIVOCATED
     accepts, rejects = _tally(c)
+    if rejects:
+        return Review.CONFIRM  # one reject disputes it: only the stake majority may decide against it
     if 2 * accepts > len(c.verifiers):
-        return Outcome.ACCEPTED
-    if 2 * rejects > len(c.verifiers):
-        return Outcome.REJECTED
+        return Review.PROVISIONAL
     if not final_round:
         return None
-    if accepts > rejects:
-        return Outcome.ACCEPTED
-    if rejects > accepts:
+    return Review.PROVISIONAL if accepts else Outcome.UNVERIFIED  # no verdicts: nobody slashed
+
+
+def _confirmed(run: Run, c: Contribution) -> str:
+    """A dispute's outcome: the stake-weighted majority of every bonded verifier assigned to it
+    (after `_open_dispute`, every active verifier). No majority either way: unverified."""
+    panel = sum(stake_of(run, v) for v in c.verifier_rounds)
+    accepts = sum(stake_of(run, v) for v, x in c.verdicts.items() if x.reason == Reason.ACCEPT)
+    rejects = sum(stake_of(run, v) for v, x in c.verdicts.items() if x.reason != Reason.ACCEPT)
+    if 2 * rejects > panel:
         return Outcome.REJECTED
-    return Outcome.UNVERIFIED  # no verdicts, or a tie: nobody is slashed
+    if 2 * accepts > panel:
+        return Outcome.ACCEPTED
+    return Outcome.UNVERIFIED
 
 
 def _slash(state: ChainState, run: Run, address: str, bps: int) -> int:
@@ -547,30 +703,34 @@ def _contradicts(verdict: Verdict, outcome: str) -> bool:
     return outcome in SLASHED_OUTCOMES and verdict.reason == Reason.ACCEPT
 
 
+def _is_fraud(c: Contribution) -> bool:
+    """Rejected by a confirmed dispute although some verifier accepted it: evidence of collusion."""
+    return c.outcome == Outcome.REJECTED and c.review == Review.CONFIRM and _tally(c)[0] > 0
+
+
 def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
-    """Slash, reward, record the accepted set and each host's optimizer hash, release leavers."""
+    """Slash, record the accepted set and each host's optimizer hash, release leavers not needed
+    for the result; rewards wait for the result (only Δs that reach the model are paid)."""
     stake = run_config(run).stake
     events: list[Event] = []
     for host in sorted(step.contributions):
         c = step.contributions[host]
         assert c.outcome is not None
+        fraud = _is_fraud(c)
         if c.outcome in SLASHED_OUTCOMES:
-            c.slashed = _slash(state, run, host, stake.host_slash_bps)
+            c.slashed = _slash(
+                state, run, host, stake.fraud_host_slash_bps if fraud else stake.host_slash_bps
+            )
             touched(c)
         for verifier in sorted(c.verdicts):
-            if _contradicts(c.verdicts[verifier], c.outcome):
-                amount = _slash(state, run, verifier, stake.verifier_slash_bps)
+            verdict = c.verdicts[verifier]
+            if _contradicts(verdict, c.outcome):
+                bps = stake.fraud_verifier_slash_bps if fraud else stake.verifier_slash_bps
+                amount = _slash(state, run, verifier, bps)
                 events.append(
                     _event("slash_verifier", run_id=run.id, verifier=verifier, host=host, amount=amount)
                 )
     step.accepted = sorted(h for h, c in step.contributions.items() if c.outcome == Outcome.ACCEPTED)
-    total_tokens = sum(step.contributions[h].tokens for h in step.accepted)
-    budget = min(stake.reward_per_outer_step, balance_of(state, REWARD_POOL_ACCOUNT))
-    for host in step.accepted:
-        c = step.contributions[host]
-        c.reward = budget * c.tokens // total_tokens if total_tokens else 0
-        touched(c)
-        transfer(state, REWARD_POOL_ACCOUNT, host, c.reward)
     for host in sorted(step.contributions):
         c = step.contributions[host]
         if c.outcome == Outcome.ACCEPTED:
@@ -584,13 +744,10 @@ def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) ->
                 outer_step=step.index,
                 host=host,
                 outcome=c.outcome,
-                reward=c.reward,
                 slashed=c.slashed,
             )
         )
-    for address in sorted(run.participants):
-        if run.participants[address].leaving:
-            events.append(_unbond(state, run, address))
+    events += _release_leavers(state, run, step.accepted)
     step.finalized_height = height
     events.append(
         _event("outer_step_finalized", run_id=run.id, outer_step=step.index, accepted=",".join(step.accepted))
@@ -604,34 +761,77 @@ def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) ->
     return events
 
 
+def _after_initial_rounds(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
+    """Every contribution is decided, provisionally accepted or disputed: audit, confirm, or finish."""
+    config = run_config(run)
+    open_ = [
+        step.contributions[h] for h in sorted(step.contributions) if step.contributions[h].outcome is None
+    ]
+    provisional = [c for c in open_ if c.review == Review.PROVISIONAL]
+    events: list[Event] = []
+    if provisional and config.audit_bps > 0:
+        step.round += 1
+        step.phase = Phase.AUDIT
+        step.audit_height = height + CHALLENGE_DELAY  # seeded by blocks no verdict could see
+        step.round_deadline = step.audit_height + config.phases.audit_blocks
+        for c in open_:
+            if c.review == Review.CONFIRM:
+                events.append(_open_dispute(run, step, c))
+        return [*events, _event("phase", run_id=run.id, outer_step=step.index, phase=step.phase)]
+    for c in provisional:
+        c.outcome = Outcome.ACCEPTED
+        touched(c)
+    return events + _confirm_or_finalize(
+        state, run, step, [c for c in open_ if c.review == Review.CONFIRM], height
+    )
+
+
+def _confirm_or_finalize(
+    state: ChainState, run: Run, step: OuterStep, disputes: list[Contribution], height: int
+) -> list[Event]:
+    if not disputes:
+        return _finalize_step(state, run, step, height)
+    step.round += 1
+    step.phase = Phase.CONFIRM
+    step.round_deadline = height + run_config(run).phases.confirm_blocks
+    events = [_open_dispute(run, step, c) for c in disputes]
+    return [*events, _event("phase", run_id=run.id, outer_step=step.index, phase=step.phase)]
+
+
 def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
+    """Close an initial verdict round: decide, hold for review, or escalate the missing verdicts."""
     config = run_config(run)
     final_round = step.round >= config.phases.max_escalations
     undecided = []
     for host in sorted(step.contributions):
         c = step.contributions[host]
-        if c.outcome is None:
-            c.outcome = _round_outcome(c, final_round)
+        if c.outcome is None and c.review is None:
+            review = _initial_review(c, final_round)
+            if review in (Review.CONFIRM, Review.PROVISIONAL):
+                c.review = review
+            else:
+                c.outcome = review
             touched(c)
-            if c.outcome is None:
+            if review is None:
                 undecided.append(c)
     if not undecided:
-        return _finalize_step(state, run, step, height)
+        return _after_initial_rounds(state, run, step, height)
 
     step.round += 1
     step.round_deadline = height + config.phases.escalation_blocks
     step.phase = Phase.ESCALATION
-    verifiers = active_verifiers(run)
+    pool = verifier_pool(run)
     events = []
     assert step.challenge_seed is not None
     for c in undecided:
-        drawn = prf.assign_verifiers(
-            step.challenge_seed, c.host, verifiers, config.verifiers_per_contribution, step.round
+        new = pool.draw(
+            step.challenge_seed,
+            c.host,
+            config.verifiers_per_contribution,
+            step.round,
+            exclude=c.verifier_rounds,
         )
-        new = [v for v in drawn if v not in c.verifier_rounds]
-        c.verifiers += new
-        c.verifier_rounds.update(dict.fromkeys(new, step.round))
-        touched(c)
+        _assign(c, new, step.round)
         events.append(
             _event(
                 "escalation",
@@ -645,27 +845,76 @@ def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> lis
     return events
 
 
-def _plurality(votes: dict[str, str]) -> str:
-    """Most votes; ties broken by the smallest hash, so every node picks the same one."""
-    counts = Counter(votes.values())
-    return min(counts, key=lambda h: (-counts[h], h))
+def _end_review(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
+    """Close the audit or the confirmation window: decide disputes; an audit that found a reject
+    opens one (in the audit window only); every other audited contribution is accepted."""
+    disputes: list[Contribution] = []
+    for host in sorted(step.contributions):
+        c = step.contributions[host]
+        if c.outcome is not None:
+            continue
+        if c.review == Review.CONFIRM:
+            c.outcome = _confirmed(run, c)
+        elif _has_reject(c) and step.phase == Phase.AUDIT:
+            disputes.append(c)
+            continue
+        else:
+            c.outcome = Outcome.ACCEPTED
+        touched(c)
+    return _confirm_or_finalize(state, run, step, disputes, height)
+
+
+# ---------------------------------------------------------------- end block: results
+
+
+def _end_result_round(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
+    """No majority by the deadline: drop the Δs a majority of the accepted weight could not fetch
+    (slashed for withholding), then ask again over the rest, or close the step with G_n."""
+    config = run_config(run)
+    total = result_weight(step, step.accepted)
+    events: list[Event] = []
+    for host in list(step.accepted):
+        reporters = [r for r, hosts in step.unavailable.items() if host in hosts]
+        if 2 * result_weight(step, reporters) > total:
+            c = step.contributions[host]
+            c.outcome = Outcome.WITHHELD
+            amount = _slash(state, run, host, config.stake.host_slash_bps)
+            c.slashed += amount
+            touched(c)
+            run.prev_optimizer.pop(host, None)
+            step.accepted.remove(host)
+            step.dropped = sorted([*step.dropped, host])
+            events.append(_event("withheld", run_id=run.id, outer_step=step.index, host=host, amount=amount))
+    if step.accepted and step.result_round + 1 < config.phases.result_rounds:
+        step.result_round += 1
+        step.result_votes = {}
+        step.unavailable = {}
+        step.result_deadline = height + config.phases.result_blocks
+        again = _event("result_round", run_id=run.id, outer_step=step.index, round=step.result_round)
+        return [*events, again]
+    events.append(
+        _event("result_failed", run_id=run.id, outer_step=step.index, model_hash=step.base_model_hash)
+    )
+    return events + _close_step(state, run, step, step.base_model_hash, height)
 
 
 def end_block(state: ChainState, ctx: BlockContext) -> list[Event]:
-    """Close verdict rounds that end at this height and adopt overdue outer results."""
+    """Close verdict, audit and confirmation windows and result rounds that end at this height."""
     events: list[Event] = []
+    h = ctx.height
     for run_id in sorted(state.runs):
         run = state.runs[run_id]
         if run.status != RunStatus.ACTIVE:
             continue
         step = run.steps[run.current_step]
-        if step.phase in (Phase.VERIFY, Phase.ESCALATION) and ctx.height >= step.round_deadline:
-            events += _end_round(state, run, step, ctx.height)
+        if step.phase in (Phase.VERIFY, Phase.ESCALATION) and h >= step.round_deadline:
+            events += _end_round(state, run, step, h)
+        elif step.phase in (Phase.AUDIT, Phase.CONFIRM) and h >= step.round_deadline:
+            events += _end_review(state, run, step, h)
         if (
             step.phase == Phase.AWAITING_RESULT
             and step.result_deadline is not None
-            and ctx.height >= step.result_deadline
-            and step.result_votes
+            and h >= step.result_deadline
         ):
-            events += _adopt_result(run, step, _plurality(step.result_votes), ctx.height)
+            events += _end_result_round(state, run, step, h)
     return events

@@ -64,6 +64,11 @@ DEV_BALANCE = 10**18
 """ngonka per dev test wallet: 1e9 GNK, plenty for any devnet run."""
 
 
+class EngineUnavailable(RuntimeError):
+    """The consensus engine behind this node cannot take a tx now (a CometBFT restart): HTTP 503,
+    so that a client tries another validator."""
+
+
 def dev_genesis(n_accounts: int = DEV_ACCOUNTS, chain_id: str = "gonka-devnet") -> Genesis:
     """Deterministic test wallets 0..n-1 funded, wallet 0 the authority, a funded reward pool."""
     from protocol.keys import test_wallet
@@ -113,6 +118,7 @@ class Node:
         min_gas_price: float = 1.0,
         limits: Limits | None = None,
         log: Callable[..., None] = log_json,
+        app_class: type[App] = App,
     ):
         self.home = Path(home)
         self.block_interval = block_interval
@@ -127,7 +133,7 @@ class Node:
         self.genesis = Genesis.model_validate_json(self.store.genesis_json() or "")
         state, header, block_hash = self.store.load_state()
         last_time_ns = header["time_ns"] if header else int(self.genesis.genesis_time * 1e9) - 1
-        self.app = App(
+        self.app = app_class(
             state,
             min_gas_price=min_gas_price,
             limits=limits,
@@ -185,13 +191,26 @@ class Node:
 
     def produce_block(self, time_ns: int | None = None) -> BlockResult:
         """Deliver the mempool's head as the next block and commit it durably before anyone hears of it."""
+        started = time.perf_counter()
+        block = self.deliver(self._take_block_txs(), time_ns or time.time_ns())
+        self.commit(block, started)
+        return block
+
+    def deliver(self, txs: list[bytes], time_ns: int, **header: Any) -> BlockResult:
+        """Run a block through the app (FinalizeBlock under CometBFT); nothing is durable yet."""
         if self.halted:
             raise StoreError(f"node halted: {self.halted}")
-        started = time.perf_counter()
-        txs = self._take_block_txs()
         try:
-            block = self.app.deliver_block(txs, time_ns or time.time_ns())
-            self.store.commit_block(block, self.app.state)
+            return self.app.deliver_block(txs, time_ns, **header)
+        except BaseException as exc:  # the state may be half-written: stop producing
+            self.halted = repr(exc)
+            raise
+
+    def commit(self, block: BlockResult, started: float | None = None) -> None:
+        """Persist a delivered block, then let the mempool, the metrics and the waiters know."""
+        started = time.perf_counter() if started is None else started
+        try:
+            stats = self.store.commit_block(block, self.app.state)
         except BaseException as exc:  # in-memory state ran ahead of the disk: stop producing
             self.halted = repr(exc)
             raise
@@ -216,12 +235,24 @@ class Node:
             txs=len(block.results),
             failed=sum(r.code != 0 for r in block.results),
             events=len(block.events),
+            rows=stats.rows,
             ms=round(elapsed * 1000, 2),
         )
         if self._new_block is not None:
             self._new_block.set()
             self._new_block = asyncio.Event()
-        return block
+
+    async def committed(self) -> None:
+        """Return once no block is between delivery and commit: HTTP reads see committed state only.
+        The embedded node delivers and commits in one step, so it never waits."""
+
+    async def broadcast_tx(self, raw: bytes) -> tuple[str, TxRejected | None]:
+        """The REST broadcast route's entry: CheckTx here; a CometBFT validator goes through its RPC."""
+        return self.submit(raw)
+
+    def engine_status(self) -> dict[str, Any]:
+        """What `/status` says about the engine that makes the blocks."""
+        return {"engine": "embedded"}
 
     async def run_blocks(self) -> None:
         """A block every `block_interval` seconds, on a fixed schedule (a slow block does not drift it)."""
@@ -270,6 +301,10 @@ def _json(data: Any, status: int = 200) -> Response:
     )
 
 
+MAX_HEIGHT = (1 << 63) - 1
+"""Heights are int64 (CometBFT, SQLite): anything above is a block that cannot exist (404)."""
+
+
 def _grpc_error(status: int, grpc_code: int, message: str) -> Response:
     """The grpc-gateway error shape a Cosmos REST endpoint answers with."""
     return _json({"code": grpc_code, "message": message, "details": []}, status)
@@ -287,6 +322,8 @@ async def _read_json(request: Request) -> Any:
         return json.loads(b"".join(chunks))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"request body is not JSON: {exc}") from None
+    except RecursionError:  # a body of nested brackets: bad input, not a server error
+        raise ValueError("request body nests too deeply") from None
 
 
 def _b64(value: Any, what: str) -> bytes:
@@ -354,6 +391,30 @@ QUERIES: dict[str, Callable[..., Any]] = {
 }
 
 
+class CommittedReads:
+    """ASGI guard in front of every route: a request waits while a block is between delivery and
+    commit (so it never sees uncommitted state), and a halted node, whose memory may have run
+    ahead of its disk or, under CometBFT, of the network, answers 503 instead of serving state:
+    clients fail over to another validator. Its status and metrics stay readable."""
+
+    OPEN_WHEN_HALTED = frozenset({f"{API}/status", "/metrics"})
+
+    def __init__(self, app: Any, node: Node) -> None:
+        self.app, self.node = app, node
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            if not self.node.halted:
+                await self.node.committed()
+            if self.node.halted and scope["path"] not in self.OPEN_WHEN_HALTED:
+                # halted before, or while waiting for a commit that will not come
+                message = f"node halted: {self.node.halted}"[:2000]
+                response = _json({"code": 14, "message": message, "details": []}, 503)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
     """The HTTP API of one node. With `run_blocks` the block loop runs for the app's lifetime."""
 
@@ -370,6 +431,7 @@ def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
             node.close()
 
     app = FastAPI(title="gonka-diloco devnet", lifespan=lifespan)
+    app.add_middleware(CommittedReads, node=node)
     cosmos_tx = "/cosmos/tx/v1beta1"
 
     # ---- cosmos: auth, bank, consensus, tendermint
@@ -409,7 +471,7 @@ def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
         return _pb_json(resp)
 
     def _cosmos_block(height: int) -> Response:
-        data = node.store.block(height)
+        data = node.store.block(height) if 0 < height <= MAX_HEIGHT else None
         if data is None:
             return _grpc_error(404, 5, f"block {height} not found")
         header = data["header"]
@@ -448,7 +510,10 @@ def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
             return _grpc_error(400, 3, str(exc))
         if node.halted:
             return _grpc_error(503, 14, f"node halted: {node.halted}")
-        hash_hex, rejection = node.submit(raw)
+        try:
+            hash_hex, rejection = await node.broadcast_tx(raw)
+        except EngineUnavailable as exc:
+            return _grpc_error(503, 14, str(exc))
         resp = BroadcastTxResponse()
         resp.tx_response.txhash = hash_hex
         if rejection is not None:
@@ -506,6 +571,7 @@ def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
                 "block_interval": node.block_interval,
                 "min_gas_price": str(node.app.min_gas_price),
                 "halted": node.halted,
+                **node.engine_status(),
             }
         )
 
@@ -514,7 +580,7 @@ def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
         return _block_json(node.height)
 
     def _block_json(height: int) -> Response:
-        data = node.store.block(height) if height > 0 else None
+        data = node.store.block(height) if 0 < height <= MAX_HEIGHT else None
         if data is None:
             return _json({"code": 5, "message": f"block {height} not found (latest {node.height})"}, 404)
         data["txs"] = [base64.b64encode(raw).decode() for raw in data["txs"]]
@@ -523,7 +589,7 @@ def create_app(node: Node, *, run_blocks: bool = True) -> FastAPI:
     @app.get(f"{API}/blocks/{{height}}")
     async def diloco_block(height: int, wait: float = 0.0) -> Response:
         """Long-poll: with `wait`, answer as soon as block `height` exists (404 after `wait` s)."""
-        if wait > 0 and height > node.height:
+        if wait > 0 and node.height < height <= MAX_HEIGHT:
             await node.wait_for_height(height, wait)
         return _block_json(height)
 

@@ -6,6 +6,8 @@ Everything a validity rule or a phase computation compares against is named here
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel, ConfigDict, Field
 
 CODESPACE = "diloco"
@@ -25,14 +27,20 @@ BPS_DENOMINATOR = 10_000
 """Slash fractions are in basis points of the bonded stake."""
 
 CHALLENGE_DELAY = 2
-"""The challenge is derived at commit_deadline + 2 from the hash of block commit_deadline + 1."""
+"""A draw happens 2 blocks after the event it follows: the challenge at commit_deadline + 2 (the
+block commit_deadline + 1 is the first whose hash no committer could know), the audit at the close
+of the verdict rounds + 2."""
+
+SEED_BLOCKS = 3
+"""A challenge or audit seed hashes the last SEED_BLOCKS block hashes (`recent_block_hashes`):
+once consecutive blocks have different proposers, none of them controls more than one input."""
 
 ZERO_HASH = "0" * 64
 """The previous block hash of the first block."""
 
 
-class Phase:
-    """Phases of one outer step, in the order they happen (plain strings: they go into JSON)."""
+class Phase(StrEnum):
+    """Phases of one outer step, in the order they happen (str-valued: they go into JSON as is)."""
 
     PENDING = "PENDING"  # opened, waiting for its training start (join window or PoC window)
     TRAIN = "TRAIN"  # commits accepted until commit_deadline inclusive
@@ -40,11 +48,18 @@ class Phase:
     REVEAL = "REVEAL"  # reveals accepted until reveal_deadline inclusive; verdicts too
     VERIFY = "VERIFY"  # verdicts until verify_deadline inclusive
     ESCALATION = "ESCALATION"  # verdicts from escalated verifiers until the round deadline
+    AUDIT = "AUDIT"  # accepted contributions drawn for audit at audit_height; auditors' verdicts
+    CONFIRM = "CONFIRM"  # disputed contributions: every bonded verifier's stake decides
     AWAITING_RESULT = "AWAITING_RESULT"  # accepted hosts report the next global model hash
     DONE = "DONE"
 
+    @property
+    def finalized(self) -> bool:
+        """Every contribution's outcome is decided (no more verdicts are taken)."""
+        return self in (Phase.AWAITING_RESULT, Phase.DONE)
 
-class Outcome:
+
+class Outcome(StrEnum):
     """How a contribution was finalized."""
 
     ACCEPTED = "accepted"
@@ -52,12 +67,21 @@ class Outcome:
     MISSING_REVEAL = "missing_reveal"  # a reject: slashed like one
     EQUIVOCATED = "equivocated"  # a reject: slashed like one
     UNVERIFIED = "unverified"  # no verdict decided it: excluded, nobody slashed
+    WITHHELD = "withheld"  # accepted, then reported unavailable by a majority: dropped and slashed
 
 
-SLASHED_OUTCOMES = (Outcome.REJECTED, Outcome.MISSING_REVEAL, Outcome.EQUIVOCATED)
+SLASHED_OUTCOMES = (Outcome.REJECTED, Outcome.MISSING_REVEAL, Outcome.EQUIVOCATED, Outcome.WITHHELD)
 
 
-class RunStatus:
+class Review(StrEnum):
+    """Where an undecided contribution stands after the initial verdict rounds."""
+
+    PROVISIONAL = "provisional"  # its verifiers accepted: awaits the audit lottery
+    AUDIT = "audit"  # drawn for audit: auditors assigned
+    CONFIRM = "confirm"  # disputed (some verifier rejected): every bonded verifier's stake decides
+
+
+class RunStatus(StrEnum):
     ACTIVE = "active"
     FINISHED = "finished"  # max_outer_steps reached
 

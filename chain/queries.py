@@ -1,8 +1,10 @@
 """Read-only queries over `ChainState`, each returning a JSON-able dict.
 
 Hosts and verifiers follow a run entirely through these: the phase and deadlines of the current
-outer step, the challenge they must answer, the reveals they must check, the accepted set they
-must aggregate, and the previous optimizer hash a verifier checks a start state against.
+outer step, the challenge they must answer, the reveals they must check (`assignments` lists
+audits and disputes too, so a verifier picks those up like any other assignment), the accepted
+set of the current result round they must aggregate, and the previous optimizer hash a verifier
+checks a start state against.
 Unknown runs or steps raise `ErrUnknownRun` / `ErrWrongOuterStep` (the node answers 404).
 """
 
@@ -90,15 +92,21 @@ def outer_step(state: ChainState, run_id: int, step: int | None = None) -> dict[
         "verify_deadline": s.verify_deadline,
         "round": s.round,
         "round_deadline": s.round_deadline,
+        "audit_height": s.audit_height,
         "result_deadline": s.result_deadline,
+        "result_round": s.result_round,
         "base_model_hash": s.base_model_hash,
         "challenge_seed": s.challenge_seed,
+        "audit_seed": s.audit_seed,
         "committed": sorted(s.contributions),
         "finalized_height": s.finalized_height,
         "accepted": list(s.accepted),
+        "dropped": list(s.dropped),
         "outcomes": {h: s.contributions[h].outcome for h in sorted(s.contributions)},
+        "reviews": {h: s.contributions[h].review for h in sorted(s.contributions)},
         "result_hash": s.result_hash,
         "result_votes": dict(sorted(s.result_votes.items())),
+        "unavailable": dict(sorted(s.unavailable.items())),
         "done_height": s.done_height,
     }
 
@@ -138,7 +146,8 @@ def commitment(state: ChainState, run_id: int, host: str, step: int | None = Non
 
 
 def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[str, Any]:
-    """Per host: the segments to open and the verifiers (with the round each was drawn in)."""
+    """Per host: the segments to open and the verifiers (with the round each was drawn in: the
+    initial rounds, then the audit and the dispute panel, if any)."""
     s = _step(_run(state, run_id), step)
     items = [
         {
@@ -146,6 +155,8 @@ def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[
             "segments": list(c.sampled_segments),
             "verifiers": list(c.verifiers),
             "verifier_rounds": dict(sorted(c.verifier_rounds.items())),
+            "review": c.review,
+            "audited": c.audited,
         }
         for c in (s.contributions[h] for h in sorted(s.contributions))
     ]
@@ -159,7 +170,8 @@ def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[
 
 
 def assignments(state: ChainState, run_id: int, verifier: str, step: int | None = None) -> dict[str, Any]:
-    """What one verifier must judge now: hosts it is assigned to that are undecided and unjudged."""
+    """What one verifier must judge now: hosts it is assigned to (initial round, escalation, audit or
+    dispute panel) that are undecided and unjudged."""
     s = _step(_run(state, run_id), step)
     hosts = [
         h
@@ -199,7 +211,9 @@ def verdicts(state: ChainState, run_id: int, step: int | None = None) -> dict[st
 
 
 def accepted(state: ChainState, run_id: int, step: int | None = None) -> dict[str, Any]:
-    """The accepted set with what aggregation needs: each Δ's hash, tokens and blob endpoint."""
+    """The current result round's accepted set with what aggregation needs: each Δ's hash, tokens
+    and blob endpoint. It shrinks when a round drops Δs reported unavailable (`dropped`); a reward
+    is non-zero once the result is adopted."""
     r = _run(state, run_id)
     s = _step(r, step)
     items = [
@@ -217,6 +231,9 @@ def accepted(state: ChainState, run_id: int, step: int | None = None) -> dict[st
         "outer_step": s.index,
         "finalized_height": s.finalized_height,
         "base_model_hash": s.base_model_hash,
+        "result_round": s.result_round,
+        "result_deadline": s.result_deadline,
+        "dropped": list(s.dropped),
         "accepted": items,
     }
 

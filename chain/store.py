@@ -1,10 +1,13 @@
 """Durable chain storage: one SQLite database in WAL mode, one transaction per block.
 
-A block, its txs with their results and the full state snapshot after it are written in a single
-transaction with `synchronous=FULL`, so after a `kill -9` (or power loss) the database holds
-either the whole block or none of it. The node only reports a tx as committed after that
-transaction returns, hence a reported tx is never lost. Only the latest state snapshot is kept:
-the state is small and a snapshot per block makes restart O(1) with no replay.
+A block, its txs with their results and the rows of the state that the block changed
+(`chain.persist`) are written in a single transaction with `synchronous=FULL`, so after a
+`kill -9` (or power loss) the database holds either the whole block or none of it. The node only
+reports a tx as committed after that transaction returns, hence a reported tx is never lost.
+What a block writes is proportional to what it changed: a finished outer step is written once,
+an idle block rewrites the root row. Restart reads the rows back and checks the rebuilt state
+against the last header's app hash; there is no replay. Both engines (the embedded node and the
+CometBFT app) persist through this class.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chain.app import BlockResult, TxResult
-from chain.state import ChainState, app_hash, state_from_json, state_to_json
+from chain.persist import RowDelta, RowError, RowTracker, all_rows, build_state, path_key, subtree_range
+from chain.state import ChainState, app_hash, state_from_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,12 +41,20 @@ CREATE TABLE IF NOT EXISTS txs (
     result TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS txs_by_height ON txs (height, idx);
-CREATE TABLE IF NOT EXISTS state (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    height INTEGER NOT NULL,
-    json TEXT NOT NULL
-);
+CREATE TABLE IF NOT EXISTS state_rows (path TEXT PRIMARY KEY, body TEXT NOT NULL) WITHOUT ROWID;
 """
+LEGACY_STATE = "state"
+"""The table of earlier versions: one whole-state JSON snapshot, rewritten every block."""
+
+
+@dataclass
+class CommitStats:
+    """What the last commit wrote (the benchmark and the node's log report it)."""
+
+    rows: int = 0
+    deleted: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
 
 
 class StoreError(RuntimeError):
@@ -58,6 +72,8 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._tracker: RowTracker | None = None  # None: the next commit rewrites every row
+        self.last_commit = CommitStats()
 
     def close(self) -> None:
         with self._lock:
@@ -71,18 +87,26 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('genesis', ?)", (genesis_json,))
-                self._db.execute("INSERT OR IGNORE INTO state VALUES (1, 0, ?)", (state_to_json(state),))
+                empty = self._db.execute("SELECT 1 FROM state_rows LIMIT 1").fetchone() is None
+                if empty and not self._has_legacy():
+                    self._db.executemany("INSERT INTO state_rows VALUES (?, ?)", all_rows(state))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
 
-    def commit_block(self, block: BlockResult, state: ChainState) -> None:
-        """The block, its txs, results and the state after it: all or nothing."""
+    def commit_block(self, block: BlockResult, state: ChainState) -> CommitStats:
+        """The block, its txs, results and the state rows it changed: all or nothing. Call after the
+        block's app hash was computed (the header holds it), so sealed history is skipped."""
+        started = time.perf_counter()
         tx_rows = [
             (r.hash, block.height, r.index, raw, json.dumps(r.to_json()))
             for r, raw in zip(block.results, block.txs, strict=True)
         ]
+        rewrite = self._tracker is None
+        tracker = RowTracker() if rewrite else self._tracker
+        assert tracker is not None
+        delta = tracker.delta(state)  # a fresh tracker returns every row
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -98,13 +122,46 @@ class Store:
                 )
                 # A tx hash seen twice (a replay rejected in the block) keeps its first, real result.
                 self._db.executemany("INSERT OR IGNORE INTO txs VALUES (?, ?, ?, ?, ?)", tx_rows)
-                self._db.execute(
-                    "UPDATE state SET height = ?, json = ? WHERE id = 1", (block.height, state_to_json(state))
-                )
+                if rewrite:
+                    self._db.execute("DELETE FROM state_rows")
+                    self._db.execute(f"DROP TABLE IF EXISTS {LEGACY_STATE}")
+                self._write_rows(delta)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
+                self._tracker = None  # it believes rows were written: the next commit rewrites all
                 raise
+        self._tracker = tracker
+        self.last_commit = CommitStats(
+            rows=len(delta.upserts),
+            deleted=len(delta.deletes),
+            bytes=delta.bytes,
+            seconds=time.perf_counter() - started,
+        )
+        return self.last_commit
+
+    def _write_rows(self, delta: RowDelta) -> None:
+        for path in delta.deletes:
+            low, high = subtree_range(path)
+            self._db.execute(
+                "DELETE FROM state_rows WHERE path = ? OR (path >= ? AND path < ?)",
+                (path_key(path), low, high),
+            )
+        self._db.executemany("INSERT OR REPLACE INTO state_rows VALUES (?, ?)", delta.upserts)
+
+    @staticmethod
+    def _fresh_tracker(state: ChainState) -> RowTracker:
+        tracker = RowTracker()
+        tracker.prime(state)
+        return tracker
+
+    def _has_legacy(self) -> bool:
+        return (
+            self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (LEGACY_STATE,)
+            ).fetchone()
+            is not None
+        )
 
     # ------------------------------------------------------------ reads
 
@@ -115,23 +172,34 @@ class Store:
 
     def load_state(self) -> tuple[ChainState, dict[str, Any] | None, str | None]:
         """The latest state, the header and hash of the block that produced it (None at genesis);
-        checks that the snapshot hashes to the header's app hash."""
+        checks that the rebuilt state hashes to the header's app hash."""
         with self._lock:
-            row = self._db.execute("SELECT height, json FROM state WHERE id = 1").fetchone()
-            if row is None:
-                raise StoreError(f"{self.path}: no state; the store was never initialised")
+            rows = self._db.execute("SELECT path, body FROM state_rows").fetchall()
+            legacy = None
+            if not rows and self._has_legacy():
+                legacy = self._db.execute(f"SELECT json FROM {LEGACY_STATE} WHERE id = 1").fetchone()
             block = self._db.execute(
                 "SELECT header, hash FROM blocks ORDER BY height DESC LIMIT 1"
             ).fetchone()
-        height, text = row
-        state = state_from_json(text)
+        if legacy is not None:
+            state = state_from_json(legacy[0])
+        elif rows:
+            try:
+                state = build_state(rows)
+            except (RowError, ValueError, KeyError, TypeError) as exc:
+                raise StoreError(f"{self.path}: state rows are corrupt: {exc}") from None
+        else:
+            raise StoreError(f"{self.path}: no state; the store was never initialised")
         if block is None:
-            if height != 0:
-                raise StoreError(f"{self.path}: state at height {height} but no blocks")
+            if state.height != 0:
+                raise StoreError(f"{self.path}: state at height {state.height} but no blocks")
+            self._tracker = self._fresh_tracker(state) if legacy is None else None
             return state, None, None
         header = json.loads(block[0])
-        if header["height"] != height or app_hash(state).hex() != header["app_hash"]:
-            raise StoreError(f"{self.path}: state snapshot does not match block {header['height']}")
+        if header["height"] != state.height or app_hash(state).hex() != header["app_hash"]:
+            raise StoreError(f"{self.path}: state does not match block {header['height']}")
+        # Primed after the app hash: its digest caches let the walk skip sealed history.
+        self._tracker = self._fresh_tracker(state) if legacy is None else None
         return state, header, block[1]
 
     def latest_height(self) -> int:

@@ -27,6 +27,7 @@ LAZY: dict[str, tuple[str, str]] = {
     ),
     "keys": ("gonka_diloco.keys_cli", "Create, import and list account keys."),
     "run": ("gonka_diloco.run_cli", "Create training runs from a TOML run config."),
+    "data": ("gonka_diloco.data_cli", "Prepare token-shard datasets from text or JSONL (`data prepare`)."),
     "status": ("gonka_diloco.status_cli", "Show runs, outer steps, phases, contributions and verdicts."),
     "plan": ("gonka_diloco.plan_cli", "What a run costs and how safe it is, per outer step (and --sweep)."),
 }
@@ -146,6 +147,15 @@ def devnet(
         str | None,
         typer.Option("--model-size", help=f"Model preset: tiny, small or base (default {D.model_size})."),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="gpt (sized by --model-size), llama-tiny, llama-small, qwen2-tiny or qwen2-small."
+        ),
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="Prepared dataset folder or URL (default: Shakespeare).")
+    ] = None,
     block_interval: Annotated[
         float | None,
         typer.Option("--block-interval", help=f"Seconds per block (default {D.block_interval})."),
@@ -154,7 +164,15 @@ def devnet(
         str | None,
         typer.Option("--replay-mode", help=f"bitwise or tolerance (default {D.replay_mode.value})."),
     ] = None,
-    tolerance: Annotated[float | None, typer.Option(help="Tolerance-mode threshold.")] = None,
+    tolerance: Annotated[
+        float | None, typer.Option(help="Tolerance-mode threshold on the parameters.")
+    ] = None,
+    tolerance_exp_avg: Annotated[
+        float | None, typer.Option("--tolerance-exp-avg", help="Tolerance-mode threshold on exp_avg.")
+    ] = None,
+    tolerance_exp_avg_sq: Annotated[
+        float | None, typer.Option("--tolerance-exp-avg-sq", help="Tolerance-mode threshold on exp_avg_sq.")
+    ] = None,
     seed: Annotated[
         int | None, typer.Option(help=f"Run seed: model init, data, batches (default {D.seed}).")
     ] = None,
@@ -167,6 +185,13 @@ def devnet(
     ] = None,
     live: Annotated[
         bool | None, typer.Option("--live/--no-live", help="Show the live terminal view.")
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help=f"Chain engine: embedded (one process) or cometbft (default {D.engine})."),
+    ] = None,
+    validators: Annotated[
+        int | None, typer.Option(help="CometBFT validators (with --engine cometbft; default 4 there).")
     ] = None,
     list_adversaries: Annotated[
         bool, typer.Option("--list-adversaries", help="List the adversary library's behaviours and exit.")
@@ -191,13 +216,19 @@ def devnet(
         "verifiers_per_contribution": verifiers_per_contribution,
         "codec": codec,
         "model_size": model_size,
+        "model": model,
+        "dataset": dataset,
         "block_interval": block_interval,
         "replay_mode": replay_mode,
         "tolerance": tolerance,
+        "tolerance_exp_avg": tolerance_exp_avg,
+        "tolerance_exp_avg_sq": tolerance_exp_avg_sq,
         "seed": seed,
         "timeout": timeout,
         "out_dir": out_dir,
         "live": live,
+        "engine": engine,
+        "validators": validators if validators is not None else (4 if engine == "cometbft" else None),
     }
     try:
         if adversary:

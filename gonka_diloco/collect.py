@@ -9,13 +9,22 @@ bare chain URL gets short addresses.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
-from gonka_diloco.report import UNKNOWN, ChainStats, ContributionRow, NodeRow, Snapshot, StepRow
+from gonka_diloco.report import (
+    UNKNOWN,
+    ChainStats,
+    ContributionRow,
+    NodeRow,
+    Snapshot,
+    StepRow,
+    ValidatorRow,
+)
 
 MAX_STATUS_BYTES = 1 << 20
 MAX_DELTA_BYTES = 64 << 20
@@ -55,22 +64,37 @@ class BlockTally:
     finalized: dict[tuple[int, str], tuple[int, int]] = field(
         default_factory=dict
     )  # (step, host) -> reward, slash
+    missed: dict[str, int] = field(default_factory=dict)  # validator address -> blocks it did not sign
 
     def add_block(
-        self, run_id: int, height: int, tx_count: int, events: list[tuple[str, Mapping[str, str]]]
+        self,
+        run_id: int,
+        height: int,
+        tx_count: int,
+        events: list[tuple[str, Mapping[str, str]]],
+        missed: Sequence[str] = (),
     ) -> None:
         self.scanned_to = max(self.scanned_to, height)
         self.txs += tx_count
+        for address in missed:
+            self.missed[address] = self.missed.get(address, 0) + 1
         for kind, attrs in events:
             if attrs.get("run_id") != str(run_id):
                 continue
             if kind == "slash_verifier":
                 self.verifier_slashed += int(attrs.get("amount", 0))
-            elif kind == "contribution_finalized":
-                reward, slashed = int(attrs.get("reward", 0)), int(attrs.get("slashed", 0))
-                self.finalized[(int(attrs["outer_step"]), attrs["host"])] = (reward, slashed)
-                self.rewards += reward
-                self.host_slashed += slashed
+            elif kind in ("contribution_finalized", "reward", "withheld"):
+                # slashes at finalization; rewards once the result is adopted; withholding after it
+                key = (int(attrs["outer_step"]), attrs["host"])
+                reward, slashed = self.finalized.get(key, (0, 0))
+                amount = int(attrs.get("slashed" if kind == "contribution_finalized" else "amount", 0))
+                if kind == "reward":
+                    reward += amount
+                    self.rewards += amount
+                else:
+                    slashed += amount
+                    self.host_slashed += amount
+                self.finalized[key] = (reward, slashed)
 
 
 def scan_blocks(client: Any, run_id: int, tally: BlockTally, up_to: int) -> BlockTally:
@@ -80,7 +104,8 @@ def scan_blocks(client: Any, run_id: int, tally: BlockTally, up_to: int) -> Bloc
     for height in range(tally.scanned_to + 1, up_to + 1):
         block = client.block(height)
         events = [(e.type, e.attributes) for e in block.all_events()]
-        tally.add_block(run_id, height, len(block.txs), events)
+        missed = block.header.get("missed_validators") or []  # CometBFT: who did not sign h - 1
+        tally.add_block(run_id, height, len(block.txs), events, [str(a) for a in missed])
     return tally
 
 
@@ -225,7 +250,7 @@ def collect(
         )
     return Snapshot(
         run_id=run_id,
-        chain_url=str(getattr(client, "url", "")),
+        chain_url=",".join(getattr(client, "urls", None) or [str(getattr(client, "url", ""))]),
         run_status=run["status"],
         config=run.get("config", {}),
         current_step=int(run["current_step"]),
@@ -252,3 +277,60 @@ def update_from_status(node: NodeRow, status: Mapping[str, Any]) -> NodeRow:
             "address": node.address or str(status.get("address", "")),
         }
     )
+
+
+def _get_json(url: str, timeout: float = 3.0) -> dict[str, Any] | None:
+    raw = bounded_get(url, MAX_STATUS_BYTES * 8, timeout)
+    try:
+        body = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def validator_rows(
+    validators: Sequence[tuple[str, str, str]], tally: BlockTally, restarts: Mapping[str, int]
+) -> list[ValidatorRow]:
+    """Each validator (name, REST URL, consensus address): its height and app hash there, checked
+    against what the others committed at the same height. CometBFT itself checks every earlier app
+    hash (a block's header carries the previous one), so a validator that disagrees at its latest
+    height is where it left the network; one whose engine stopped says why in its status."""
+    api = "/inference/diloco/v1"
+    statuses = {name: _get_json(f"{url}{api}/status") for name, url, _ in validators}
+    rows = []
+    for name, url, address in validators:
+        status = statuses[name]
+        row = ValidatorRow(
+            name=name, address=address, url=url, missed_blocks=tally.missed.get(address, 0),
+            restarts=restarts.get(name, 0),
+        )  # fmt: skip
+        if status is None:
+            rows.append(row.model_copy(update={"state": "down"}))
+            continue
+        height, own = int(status.get("height") or 0), str(status.get("app_hash") or "")
+        votes = Counter([own])
+        for other, other_url, _ in validators:
+            if other != name:
+                block = _get_json(f"{other_url}{api}/blocks/{height}")
+                if block is not None:
+                    votes[str(block["header"]["app_hash"])] += 1
+        network, count = votes.most_common(1)[0]
+        halted = status.get("halted")
+        if own != network and count > 1:
+            state = "diverged"
+        elif halted:
+            state = "diverged" if "diverged" in str(halted) else "halted"
+        else:
+            state = "ok"
+        rows.append(
+            row.model_copy(
+                update={
+                    "height": height,
+                    "app_hash": own,
+                    "network_app_hash": network,
+                    "state": state,
+                    "detail": str(halted or "")[:300],
+                }
+            )
+        )
+    return rows

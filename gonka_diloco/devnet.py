@@ -27,20 +27,23 @@ from gonka_diloco.collect import (
     fetch_status,
     scan_blocks,
     update_from_status,
+    validator_rows,
 )
-from gonka_diloco.devnet_config import MODEL_SIZES, DevnetConfig, DevnetConfigError
+from gonka_diloco.devnet_config import HF_MODELS, MODEL_SIZES, DevnetConfig, DevnetConfigError
 from gonka_diloco.live import LiveState, NodeView, render
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
 from gonka_diloco.report import NodeRow, Snapshot, evaluate, write_report
 from protocol.config import ModelSpec, Phases, RunConfig, Stake
 
 if TYPE_CHECKING:
+    from chain.abci.cometbft import Localnet
     from chain.client import HttpChainClient
 
 AUTHORITY_INDEX = 0
 """test_wallet(0) is the authority that creates runs; hosts are 1..N, verifiers N+1..N+M."""
 HOST_STAKE = 2_000_000_000
 VERIFIER_STAKE = 2_000_000_000
+CHAIN_ROLES = ("chain", "validator")
 FEED_EVENTS = frozenset(
     {
         "joined",
@@ -89,14 +92,11 @@ def _resolve(resolver: Callable[..., Any], role: str, name: str, params: dict[st
 def run_config(cfg: DevnetConfig) -> RunConfig:
     """The run's config: the preset GPT seeded with the run seed, G_0's hash (those parameters, zero
     momentum) and the Shakespeare manifest's hash — what every host recomputes and checks."""
-    from trainer.data import shakespeare_manifest
-    from trainer.globalmodel import GlobalModel
+    from gonka_diloco.run_cli import dataset_manifest_hash
+    from nodekit.globalmodel import GlobalModel
     from trainer.spec import build_model
 
-    model = ModelSpec(
-        factory="trainer.model:small_gpt", config={**MODEL_SIZES[cfg.model_size], "seed": cfg.seed}
-    )
-    _, manifest = shakespeare_manifest()
+    model = model_spec(cfg)
     phases = Phases(
         join_blocks=cfg.blocks(cfg.phases.join),
         train_blocks=cfg.blocks(cfg.phases.train),
@@ -110,7 +110,7 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
     return RunConfig(
         name="devnet",
         model=model,
-        dataset_manifest_hash=manifest.manifest_hash(),
+        dataset_manifest_hash=dataset_manifest_hash(cfg.dataset),
         initial_model_hash=GlobalModel.from_module(build_model(model)).hash,
         seed=cfg.seed,
         inner_steps=cfg.inner_steps,
@@ -124,9 +124,23 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         stake=Stake(min_host_stake=HOST_STAKE // 2, min_verifier_stake=VERIFIER_STAKE // 2),
         replay_mode=cfg.replay_mode,
         tolerance=cfg.tolerance,
+        tolerance_exp_avg=cfg.tolerance_exp_avg,
+        tolerance_exp_avg_sq=cfg.tolerance_exp_avg_sq,
         threads=cfg.threads,
         max_outer_steps=cfg.outer_steps,
     )
+
+
+def model_spec(cfg: DevnetConfig) -> ModelSpec:
+    """`--model`: the GPT preset of `model_size`, or a transformers preset (complete config), seeded."""
+    if cfg.model == "gpt":
+        return ModelSpec(
+            factory="trainer.model:small_gpt", config={**MODEL_SIZES[cfg.model_size], "seed": cfg.seed}
+        )
+    from trainer.hf import spec_config
+
+    arch, preset = HF_MODELS[cfg.model]
+    return ModelSpec(factory=f"trainer.hf:{arch}", config=spec_config(arch, preset, seed=cfg.seed))
 
 
 def _toml_value(value: Any) -> str:
@@ -166,6 +180,8 @@ class Devnet:
         self.run_id = 0
         self.client: HttpChainClient | None = None
         self.chain_port = 0
+        self.chain_url = ""
+        self.localnet: Localnet | None = None
         self.tally = BlockTally()
         self.deltas: dict[tuple[int, str], int | None] = {}
         self.restarts: dict[str, int] = {}
@@ -232,7 +248,10 @@ class Devnet:
         return self.rows[name].model_copy(update=update)
 
     def start_chain(self) -> str:
-        """Start (or restart, on the same port and disk) the chain node; returns its URL."""
+        """Start (or restart, on the same port and disk) the chain; returns its URL (with the
+        CometBFT engine: every validator's, comma-separated, which is what clients take)."""
+        if self.cfg.engine == "cometbft":
+            return self._start_validators()
         argv = python_cli(
             "chain", "start", "--home", str(self.folder / "chain"), "--port", str(self.chain_port),
             "--block-interval", str(self.cfg.block_interval),
@@ -245,6 +264,46 @@ class Devnet:
         url = proc.wait_listening(START_TIMEOUT)
         self.chain_port = int(url.rsplit(":", 1)[1].split("/")[0])
         return url
+
+    def _start_validators(self) -> str:
+        """Write the localnet on first start, then start every validator not running; each comes
+        back on its own home and ports, so a restart rejoins the network where it left."""
+        from chain.abci.cometbft import LOCALNET_FILE, Localnet, write_localnet
+        from chain.node import dev_genesis
+
+        folder = self.folder / "chain"
+        if (folder / LOCALNET_FILE).exists():
+            self.localnet = Localnet.load(folder)
+        else:
+            self.localnet = write_localnet(
+                folder, self.cfg.validators, genesis=dev_genesis(), block_interval=self.cfg.block_interval
+            )
+        started = []
+        for v in self.localnet.validators:
+            proc = self.procs.get(v.name)
+            if proc is None:
+                argv = python_cli("chain", "start", "--engine", "cometbft", "--home", str(folder / v.home))
+                proc = self.procs[v.name] = self.sup.add(NodeProcess(v.name, argv, self._log(v.name)))
+            if not proc.alive:
+                proc.start()
+                started.append(proc)
+        for proc in started:
+            proc.wait_listening(START_TIMEOUT)
+        return ",".join(self.localnet.rest_urls)
+
+    def _chain_rows(self, url: str) -> None:
+        if self.localnet is None:
+            self.rows["chain"] = NodeRow(name="chain", role="chain", url=url, log="logs/chain.log")
+            return
+        for v in self.localnet.validators:
+            self.rows[v.name] = NodeRow(
+                name=v.name, role="validator", url=v.rest_url, address=v.address, log=f"logs/{v.name}.log"
+            )
+
+    @property
+    def chain_names(self) -> list[str]:
+        """The chain's processes: `chain`, or `validator-0` … under CometBFT."""
+        return [n.name for n in self.rows.values() if n.role in CHAIN_ROLES]
 
     def create_run(self, url: str) -> int:
         from chain.client import HttpChainClient
@@ -283,6 +342,9 @@ class Devnet:
             "behaviour": behaviour,
             "behaviour_params": params,
         }
+        if self.cfg.dataset:
+            ds = self.cfg.dataset
+            fields["dataset"] = ds if "://" in ds else str(Path(ds).resolve())
         config_path = home / f"{role}.toml"
         config_path.write_text(node_toml(fields, {"test_index": index}))
         proc = NodeProcess(
@@ -305,21 +367,22 @@ class Devnet:
         """Chain, run, then every node; returns once all of them are listening."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "devnet.json").write_text(self.cfg.model_dump_json(indent=2))
-        url = self.start_chain()
-        self.rows["chain"] = NodeRow(name="chain", role="chain", url=url, log="logs/chain.log")
+        url = self.chain_url = self.start_chain()
+        self._chain_rows(url)
         self.run_id = self.create_run(url)
         for i, (behaviour, params) in enumerate(self.cfg.host_behaviours()):
             self._add_node(f"host-{i}", "host", 1 + i, behaviour, params, url)
         for j, (behaviour, params) in enumerate(self.cfg.verifier_behaviours()):
             self._add_node(f"verifier-{j}", "verifier", 1 + self.cfg.hosts + j, behaviour, params, url)
-        for name, proc in self.procs.items():
-            if name != "chain":
-                proc.start()
-        for name, proc in self.procs.items():
-            self.rows[name] = self.rows[name].model_copy(update={"url": proc.wait_listening(START_TIMEOUT)})
+        nodes = [name for name in self.procs if name not in self.chain_names]
+        for name in nodes:
+            self.procs[name].start()
+        for name in nodes:
+            url = self.procs[name].wait_listening(START_TIMEOUT)
+            self.rows[name] = self.rows[name].model_copy(update={"url": url})
         self.live.run_id = self.run_id
         self.live.nodes = [
-            NodeView(n.name, n.role, n.behaviour) for n in self.rows.values() if n.role != "chain"
+            NodeView(n.name, n.role, n.behaviour) for n in self.rows.values() if n.role not in CHAIN_ROLES
         ]
 
     # ------------------------------------------------------------------ faults
@@ -328,10 +391,13 @@ class Devnet:
         """SIGKILL a node's process group (fault injection)."""
         self.procs[name].kill()
 
-    def restart(self, name: str) -> None:
-        """Start a killed node again with the same config, disk and (for the chain) port."""
+    def restart(self, name: str, env: dict[str, str] | None = None) -> None:
+        """Start a killed node again with the same config, disk and (for the chain) port; `env`
+        replaces its extra environment (a validator restarted with a test fault, say)."""
         self.restarts[name] = self.restarts.get(name, 0) + 1
-        if name == "chain":
+        if env is not None:
+            self.procs[name].env = env
+        if name in self.chain_names:
             self.start_chain()
             return
         proc = self.procs[name]
@@ -437,9 +503,13 @@ class Devnet:
             snap = collect(self.chain, self.run_id, rows, tally=self.tally)
         except Exception as e:  # the chain itself is gone: report what we know
             failures = [*(failures or []), f"cannot read the chain at the end: {e}"]
-            snap = Snapshot(run_id=self.run_id, nodes=rows, chain_url=self.rows["chain"].url)
+            snap = Snapshot(run_id=self.run_id, nodes=rows, chain_url=self.chain_url)
         for c in snap.contributions:
             c.delta_bytes = self.deltas.get((c.outer_step, c.address))
+        if self.localnet is not None:
+            snap.validators = validator_rows(
+                [(v.name, v.rest_url, v.address) for v in self.localnet.validators], self.tally, self.restarts
+            )
         snap.wall_s = time.monotonic() - self.started
         snap.failures = [*(failures or [])]
         return snap
@@ -455,9 +525,9 @@ def run_devnet(
         try:
             echo(f"devnet: starting in {dn.folder}")
             dn.start()
-            echo(
-                f"devnet: chain {dn.rows['chain'].url}, run {dn.run_id}, {len(dn.procs) - 1} nodes listening"
-            )
+            chain = f"{len(dn.chain_names)} validators" if dn.localnet else f"chain {dn.chain_url}"
+            nodes = len(dn.procs) - len(dn.chain_names)
+            echo(f"devnet: {chain}, run {dn.run_id}, {nodes} nodes listening")
             dn.watch(live=cfg.live)
             if cfg.live:
                 echo("")

@@ -31,6 +31,12 @@ MAX_NODES = 31
 
 ModelSize = Literal["tiny", "small", "base"]
 
+HF_MODELS: dict[str, tuple[str, str]] = {
+    f"{arch}-{preset}": (arch, preset) for arch in ("llama", "qwen2") for preset in ("tiny", "small")
+}
+"""`--model` names for Hugging Face architectures (`trainer.hf`), e.g. llama-tiny; 'gpt' = small_gpt."""
+ModelName = Literal["gpt", "llama-tiny", "llama-small", "qwen2-tiny", "qwen2-small"]
+
 
 class DevnetConfigError(ValueError):
     """The devnet configuration (flags or TOML) is invalid; the message says which field and why."""
@@ -78,12 +84,20 @@ class DevnetConfig(Strict):
     seq_len: int = Field(64, ge=2, le=4096)
     codec: Codec = Codec.INT8
     model_size: ModelSize = "small"
+    model: ModelName = Field("gpt", description="gpt (sized by model_size) or a transformers preset")
+    dataset: str = Field("", max_length=4096, description="prepared dataset folder or URL; '' = Shakespeare")
     block_interval: float = Field(0.5, gt=0, le=10)
     replay_mode: ReplayMode = ReplayMode.BITWISE
-    tolerance: float = Field(0.0, ge=0)
+    tolerance: float = Field(0.0, ge=0, description="tolerance mode: threshold on the parameters")
+    tolerance_exp_avg: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg")
+    tolerance_exp_avg_sq: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg_sq")
     seed: int = Field(0, ge=0, lt=2**63)
     threads: int = Field(1, ge=1, le=64)
     phases: PhaseSeconds = PhaseSeconds()
+    engine: Literal["embedded", "cometbft"] = Field(
+        "embedded", description="embedded: one chain process; cometbft: a network of CometBFT validators"
+    )
+    validators: int = Field(1, ge=1, le=16, description="CometBFT validators (the embedded engine has one)")
     timeout: float = Field(900.0, gt=0, description="seconds before the run counts as stalled")
     out_dir: Path = Path("runs")
     live: bool = True
@@ -104,10 +118,21 @@ class DevnetConfig(Strict):
             raise ValueError("at least one host must be honest (adversaries take up every host)")
         if sum(a.count for a in self.verifier_adversaries) > self.verifiers:
             raise ValueError("more adversarial verifiers than verifiers")
-        if self.replay_mode is ReplayMode.TOLERANCE and self.tolerance <= 0:
-            raise ValueError("replay_mode 'tolerance' needs a positive tolerance")
-        if self.seq_len > MODEL_SIZES[self.model_size]["block_size"]:
+        if self.engine == "embedded" and self.validators != 1:
+            raise ValueError("several validators need --engine cometbft (the embedded node is one process)")
+        tolerances = (self.tolerance, self.tolerance_exp_avg, self.tolerance_exp_avg_sq)
+        if self.replay_mode is ReplayMode.TOLERANCE and min(tolerances) <= 0:
+            raise ValueError(
+                "replay_mode 'tolerance' needs positive tolerance, tolerance_exp_avg and "
+                "tolerance_exp_avg_sq (`gonka-diloco verifier calibrate` proposes all three)"
+            )
+        if self.model == "gpt" and self.seq_len > MODEL_SIZES[self.model_size]["block_size"]:
             raise ValueError(f"seq_len exceeds the {self.model_size} model's context")
+        if self.model != "gpt":
+            from trainer.hf import PRESETS
+
+            if self.seq_len > PRESETS[HF_MODELS[self.model][1]]["max_position_embeddings"]:
+                raise ValueError(f"seq_len exceeds the {self.model} model's context")
         return self
 
     @property

@@ -22,6 +22,8 @@ PHASE_STYLE = {
     "REVEAL": "yellow",
     "VERIFY": "blue",
     "ESCALATION": "red",
+    "AUDIT": "blue",
+    "CONFIRM": "red",
     "AWAITING_RESULT": "green",
     "DONE": "bold green",
 }

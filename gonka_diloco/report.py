@@ -9,6 +9,7 @@ the nodes said — so the same code renders a live devnet, a recorded run folder
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,21 @@ class NodeRow(Model):
     val_loss: dict[int, float] = Field(default_factory=dict)
 
 
+class ValidatorRow(Model):
+    """One CometBFT validator at the end of a run (the embedded engine has none)."""
+
+    name: str
+    address: str = ""  # consensus address, hex
+    url: str = ""
+    height: int = 0
+    app_hash: str = ""  # its own app hash at `height`
+    network_app_hash: str = ""  # what most validators committed at that height
+    state: str = ""  # ok / halted / diverged / down
+    missed_blocks: int = 0
+    restarts: int = 0
+    detail: str = ""  # why it halted, in its own words
+
+
 class ChainStats(Model):
     height: int = 0
     txs: int | None = None
@@ -85,6 +101,7 @@ class Snapshot(Model):
     steps: list[StepRow] = Field(default_factory=list)
     contributions: list[ContributionRow] = Field(default_factory=list)
     nodes: list[NodeRow] = Field(default_factory=list)
+    validators: list[ValidatorRow] = Field(default_factory=list)
     chain: ChainStats = ChainStats()
     wall_s: float | None = None
     failures: list[str] = Field(default_factory=list)
@@ -101,6 +118,18 @@ class Snapshot(Model):
                     merged.setdefault(step, loss)
         return dict(sorted(merged.items()))
 
+    def tokens_seen(self) -> dict[int, int]:
+        """Tokens in the global model after each outer step: the accepted contributions' tokens so far."""
+        per_step: dict[int, int] = {}
+        for c in self.contributions:
+            if c.outcome == "accepted":
+                per_step[c.outer_step] = per_step.get(c.outer_step, 0) + c.tokens
+        out, total = {}, 0
+        for step in sorted({*per_step, *self.val_loss()}):
+            total += per_step.get(step, 0)
+            out[step] = total
+        return out
+
 
 # ---------------------------------------------------------------- checks
 
@@ -112,6 +141,14 @@ def evaluate(snap: Snapshot, *, expect_finished: bool = True, expect_all_honest:
     for node in snap.nodes:
         if not node.alive:
             failures.append(f"{node.name} crashed")
+    for v in snap.validators:
+        if v.state == "diverged":
+            failures.append(
+                f"validator {v.name} diverged from the network at height {v.height}: app hash "
+                f"{v.app_hash[:16]} where the others have {v.network_app_hash[:16]} ({v.detail or 'running'})"
+            )
+        elif v.state != "ok":
+            failures.append(f"validator {v.name} is {v.state}" + (f": {v.detail}" if v.detail else ""))
     if expect_finished and snap.run_status != "finished":
         failures.append(
             f"run did not finish (status {snap.run_status or 'unknown'}, step {snap.current_step})"
@@ -176,18 +213,37 @@ def _late_join_hint(snap: Snapshot, step: StepRow, missing: list[str]) -> str:
 # ---------------------------------------------------------------- rendering
 
 
+def perplexity(loss: float) -> float:
+    """exp(loss), capped where it would overflow (an untrained model's loss can be large)."""
+    return math.exp(min(loss, 700.0))
+
+
+def _perplexity_axis(ax: Any) -> None:
+    """A right-hand axis reading the loss axis as perplexity = exp(loss)."""
+    import numpy as np
+
+    sec = ax.secondary_yaxis(
+        "right", functions=(lambda x: np.exp(np.minimum(x, 700)), lambda y: np.log(np.maximum(y, 1e-300)))
+    )
+    sec.set_ylabel("perplexity")
+
+
 def plot_loss(snap: Snapshot, path: Path) -> None:
-    """Global validation loss per outer step, and each host's last local loss per outer step."""
+    """Validation loss and perplexity of the global model per outer step (with each host's last local
+    loss) and per token seen by the global model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, ax_tok) = plt.subplots(1, 2, figsize=(12, 4))
     try:
         val = snap.val_loss()
+        seen = snap.tokens_seen()
         if val:
             ax.plot(list(val), list(val.values()), "k-o", linewidth=2, label="global validation")
+            steps = [s for s in val if seen.get(s)]
+            ax_tok.plot([seen[s] for s in steps], [val[s] for s in steps], "k-o", linewidth=2)
         for node in snap.nodes:
             if node.role == "host" and node.local_loss:
                 steps = sorted(node.local_loss)
@@ -198,9 +254,15 @@ def plot_loss(snap: Snapshot, path: Path) -> None:
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("outer step (validation: after applying it)")
-        ax.set_ylabel("loss (nats/byte)")
+        ax.set_ylabel("loss (nats/token)")
         ax.set_title(f"run {snap.run_id}")
         ax.grid(alpha=0.3)
+        ax_tok.set_xlabel("tokens seen by the global model (accepted contributions)")
+        ax_tok.set_ylabel("validation loss (nats/token)")
+        ax_tok.set_title("validation loss per token seen")
+        ax_tok.grid(alpha=0.3)
+        for a in (ax, ax_tok):
+            _perplexity_axis(a)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         fig.tight_layout()
@@ -218,7 +280,9 @@ def summary_rows(snap: Snapshot) -> list[tuple[str, str]]:
     accepted = sum(c.outcome == "accepted" for c in snap.contributions)
     rejected = sum(c.outcome not in ("accepted", "pending", "unverified") for c in snap.contributions)
     val = snap.val_loss()
-    loss = f"{next(iter(val.values())):.4f} → {list(val.values())[-1]:.4f}" if val else "n/a"
+    first, last = (next(iter(val.values())), list(val.values())[-1]) if val else (0.0, 0.0)
+    loss = f"{first:.4f} → {last:.4f}" if val else "n/a"
+    ppl = f"{perplexity(first):.2f} → {perplexity(last):.2f}" if val else "n/a"
     hosts = [n for n in snap.nodes if n.role == "host"]
     bad = [n for n in hosts if n.behaviour != "honest"]
     return [
@@ -230,6 +294,7 @@ def summary_rows(snap: Snapshot) -> list[tuple[str, str]]:
         ("verifiers", str(sum(n.role == "verifier" for n in snap.nodes))),
         ("contributions accepted / rejected", f"{accepted} / {rejected}"),
         ("global validation loss", loss),
+        ("validation perplexity", ppl),
         ("blocks / txs", f"{snap.chain.height} / {snap.chain.txs if snap.chain.txs is not None else 'n/a'}"),
         (
             "slashed (hosts / verifiers)",
@@ -258,10 +323,9 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
         parts += ["## Loss", "", "![loss](loss.png)", ""]
     val = snap.val_loss()
     if val:
-        parts += [
-            _table(["outer step", "global validation loss"], [[str(k), f"{v:.4f}"] for k, v in val.items()])
-        ]
-        parts += [""]
+        seen = snap.tokens_seen()
+        rows = [[str(k), f"{seen.get(k, 0):,}", f"{v:.4f}", f"{perplexity(v):.2f}"] for k, v in val.items()]
+        parts += [_table(["outer step", "tokens seen", "validation loss", "perplexity"], rows), ""]
     parts += ["## Contributions", ""]
     rows = [
         [
@@ -310,6 +374,23 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
         ["rewards", _gnk(snap.chain.rewards)],
     ]
     parts += [_table(["", ""], chain_rows), ""]
+    if snap.validators:
+        parts += ["## Validators", ""]
+        validator_rows = [
+            [
+                v.name,
+                v.address[:12] or "-",
+                str(v.height),
+                (v.app_hash or "-")[:16],
+                v.state
+                + ("" if v.app_hash == v.network_app_hash else f" (network {v.network_app_hash[:16]})"),
+                str(v.missed_blocks),
+                str(v.restarts),
+            ]
+            for v in snap.validators
+        ]
+        header = ["validator", "address", "height", "app hash", "state", "missed blocks", "restarts"]
+        parts += [_table(header, validator_rows), ""]
     parts += ["## Nodes", ""]
     node_rows = [
         [n.name, n.role, n.behaviour, n.address or "-", n.state or "-", str(n.restarts), n.log or "-"]

@@ -1,8 +1,12 @@
 """`gonka-diloco run create`: create a run on chain from a TOML run config.
 
 The two hashes a run is bound to may be left out of the TOML: the initial model hash is then
-computed from the model spec (seeded init, zero momentum) and the dataset manifest hash from the
-Shakespeare corpus — exactly what every host will recompute and check.
+computed from the model spec (seeded init, or `--init-checkpoint`; zero momentum) and the dataset
+manifest hash from `--dataset` (default: the Shakespeare corpus) — exactly what every host will
+recompute and check. A `trainer.hf:*` model's `preset` is expanded into its complete config,
+pinned to the installed `transformers` version, so the spec hash covers every number of it.
+`--init-from-run N` starts from run N's final global model, fetched from N's nodes by its
+on-chain hash.
 """
 
 from __future__ import annotations
@@ -29,8 +33,14 @@ class RunConfigFileError(ValueError):
     """The run config TOML is missing, malformed or invalid; the message says where."""
 
 
-def load_run_config(path: Path) -> Any:  # -> protocol.config.RunConfig
-    """Read and validate a run config TOML, filling in the two derivable hashes when absent."""
+def load_run_config(
+    path: Path, *, dataset: str | None = None, init_checkpoint: Path | None = None
+) -> Any:  # -> protocol.config.RunConfig
+    """Read and validate a run config TOML, filling in the two derivable hashes when absent.
+
+    `dataset` (a folder, manifest or URL) and `init_checkpoint` set those hashes from what they
+    name; a TOML that states a different hash is an error, not silently overridden.
+    """
     from protocol.config import ModelSpec, RunConfig
 
     try:
@@ -43,31 +53,130 @@ def load_run_config(path: Path) -> Any:  # -> protocol.config.RunConfig
         raise RunConfigFileError(f"{path} is not valid TOML: {e}") from None
     if "model" not in data:
         raise RunConfigFileError(f"{path}: [model] is required (factory and config)")
-    if "initial_model_hash" not in data:
+    model = data["model"]
+    if isinstance(model, dict) and isinstance(model.get("config", {}), dict):
+        from trainer.hf import expand
+
+        try:
+            model["config"] = expand(str(model.get("factory", "")), model.get("config", {}))
+        except ValueError as e:
+            raise RunConfigFileError(f"{path}: model: {e}") from None
+    derived = {}
+    if "initial_model_hash" not in data or init_checkpoint is not None:
         try:
             spec = ModelSpec.model_validate(data["model"])
         except ValidationError as e:
             raise RunConfigFileError(f"{path}: model: {_errors(e)}") from None
-        data["initial_model_hash"] = initial_model_hash(spec)
-    if "dataset_manifest_hash" not in data:
-        from trainer.data import shakespeare_manifest
-
-        data["dataset_manifest_hash"] = shakespeare_manifest()[1].manifest_hash()
+        chunk = data.get("state_chunk_bytes")  # validated with the rest below; G_0's hash needs it now
+        derived["initial_model_hash"] = initial_model_hash(
+            spec, init_checkpoint, chunk if isinstance(chunk, int) and chunk > 0 else None
+        )
+    if "dataset_manifest_hash" not in data or dataset is not None:
+        derived["dataset_manifest_hash"] = dataset_manifest_hash(dataset or "")
+    for key, value in derived.items():
+        if key in data and data[key] != value:
+            raise RunConfigFileError(
+                f"{path}: {key} {data[key][:12]} is not the {value[:12]} of what you named"
+            )
+        data[key] = value
     try:
-        return RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data)
     except ValidationError as e:
         raise RunConfigFileError(f"{path}: {_errors(e)}") from None
+    if dataset is not None:
+        from trainer.data import DataError, check_vocab, open_dataset
+
+        try:
+            check_vocab(cfg, open_dataset(dataset))
+        except DataError as e:
+            raise RunConfigFileError(str(e)) from None
+    return cfg
 
 
-def initial_model_hash(spec: Any) -> str:
-    """G_0's hash: the seeded model's parameters with zero outer momentum."""
-    from trainer.globalmodel import GlobalModel
+def dataset_manifest_hash(source: str) -> str:
+    """The manifest hash of a prepared dataset (folder, manifest.json or URL; '' = Shakespeare)."""
+    from trainer.data import DataError, open_dataset, shakespeare_manifest
+
+    if not source:
+        return shakespeare_manifest()[1].manifest_hash()
+    try:
+        return open_dataset(source).manifest_hash
+    except DataError as e:
+        raise RunConfigFileError(f"dataset: {e}") from None
+
+
+def initial_model_hash(spec: Any, checkpoint: Path | None = None, chunk_bytes: int | None = None) -> str:
+    """G_0's hash: the checkpoint's (or else the seeded model's) parameters with zero outer momentum,
+    a chunked content hash at the run's chunk size."""
+    from protocol.config import RunConfig
+    from trainer.checkpoint import CheckpointError, initial_global
     from trainer.spec import BadModelSpec, ModelNotAllowed, build_model
 
     try:
-        return GlobalModel.from_module(build_model(spec)).hash
+        chunk = chunk_bytes or RunConfig.model_fields["state_chunk_bytes"].default
+        return initial_global(build_model(spec), checkpoint or "", chunk).hash
     except (BadModelSpec, ModelNotAllowed) as e:
         raise RunConfigFileError(f"model: {e}") from None
+    except CheckpointError as e:
+        raise RunConfigFileError(f"init checkpoint: {e}") from None
+
+
+def fetch_final_model(chain_url: str, run_id: int, out: Path) -> Path:
+    """Run `run_id`'s final global model, fetched from its nodes by the on-chain hash (verified)."""
+    from chain.client import HttpChainClient
+
+    client = HttpChainClient(chain_url)
+    try:
+        return save_final_model(client, run_id, out)
+    finally:
+        client.close()
+
+
+def save_final_model(chain: Any, run_id: int, out: Path) -> Path:
+    """`fetch_final_model` over any chain client: the finished run's G by hash from its nodes,
+    streamed chunk by chunk (each verified) into a scratch content store beside `out`, then written
+    as a safetensors global-model file (`param/<n>`, `momentum/<n>`), a checkpoint form
+    `trainer.checkpoint` reads."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    from nodekit.blobs import BlobClient, BlobError
+    from nodekit.globalmodel import GlobalModelError, GlobalStore
+    from nodekit.store import ContentStore
+    from protocol.config import RunConfig
+    from trainer.spec import BadModelSpec, ModelNotAllowed, build_model
+
+    try:
+        run = chain.run(run_id)
+        parts = chain.query("participants", run_id=run_id)["participants"]
+    except Exception as e:  # transport or unknown run: one clear line
+        raise RunConfigFileError(f"cannot read run {run_id} from the chain: {e}") from None
+    if run["status"] != "finished":
+        raise RunConfigFileError(
+            f"run {run_id} is {run['status']}, not finished: its final model may still change"
+        )
+    cfg = RunConfig.model_validate(run["config"])
+    try:
+        model = build_model(cfg.model)  # the layout that bounds every byte we accept
+    except (BadModelSpec, ModelNotAllowed) as e:
+        raise RunConfigFileError(f"run {run_id}'s model: {e}") from None
+    layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    target = run["global_model_hash"]
+    endpoints = [p["endpoint"] for p in parts if p.get("endpoint")]
+    if out.is_dir():
+        out = out / f"run{run_id}-final-{target[:12]}.safetensors"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as scratch:
+        store = GlobalStore(ContentStore(scratch, cfg.state_chunk_bytes), layout)
+        with BlobClient(endpoints, 60.0, 2) as blobs:
+            try:
+                gm = store.fetch(target, blobs, endpoints)
+            except (BlobError, GlobalModelError) as e:
+                why = f"no node of run {run_id} served its final model {target[:12]}: {e}"
+                raise RunConfigFileError(why) from None
+        save_file(gm.to_tensors(), str(out))
+    return out
 
 
 def _errors(e: ValidationError) -> str:
@@ -113,16 +222,41 @@ def create(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Validate and print the config; send nothing.")
     ] = False,
+    dataset: Annotated[
+        str | None,
+        typer.Option("--dataset", help="Prepared dataset (folder, manifest.json or URL): its manifest hash."),
+    ] = None,
+    init_checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--init-checkpoint",
+            help="Start from this safetensors file or local HF model folder (hosts set init_checkpoint too).",
+        ),
+    ] = None,
+    init_from_run: Annotated[
+        int | None,
+        typer.Option("--init-from-run", help="Start from finished run N's final model (fetched by hash)."),
+    ] = None,
+    checkpoint_out: Annotated[
+        Path, typer.Option("--checkpoint-out", help="Where --init-from-run saves that model.")
+    ] = Path("."),
 ) -> None:
     """Create a run from a TOML run config with MsgCreateRun, and print its run id."""
     try:
-        cfg = load_run_config(config)
+        if init_from_run is not None:
+            if init_checkpoint is not None:
+                _fail("give --init-checkpoint or --init-from-run, not both")
+            init_checkpoint = fetch_final_model(chain_url, init_from_run, checkpoint_out)
+        cfg = load_run_config(config, dataset=dataset, init_checkpoint=init_checkpoint)
     except RunConfigFileError as e:
         _fail(str(e))
         return
+    extra = {"init_checkpoint": str(init_checkpoint)} if init_checkpoint is not None else {}
     if dry_run:
         typer.echo(
-            json.dumps({"config_hash": cfg.config_hash(), "config": cfg.model_dump(mode="json")}, indent=2)
+            json.dumps(
+                {"config_hash": cfg.config_hash(), "config": cfg.model_dump(mode="json"), **extra}, indent=2
+            )
         )
         return
     from chain.client import HttpChainClient
@@ -145,6 +279,8 @@ def create(
                 "tx": result.hash,
                 "height": result.height,
                 "config_hash": cfg.config_hash(),
+                "initial_model_hash": cfg.initial_model_hash,
+                **extra,
             }
         )
     )

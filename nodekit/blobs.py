@@ -424,6 +424,7 @@ class BlobClient:
             if attempt:
                 self._sleep(self.backoff * 2 ** (attempt - 1))
             live = [b for b in bases if b not in invalid]
+            live.sort(key=lambda b: b in missing)  # holders that failed last round are asked last
             if not live:
                 break
             if digests is None:
@@ -482,28 +483,41 @@ class BlobClient:
         invalid: dict[str, str],
         missing: dict[str, str],
     ) -> None:
-        """One round: a worker per holder takes chunks from the shared queue until it is empty or
-        its holder fails (a bad chunk: never again; a missing one: maybe next round)."""
-        lock = threading.Lock()
-
+        """One round: a worker per holder takes chunks from the shared queue until every chunk is in
+        or its holder fails (a bad chunk: never again; a missing one: maybe next round). A chunk a
+        failing holder gives back goes to the others still working, so one dead holder never
+        strands a chunk (a one-chunk object included)."""
+        cond = threading.Condition(threading.Lock())
+        bases = bases[: self.parallel]
+        working = set(bases)
+        in_flight = 0
         # every holder starts with one chunk of its own, so all of them share the work from the start
-        first = {b: pending.popleft() for b in bases[: self.parallel] if pending}
+        first = {b: pending.popleft() for b in bases if pending}
 
         def worker(base: str) -> None:
+            nonlocal in_flight
             while True:
-                with lock:
+                with cond:
                     if base in first:
                         i = first.pop(base)
-                    elif not pending or base in invalid:
-                        return
                     else:
+                        # idle: wait while others may still hand a chunk back
+                        while not pending and in_flight:
+                            cond.wait()
+                        if not pending:
+                            working.discard(base)
+                            cond.notify_all()
+                            return
                         i = pending.popleft()
-                verdict, detail, n = self._chunk(ref, sink, i, digests, base, report, lock)
-                with lock:
+                    in_flight += 1
+                verdict, detail, n = self._chunk(ref, sink, i, digests, base, report, cond)
+                with cond:
+                    in_flight -= 1
                     report.bytes_from[base] = report.bytes_from.get(base, 0) + n
                     if verdict == "ok":
                         report.chunks_from[base] = report.chunks_from.get(base, 0) + 1
                         missing.pop(base, None)
+                        cond.notify_all()
                         continue
                     pending.appendleft(i)
                     if verdict == "invalid":
@@ -511,9 +525,10 @@ class BlobClient:
                         invalid[base] = detail
                     else:
                         missing[base] = detail
+                    working.discard(base)
+                    cond.notify_all()
                     return
 
-        bases = bases[: self.parallel]
         threads = [threading.Thread(target=worker, args=(b,), daemon=True) for b in bases]
         for t in threads:
             t.start()
@@ -528,7 +543,7 @@ class BlobClient:
         digests: list[bytes],
         base: str,
         report: FetchReport,
-        lock: threading.Lock,
+        lock: threading.Lock | threading.Condition,
     ) -> tuple[str, str, int]:
         """('ok' | 'invalid' | 'missing', detail, bytes received) for chunk i from one holder."""
         a, b = ref.span(i)

@@ -11,14 +11,11 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, TypeVar
 
 from chain.client import ChainClient, ChainTimeout, TxFailed
 from chain.errors import ChainError, ErrDuplicateCommit
-from chain.params import CODESPACE
-from chain.params import Outcome as _Outcome
-from chain.params import Phase as _Phase
+from chain.params import CODESPACE, Outcome, Phase
 from protocol.messages import Role
 
 __all__ = ["ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "StepInfo", "Stopped", "is_chain_error"]
@@ -26,33 +23,6 @@ __all__ = ["ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "StepInfo", "S
 
 class Stopped(Exception):
     """`stop()` was called: leave the loop at the next wait."""
-
-
-class Phase(StrEnum):
-    """Phases of one outer step, in the order they happen (chain.params.Phase)."""
-
-    PENDING = _Phase.PENDING
-    TRAIN = _Phase.TRAIN
-    CHALLENGE = _Phase.CHALLENGE
-    REVEAL = _Phase.REVEAL
-    VERIFY = _Phase.VERIFY
-    ESCALATION = _Phase.ESCALATION
-    AWAITING_RESULT = _Phase.AWAITING_RESULT
-    DONE = _Phase.DONE
-
-    @property
-    def finalized(self) -> bool:
-        return self in (Phase.AWAITING_RESULT, Phase.DONE)
-
-
-class Outcome(StrEnum):
-    """How a contribution was finalized (chain.params.Outcome)."""
-
-    ACCEPTED = _Outcome.ACCEPTED
-    REJECTED = _Outcome.REJECTED
-    MISSING_REVEAL = _Outcome.MISSING_REVEAL
-    EQUIVOCATED = _Outcome.EQUIVOCATED
-    UNVERIFIED = _Outcome.UNVERIFIED
 
 
 def _outcome(value: str | None) -> Outcome | str | None:

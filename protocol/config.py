@@ -71,7 +71,9 @@ class ModelSpec(Frozen):
 
 
 class InnerOptim(Frozen):
-    """AdamW with DiLoCo's defaults."""
+    """AdamW with DiLoCo's defaults; the lr warms up linearly, then (if `decay_steps`) follows a
+    cosine down to `min_lr_fraction`·lr at step `decay_steps` of the host's step counter, as the
+    DiLoCo paper's inner schedule does."""
 
     lr: float = Field(4e-4, gt=0)
     weight_decay: float = Field(0.1, ge=0)
@@ -80,6 +82,8 @@ class InnerOptim(Frozen):
     eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, gt=0)
     warmup_steps: int = Field(0, ge=0)
+    decay_steps: int = Field(0, ge=0, description="0 = constant after warm-up")
+    min_lr_fraction: float = Field(0.0, ge=0, le=1)
 
 
 class OuterOptim(Frozen):
@@ -99,6 +103,9 @@ class Phases(Frozen):
     escalation_blocks: int = Field(10, ge=1)
     max_escalations: int = Field(1, ge=0)
     result_blocks: int = Field(30, ge=1)
+    audit_blocks: int = Field(10, ge=1, description="verdict window of the audit round")
+    confirm_blocks: int = Field(10, ge=1, description="verdict window of a dispute's confirmation")
+    result_rounds: int = Field(3, ge=1, description="result rounds before the step closes with G_n")
     epoch_length: int = Field(200, ge=1)
     poc_window: int = Field(0, ge=0)
 
@@ -110,13 +117,23 @@ class Phases(Frozen):
 
 
 class Stake(Frozen):
-    """Bonds and slashing in ngonka (1 GNK = 1e9 ngonka); fractions in basis points."""
+    """Bonds and slashing in ngonka (1 GNK = 1e9 ngonka); fractions in basis points.
 
-    min_host_stake: int = Field(1_000_000_000, ge=0)
+    Defaults from `protocol.collusion` / bench.collusion: with min_host_stake ≥ reward_per_outer_step
+    a fake Δ has negative expected value for every accomplice stake share below 1/2.
+    """
+
+    min_host_stake: int = Field(10_000_000_000, ge=0)
     min_verifier_stake: int = Field(1_000_000_000, ge=0)
     host_slash_bps: int = Field(1000, ge=0, le=10_000)
     verifier_slash_bps: int = Field(500, ge=0, le=10_000)
     reward_per_outer_step: int = Field(10_000_000_000, ge=0)
+    fraud_host_slash_bps: int = Field(
+        5000, ge=0, le=10_000, description="host whose rejected Δ a verifier had accepted (collusion)"
+    )
+    fraud_verifier_slash_bps: int = Field(
+        5000, ge=0, le=10_000, description="verifier whose ACCEPT a confirmed dispute contradicts"
+    )
 
 
 class Numerics(Frozen):
@@ -140,7 +157,12 @@ class RunConfig(Frozen):
     inner_steps: int = Field(500, ge=1, description="H")
     segment_len: int = Field(5, ge=1, description="k")
     sampled_segments: int = Field(8, ge=1, description="s")
-    verifiers_per_contribution: int = Field(1, ge=1, description="v")
+    # Defaults from protocol.collusion / bench.collusion: v = 4 and an audit of half the accepted
+    # contributions by one more verifier keep a fake out of the model in ≥ 99% of outer steps while
+    # the cheater's accomplices hold < 35% of the verifier stake (4.5 replays per contribution).
+    verifiers_per_contribution: int = Field(4, ge=1, description="v")
+    audit_bps: int = Field(5000, ge=0, le=10_000, description="p: share of accepted contributions audited")
+    audit_verifiers: int = Field(1, ge=1, le=64, description="a: auditors per audited contribution")
     batch_size: int = Field(8, ge=1)
     seq_len: int = Field(64, ge=2)
     data_shards: int = Field(8, ge=1, le=4096)
@@ -151,7 +173,9 @@ class RunConfig(Frozen):
     phases: Phases = Phases()
     stake: Stake = Stake()
     replay_mode: ReplayMode = ReplayMode.BITWISE
-    tolerance: float = Field(0.0, ge=0)
+    tolerance: float = Field(0.0, ge=0, description="tolerance mode: threshold on the parameters")
+    tolerance_exp_avg: float = Field(0.0, ge=0, description="tolerance mode: threshold on AdamW exp_avg")
+    tolerance_exp_avg_sq: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg_sq")
     threads: int = Field(1, ge=1, le=256)
     max_outer_steps: int = Field(0, ge=0, description="0 = unbounded")
     numerics: Numerics = Numerics()
@@ -168,9 +192,20 @@ class RunConfig(Frozen):
             raise ValueError("inner_steps (H) must be a multiple of segment_len (k)")
         if self.sampled_segments > self.n_segments:
             raise ValueError("sampled_segments (s) cannot exceed H/k")
-        if self.replay_mode is ReplayMode.TOLERANCE and self.tolerance <= 0:
-            raise ValueError("tolerance mode needs a positive tolerance")
+        if self.replay_mode is ReplayMode.TOLERANCE and min(self.tolerances.values()) <= 0:
+            raise ValueError(
+                "tolerance mode needs positive tolerance, tolerance_exp_avg and tolerance_exp_avg_sq"
+            )
         return self
+
+    @property
+    def tolerances(self) -> dict[str, float]:
+        """Tolerance mode's threshold per tensor group of a training state (the step counter: exact)."""
+        return {
+            "param": self.tolerance,
+            "exp_avg": self.tolerance_exp_avg,
+            "exp_avg_sq": self.tolerance_exp_avg_sq,
+        }
 
     @property
     def n_segments(self) -> int:

@@ -19,6 +19,8 @@ Address = Annotated[str, Field(pattern=r"^gonka1[02-9ac-hj-np-z]{38,58}$")]
 """A bech32 account address with the `gonka` prefix."""
 
 PROTO_PACKAGE = "inference.diloco"
+MAX_REPORTED_HOSTS = 10_000
+"""Most hosts one `MsgReportUnavailable` names (the default participant limit per run)."""
 
 
 class Role(StrEnum):
@@ -142,6 +144,24 @@ class MsgSubmitOuterResult(Msg):
     model_hash: Hex32
 
 
+class MsgReportUnavailable(Msg):
+    """An accepted host could not fetch these accepted hosts' Δs from anyone (author, verifiers,
+    peers) before the result deadline. A majority of the accepted weight naming a host drops its Δ
+    from the round's set and slashes it for withholding (specs/protocol.md §2.7)."""
+
+    run_id: int = Field(ge=1)
+    outer_step: int = Field(ge=0)
+    hosts: list[Address] = Field(min_length=1, max_length=MAX_REPORTED_HOSTS)
+
+    @model_validator(mode="after")
+    def _distinct_others(self) -> MsgReportUnavailable:
+        if len(set(self.hosts)) != len(self.hosts):
+            raise ValueError("hosts must be distinct")
+        if self.creator in self.hosts:
+            raise ValueError("a host cannot report its own Δ unavailable")
+        return self
+
+
 class Coin(Frozen):
     denom: Literal["ngonka"] = "ngonka"
     amount: int = Field(ge=0)
@@ -171,6 +191,7 @@ DILOCO_MSGS: tuple[type[Msg], ...] = (
     MsgRevealContribution,
     MsgSubmitVerdict,
     MsgSubmitOuterResult,
+    MsgReportUnavailable,
 )
 AnyMsg = (
     MsgCreateRun
@@ -180,5 +201,6 @@ AnyMsg = (
     | MsgRevealContribution
     | MsgSubmitVerdict
     | MsgSubmitOuterResult
+    | MsgReportUnavailable
     | MsgSend
 )

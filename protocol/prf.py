@@ -2,20 +2,27 @@
 
 Any node, and any other implementation, recomputes the same batches, sampled segments and
 verifiers from public inputs only (run seed, block hash, addresses), so nobody can steer them
-and everybody can check them. Selections are sha256-keyed sorts; integers in a range are drawn
-by rejection sampling over 64-bit words, so there is no modulo bias.
+and everybody can check them. Segment selections are sha256-keyed sorts; verifier draws are
+weighted by bonded stake (integer-only successive sampling); integers in a range are drawn by
+rejection sampling over 64-bit words, so there is no modulo bias and no float in any draw.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 Part = str | int
 
 _HEX = re.compile(r"^[0-9a-f]+$")
 _U64 = 1 << 64
+MAX_BOUND = 1 << 256
+"""Largest `prf_int` bound: far above any sum of stakes in ngonka."""
+BPS = 10_000
+"""Probabilities on chain are integers in basis points (no floats in state transitions)."""
+SEED_TAG = b"gonka-diloco/seed/v1\x00"
+"""Domain tag of `seed_from_blocks`."""
 
 
 class PrfError(ValueError):
@@ -41,14 +48,24 @@ def _words(seed: Part, parts: tuple[Part, ...]) -> Iterable[int]:
 
 
 def prf_int(seed: Part, *parts: Part, bound: int) -> int:
-    """Uniform integer in [0, bound): the first word w < 2^64 − (2^64 mod bound), reduced mod bound."""
-    if not isinstance(bound, int) or isinstance(bound, bool) or not 1 <= bound <= _U64:
-        raise PrfError(f"bound must be an integer in [1, 2^64], got {bound!r}")
-    limit = _U64 - (_U64 % bound)
-    for w in _words(seed, parts):
+    """Uniform integer in [0, bound) by rejection sampling over the word stream.
+
+    Each sample is m = max(1, ceil(bitlen(bound − 1) / 64)) consecutive words read as one
+    big-endian integer w < 2^(64m); the first w < 2^(64m) − (2^(64m) mod bound) gives w mod bound.
+    For bound ≤ 2^64 (m = 1) that is one word per sample. Larger bounds (a sum of stakes) need m > 1.
+    """
+    if not isinstance(bound, int) or isinstance(bound, bool) or not 1 <= bound <= MAX_BOUND:
+        raise PrfError(f"bound must be an integer in [1, 2^256], got {bound!r}")
+    m = max(1, -(-(bound - 1).bit_length() // 64))
+    span = 1 << (64 * m)
+    limit = span - (span % bound)
+    words = _words(seed, parts)
+    while True:
+        w = 0
+        for _ in range(m):
+            w = (w << 64) | next(words)
         if w < limit:
             return w % bound
-    raise AssertionError("unreachable: the word stream is infinite")
 
 
 def coin(seed: Part, item_id: Part) -> float:
@@ -91,22 +108,112 @@ def sample_segments(block_hash_hex: str, host: str, n_segments: int, s: int) -> 
     return sorted([*others[: s - 1], n_segments - 1])
 
 
-def verifier_ranking(block_hash_hex: str, host: str, verifiers: Iterable[str]) -> list[str]:
-    """All distinct verifiers except the host, ordered by sha256(block:verifier:host:address)."""
-    seed = _block_seed(block_hash_hex)
-    candidates = {a for a in verifiers if a != host}
-    return sorted(candidates, key=lambda a: (prf_bytes(seed, "verifier", host, a), a))
+def seed_from_blocks(block_hashes: Sequence[str]) -> str:
+    """The seed of a challenge or audit draw: SHA-256 over several consecutive block hashes.
+
+    sha256("gonka-diloco/seed/v1" ‖ 0x00 ‖ UTF-8 of the lower-cased hashes joined by ":"), hex.
+    Blocks with different proposers each control one input, never the whole seed.
+    """
+    if not block_hashes:
+        raise PrfError("need at least one block hash")
+    joined = ":".join(_block_seed(h) for h in block_hashes)
+    return hashlib.sha256(SEED_TAG + joined.encode()).hexdigest()
+
+
+def audited(seed_hex: str, host: str, audit_bps: int) -> bool:
+    """The audit lottery of one accepted contribution: prf_int(seed, "audit", host, 10000) < audit_bps."""
+    if not 0 <= audit_bps <= BPS:
+        raise PrfError(f"audit_bps must be in [0, {BPS}], got {audit_bps}")
+    return prf_int(_block_seed(seed_hex), "audit", host, bound=BPS) < audit_bps
+
+
+class StakePool:
+    """Bonded verifiers and their stakes, ready for many stake-weighted draws in one block.
+
+    Weighted sampling without replacement, integers only (`draw`): each pick i draws
+    x = prf_int(seed, "verifier", host, round, i, bound=R) over the remaining weight R and takes
+    the first remaining candidate, in address order, whose cumulative stake exceeds x. A Fenwick
+    tree over the address-ordered stakes makes a pick O(log n), and the pool is built once per
+    block for all hosts: a challenge over h hosts costs O(n + h·(v + excluded)·log n).
+    Zero-stake entries can never be drawn: Sybil keys without stake buy nothing.
+    """
+
+    def __init__(self, stakes: Mapping[str, int]) -> None:
+        for a, w in stakes.items():
+            if not isinstance(w, int) or isinstance(w, bool) or w < 0:
+                raise PrfError(f"stake of {a} must be a non-negative integer, got {w!r}")
+        self.addresses = sorted(a for a, w in stakes.items() if w > 0)
+        self.weights = [stakes[a] for a in self.addresses]
+        self.position = {a: i for i, a in enumerate(self.addresses)}
+        self.total = sum(self.weights)
+        self._tree = [0] * (len(self.addresses) + 1)  # Fenwick tree, 1-based
+        for i, w in enumerate(self.weights):
+            self._add(i, w)
+
+    def _add(self, i: int, delta: int) -> None:
+        j = i + 1
+        while j < len(self._tree):
+            self._tree[j] += delta
+            j += j & -j
+
+    def _find(self, x: int) -> int:
+        """The smallest index whose prefix sum of (remaining) weights exceeds x."""
+        pos, step = 0, 1 << len(self._tree).bit_length()
+        while step:
+            nxt = pos + step
+            if nxt < len(self._tree) and self._tree[nxt] <= x:
+                pos = nxt
+                x -= self._tree[nxt]
+            step >>= 1
+        return pos  # 0-based index of the candidate
+
+    def draw(
+        self, block_hash_hex: str, host: str, count: int, round: int = 0, exclude: Iterable[str] = ()
+    ) -> list[str]:
+        """Up to `count` distinct verifiers, never `host` nor one in `exclude`, weighted by stake.
+
+        Fewer (possibly none) when the remaining stake runs out. The pool is unchanged afterwards.
+        """
+        seed = _block_seed(block_hash_hex)
+        if count < 0 or round < 0:
+            raise PrfError(f"need count >= 0 and round >= 0, got count={count}, round={round}")
+        removed: list[int] = []
+        remaining = self.total
+        for a in {host, *exclude}:
+            i = self.position.get(a)
+            if i is not None:
+                self._add(i, -self.weights[i])
+                removed.append(i)
+                remaining -= self.weights[i]
+        picks: list[str] = []
+        try:
+            for i in range(count):
+                if remaining <= 0:
+                    break
+                j = self._find(prf_int(seed, "verifier", host, round, i, bound=remaining))
+                picks.append(self.addresses[j])
+                self._add(j, -self.weights[j])
+                removed.append(j)
+                remaining -= self.weights[j]
+        finally:
+            for j in removed:
+                self._add(j, self.weights[j])
+        return picks
 
 
 def assign_verifiers(
-    block_hash_hex: str, host: str, verifiers: Iterable[str], v: int, round: int = 0
+    block_hash_hex: str,
+    host: str,
+    stakes: Mapping[str, int],
+    v: int,
+    round: int = 0,
+    exclude: Iterable[str] = (),
 ) -> list[str]:
-    """Round r takes ranks [r·v, (r+1)·v) of the keyed ranking: rounds are disjoint.
+    """v verifiers for `host`, drawn by bonded stake (`StakePool.draw`): the one verifier draw.
 
-    With too few verifiers a round returns as many as remain (possibly none); the order of
-    `verifiers` and duplicates in it never matter.
+    Each round (and an audit) passes its own `round`, and the verifiers already assigned as
+    `exclude`, so rounds are disjoint. With too little stake left it returns fewer, possibly none.
     """
-    if v < 1 or round < 0:
-        raise PrfError(f"need v >= 1 and round >= 0, got v={v}, round={round}")
-    ranked = verifier_ranking(block_hash_hex, host, verifiers)
-    return ranked[round * v : (round + 1) * v]
+    if v < 1:
+        raise PrfError(f"need v >= 1, got v={v}")
+    return StakePool(stakes).draw(block_hash_hex, host, v, round, exclude)

@@ -15,21 +15,31 @@ from typing import Any
 import numpy as np
 import torch
 
+from chain import queries
+from chain.genesis import Genesis, genesis_state
+from chain.module import BlockContext, TxContext, begin_block, end_block, process_msg
+from chain.state import ChainState, app_hash
 from protocol import chunks, codecs, merkle, prf
-from protocol.config import Codec, ModelSpec, Numerics, RunConfig
+from protocol.config import Codec, ModelSpec, Numerics, Phases, RunConfig, Stake
 from protocol.envclass import CLASS_DOMAIN, class_fields, class_pair, replay_decision
 from protocol.messages import (
     Coin,
     EnvFingerprint,
     MsgCommitPseudoGradient,
     MsgCreateRun,
+    MsgJoinRun,
+    MsgReportUnavailable,
+    MsgRevealContribution,
     MsgSend,
+    MsgSubmitOuterResult,
     MsgSubmitVerdict,
     Reason,
+    Role,
+    SegmentOpening,
 )
 from protocol.outer import global_model_hash, outer_update
 from protocol.tensors import StateKind, canonical_bytes, domain, tensor_hash
-from protocol.wire import to_any
+from protocol.wire import _MODEL_OF, to_any
 
 VECTORS = Path(__file__).resolve().parent / "vectors"
 HOST = "gonka1k4swv40ur28fvu54p8mskjj4lxkgsj07u9f8ny"  # test_wallet(0)
@@ -211,12 +221,29 @@ def prf_vectors() -> dict[str, Any]:
             }
             for n, s in [(1, 1), (10, 1), (10, 3), (10, 10), (50, 4)]
         ],
+        "prf_int_wide": [  # bounds above 2^64 (sums of stakes) read two or more words per sample
+            {"input": {"seed": 5, "parts": ["w", i], "bound": b}, "output": prf.prf_int(5, "w", i, bound=b)}
+            for i, b in enumerate([2**64 + 1, 3 * 2**100 + 7, 2**200 - 1])
+        ],
         "assign_verifiers": [
             {
-                "input": {"block_hash": BLOCK, "host": HOST, "verifiers": verifiers, "v": v, "round": r},
-                "output": prf.assign_verifiers(BLOCK, HOST, verifiers, v, r),
+                "input": {"block_hash": BLOCK, "host": HOST, "stakes": stakes, "v": v, "round": r,
+                          "exclude": exclude},
+                "output": prf.assign_verifiers(BLOCK, HOST, stakes, v, r, exclude),
             }
-            for v, r in [(1, 0), (2, 0), (2, 1), (2, 2), (2, 3), (10, 0)]
+            for stakes in (dict.fromkeys(verifiers, 10**9), {a: (i + 1) ** 3 * 10**9 for i, a in
+                                                                enumerate(verifiers)})
+            for v, r, exclude in [(1, 0, []), (2, 0, []), (2, 1, verifiers[:2]), (3, 2, verifiers[1:4]),
+                                  (10, 0, [])]
+        ],
+        "seed_from_blocks": [
+            {"input": hashes, "output": prf.seed_from_blocks(hashes)}
+            for hashes in ([BLOCK], [hashlib.sha256(f"block {i}".encode()).hexdigest() for i in range(1, 4)])
+        ],
+        "audited": [
+            {"input": {"seed": BLOCK, "host": f"gonka1host{i}", "audit_bps": bps},
+             "output": prf.audited(BLOCK, f"gonka1host{i}", bps)}
+            for i, bps in enumerate([0, 1, 2500, 5000, 9999, 10_000, 5000, 5000])
         ],
     }
 
@@ -284,6 +311,7 @@ def wire_vectors() -> list[dict[str, Any]]:
             creator=HOST, run_id=1, outer_step=3, host=HOST, reason=Reason.REPLAY_MISMATCH, evidence_hash=h
         ),
         MsgSend(from_address=HOST, to_address=HOST, amount=[Coin(amount=10**9)]),
+        MsgReportUnavailable(creator=HOST, run_id=1, outer_step=3, hosts=[VERIFIER_ADDRESSES[0]]),
     ]
     return [
         {
@@ -334,6 +362,236 @@ def envclass_vectors() -> dict[str, Any]:
     return {"domain": CLASS_DOMAIN.decode("ascii"), "envs": envs, "classes": classes, "decisions": decisions}
 
 
+# ---- chain scenarios ---------------------------------------------------------------------------
+
+
+def _address(name: str) -> str:
+    from cosmpy.crypto.address import Address
+
+    return str(Address(hashlib.sha256(name.encode()).digest()[:20], prefix="gonka"))
+
+
+VERIFIER_ADDRESSES = [_address(f"vector verifier {i}") for i in range(4)]
+HOST_ADDRESSES = [_address(f"vector host {i}") for i in range(3)]
+AUTHORITY = _address("vector authority")
+GNK = 10**9
+
+
+def vector_block_hash(height: int) -> str:
+    """The scenarios' block hashes are fixed (not derived from app hashes): easy to replay."""
+    return hashlib.sha256(f"gonka-diloco/vector-block/{height}".encode()).hexdigest()
+
+
+def vector_genesis() -> Genesis:
+    funded = dict.fromkeys([AUTHORITY, *HOST_ADDRESSES, *VERIFIER_ADDRESSES], 1000 * GNK)
+    return Genesis(authority=AUTHORITY, accounts=funded, reward_pool=10_000 * GNK)
+
+
+def replay_blocks(blocks: list[dict[str, Any]]) -> ChainState:
+    """Run a scenario: each block's begin_block, its messages (all must succeed), end_block."""
+    state = genesis_state(vector_genesis())
+    height = 0
+    if [b["height"] for b in blocks] != sorted({b["height"] for b in blocks}):
+        raise ValueError("block heights must increase")
+    for b in blocks:
+        while height < b["height"]:
+            height += 1
+            prev = vector_block_hash(height - 1)
+            ctx = BlockContext(height=height, time_ns=height * 10**9, prev_block_hash=prev)
+            begin_block(state, ctx)
+            if height == b["height"]:
+                for i, tx in enumerate(b["txs"]):
+                    msg = _MODEL_OF[tx["type_url"]].model_validate(tx["json"])
+                    tx_hash = hashlib.sha256(f"tx {height} {i}".encode()).hexdigest()
+                    signer = msg.creator  # type: ignore[attr-defined]
+                    process_msg(state, msg, TxContext(height, height * 10**9, tx_hash, signer))
+            end_block(state, ctx)
+    return state
+
+
+def scenario_summary(state: ChainState) -> dict[str, Any]:
+    run = state.runs[1]
+    return {
+        "app_hash": app_hash(state).hex(),
+        "global_model_hash": run.global_model_hash,
+        "steps": {
+            str(i): {k: queries.outer_step(state, 1, i)[k] for k in
+                     ("phase", "outcomes", "reviews", "accepted", "dropped", "result_round", "result_hash")}
+            for i in sorted(run.steps)
+        },
+        "stakes": {a: p.stake for a, p in sorted(run.participants.items())},
+        "rewards": {h: c.reward for h, c in sorted(run.steps[0].contributions.items())},
+    }
+
+
+class _Scenario:
+    """Builds a scenario block by block, asking the state who was drawn, and records the txs."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.blocks: list[dict[str, Any]] = []
+        self.config = config
+        self.add(1, MsgCreateRun(creator=AUTHORITY, config=config))
+        stakes = [4 * GNK, 3 * GNK, 2 * GNK, 2 * GNK]  # stake-weighted draws and confirmations
+        self.add(2, *[MsgJoinRun(creator=h, run_id=1, role=Role.HOST, endpoint="http://h", stake=10 * GNK)
+                      for h in HOST_ADDRESSES],
+                 *[MsgJoinRun(creator=v, run_id=1, role=Role.VERIFIER, endpoint="http://v", stake=s)
+                   for v, s in zip(VERIFIER_ADDRESSES, stakes, strict=True)])  # fmt: skip
+
+    def add(self, height: int, *msgs: Any) -> None:
+        txs = [{"type_url": m.type_url(), "json": m.model_dump(mode="json")} for m in msgs]
+        if self.blocks and self.blocks[-1]["height"] == height:
+            self.blocks[-1]["txs"] += txs
+        else:
+            self.blocks.append({"height": height, "txs": txs})
+
+    def state(self) -> ChainState:
+        return replay_blocks(self.blocks)
+
+    def peek(self, height: int) -> ChainState:
+        """The state after block `height` (empty blocks up to it), without recording them."""
+        last = self.blocks[-1]["height"]
+        return replay_blocks(self.blocks if height <= last else [*self.blocks, {"height": height, "txs": []}])
+
+    def step(self) -> dict[str, Any]:
+        return queries.outer_step(self.state(), 1)
+
+    def leaves(self, host: str) -> list[bytes]:
+        return [hashlib.sha256(f"{host}:{i}".encode()).digest() for i in range(self.config.n_segments + 1)]
+
+    def commit_and_reveal(self) -> None:
+        step = self.step()
+        self.add(step["train_start"], *[MsgCommitPseudoGradient(
+            creator=h, run_id=1, outer_step=0, base_model_hash=step["base_model_hash"],
+            trajectory_root=merkle.merkle_root(self.leaves(h)).hex(), leaf_count=self.config.n_segments + 1,
+            delta_hash=hashlib.sha256(f"delta {h}".encode()).hexdigest(),
+            final_optimizer_hash=hashlib.sha256(f"opt {h}".encode()).hexdigest(), codec=self.config.codec,
+            tokens=self.config.tokens_per_outer_step, env=EnvFingerprint(torch_version="2.13.0", threads=1),
+        ) for h in HOST_ADDRESSES])  # fmt: skip
+        state = self.peek(step["challenge_height"])
+        reveals = []
+        for c in queries.challenges(state, 1)["challenges"]:
+            lv = self.leaves(c["host"])
+            openings = [SegmentOpening(segment=j, start_leaf=lv[j].hex(), end_leaf=lv[j + 1].hex(),
+                                       proof=[x.hex() for x in merkle.pair_proof(lv, j)])
+                        for j in c["segments"]]
+            reveals.append(MsgRevealContribution(creator=c["host"], run_id=1, outer_step=0,
+                                                 openings=openings))
+        self.add(step["challenge_height"], *reveals)  # fmt: skip
+
+    def assigned(self, height: int) -> dict[str, list[str]]:
+        state = self.peek(height)
+        return {c["host"]: sorted(c["verifier_rounds"]) for c in queries.challenges(state, 1)["challenges"]}
+
+    def verdicts(self, height: int, bad: str | None = None, colluders: tuple[str, ...] = ()) -> None:
+        """Every assigned verifier without a verdict judges: REPLAY_MISMATCH for `bad`, unless it
+        colludes; ACCEPT otherwise."""
+        state = self.peek(height)
+        msgs = []
+        for v in VERIFIER_ADDRESSES:
+            for host in queries.assignments(state, 1, v)["hosts"]:
+                reason = Reason.REPLAY_MISMATCH if host == bad and v not in colluders else Reason.ACCEPT
+                ev = hashlib.sha256(f"evidence {v} {host}".encode()).hexdigest()
+                msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
+                                             evidence_hash=ev))  # fmt: skip
+        self.add(height, *msgs)
+
+    def run_to(self, height: int) -> None:
+        self.add(height)
+
+    def finalized_at(self) -> int:
+        """The height at which outer step 0 finalizes if nothing more is sent."""
+        h = self.blocks[-1]["height"]
+        while (fin := queries.outer_step(self.peek(h), 1, 0)["finalized_height"]) is None:
+            h += 1
+        return fin
+
+
+def _vector_config(**kw: Any) -> RunConfig:
+    h = hashlib.sha256(b"vector").hexdigest()
+    base: dict[str, Any] = dict(
+        model=ModelSpec(factory="trainer.model:tiny"), dataset_manifest_hash=h, initial_model_hash=h,
+        inner_steps=4, segment_len=2, sampled_segments=1, verifiers_per_contribution=1, audit_bps=0,
+        batch_size=2, seq_len=8, codec=Codec.INT8,
+        phases=Phases(join_blocks=1, train_blocks=2, reveal_blocks=2, verify_blocks=2, audit_blocks=2,
+                      confirm_blocks=2, result_blocks=2, result_rounds=2, epoch_length=1000),
+        stake=Stake(min_host_stake=GNK, min_verifier_stake=GNK, reward_per_outer_step=90 * GNK),
+    )  # fmt: skip
+    return RunConfig(**{**base, **kw})
+
+
+def _vote(host: str, model: str) -> MsgSubmitOuterResult:
+    return MsgSubmitOuterResult(
+        creator=host, run_id=1, outer_step=0, model_hash=hashlib.sha256(model.encode()).hexdigest()
+    )
+
+
+def chain_vectors() -> list[dict[str, Any]]:
+    """Whole outer steps through the state machine: the new result, report, audit and dispute rules.
+    An implementation replays `blocks` (block h has prev_block_hash = vector_block_hash(h − 1);
+    every message succeeds) and must reach `output`, app hash included."""
+    out = []
+
+    # 1. withhold and forge: the withholder votes a made-up model, the others report it unavailable
+    sc = _Scenario(_vector_config())
+    sc.commit_and_reveal()
+    step = sc.step()
+    sc.verdicts(step["challenge_height"] + 1)
+    fin = step["verify_deadline"] + 1
+    good, withholder = HOST_ADDRESSES[:2], HOST_ADDRESSES[2]
+    sc.add(fin, _vote(withholder, "forged"), *[MsgReportUnavailable(creator=h, run_id=1, outer_step=0,
+                                                                    hosts=[withholder]) for h in good])
+    sc.run_to(fin + 2)  # round 0 closes: the withholder is dropped
+    sc.add(fin + 3, *[_vote(h, "g1 without the withholder") for h in good])  # fmt: skip
+    out.append({"label": "withhold_and_forge", "blocks": sc.blocks})
+
+    # 2. a lone vote never decides: two result rounds, then G_{n+1} = G_n
+    sc = _Scenario(_vector_config())
+    sc.commit_and_reveal()
+    step = sc.step()
+    sc.verdicts(step["challenge_height"] + 1)
+    sc.add(step["verify_deadline"] + 1, _vote(HOST_ADDRESSES[0], "forged"))
+    sc.run_to(step["verify_deadline"] + 6)
+    out.append({"label": "lone_vote_closes_with_g_n", "blocks": sc.blocks})
+
+    # 3. colluding accept, audit, dispute decided by verifier stake, fraud slashes
+    sc = _Scenario(_vector_config(audit_bps=10_000))
+    sc.commit_and_reveal()
+    step = sc.step()
+    first = sc.assigned(step["challenge_height"])
+    cheat = HOST_ADDRESSES[0]
+    colluders = tuple(first[cheat])
+    sc.verdicts(step["challenge_height"] + 1, bad=cheat, colluders=colluders)
+    audit_height = step["verify_deadline"] + 2
+    sc.verdicts(audit_height + 1, bad=cheat, colluders=colluders)  # the auditors
+    sc.verdicts(audit_height + 3, bad=cheat, colluders=colluders)  # the dispute panel
+    sc.add(sc.finalized_at() + 1, *[_vote(h, "g1 honest") for h in HOST_ADDRESSES[1:]])
+    out.append({"label": "audit_catches_collusion", "blocks": sc.blocks})
+
+    # 4. a lone malicious reject is outvoted by stake; the rejecting verifier is slashed
+    sc = _Scenario(_vector_config())
+    sc.commit_and_reveal()
+    step = sc.step()
+    first = sc.assigned(step["challenge_height"])
+    victim = HOST_ADDRESSES[1]
+    liar = first[victim][0]
+    state = sc.peek(step["challenge_height"] + 1)
+    msgs = []
+    for v in VERIFIER_ADDRESSES:
+        for host in queries.assignments(state, 1, v)["hosts"]:
+            reason = Reason.REPLAY_MISMATCH if v == liar and host == victim else Reason.ACCEPT
+            msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
+                                         evidence_hash=hashlib.sha256(v.encode()).hexdigest()))  # fmt: skip
+    sc.add(step["challenge_height"] + 1, *msgs)
+    sc.verdicts(step["verify_deadline"] + 1)  # the panel
+    sc.add(sc.finalized_at() + 1, *[_vote(h, "g1") for h in HOST_ADDRESSES[:2]])
+    out.append({"label": "malicious_reject_outvoted", "blocks": sc.blocks})
+
+    for v in out:
+        v["genesis"] = vector_genesis().model_dump(mode="json")
+        v["output"] = scenario_summary(replay_blocks(v["blocks"]))
+    return out
+
+
 BUILDERS = {
     "tensors": tensor_vectors,
     "chunks": chunk_vectors,
@@ -343,6 +601,7 @@ BUILDERS = {
     "outer": outer_vectors,
     "wire": wire_vectors,
     "envclass": envclass_vectors,
+    "chain": chain_vectors,
 }
 
 

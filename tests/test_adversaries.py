@@ -3,6 +3,7 @@ exactly the dishonest thing it claims (the verifier's side is in test_verify/tes
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,10 @@ from gonka_diloco.adversaries import (
 )
 from gonka_diloco.adversaries.hosts import MALFORMED_KINDS, LazyHost, malformed_delta_blob
 from gonka_diloco.adversaries.lab import Lab, synthetic_corpus, tiny_config
+from nodekit.globalmodel import GlobalModel
 from protocol import codecs
 from protocol.messages import Reason
 from trainer import behaviour as host_behaviour
-from trainer.globalmodel import GlobalModel
 from trainer.step import configure_determinism
 from verifier.verify import Job, Outcome
 
@@ -39,8 +40,9 @@ def test_every_behaviour_resolves_and_is_listed_and_registered_for_host_toml() -
     for name in HOSTS:
         assert resolve_host(name).name == name and f"  {name}" in text
         assert name in host_behaviour.names()  # host.toml's `behaviour = name` finds it
+    partner = {"collude": {"partner": A}}
     for name in VERIFIERS:
-        assert resolve_verifier(name).name == name
+        assert resolve_verifier(name, partner.get(name)).name == name
     assert resolve_host("lazy", {"fraction": 0.25}).fraction == 0.25  # type: ignore[attr-defined]
 
 
@@ -59,6 +61,10 @@ def test_bad_names_and_parameters_are_named_errors() -> None:
         resolve_verifier("malicious", {"reason": "ACCEPT"})
     with pytest.raises(UnknownBehaviour, match="unknown reason"):
         resolve_verifier("malicious", {"reason": "NOPE"})
+    with pytest.raises(UnknownBehaviour, match="needs partner"):
+        resolve_verifier("collude")
+    with pytest.raises(UnknownBehaviour, match="not a gonka1"):
+        resolve_verifier("collude", {"partner": f"{A}+host-3"})
 
 
 def test_lazy_host_fakes_the_requested_share_never_the_last_segment() -> None:
@@ -106,6 +112,11 @@ def test_verifier_behaviours() -> None:
     assert flipped is not None and flipped.reason is Reason.REPLAY_MISMATCH
     assert flipped.evidence_hash != honest_accept.evidence_hash
     assert malicious.decide(job, lambda: honest_reject) is honest_reject  # agrees where rejecting is right
+    collude = resolve_verifier("collude", {"partner": f"{'gonka1' + 'c' * 38}+{A}"})
+    partner = collude.decide(job, never)  # the partner is accepted without a check
+    assert partner is not None and partner.accept and partner.replay_steps == 0
+    other = collude.decide(dataclasses.replace(job, host="gonka1" + "d" * 38), lambda: honest_reject)
+    assert other is honest_reject  # everyone else is judged honestly
     offline = resolve_verifier("offline")
     assert not offline.online() and offline.decide(job, never) is None
     assert resolve_verifier("honest").decide(job, lambda: honest_reject) is honest_reject

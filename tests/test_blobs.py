@@ -214,6 +214,20 @@ def test_chunked_fetch_pulls_from_every_holder_resumes_and_drops_a_liar() -> Non
             server.stop()
 
 
+def test_a_dead_first_holder_never_strands_a_chunk() -> None:
+    """A one-chunk object whose first-listed holder is down: the chunk it gives back goes to the
+    live holder in the same round (once, a lone chunk waited for the dead one round after round)."""
+    state, data, ref = state_object(1 << 20)
+    assert ref.n_chunks == 1
+    catalog = BlobCatalog(1 << 20)
+    catalog.publish("state", ref.hash, BytesObject(data, 1 << 20))
+    with ServerThread(build_app(catalog, dict)) as server, BlobClient([], timeout=5, retries=0) as client:
+        sink = TensorSink(specs_of(state))
+        report = client.fetch(ref, sink, [dead_url(), server.url])
+        assert report.chunks_from == {server.url: 1}
+        assert all(torch.equal(sink.tensors[k], v) for k, v in state.items())
+
+
 def test_deadlines_scale_with_size_and_a_stalled_holder_is_left() -> None:
     policy = TransferPolicy(min_bytes_per_s=1e6, base_s=2.0)
     assert policy.timeout(0) == 2.0 and policy.timeout(360 * 10**9) == 2.0 + 360_000  # 360 GB at 1 MB/s

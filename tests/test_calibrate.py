@@ -28,23 +28,39 @@ def test_proposal_takes_the_largest_k_whose_attacks_clear_factor_times_noise() -
     none = propose([5], [1e-2], [1e-2], [1e-2])
     assert none.k is None and none.tolerance is None and "no k keeps" in table(none)
     exact = propose([5], [0.0], [1e-3], [1e-3])
-    assert exact.rows[0].threshold == FLOOR and exact.k == 5
+    assert exact.rows[0].threshold == {"param": FLOOR} and exact.k == 5
+
+
+def test_each_group_gets_its_own_threshold_and_an_attack_needs_to_clear_only_one() -> None:
+    noise = {"param": 1e-4, "exp_avg": 1e-3, "exp_avg_sq": 1e-2}
+    skip = {"param": 5e-4, "exp_avg": 2e-2, "exp_avg_sq": 1e-2}  # seen only in exp_avg
+    swap = {"param": 1e-2, "exp_avg": 0.0, "exp_avg_sq": 0.0}  # seen only in the params
+    p = propose([5], [noise], [skip], [swap], factor=8)
+    assert p.k == 5 and p.tolerances == {g: 8 * v for g, v in noise.items()}
+    want = {"tolerance": 8e-4, "tolerance_exp_avg": 8e-3, "tolerance_exp_avg_sq": 8e-2}
+    assert p.run_config_fields() == want
+    hidden = propose([5], [noise], [{**skip, "exp_avg": 1e-3}], [swap], factor=8)
+    assert hidden.k is None and "no k keeps" in table(hidden)
 
 
 def test_same_environment_in_two_processes_has_zero_noise() -> None:
     p = calibrate(tiny_config(), CORPUS, ks=(2, 4), threads=(1, 1), trials=1, warmup=2)
-    assert [r.noise for r in p.rows] == [0.0, 0.0]  # bitwise across processes: the protocol's footing
+    for r in p.rows:  # bitwise across processes, every group: the protocol's footing
+        assert set(r.noise) == {"param", "exp_avg", "exp_avg_sq"} and set(r.noise.values()) == {0.0}
     assert [r.noisy for r in p.rows] == [0.0, 0.0]
-    assert all(r.skip > 1e-3 and r.swap > 1e-3 for r in p.rows) and p.k == 4
+    assert all(min(r.skip.values()) > 1e-3 and min(r.swap.values()) > 1e-3 for r in p.rows) and p.k == 4
+    assert set(p.run_config_fields()) == {"tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq"}
 
 
 def test_one_versus_two_threads_noise_is_far_below_the_attack_signals() -> None:
     p = calibrate(tiny_config(), CORPUS, ks=(1, 3), threads=(1, 2), trials=1, warmup=2)
     for r in p.rows:
-        assert r.noise < 1e-3 < min(r.skip, r.swap), r
-    assert math.isinf(p.rows[0].skip)  # skipping the only step of k = 1 leaves the start state
+        for g in r.noise:
+            assert r.noise[g] < 1e-3 < min(r.skip[g], r.swap[g]), (g, r)
+    assert math.isinf(p.rows[0].skip["param"])  # skipping the only step of k = 1 leaves the start state
     data = json.loads(json.dumps(to_json(p)))  # strict JSON: no Infinity
-    assert data["rows"][0]["skip"] is None and data["k"] == 3
+    assert data["rows"][0]["skip"]["param"] is None and data["k"] == 3
+    assert set(data["run_config"]) == {"tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq"}
 
 
 def test_cli_lists_behaviours_and_refuses_a_bad_config(tmp_path: Path) -> None:

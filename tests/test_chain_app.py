@@ -105,7 +105,7 @@ def test_store_round_trip_and_detects_a_mismatched_snapshot(tmp_path: Path) -> N
     assert header == block.header and block_hash == block.hash
     got = store.tx(block.results[0].hash.lower())
     assert got is not None and got[0] == raw and got[1].code == 0
-    store._db.execute("UPDATE state SET json = replace(json, '\"sequence\":1', '\"sequence\":7')")
+    store._db.execute("UPDATE state_rows SET body = replace(body, '\"sequence\":1', '\"sequence\":7')")
     with pytest.raises(StoreError):
         store.load_state()
     store.close()

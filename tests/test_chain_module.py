@@ -17,7 +17,7 @@ from chain import errors, queries
 from chain.errors import ChainError
 from chain.genesis import Genesis, genesis_state
 from chain.module import BlockContext, Event, TxContext, begin_block, end_block, process_msg
-from chain.params import MODULE_ACCOUNT, REWARD_POOL_ACCOUNT, ZERO_HASH, ModuleParams, Outcome, Phase
+from chain.params import MODULE_ACCOUNT, REWARD_POOL_ACCOUNT, ZERO_HASH, ModuleParams, Outcome, Phase, Review
 from chain.state import ChainState, app_hash, state_to_json, total_supply
 from protocol import merkle, prf
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
@@ -28,6 +28,7 @@ from protocol.messages import (
     MsgCreateRun,
     MsgJoinRun,
     MsgLeaveRun,
+    MsgReportUnavailable,
     MsgRevealContribution,
     MsgSend,
     MsgSubmitOuterResult,
@@ -76,6 +77,7 @@ def make_config(**overrides: object) -> RunConfig:
         "segment_len": 2,
         "sampled_segments": 1,
         "verifiers_per_contribution": 1,
+        "audit_bps": 0,  # tests of the audit set it
         "batch_size": 2,
         "seq_len": 8,
         "phases": Phases(**phases),
@@ -100,14 +102,15 @@ class Sim:
     height: int = 0
     prev_hash: str = ZERO_HASH
     events: list[Event] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)  # block hashes, block 1 first
 
     def block(self, *msgs: object) -> list[list[Event] | ChainError]:
         h = self.height + 1
-        bctx = BlockContext(height=h, time=float(h), prev_block_hash=self.prev_hash)
+        bctx = BlockContext(height=h, time_ns=h, prev_block_hash=self.prev_hash)
         self.events += begin_block(self.state, bctx)
         results: list[list[Event] | ChainError] = []
         for i, msg in enumerate(msgs):
-            ctx = TxContext(height=h, time=float(h), tx_hash=h32("tx", h, i), signer=msg.creator)  # type: ignore[attr-defined]
+            ctx = TxContext(height=h, time_ns=h, tx_hash=h32("tx", h, i), signer=msg.creator)  # type: ignore[attr-defined]
             before = state_to_json(self.state)
             try:
                 results.append(process_msg(self.state, msg, ctx))
@@ -119,6 +122,7 @@ class Sim:
         digest = app_hash(self.state)
         assert digest == app_hash(self.state, cached=False), "a write to the state skipped `touched`"
         self.prev_hash = h32("block", h, digest.hex())
+        self.hashes.append(self.prev_hash)
         return results
 
     def ok(self, msg: object) -> list[Event]:
@@ -282,7 +286,7 @@ def test_send_errors(msg: MsgSend, error: type[ChainError]) -> None:
 def test_envelope_errors_signer_mismatch_and_unknown_message() -> None:
     state = make_state()
     msg = MsgSend(from_address=STRANGER, to_address=POOR, amount=[Coin(amount=1)])
-    ctx = TxContext(height=1, time=1.0, tx_hash=h32("x"), signer=POOR)
+    ctx = TxContext(height=1, time_ns=1, tx_hash=h32("x"), signer=POOR)
     with pytest.raises(errors.ErrSignerMismatch):
         process_msg(state, msg, ctx)
     with pytest.raises(errors.ErrUnknownMessage):
@@ -401,7 +405,8 @@ def test_commit_errors(msg: MsgCommitPseudoGradient, error: type[ChainError]) ->
 
 
 def test_tolerance_mode_accepts_a_commit_from_another_thread_count() -> None:
-    sim = started(make_config(replay_mode="tolerance", tolerance=1e-5))
+    tol = {"tolerance": 1e-5, "tolerance_exp_avg": 1e-4, "tolerance_exp_avg_sq": 1e-4}
+    sim = started(make_config(replay_mode="tolerance", **tol))
     sim.ok(commit_msg(HOSTS[0], env=EnvFingerprint(torch_version="2.13.0", threads=2)))
 
 
@@ -439,22 +444,24 @@ def test_commit_on_a_finished_run_fails() -> None:
 # ---------------------------------------------------------------- challenge, reveal, verdict, result
 
 
-def test_challenge_comes_from_the_block_after_the_deadline() -> None:
+def test_challenge_seed_hashes_the_three_blocks_up_to_the_one_after_the_deadline() -> None:
     sim = started()
     sim.ok(commit_msg(HOSTS[0]))
     sim.until(sim.step()["commit_deadline"] + 1)
-    sim.block()  # commit_deadline + 1: its hash seeds the challenge
+    sim.block()  # commit_deadline + 1: the first block no committer could see
     assert sim.step()["phase"] == Phase.CHALLENGE
-    seed = sim.prev_hash
+    seed = prf.seed_from_blocks(sim.hashes[-3:])  # blocks commit_deadline - 1 .. commit_deadline + 1
     sim.block()
+    assert sim.state.recent_block_hashes == sim.hashes[-4:-1]  # the ring as begin_block saw it
     ch = queries.challenges(sim.state, 1)
     assert ch["seed"] == seed and ch["challenge_height"] == sim.step()["commit_deadline"] + 2
     (item,) = ch["challenges"]
     assert item["segments"] == prf.sample_segments(seed, HOSTS[0], 2, 1)
-    assert item["verifiers"] == prf.assign_verifiers(seed, HOSTS[0], VERIFIERS[:3], 1)
+    stakes = dict.fromkeys(VERIFIERS[:3], 5 * GNK)
+    assert item["verifiers"] == prf.assign_verifiers(seed, HOSTS[0], stakes, 1)
 
 
-def test_full_outer_step_accepts_rewards_and_opens_the_next_step() -> None:
+def test_full_outer_step_accepts_pays_at_adoption_and_opens_the_next_step() -> None:
     sim = started()
     to_reveal(sim, HOSTS[:2])
     for host in HOSTS[:2]:
@@ -469,7 +476,7 @@ def test_full_outer_step_accepts_rewards_and_opens_the_next_step() -> None:
     to_verify_deadline(sim)
     step = sim.step()
     assert step["phase"] == Phase.AWAITING_RESULT and step["accepted"] == sorted(HOSTS[:2])
-    assert balance(sim, REWARD_POOL_ACCOUNT) == pool - 100 * GNK  # equal tokens: 50 GNK each
+    assert balance(sim, REWARD_POOL_ACCOUNT) == pool  # paid only once the Δs reach the model
     assert queries.prev_optimizer_hash(sim.state, 1, HOSTS[0]) == h32("opt", HOSTS[0], 0)
     assert queries.prev_optimizer_hash(sim.state, 1, HOSTS[2]) is None
     assert [a["host"] for a in queries.accepted(sim.state, 1, 0)["accepted"]] == sorted(HOSTS[:2])
@@ -478,6 +485,8 @@ def test_full_outer_step_accepts_rewards_and_opens_the_next_step() -> None:
     assert sim.step()["outer_step"] == 0  # 1 of 2 is not a majority
     sim.ok(MsgSubmitOuterResult(creator=HOSTS[1], run_id=1, outer_step=0, model_hash=new))
     assert queries.run(sim.state, 1)["global_model_hash"] == new
+    assert balance(sim, REWARD_POOL_ACCOUNT) == pool - 100 * GNK  # equal tokens: 50 GNK each
+    assert [a["reward"] for a in queries.accepted(sim.state, 1, 0)["accepted"]] == [50 * GNK] * 2
     nxt = sim.step()
     assert nxt["outer_step"] == 1 and nxt["open_height"] == sim.height + 1 and nxt["base_model_hash"] == new
     sim.block()
@@ -528,42 +537,176 @@ def test_verdict_errors() -> None:
     sim.fails(verdict_msg(other, HOSTS[0]), errors.ErrLateVerdict)
 
 
-def test_outer_result_errors_and_plurality_after_the_result_window() -> None:
+def accepted_step(hosts: list[str], config: RunConfig | None = None) -> Sim:
+    """A step whose `hosts` were all accepted (v = 1, no audit): it awaits its result."""
+    sim = started(config, hosts=hosts)
+    to_reveal(sim, hosts)
+    txs = [m for host in hosts for m in (reveal_msg(sim, host), verdict_msg(assigned(sim, host)[0], host))]
+    assert not any(isinstance(r, ChainError) for r in sim.block(*txs))
+    to_verify_deadline(sim)
+    assert sim.step()["phase"] == Phase.AWAITING_RESULT and sim.step()["accepted"] == sorted(hosts)
+    return sim
+
+
+def vote(host: str, model: str, step: int = 0) -> MsgSubmitOuterResult:
+    return MsgSubmitOuterResult(creator=host, run_id=1, outer_step=step, model_hash=h32(model))
+
+
+def report(host: str, *missing: str, step: int = 0) -> MsgReportUnavailable:
+    return MsgReportUnavailable(creator=host, run_id=1, outer_step=step, hosts=list(missing))
+
+
+def test_outer_result_errors() -> None:
     sim = started(hosts=HOSTS[:3])
     to_reveal(sim, HOSTS[:3])
-    msg = MsgSubmitOuterResult(creator=HOSTS[0], run_id=1, outer_step=0, model_hash=h32("a"))
-    sim.fails(msg, errors.ErrNotResultPhase)
+    sim.fails(vote(HOSTS[0], "a"), errors.ErrNotResultPhase)
     txs = [
         m for host in HOSTS[:3] for m in (reveal_msg(sim, host), verdict_msg(assigned(sim, host)[0], host))
     ]
     assert not any(isinstance(r, ChainError) for r in sim.block(*txs))
     to_verify_deadline(sim)
-    deadline = sim.step()["result_deadline"]
-    other = MsgSubmitOuterResult(creator=HOSTS[1], run_id=1, outer_step=0, model_hash=h32("b"))
-    wrong_step, stranger, first, dup, second = sim.block(
-        msg.model_copy(update={"outer_step": 1}),
-        msg.model_copy(update={"creator": HOSTS[3]}),
-        msg,
-        msg,
-        other,
+    wrong_step, stranger, first, dup = sim.block(
+        vote(HOSTS[0], "a", step=1), vote(HOSTS[3], "a"), vote(HOSTS[0], "a"), vote(HOSTS[0], "a")
     )
-    assert isinstance(wrong_step, errors.ErrWrongOuterStep) and isinstance(
-        stranger, errors.ErrNotAcceptedHost
+    assert isinstance(wrong_step, errors.ErrWrongOuterStep)
+    assert isinstance(stranger, errors.ErrNotAcceptedHost)
+    assert isinstance(dup, errors.ErrDuplicateOuterResult) and not isinstance(first, ChainError)
+
+
+def test_a_lone_vote_or_a_plurality_is_never_adopted_and_the_step_still_closes() -> None:
+    """Withhold-and-forge: an accepted host votes for a model it made up; nobody else can vote.
+    Its lone vote (and a 1:1 plurality over 3 hosts) is no majority: after `result_rounds` rounds
+    the step closes with G_{n+1} = G_n, pays nobody, and the next step opens on G_n."""
+    config = make_config(phases={"result_rounds": 2})
+    sim = accepted_step(HOSTS[:3], config)
+    pool = balance(sim, REWARD_POOL_ACCOUNT)
+    sim.block(vote(HOSTS[0], "forged"))
+    first_deadline = sim.step()["result_deadline"]
+    sim.until(first_deadline)
+    sim.block(vote(HOSTS[1], "honest"))  # the deadline block: 1:1:0 of 3 is no majority
+    step = sim.step()
+    assert step["outer_step"] == 0 and step["result_round"] == 1 and step["result_votes"] == {}
+    assert step["result_deadline"] == first_deadline + 5 and step["accepted"] == sorted(HOSTS[:3])
+    sim.block(vote(HOSTS[0], "forged"))
+    sim.until(step["result_deadline"] + 1)  # last round over: G_n stays
+    done = queries.outer_step(sim.state, 1, 0)
+    assert done["phase"] == Phase.DONE and done["result_hash"] == h32("g0")
+    assert queries.run(sim.state, 1)["global_model_hash"] == h32("g0")
+    assert sim.step()["outer_step"] == 1 and sim.step()["base_model_hash"] == h32("g0")
+    assert balance(sim, REWARD_POOL_ACCOUNT) == pool  # no Δ reached the model: nobody is paid
+    assert any(e.type == "result_failed" for e in sim.events)
+
+
+def test_when_nobody_votes_the_step_closes_after_the_bounded_rounds() -> None:
+    sim = accepted_step(HOSTS[:2])  # result_rounds = 3 (default), result_blocks = 5
+    finalized = sim.step()["finalized_height"]
+    sim.until(finalized + 3 * 5 + 1)
+    step0 = queries.outer_step(sim.state, 1, 0)
+    assert step0["phase"] == Phase.DONE and step0["done_height"] == finalized + 15
+    assert step0["result_hash"] == h32("g0") and sim.step()["outer_step"] == 1
+
+
+def test_votes_are_weighted_by_tokens_and_a_strict_majority_adopts_at_once() -> None:
+    sim = accepted_step(HOSTS[:3])
+    sim.block(vote(HOSTS[0], "g1"))
+    assert sim.step()["outer_step"] == 0
+    sim.block(vote(HOSTS[2], "g1"))  # 2 of 3 equal weights: adopted in this block
+    assert queries.run(sim.state, 1)["global_model_hash"] == h32("g1")
+
+
+def test_a_withholder_reported_by_a_majority_is_dropped_slashed_unpaid_and_results_asked_again() -> None:
+    sim = accepted_step(HOSTS[:3])
+    good, withholder = sorted(HOSTS[:3])[:2], sorted(HOSTS[:3])[2]
+    pool = balance(sim, REWARD_POOL_ACCOUNT)
+    sim.block(vote(withholder, "forged"), report(good[0], withholder))
+    assert sim.step()["unavailable"] == {good[0]: [withholder]}
+    sim.block(report(good[1], withholder))
+    sim.until(sim.step()["result_deadline"] + 1)
+    step = sim.step()
+    assert step["outer_step"] == 0 and step["result_round"] == 1
+    assert step["accepted"] == good and step["dropped"] == [withholder]
+    assert step["outcomes"][withholder] == Outcome.WITHHELD and step["result_votes"] == {}
+    assert (
+        stake_of(sim, withholder) == 9 * GNK and queries.prev_optimizer_hash(sim.state, 1, withholder) is None
     )
-    assert isinstance(dup, errors.ErrDuplicateOuterResult)
-    assert not isinstance(first, ChainError) and not isinstance(second, ChainError)
-    assert sim.step()["result_votes"] == {HOSTS[0]: h32("a"), HOSTS[1]: h32("b")}
-    sim.until(deadline)
-    assert sim.step()["outer_step"] == 0  # 1:1:0 of 3 accepted is no majority: still waiting
-    sim.block()
-    assert sim.step()["outer_step"] == 1  # tie 1:1 -> smallest hash wins
-    assert queries.run(sim.state, 1)["global_model_hash"] == min(h32("a"), h32("b"))
+    assert [a["host"] for a in queries.accepted(sim.state, 1)["accepted"]] == good  # what nodes aggregate
+    sim.block(vote(good[0], "g1-without-withholder"))
+    sim.block(vote(good[1], "g1-without-withholder"))
+    assert queries.run(sim.state, 1)["global_model_hash"] == h32("g1-without-withholder")
+    rewards = {a["host"]: a["reward"] for a in queries.accepted(sim.state, 1, 0)["accepted"]}
+    assert rewards == dict.fromkeys(good, 50 * GNK) and balance(sim, REWARD_POOL_ACCOUNT) == pool - 100 * GNK
+    assert queries.commitment(sim.state, 1, withholder, 0) is not None
+    assert sim.state.runs[1].steps[0].contributions[withholder].reward == 0
+
+
+def test_a_minority_report_drops_nobody() -> None:
+    sim = accepted_step(HOSTS[:3])
+    liar, *_ = sorted(HOSTS[:3])
+    sim.block(report(liar, sorted(HOSTS[:3])[1]))  # one of three: no majority
+    sim.until(sim.step()["result_deadline"] + 1)
+    step = sim.step()
+    assert step["result_round"] == 1 and step["dropped"] == [] and len(step["accepted"]) == 3
+    assert all(stake_of(sim, h) == 10 * GNK for h in HOSTS[:3])
+
+
+def test_report_errors() -> None:
+    sim = started(hosts=HOSTS[:3])
+    to_reveal(sim, HOSTS[:3])
+    sim.fails(report(HOSTS[0], HOSTS[1]), errors.ErrNotResultPhase)
+    txs = [
+        m for host in HOSTS[:3] for m in (reveal_msg(sim, host), verdict_msg(assigned(sim, host)[0], host))
+    ]
+    sim.block(*txs)
+    to_verify_deadline(sim)
+    sim.fails(report(HOSTS[3], HOSTS[1]), errors.ErrNotAcceptedHost)
+    sim.fails(report(HOSTS[0], HOSTS[3]), errors.ErrNotInResultSet)
+    sim.fails(report(HOSTS[0], HOSTS[1], step=1), errors.ErrWrongOuterStep)
+    sim.ok(report(HOSTS[0], HOSTS[1]))
+    sim.fails(report(HOSTS[0], HOSTS[2]), errors.ErrDuplicateReport)
+    sim.ok(vote(HOSTS[1], "g1"))
+    sim.fails(report(HOSTS[1], HOSTS[2]), errors.ErrReportAfterVote)
+    sim.ok(vote(HOSTS[0], "g1"))  # a vote withdraws the voter's own report: it had every Δ after all
+    assert queries.outer_step(sim.state, 1, 0)["unavailable"] == {}
+    with pytest.raises(ValueError, match="own"):
+        report(HOSTS[0], HOSTS[0])
+    with pytest.raises(ValueError, match="distinct"):
+        report(HOSTS[0], HOSTS[1], HOSTS[1])
+    with pytest.raises(ValueError):
+        MsgReportUnavailable(creator=HOSTS[0], run_id=1, outer_step=0, hosts=[])
+
+
+def test_an_accepted_host_that_leaves_stays_bonded_until_the_result() -> None:
+    sim = accepted_step(HOSTS[:3])
+    withholder = sorted(HOSTS[:3])[2]
+    events = sim.ok(MsgLeaveRun(creator=withholder, run_id=1))
+    assert events[0].type == "leave_pending" and stake_of(sim, withholder) == 10 * GNK
+    sim.block(*[report(h, withholder) for h in sorted(HOSTS[:3])[:2]])
+    sim.until(sim.step()["result_deadline"] + 1)  # dropped and slashed while still bonded
+    assert stake_of(sim, withholder) == 9 * GNK
+    _, adopted = sim.block(*[vote(h, "g1") for h in sorted(HOSTS[:3])[:2]])
+    assert stake_of(sim, withholder) == 0  # unbonded with what was left, once the step closed
+    assert not isinstance(adopted, ChainError)
+    assert any(e.type == "unbond" and e.attributes["amount"] == str(9 * GNK) for e in adopted)
 
 
 # ---------------------------------------------------------------- finalization outcomes
 
 
-def test_missing_reveal_and_rejection_are_slashed_and_contradicting_verifiers_too() -> None:
+def to_finalized(sim: Sim) -> dict:
+    """Run blocks until the current step is finalized (through any audit and dispute window)."""
+    index = sim.step()["outer_step"]
+    while queries.outer_step(sim.state, 1, index)["finalized_height"] is None:
+        sim.block()
+    return queries.outer_step(sim.state, 1, index)
+
+
+def panel_of(sim: Sim, host: str, step: int = 0) -> list[str]:
+    """Everyone a contribution is assigned to now (initial, audit and dispute panel)."""
+    ch = queries.challenges(sim.state, 1, step)["challenges"]
+    return sorted(next(c["verifier_rounds"] for c in ch if c["host"] == host))
+
+
+def test_missing_reveal_and_a_confirmed_rejection_are_slashed_and_contradicting_verifiers_too() -> None:
     sim = started()
     to_reveal(sim, HOSTS[:2])
     sim.ok(reveal_msg(sim, HOSTS[1]))
@@ -573,13 +716,121 @@ def test_missing_reveal_and_rejection_are_slashed_and_contradicting_verifiers_to
     if v0 != v1:
         sim.ok(verdict_msg(v0, HOSTS[0]))  # "accepts" a contribution that was never revealed
     module = balance(sim, MODULE_ACCOUNT)
-    to_verify_deadline(sim)
+    to_verify_deadline(sim)  # host 0 is decided; host 1's reject disputes it: every verifier is asked
+    step = sim.step()
+    assert step["phase"] == Phase.CONFIRM and step["reviews"][HOSTS[1]] == Review.CONFIRM
+    assert panel_of(sim, HOSTS[1]) == VERIFIERS[:3]
+    others = [v for v in VERIFIERS[:3] if v != v1]
+    assert all(HOSTS[1] in queries.assignments(sim.state, 1, v)["hosts"] for v in others)
+    sim.block(verdict_msg(others[0], HOSTS[1], Reason.REPLAY_MISMATCH))  # 2 of 3 stakes: confirmed
+    to_finalized(sim)
     outcomes = queries.outer_step(sim.state, 1, 0)["outcomes"]
     assert outcomes == {HOSTS[0]: Outcome.MISSING_REVEAL, HOSTS[1]: Outcome.REJECTED}
-    assert stake_of(sim, HOSTS[0]) == stake_of(sim, HOSTS[1]) == 9 * GNK  # 10% of 10 GNK
+    assert stake_of(sim, HOSTS[0]) == stake_of(sim, HOSTS[1]) == 9 * GNK  # 10% of 10 GNK: nobody vouched
     slashed_verifier = 5 * GNK * 500 // 10_000 if v0 != v1 else 0
     assert balance(sim, MODULE_ACCOUNT) == module + 2 * GNK + slashed_verifier
     assert sim.step()["outer_step"] == 1 and queries.run(sim.state, 1)["global_model_hash"] == h32("g0")
+
+
+def test_a_lone_malicious_reject_is_outvoted_by_stake_and_slashed_the_host_is_accepted() -> None:
+    sim = started()
+    to_reveal(sim, [HOSTS[0]])
+    (v,) = assigned(sim, HOSTS[0])
+    sim.block(reveal_msg(sim, HOSTS[0]), verdict_msg(v, HOSTS[0], Reason.REPLAY_MISMATCH))
+    to_verify_deadline(sim)
+    sim.block(*[verdict_msg(x, HOSTS[0]) for x in VERIFIERS[:3] if x != v])
+    step = to_finalized(sim)
+    assert step["outcomes"] == {HOSTS[0]: Outcome.ACCEPTED} and stake_of(sim, HOSTS[0]) == 10 * GNK
+    assert stake_of(sim, v) == 5 * GNK - 5 * GNK * 500 // 10_000
+
+
+def test_a_dispute_without_a_stake_majority_is_unverified_and_slashes_nobody() -> None:
+    sim = started()
+    to_reveal(sim, [HOSTS[0]])
+    (v,) = assigned(sim, HOSTS[0])
+    sim.block(reveal_msg(sim, HOSTS[0]), verdict_msg(v, HOSTS[0], Reason.REPLAY_MISMATCH))
+    to_verify_deadline(sim)
+    sim.block(verdict_msg(next(x for x in VERIFIERS[:3] if x != v), HOSTS[0]))  # 1:1, one silent
+    step = to_finalized(sim)
+    assert step["outcomes"] == {HOSTS[0]: Outcome.UNVERIFIED} and step["phase"] == Phase.DONE
+    assert stake_of(sim, HOSTS[0]) == 10 * GNK and all(stake_of(sim, x) == 5 * GNK for x in VERIFIERS[:3])
+
+
+def test_draws_are_weighted_by_stake_and_the_confirmation_by_stake_too() -> None:
+    """One verifier holds 8 of 10 stake units: it is drawn first most of the time, and in a
+    dispute its reject outweighs the two small verifiers' accepts."""
+    sim = Sim(make_state())
+    sim.ok(MsgCreateRun(creator=AUTH, config=make_config()))
+    big, small = VERIFIERS[0], VERIFIERS[1:3]
+    sim.block(
+        join(Role.HOST, HOSTS[0]),
+        join(Role.VERIFIER, big, 40 * GNK),
+        *[join(Role.VERIFIER, v) for v in small],
+    )
+    sim.until(sim.step()["train_start"])
+    to_reveal(sim, [HOSTS[0]])
+    stakes = {big: 40 * GNK, **dict.fromkeys(small, 5 * GNK)}
+    assert assigned(sim, HOSTS[0]) == prf.assign_verifiers(sim.step()["challenge_seed"], HOSTS[0], stakes, 1)
+    (v,) = assigned(sim, HOSTS[0])
+    reason = Reason.ACCEPT if v != big else Reason.REPLAY_MISMATCH
+    sim.block(reveal_msg(sim, HOSTS[0]), verdict_msg(v, HOSTS[0], reason))
+    to_verify_deadline(sim)
+    rest = [x for x in [big, *small] if x != v]
+    sim.block(
+        *[verdict_msg(x, HOSTS[0], Reason.REPLAY_MISMATCH if x == big else Reason.ACCEPT) for x in rest]
+    )
+    step = to_finalized(sim)
+    assert step["outcomes"] == {HOSTS[0]: Outcome.REJECTED}  # 40 of 50 stake rejects
+    assert all(stake_of(sim, x) == 5 * GNK // 2 for x in small)  # accepted a confirmed reject: fraud
+
+
+def fraud_sim(audit_bps: int = 10_000) -> tuple[Sim, str]:
+    """v = 1, every accepted contribution audited by one more verifier: an accomplice accepted."""
+    sim = started(make_config(audit_bps=audit_bps, phases={"audit_blocks": 3, "confirm_blocks": 3}))
+    to_reveal(sim, [HOSTS[0]])
+    (accomplice,) = assigned(sim, HOSTS[0])
+    sim.block(reveal_msg(sim, HOSTS[0]), verdict_msg(accomplice, HOSTS[0]))
+    return sim, accomplice
+
+
+def test_an_audit_drawn_after_the_verdicts_catches_a_colluding_accept_and_slashes_both_hard() -> None:
+    sim, accomplice = fraud_sim()
+    to_verify_deadline(sim)
+    closed = sim.height  # the block whose end_block closed the verdict round
+    step = sim.step()
+    assert step["phase"] == Phase.AUDIT and step["audit_height"] == closed + 2
+    assert step["reviews"][HOSTS[0]] == Review.PROVISIONAL and step["finalized_height"] is None
+    sim.until(step["audit_height"] + 1)
+    step = sim.step()
+    assert step["audit_seed"] == prf.seed_from_blocks(sim.hashes[closed - 2 : closed + 1])
+    item = next(c for c in queries.challenges(sim.state, 1)["challenges"] if c["host"] == HOSTS[0])
+    (auditor,) = [v for v, r in item["verifier_rounds"].items() if r == step["round"]]
+    assert item["audited"] and auditor != accomplice and HOSTS[0] not in item["verifier_rounds"]
+    assert queries.assignments(sim.state, 1, auditor)["hosts"] == [HOSTS[0]]  # nodes pick audits up
+    sim.block(verdict_msg(auditor, HOSTS[0], Reason.DELTA_MISMATCH))
+    sim.until(sim.step()["round_deadline"] + 1)
+    assert sim.step()["phase"] == Phase.CONFIRM  # the audit found a reject: a dispute
+    third = next(v for v in VERIFIERS[:3] if v not in (accomplice, auditor))
+    sim.block(verdict_msg(third, HOSTS[0], Reason.DELTA_MISMATCH))
+    step = to_finalized(sim)
+    assert step["outcomes"] == {HOSTS[0]: Outcome.REJECTED} and step["accepted"] == []
+    assert stake_of(sim, HOSTS[0]) == 5 * GNK and stake_of(sim, accomplice) == 5 * GNK // 2  # 50% each
+    assert stake_of(sim, auditor) == stake_of(sim, third) == 5 * GNK
+    assert queries.run(sim.state, 1)["global_model_hash"] == h32("g0")  # the fake never reached G
+
+
+def test_an_audit_that_accepts_or_is_not_drawn_accepts() -> None:
+    sim, _ = fraud_sim()
+    to_verify_deadline(sim)
+    sim.until(sim.step()["audit_height"] + 1)
+    item = next(c for c in queries.challenges(sim.state, 1)["challenges"] if c["host"] == HOSTS[0])
+    (auditor,) = [v for v, r in item["verifier_rounds"].items() if r == sim.step()["round"]]
+    sim.block(verdict_msg(auditor, HOSTS[0]))
+    step = to_finalized(sim)
+    assert step["outcomes"] == {HOSTS[0]: Outcome.ACCEPTED} and step["phase"] == Phase.AWAITING_RESULT
+    sim2, _ = fraud_sim(audit_bps=0)  # no audit: accepted at the end of the verdict round
+    to_verify_deadline(sim2)
+    assert sim2.step()["phase"] == Phase.AWAITING_RESULT
 
 
 def test_equivocator_is_rejected_even_with_an_accepting_verifier() -> None:
@@ -595,40 +846,41 @@ def test_equivocator_is_rejected_even_with_an_accepting_verifier() -> None:
     assert stake_of(sim, HOSTS[0]) == 9 * GNK and stake_of(sim, v) == 5 * GNK - 25 * GNK // 100
 
 
-def test_escalation_then_majority_of_received_verdicts_or_unverified() -> None:
+def test_missing_verdicts_escalate_and_a_split_is_disputed() -> None:
     config = make_config(verifiers_per_contribution=3)
     sim = started(config, hosts=HOSTS[:2], verifiers=VERIFIERS)
     to_reveal(sim, HOSTS[:2])
     for host in HOSTS[:2]:
         sim.ok(reveal_msg(sim, host))
-    a0 = assigned(sim, HOSTS[0])
+    a0, a1 = assigned(sim, HOSTS[0]), assigned(sim, HOSTS[1])
     sim.ok(verdict_msg(a0[0], HOSTS[0]))
-    sim.ok(verdict_msg(a0[1], HOSTS[0], Reason.DELTA_MISMATCH))  # split 1:1 of 3 -> escalate
+    sim.ok(verdict_msg(a0[1], HOSTS[0], Reason.DELTA_MISMATCH))  # a split: disputed at once
+    sim.ok(verdict_msg(a1[0], HOSTS[1]))  # 1 of 3: no majority yet, escalates
     to_verify_deadline(sim)
     step = sim.step()
-    assert step["phase"] == Phase.ESCALATION and step["round"] == 1 and step["outcomes"][HOSTS[0]] is None
-    (late,) = [c for c in queries.challenges(sim.state, 1)["challenges"] if c["host"] == HOSTS[0]]
+    assert step["phase"] == Phase.ESCALATION and step["round"] == 1
+    assert step["reviews"] == {HOSTS[0]: Review.CONFIRM, HOSTS[1]: None}
+    (late,) = [c for c in queries.challenges(sim.state, 1)["challenges"] if c["host"] == HOSTS[1]]
     (extra,) = [v for v, r in late["verifier_rounds"].items() if r == 1]
-    sim.ok(verdict_msg(extra, HOSTS[0], Reason.DELTA_MISMATCH))  # 2 of 4 reject: still no majority
+    sim.ok(verdict_msg(extra, HOSTS[1]))  # 2 of 4 accept, none rejects: provisionally accepted
     to_verify_deadline(sim)
-    outcomes = queries.outer_step(sim.state, 1, 0)["outcomes"]
-    assert outcomes == {HOSTS[0]: Outcome.REJECTED, HOSTS[1]: Outcome.UNVERIFIED}
-    assert stake_of(sim, HOSTS[1]) == 10 * GNK  # unverified: nobody slashed
-    assert stake_of(sim, a0[0]) < 5 * GNK  # the accepting verifier contradicted the outcome
+    assert sim.step()["phase"] == Phase.CONFIRM and panel_of(sim, HOSTS[0]) == VERIFIERS
+    sim.block(*[verdict_msg(v, HOSTS[0], Reason.DELTA_MISMATCH) for v in VERIFIERS if v not in a0[:2]])
+    step = to_finalized(sim)
+    assert step["outcomes"] == {HOSTS[0]: Outcome.REJECTED, HOSTS[1]: Outcome.ACCEPTED}
+    assert stake_of(sim, a0[0]) == 5 * GNK // 2  # its accept was contradicted by a confirmed dispute
 
 
 def test_verdict_on_an_already_decided_contribution() -> None:
     config = make_config(verifiers_per_contribution=3)
     sim = started(config, hosts=HOSTS[:2], verifiers=VERIFIERS)
     to_reveal(sim, HOSTS[:2])
-    for host in HOSTS[:2]:
-        sim.ok(reveal_msg(sim, host))
+    sim.ok(reveal_msg(sim, HOSTS[0]))
     a0 = assigned(sim, HOSTS[0])
     sim.ok(verdict_msg(a0[0], HOSTS[0]))
-    sim.ok(verdict_msg(a0[1], HOSTS[0]))
-    to_verify_deadline(sim)  # host 0 accepted in round 0, host 1 escalates
+    to_verify_deadline(sim)  # host 1 never revealed: decided in round 0; host 0 escalates
     assert sim.step()["phase"] == Phase.ESCALATION
-    sim.fails(verdict_msg(a0[2], HOSTS[0]), errors.ErrAlreadyDecided)
+    sim.fails(verdict_msg(a0[1], HOSTS[1]), errors.ErrAlreadyDecided)
 
 
 def test_empty_accepted_set_keeps_the_model_and_opens_the_next_step_at_once() -> None:

@@ -145,6 +145,12 @@ def test_every_bad_tx_class_gets_its_error_and_the_node_keeps_serving(node: Node
     assert httpx.post(f"{url}/cosmos/tx/v1beta1/txs", content=b"not json").status_code == 400
     assert httpx.post(f"{url}/cosmos/tx/v1beta1/txs", json={"tx_bytes": "!!"}).status_code == 400
     assert httpx.post(f"{url}/cosmos/tx/v1beta1/txs", content=b"x" * (2 << 20)).status_code == 400
+    deep = b"[" * 100_000 + b"]" * 100_000  # found by fuzzing: a RecursionError used to answer 500
+    for route in ("txs", "simulate"):
+        assert httpx.post(f"{url}/cosmos/tx/v1beta1/{route}", content=deep).status_code == 400, route
+    for h in (2**63, 2**64 + 5, -1):  # heights past int64 used to overflow SQLite (500)
+        assert httpx.get(f"{url}/cosmos/base/tendermint/v1beta1/blocks/{h}").status_code == 404, h
+        assert httpx.get(f"{url}/inference/diloco/v1/blocks/{h}", params={"wait": 0.2}).status_code == 404, h
     # replay: the good tx goes in once, the same bytes again are refused
     good = _send(3, 0, number=number)
     assert _broadcast(url, good)["code"] == 0

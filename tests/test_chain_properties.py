@@ -2,7 +2,9 @@
 
 Every failed message is already checked to leave the state byte-identical (`Sim.block`); here we
 add: total supply conserved, no negative stake or balance, at most one recorded commit per host
-per outer step, and the same sequence replayed from genesis gives the same app hash.
+per outer step, the same sequence replayed from genesis gives the same app hash, and (liveness)
+whatever was sent, the step in progress ends within the bound of specs/protocol.md §2.7 once
+everybody falls silent.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from protocol.messages import (
     Coin,
     MsgCreateRun,
     MsgLeaveRun,
+    MsgReportUnavailable,
     MsgSend,
     MsgSubmitOuterResult,
     Reason,
@@ -52,6 +55,7 @@ actions = st.lists(
                 "bad_reveal",
                 "verdict",
                 "result",
+                "report",
                 "send",
                 "join",
                 "leave",
@@ -86,6 +90,9 @@ def _message(sim: Sim, kind: str, who: int, variant: int) -> object | None:
         return MsgSubmitOuterResult(
             creator=host, run_id=1, outer_step=step, model_hash=h32("g", step, variant % 2)
         )
+    if kind == "report":
+        others = [h for h in HOSTS[:3] if h != host][: variant % 2 + 1]
+        return MsgReportUnavailable(creator=host, run_id=1, outer_step=step, hosts=others)
     if kind == "send":
         return MsgSend(from_address=PEOPLE[who], to_address=STRANGER, amount=[Coin(amount=variant * GNK)])
     if kind == "join":
@@ -97,7 +104,8 @@ def _message(sim: Sim, kind: str, who: int, variant: int) -> object | None:
 
 def _play(script: list[Action]) -> tuple[Sim, Counter[tuple[int, str]]]:
     sim = Sim(make_state())
-    sim.ok(MsgCreateRun(creator=AUTH, config=make_config(phases={"max_escalations": 1})))
+    config = make_config(verifiers_per_contribution=2, audit_bps=5000, phases={"max_escalations": 1})
+    sim.ok(MsgCreateRun(creator=AUTH, config=config))
     sim.block(*[join(Role.HOST, h) for h in HOSTS[:3]], *[join(Role.VERIFIER, v) for v in VERIFIERS[:3]])
     supply = total_supply(sim.state)
     commits: Counter[tuple[int, str]] = Counter()
@@ -129,3 +137,16 @@ def test_random_sequences_keep_the_invariants_and_replay_to_the_same_app_hash(sc
     second, _ = _play(script)
     assert first.height == second.height
     assert app_hash(first.state) == app_hash(second.state)
+    ph = make_config().phases
+    step = queries.outer_step(first.state, 1)
+    bound = (
+        ph.escalation_blocks * 1
+        + 2
+        + ph.audit_blocks
+        + ph.confirm_blocks
+        + ph.result_rounds * ph.result_blocks
+    )
+    last = max(step["verify_deadline"], first.height) + bound
+    while queries.outer_step(first.state, 1)["outer_step"] == step["outer_step"] and first.height <= last:
+        first.block()  # nobody sends anything any more
+    assert queries.outer_step(first.state, 1, step["outer_step"])["phase"] == "DONE"

@@ -195,45 +195,54 @@ def test_an_idle_block_rehashes_no_contribution_and_no_sealed_step(monkeypatch: 
     calls: Counter[str] = Counter()
     digest = chain_state._digest
 
-    def counting(kind: str, body: dict) -> str:
-        calls[kind] += 1
-        return digest(kind, body)
+    def counting(cls: type, own: str, children: str) -> str:
+        calls[chain_state.kind(cls)] += 1
+        return digest(cls, own, children)
 
     monkeypatch.setattr(chain_state, "_digest", counting)
     h = sim.height + 1
-    ctx = BlockContext(height=h, time=float(h), prev_block_hash=sim.prev_hash)
+    ctx = BlockContext(height=h, time_ns=h, prev_block_hash=sim.prev_hash)
     begin_block(sim.state, ctx)
     end_block(sim.state, ctx)
     app_hash(sim.state)
-    assert calls == Counter({"run": 1, "outer_step": 1})  # the run and its live step's own fields
+    assert calls == Counter({"app": 1, "run": 1, "outer-step": 1})  # the root, the run, its live step
     calls.clear()
     msg = verdict_msg(assigned(sim, HOSTS[1])[0], HOSTS[1], step=1)
-    process_msg(sim.state, msg, TxContext(height=h, time=float(h), tx_hash=h32("tx"), signer=msg.creator))
+    process_msg(sim.state, msg, TxContext(height=h, time_ns=h, tx_hash=h32("tx"), signer=msg.creator))
     app_hash(sim.state)
-    assert calls == Counter({"run": 1, "outer_step": 1, "contribution": 1})  # + the judged one
+    # + the judged contribution and its new verdict; no account, participant or sealed step
+    assert calls == Counter({"app": 1, "run": 1, "outer-step": 1, "contribution": 1, "verdict": 1})
     assert app_hash(sim.state) == app_hash(sim.state, cached=False)
+
+
+NODE_MAPS = {
+    "app": {"accounts": "account", "runs": "run"},
+    "run": {"participants": "participant", "steps": "outer-step"},
+    "outer-step": {"contributions": "contribution"},
+    "contribution": {"verdicts": "verdict"},
+}
+"""specs/protocol.md §2.8's table: which maps of each kind of node hold nodes."""
 
 
 def _spec_app_hash(z: dict[str, Any]) -> bytes:
     """specs/protocol.md §2.8 written out over the state JSON alone, independently of chain.state."""
 
-    def canon(x: Any) -> bytes:
-        return json.dumps(x, sort_keys=True, separators=(",", ":")).encode()
+    def canon(x: Any) -> str:
+        return json.dumps(x, sort_keys=True, separators=(",", ":"))
 
-    def d(tag: str, x: Any) -> str:
-        return hashlib.sha256(f"gonka-diloco/{tag}/v1".encode() + b"\x00" + canon(x)).hexdigest()
+    def d(kind: str, node: dict[str, Any]) -> str:
+        maps = NODE_MAPS.get(kind, {})
+        own = {k: v for k, v in node.items() if k not in maps}
+        children = {m: {key: d(maps[m], child) for key, child in node[m].items()} for m in maps}
+        data = f"gonka-diloco/{kind}/v2\x00{canon(own)}\x00{canon(children)}".encode()
+        return hashlib.sha256(data).hexdigest()
 
-    runs = {}
-    for run_id, run in z["runs"].items():
-        steps = {}
-        for index, step in run["steps"].items():
-            contributions = {h: d("contribution", c) for h, c in step["contributions"].items()}
-            steps[index] = d("outer-step", {**step, "contributions": contributions})
-        runs[run_id] = d("run", {**run, "steps": steps})
-    return hashlib.sha256(b"gonka-diloco/app/v1\x00" + canon({**z, "runs": runs})).digest()
+    return bytes.fromhex(d("app", z))
 
 
 def test_the_app_hash_is_the_one_the_spec_defines() -> None:
     sim = _history()
     assert app_hash(sim.state) == _spec_app_hash(json.loads(state_to_json(sim.state)))
     assert app_hash(make_state()) == _spec_app_hash(json.loads(state_to_json(make_state())))
+    classes = (chain_state.Account, chain_state.Participant, chain_state.Verdict, chain_state.OuterStep)
+    assert [chain_state.kind(c) for c in classes] == ["account", "participant", "verdict", "outer-step"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nodekit.store import StateStore, StoreError, state_from_bytes, state_to_bytes
 from protocol.codecs import decode, delta_hash
 from protocol.config import Codec
 from protocol.merkle import merkle_root, verify_pair
@@ -14,7 +15,6 @@ from protocol.tensors import StateKind, tensor_hash
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer.commit import Contribution, materialize_openings, openings, param_tensors, run_committed
 from trainer.step import load_training_state, train_segment, training_hash, training_state
-from trainer.store import StateStore, StoreError, state_from_bytes, state_to_bytes
 
 CREATOR = HOST
 

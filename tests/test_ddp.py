@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nodekit.store import StateStore
 from tests.test_step_replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
 from trainer.step import (
     configure_determinism,
@@ -19,7 +20,6 @@ from trainer.step import (
     training_hash,
     training_state,
 )
-from trainer.store import StateStore
 
 RANK = """
 import json, sys
@@ -28,7 +28,7 @@ from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer.commit import param_tensors
 from trainer.ddp import init_from_env, run_committed_ddp
 from trainer.step import configure_determinism
-from trainer.store import StateStore
+from nodekit.store import StateStore
 configure_determinism(1)
 ex = init_from_env("gloo")
 cfg = tiny_cfg()

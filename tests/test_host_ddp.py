@@ -25,6 +25,7 @@ import torch
 
 from gonka_diloco.devnet import node_toml
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
+from nodekit.globalmodel import GlobalModel
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
 from protocol.keys import test_wallet
 from protocol.messages import MsgCreateRun
@@ -34,7 +35,6 @@ from tests.test_step_replay import HOST as ADDRESS
 from tests.test_step_replay import ROOT, fresh, tiny_cfg, tiny_corpus
 from trainer.commit import param_tensors, run_committed
 from trainer.data import Corpus, shakespeare_manifest
-from trainer.globalmodel import GlobalModel
 from trainer.spec import build_model
 from trainer.step import configure_determinism, make_optimizer
 
@@ -304,7 +304,7 @@ from nodekit.objects import Kind
 from trainer import ddp
 from trainer.commit import param_tensors
 from trainer.step import configure_determinism
-from trainer.store import StateStore
+from nodekit.store import StateStore
 configure_determinism(1)
 ex = ddp.launch()
 cfg = tiny_cfg(dataset_manifest_hash="0" * 64, inner_steps=30, state_chunk_bytes=1024)

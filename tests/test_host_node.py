@@ -126,6 +126,8 @@ def run_config(corpus: Corpus, **kw: Any) -> RunConfig:
         inner_steps=10,
         segment_len=5,
         sampled_segments=1,
+        verifiers_per_contribution=1,  # one replay per contribution; the security tests raise both
+        audit_bps=0,
         data_shards=3,
         codec=Codec.INT8,
         inner={"lr": 1e-3},

@@ -3,8 +3,8 @@
 protocol/ imports no other package of ours; chain/ only protocol; nodekit/ protocol and the
 chain's client side (client, errors, params); trainer/ protocol, the chain client and nodekit;
 verifier/ protocol, the chain client, nodekit and trainer's replayable parts (step, device, model,
-data, spec, node_config), never the host node; nobody but tests, benches and the composition root
-imports gonka_diloco, except the CLIs' documented lazy resolution of adversary behaviours.
+hf, data, spec, checkpoint, node_config), never the host node; nobody but tests, benches and the
+composition root imports gonka_diloco, except the CLIs' documented lazy resolution of adversary behaviours.
 """
 
 from __future__ import annotations
@@ -18,8 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = ("protocol", "chain", "nodekit", "trainer", "verifier", "gonka_diloco", "specs", "tests", "bench")
 CHAIN_CLIENT = ("chain.client", "chain.errors", "chain.params")
 REPLAYABLE = (
-    "trainer.step", "trainer.device", "trainer.model", "trainer.data", "trainer.spec", "trainer.node_config"
-)  # fmt: skip
+    "trainer.step",
+    "trainer.device",
+    "trainer.model",
+    "trainer.hf",
+    "trainer.data",
+    "trainer.spec",
+    "trainer.checkpoint",  # G_0 from the run's init checkpoint: what replays start from
+    "trainer.node_config",
+)
 
 # package -> module prefixes of ours it may import (its own package is always allowed)
 ALLOWED: dict[str, tuple[str, ...]] = {

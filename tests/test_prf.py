@@ -11,18 +11,21 @@ import pytest
 
 from protocol.prf import (
     PrfError,
+    StakePool,
     assign_verifiers,
+    audited,
     batch_offsets,
     coin,
     prf_bytes,
     prf_int,
     sample_segments,
+    seed_from_blocks,
     shard_index,
-    verifier_ranking,
 )
 
 HOSTS = [f"gonka1host{i:02d}" for i in range(8)]
 VERIFIERS = [f"gonka1ver{i:02d}" for i in range(10)]
+EQUAL = dict.fromkeys(VERIFIERS, 1000)
 
 
 def block(i: int) -> str:
@@ -75,9 +78,20 @@ def test_prf_int_has_no_modulo_bias() -> None:
 
 
 def test_prf_int_rejects_bad_bounds() -> None:
-    for bad in (0, -1, 2**64 + 1, 1.5, True):
+    for bad in (0, -1, 2**256 + 1, 1.5, True):
         with pytest.raises(PrfError):
             prf_int(1, bound=bad)  # type: ignore[arg-type]
+
+
+def test_prf_int_above_2_64_reads_two_words_and_stays_uniform() -> None:
+    """A sum of stakes can exceed 2^64 ngonka: two words per sample, still no modulo bias."""
+    d0 = prf_bytes(3, "big")
+    w = int.from_bytes(d0[:16], "big")
+    bound = 2**64 + 1
+    assert prf_int(3, "big", bound=bound) == w % bound  # w < 2^128 − (2^128 mod bound): accepted
+    huge = 3 * 2**100 + 7
+    thirds = Counter(prf_int(9, "huge", i, bound=huge) * 3 // huge for i in range(3000))
+    assert_uniform(thirds, range(3), 3000)
 
 
 def test_shard_index_uniform_over_hosts() -> None:
@@ -118,7 +132,9 @@ def test_bad_block_hash_is_named_error(bad: object) -> None:
     with pytest.raises(PrfError):
         sample_segments(bad, HOSTS[0], 4, 2)  # type: ignore[arg-type]
     with pytest.raises(PrfError):
-        assign_verifiers(bad, HOSTS[0], VERIFIERS, 2)  # type: ignore[arg-type]
+        assign_verifiers(bad, HOSTS[0], EQUAL, 2)  # type: ignore[arg-type]
+    with pytest.raises(PrfError):
+        seed_from_blocks([block(0), bad])  # type: ignore[list-item]
 
 
 def test_sample_segments_uniform_over_non_last() -> None:
@@ -143,45 +159,101 @@ def test_assign_verifiers_never_host_and_order_independent() -> None:
     for i in range(30):
         shuffled = pool[:]
         rng.shuffle(shuffled)
-        base = assign_verifiers(block(i), HOSTS[0], pool, 3)
+        base = assign_verifiers(block(i), HOSTS[0], dict.fromkeys(pool, 7), 3)
         assert HOSTS[0] not in base and len(base) == 3 and len(set(base)) == 3
-        assert assign_verifiers(block(i), HOSTS[0], shuffled, 3) == base
-        assert assign_verifiers(block(i), HOSTS[0], shuffled + shuffled[:4], 3) == base
+        assert assign_verifiers(block(i), HOSTS[0], dict.fromkeys(shuffled, 7), 3) == base
 
 
-def test_assign_verifiers_rounds_disjoint_and_exhaust() -> None:
-    rounds = [assign_verifiers(block(1), HOSTS[0], VERIFIERS, 3, round=r) for r in range(5)]
-    assert [len(r) for r in rounds] == [3, 3, 3, 1, 0]
-    flat = [a for r in rounds for a in r]
-    assert sorted(flat) == sorted(VERIFIERS)
-    assert flat == verifier_ranking(block(1), HOSTS[0], VERIFIERS)
+def test_first_pick_definition_cumulative_stake_in_address_order() -> None:
+    stakes = {"gonka1c": 5, "gonka1a": 2, "gonka1b": 3}
+    x = prf_int(block(4), "verifier", HOSTS[0], 0, 0, bound=10)
+    first = "gonka1a" if x < 2 else "gonka1b" if x < 5 else "gonka1c"
+    assert assign_verifiers(block(4), HOSTS[0], stakes, 1) == [first]
 
 
-def test_assign_verifiers_too_few_returns_all_but_host() -> None:
-    assert sorted(assign_verifiers(block(2), HOSTS[0], [HOSTS[0], VERIFIERS[0]], 3)) == [VERIFIERS[0]]
-    assert assign_verifiers(block(2), HOSTS[0], [HOSTS[0]], 1) == []
+def test_assign_verifiers_rounds_disjoint_with_exclude_and_exhaust() -> None:
+    taken: list[str] = []
+    for r in range(5):
+        new = assign_verifiers(block(1), HOSTS[0], EQUAL, 3, round=r, exclude=taken)
+        assert not set(new) & set(taken)
+        assert len(new) == min(3, len(VERIFIERS) - len(taken))
+        taken += new
+    assert sorted(taken) == VERIFIERS
+
+
+def test_assign_verifiers_too_few_returns_all_but_host_and_zero_stake_is_never_drawn() -> None:
+    assert assign_verifiers(block(2), HOSTS[0], {HOSTS[0]: 5, VERIFIERS[0]: 5}, 3) == [VERIFIERS[0]]
+    assert assign_verifiers(block(2), HOSTS[0], {HOSTS[0]: 5}, 1) == []
+    sybils = {f"gonka1sybil{i}": 0 for i in range(50)}
+    for i in range(50):
+        assert assign_verifiers(block(i), HOSTS[0], {**sybils, VERIFIERS[0]: 1}, 3) == [VERIFIERS[0]]
     with pytest.raises(PrfError):
-        assign_verifiers(block(2), HOSTS[0], VERIFIERS, 0)
+        assign_verifiers(block(2), HOSTS[0], EQUAL, 0)
+    with pytest.raises(PrfError):
+        assign_verifiers(block(2), HOSTS[0], {VERIFIERS[0]: -1}, 1)
 
 
-def test_assign_verifiers_uniform_and_position_blind() -> None:
-    # Each verifier is picked equally often, and being listed first gives no advantage.
+def test_assign_verifiers_uniform_for_equal_stakes_and_position_blind() -> None:
     trials = 3000
     picks: Counter = Counter()
-    first_listed_picked = 0
-    rng = random.Random(11)
     for i in range(trials):
-        order = VERIFIERS[:]
-        rng.shuffle(order)
-        chosen = assign_verifiers(block(i), HOSTS[i % 8], order, 2)
-        picks.update(chosen)
-        first_listed_picked += order[0] in chosen
+        picks.update(assign_verifiers(block(i), HOSTS[i % 8], EQUAL, 2))
     assert_uniform(picks, VERIFIERS, trials * 2)
-    # P(first listed chosen) = 2/10; binomial sd = sqrt(3000*0.2*0.8) ≈ 22
-    assert abs(first_listed_picked - trials * 0.2) < 4 * 22
+
+
+def test_draws_are_proportional_to_stake_and_splitting_stake_buys_nothing() -> None:
+    """First picks follow stake; a key split into ten keys of a tenth is drawn as often in total."""
+    stakes = {"gonka1a": 1, "gonka1b": 2, "gonka1c": 7}
+    trials = 2500
+    firsts = Counter(assign_verifiers(block(i), HOSTS[0], stakes, 1)[0] for i in range(trials))
+    expected = {a: trials * w / 10 for a, w in stakes.items()}
+    stat = sum((firsts[a] - e) ** 2 / e for a, e in expected.items())
+    assert stat < chi2_critical(2), firsts
+    split = {"gonka1a": 10, "gonka1b": 20, **{f"gonka1c{i}": 7 for i in range(10)}}
+    group = sum(any(a.startswith("gonka1c") for a in assign_verifiers(block(i), HOSTS[0], split, 1))
+                for i in range(trials))  # fmt: skip
+    assert abs(group - 0.7 * trials) < 4 * math.sqrt(trials * 0.21)
+
+
+def test_stake_pool_draws_many_hosts_and_is_unchanged_after_each() -> None:
+    pool = StakePool({a: 1 + i for i, a in enumerate(VERIFIERS)})
+    before = list(pool._tree)
+    for h in HOSTS:
+        assert pool.draw(block(0), h, 4, 0, exclude=VERIFIERS[:2]) == assign_verifiers(
+            block(0), h, {a: 1 + i for i, a in enumerate(VERIFIERS)}, 4, 0, exclude=VERIFIERS[:2]
+        )
+    assert pool._tree == before
+    assert sum(1 for _ in pool.draw(block(0), HOSTS[0], 100)) == len(VERIFIERS)
+
+
+def test_stakes_above_2_64_are_drawn_exactly() -> None:
+    stakes = {"gonka1a": 2**70, "gonka1b": 2**70}
+    picks = Counter(assign_verifiers(block(i), HOSTS[0], stakes, 1)[0] for i in range(400))
+    assert 150 < picks["gonka1a"] < 250
 
 
 def test_assignment_depends_on_block_and_host() -> None:
-    a = assign_verifiers(block(5), HOSTS[0], VERIFIERS, 3)
-    assert any(assign_verifiers(block(j), HOSTS[0], VERIFIERS, 3) != a for j in range(6, 10))
-    assert any(assign_verifiers(block(5), h, VERIFIERS, 3) != a for h in HOSTS[1:])
+    a = assign_verifiers(block(5), HOSTS[0], EQUAL, 3)
+    assert any(assign_verifiers(block(j), HOSTS[0], EQUAL, 3) != a for j in range(6, 10))
+    assert any(assign_verifiers(block(5), h, EQUAL, 3) != a for h in HOSTS[1:])
+
+
+def test_seed_from_blocks_definition_and_every_input_counts() -> None:
+    hashes = [block(i) for i in range(3)]
+    want = hashlib.sha256(b"gonka-diloco/seed/v1\x00" + ":".join(hashes).encode()).hexdigest()
+    assert seed_from_blocks(hashes) == want == seed_from_blocks([h.upper() for h in hashes])
+    for i in range(3):
+        other = [*hashes[:i], block(9), *hashes[i + 1:]]
+        assert seed_from_blocks(other) != want  # each proposer controls one input, never the seed
+    with pytest.raises(PrfError):
+        seed_from_blocks([])
+
+
+def test_audit_lottery_rate_is_its_basis_points() -> None:
+    n = 4000
+    hits = sum(audited(block(i), HOSTS[i % 8], 2500) for i in range(n))
+    assert abs(hits - n / 4) < 4 * math.sqrt(n * 0.25 * 0.75)
+    assert not any(audited(block(i), HOSTS[0], 0) for i in range(100))
+    assert all(audited(block(i), HOSTS[0], 10_000) for i in range(100))
+    with pytest.raises(PrfError):
+        audited(block(0), HOSTS[0], 10_001)

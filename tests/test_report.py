@@ -139,6 +139,9 @@ def test_report_files(snap: Snapshot, tmp_path: Path) -> None:
     assert row in text
     assert "| contributions accepted / rejected | 4 / 2 |" in text
     assert "| global validation loss | 5.5000 → 4.1000 |" in text
+    assert "| validation perplexity | 244.69 → 60.34 |" in text
+    # per outer step and per token seen: two accepted hosts × 10240 tokens at steps 0 and 1
+    assert "| 0 | 20,480 | 5.5000 | 244.69 |" in text and "| 1 | 40,960 | 4.9000 | 134.29 |" in text
     assert "| transactions | 61 |" in text
     assert load_snapshot(tmp_path) == snap  # the snapshot round-trips through the folder
 
@@ -255,7 +258,8 @@ def test_collect_names_known_nodes_and_keeps_the_rest_by_address() -> None:
     tally = BlockTally()
     tally.add_block(
         1, 30, 2, [("contribution_finalized", {"run_id": "1", "outer_step": "0", "host": H1, "slashed": "7"})]
-    )
+    )  # rewards come later, when the result is adopted (and only for Δs in it)
+    tally.add_block(1, 31, 0, [("reward", {"run_id": "1", "outer_step": "0", "host": H0, "amount": "5"})])
     known = [NodeRow(name="chain", role="chain"), NodeRow(name="host-0", role="host", address=H0)]
     snap = collect(FakeChain(), 1, known, tally=tally)
     assert [n.name for n in snap.nodes][:2] == ["chain", "host-0"]
@@ -265,6 +269,7 @@ def test_collect_names_known_nodes_and_keeps_the_rest_by_address() -> None:
     assert rows[H0].outcome == "accepted" and rows[H0].reasons == [f"{snap.nodes[-1].name}: ACCEPT"]
     assert rows[H1].reasons[0].endswith("REPLAY_MISMATCH") and rows[H1].slashed == 7
     assert snap.chain.txs == 2 and snap.chain.host_slashed == 7
+    assert rows[H0].reward == 5 and snap.chain.rewards == 5
     assert snap.steps[0].accepted == ["host-0"] and snap.steps[0].result_votes == {"host-0": "1" * 64}
     assert evaluate(snap, expect_finished=True, expect_all_honest=False) == [
         "fewer than two global validation losses were reported"

@@ -146,3 +146,12 @@ def test_warmup_and_bad_states() -> None:
     fp = env_fingerprint(1)
     assert fp.threads == 1 and fp.torch_version == torch.__version__
     assert json.loads(fp.model_dump_json())["deterministic"] is True
+
+
+def test_inner_lr_warms_up_then_follows_a_cosine_to_its_floor() -> None:
+    from protocol.config import InnerOptim
+
+    inner = InnerOptim(lr=1.0, warmup_steps=10, decay_steps=110, min_lr_fraction=0.1)
+    assert [lr_at(inner, t) for t in (0, 9)] == [pytest.approx(0.1), 1.0]
+    assert lr_at(inner, 60) == pytest.approx(0.55) and lr_at(inner, 110) == lr_at(inner, 10_000) == 0.1
+    assert lr_at(inner.model_copy(update={"decay_steps": 0}), 10_000) == 1.0  # constant after warm-up

@@ -18,7 +18,16 @@ from protocol.messages import EnvFingerprint, MsgCreateRun, MsgSend
 from protocol.outer import global_model_hash, outer_update
 from protocol.tensors import StateKind, canonical_bytes, tensor_hash
 from protocol.wire import from_any, to_any
-from specs.make_vectors import BUILDERS, VECTORS, render, set_from_json, set_to_json
+from specs.make_vectors import (
+    BUILDERS,
+    VECTORS,
+    render,
+    replay_blocks,
+    scenario_summary,
+    set_from_json,
+    set_to_json,
+    vector_genesis,
+)
 
 
 def load(name: str) -> Any:
@@ -86,10 +95,18 @@ def test_prf_vectors() -> None:
     for case in v["sample_segments"]:
         i = case["input"]
         assert prf.sample_segments(i["block_hash"], i["host"], i["n_segments"], i["s"]) == case["output"]
+    for case in v["prf_int_wide"]:
+        i = case["input"]
+        assert prf.prf_int(i["seed"], *i["parts"], bound=i["bound"]) == case["output"]
     for case in v["assign_verifiers"]:
         i = case["input"]
-        got = prf.assign_verifiers(i["block_hash"], i["host"], i["verifiers"], i["v"], i["round"])
+        got = prf.assign_verifiers(i["block_hash"], i["host"], i["stakes"], i["v"], i["round"], i["exclude"])
         assert got == case["output"]
+    for case in v["seed_from_blocks"]:
+        assert prf.seed_from_blocks(case["input"]) == case["output"]
+    for case in v["audited"]:
+        i = case["input"]
+        assert prf.audited(i["seed"], i["host"], i["audit_bps"]) is case["output"]
 
 
 def test_outer_vectors() -> None:
@@ -134,6 +151,13 @@ def test_envclass_vectors() -> None:
         only = [class_pair(host.replay_class, h100)]
         want = d["decision_if_only_host_h100_calibrated"]
         assert replay_decision(d["mode"], host, mine, only).value == want
+
+
+def test_chain_vectors() -> None:
+    """Replay each scenario's blocks through the state machine: outcomes, stakes and app hash."""
+    for v in load("chain"):
+        assert v["genesis"] == vector_genesis().model_dump(mode="json")
+        assert scenario_summary(replay_blocks(v["blocks"])) == v["output"], v["label"]
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))

@@ -85,7 +85,7 @@ def test_missing_verdict_escalates_to_the_next_verifier_who_accepts(tmp_path: Pa
     assert offline.snapshot()["verdicts"] == {} and offline.snapshot()["submitted"] == 0
     assert judge.snapshot()["verdicts"] == {f"0:{host.address}": "ACCEPT"}
 
-    # one escalation round, then accepted (final round: a = 1 > r = 0, chain/module.py _round_outcome)
+    # one escalation round, then accepted (final round, a = 1, r = 0: chain/module.py _initial_review)
     step = chain.query("outer_step", run_id=run_id, step=0)
     assert step["round"] == 1 and step["phase"] == "DONE"
     assert step["outcomes"] == {host.address: "accepted"} and step["accepted"] == [host.address]

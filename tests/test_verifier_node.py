@@ -2,9 +2,10 @@
 
 Two outer steps, five hosts (honest, free rider, garbage states, reveals-but-serves-nothing, copycat)
 and three verifiers (honest, lazy, malicious) with v = 3: the honest host is accepted, every
-adversary is rejected, the lazy and malicious verifiers are outvoted and slashed, the honest one
-is not, and it answered the bomb and the silent host with the right reasons while judging the
-others, following G_n from one outer step to the next.
+adversary is rejected, the lazy and malicious verifiers are outvoted by stake in the disputes their
+verdicts open and slashed (the lazy one at the fraud rate), the honest one is not, and it answered
+the bomb and the silent host with the right reasons while judging the others, following G_n from
+one outer step to the next.
 """
 
 from __future__ import annotations
@@ -93,17 +94,20 @@ def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_p
                 count += v["verifier"] == verifier and (outcome == "accepted") != (v["reason"] == 0)
         return count
 
-    def slashed(times: int) -> int:  # each slash takes its fraction of what is left
+    def slashed(times: int, bps: int) -> int:  # each slash takes its fraction of what is left
         stake = STAKE
         for _ in range(times):
-            stake -= stake * cfg.stake.verifier_slash_bps // 10_000
+            stake -= stake * bps // 10_000
         return stake
 
     assert contradicted(honest.address) == 0 and stakes[honest.address] == STAKE
     outcomes = [o for s in steps for o in s["outcomes"].values()]
     assert contradicted(lazy.address) == outcomes.count("rejected") == 7  # accepted every bad one
     assert contradicted(malicious.address) == outcomes.count("accepted") == 3  # rejected every good one
-    assert stakes[lazy.address] == slashed(7) and stakes[malicious.address] == slashed(3)
+    # every reject disputed, decided by the stake majority (honest + the other): the lazy ACCEPTs
+    # were contradicted by confirmed rejections (fraud), the malicious REJECTs by confirmed accepts
+    assert stakes[lazy.address] == slashed(7, cfg.stake.fraud_verifier_slash_bps)
+    assert stakes[malicious.address] == slashed(3, cfg.stake.verifier_slash_bps)
     assert stakes[addr["honest"]] == STAKE and stakes[addr["zero"]] < STAKE
 
     # the honest verifier followed both outer steps: it computed the chain's G_1 and G_2 itself

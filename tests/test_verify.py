@@ -20,19 +20,35 @@ from gonka_diloco.adversaries.lab import (
     synthetic_corpus,
     tiny_config,
 )
+from nodekit.globalmodel import GlobalModel
 from protocol.config import ReplayMode
 from protocol.envclass import ReplayDecision
 from protocol.messages import EnvFingerprint, Reason
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, run_committed
-from trainer.globalmodel import GlobalModel
 from trainer.step import State, configure_determinism, env_fingerprint, optimizer_state
-from verifier.verify import CannotVerify, Job, MissingData, check_verifier_env, param_distance, verify
+from verifier.verify import (
+    CannotVerify,
+    Job,
+    MissingData,
+    check_verifier_env,
+    param_distance,
+    replay_segment,
+    state_distances,
+    tolerance_mismatch,
+    verify,
+)
 
 A = "gonka1" + "a" * 38
 B = "gonka1" + "b" * 38
 SEED = "ab" * 32
 LAST = 5  # tiny_config: H = 12, k = 2 -> 6 segments
+TOLERANT = {
+    "replay_mode": ReplayMode.TOLERANCE,
+    "tolerance": 1e-3,
+    "tolerance_exp_avg": 1e-3,
+    "tolerance_exp_avg_sq": 1e-3,
+}
 
 
 @dataclasses.dataclass
@@ -214,7 +230,7 @@ def test_environment_checks(world: World) -> None:
     check_verifier_env(job, env_fingerprint(1))
     with pytest.raises(CannotVerify):
         check_verifier_env(job, two)
-    tol_cfg = world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": 1e-3})
+    tol_cfg = world.lab.cfg.model_copy(update=TOLERANT)
     tol = dataclasses.replace(job, cfg=tol_cfg, env=two)
     check_verifier_env(tol, env_fingerprint(1))  # tolerance mode exists for exactly this case
     assert verify(tol, honest.source(), world.lab.replay_context(world.g1)).reason is Reason.ACCEPT
@@ -267,7 +283,7 @@ def test_data_parallel_hosts_replay_with_their_slice_count(world: World) -> None
 
 
 def test_tolerance_mode_accepts_honest_and_rejects_lazy_with_distance(world: World) -> None:
-    cfg = world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": 1e-3})
+    cfg = world.lab.cfg.model_copy(update=TOLERANT)
     lab = dataclasses.replace(world.lab, cfg=cfg)
     honest = step1(world, HostBehaviour())
     ctx = lab.replay_context(world.g1)
@@ -277,8 +293,59 @@ def test_tolerance_mode_accepts_honest_and_rejects_lazy_with_distance(world: Wor
     seg = min(lazy.faked(cfg, A, 1))
     out = verify(lab.job(run, 1, SEED, sampled=[seg, LAST]), run.source(), ctx)
     assert out.reason is Reason.REPLAY_MISMATCH and f"segment {seg}" in out.detail
-    dist = float(out.detail.rsplit("distance ", 1)[1])
+    dist = float(out.detail.rsplit("distance ", 1)[1].split()[0])
     assert dist > 100 * cfg.tolerance
+
+
+def test_tolerance_mode_compares_the_whole_state(world: World) -> None:
+    """A moment-steering host (params exact, moments rewritten at every boundary) passes a
+    parameters-only comparison and is rejected by the whole-state one; an honest host that trained
+    with 2 threads (every leaf differs from a 1-thread replay) is still accepted by this 1-thread
+    verifier; bitwise mode rejects the steering host by hash."""
+    cfg = world.lab.cfg.model_copy(update=TOLERANT)
+    lab = dataclasses.replace(world.lab, cfg=cfg)
+    ctx = lab.replay_context(world.g0)
+    steer = lab.train(resolve_host("moment_steer"), B, 0, world.g0)
+    out = verify(lab.job(steer, 0, SEED, sampled=[0, LAST]), steer.source(), ctx)
+    assert out.reason is Reason.REPLAY_MISMATCH and "exp_avg distance" in out.detail, out.detail
+    bitwise = verify(world.lab.job(steer, 0, SEED, sampled=[0, LAST]), steer.source(), ctx)
+    assert bitwise.reason is Reason.REPLAY_MISMATCH
+
+    leaves = steer.contribution.leaves
+    start, claim = steer.store.get(leaves[0]), steer.store.get(leaves[1])
+    job = lab.job(steer, 0, SEED, sampled=[0, LAST])
+    replay = replay_segment(job, lab.replay_context(world.g0), start, 0)  # the verifier's own replay
+    assert param_distance(replay, claim, start) == 0.0  # what a params-only check saw: nothing
+    d = state_distances(replay, claim, start)
+    assert d["exp_avg"] > 0.1 and tolerance_mismatch(replay, claim, start, cfg.tolerances) is not None
+
+    configure_determinism(2)
+    try:
+        two = lab.train(HostBehaviour(), B, 0, world.g0)
+    finally:
+        configure_determinism(1)
+    one = world.step0[B].contribution
+    assert two.contribution.leaves[1:] != one.leaves[1:]  # 2 threads: every later leaf differs
+    two_job = dataclasses.replace(lab.job(two, 0, SEED, sampled=[0, LAST]), env=env_fingerprint(2))
+    assert verify(two_job, two.source(), ctx).reason is Reason.ACCEPT
+    assert verify(world.lab.job(two, 0, SEED, sampled=[0, LAST]), two.source(), ctx).reason is (
+        Reason.BAD_ENVIRONMENT  # bitwise mode cannot take a 2-thread host from a 1-thread run
+    )
+
+
+def test_tolerance_mismatch_names_what_differs() -> None:
+    s = {"param/w": torch.zeros(3), "exp_avg/w": torch.zeros(3), "exp_avg_sq/w": torch.zeros(3),
+         "step": torch.tensor(0.0)}  # fmt: skip
+    c = {"param/w": torch.ones(3), "exp_avg/w": torch.ones(3), "exp_avg_sq/w": torch.ones(3),
+         "step": torch.tensor(2.0)}  # fmt: skip
+    tol = dict.fromkeys(("param", "exp_avg", "exp_avg_sq"), 0.01)
+    assert tolerance_mismatch(dict(c), c, s, tol) is None
+    assert "step counter" in str(tolerance_mismatch({**c, "step": torch.tensor(3.0)}, c, s, tol))
+    sq = {**c, "exp_avg_sq/w": torch.ones(3) * 2}
+    assert "exp_avg_sq distance" in str(tolerance_mismatch(sq, c, s, tol))
+    assert "tensors" in str(tolerance_mismatch({k: v for k, v in c.items() if k != "exp_avg/w"}, c, s, tol))
+    moved = state_distances({**c, "param/w": torch.ones(3) * 1.001}, c, s)
+    assert moved["param"] == pytest.approx(1e-3, rel=1e-3) and moved["exp_avg"] == 0.0
 
 
 def test_param_distance() -> None:

@@ -45,6 +45,7 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
     n = draw(st.integers(1, 20))
     epoch = draw(st.integers(1, 10_000))
     mode = draw(st.sampled_from(ReplayMode))
+    tolerance = positive_float if mode is ReplayMode.TOLERANCE else st.sampled_from([0.0, 0.5])
     return RunConfig(
         name=draw(st.text(min_size=1, max_size=64)),
         model=ModelSpec(
@@ -58,6 +59,8 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
         segment_len=k,
         sampled_segments=draw(st.integers(1, n)),
         verifiers_per_contribution=draw(st.integers(1, 16)),
+        audit_bps=draw(st.integers(0, 10_000)),
+        audit_verifiers=draw(st.integers(1, 64)),
         codec=draw(st.sampled_from(Codec)),
         inner=InnerOptim(
             lr=draw(positive_float),
@@ -69,12 +72,21 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
             warmup_steps=draw(u32),
         ),
         outer=OuterOptim(lr=draw(positive_float), momentum=draw(unit)),
-        phases=Phases(epoch_length=epoch, poc_window=draw(st.integers(0, epoch - 1)), train_blocks=draw(pos)),
+        phases=Phases(
+            epoch_length=epoch,
+            poc_window=draw(st.integers(0, epoch - 1)),
+            train_blocks=draw(pos),
+            result_rounds=draw(st.integers(1, 100)),
+        ),
         stake=Stake(
-            min_host_stake=draw(st.integers(0, 2**64 - 1)), host_slash_bps=draw(st.integers(0, 10_000))
+            min_host_stake=draw(st.integers(0, 2**64 - 1)),
+            host_slash_bps=draw(st.integers(0, 10_000)),
+            fraud_host_slash_bps=draw(st.integers(0, 10_000)),
         ),
         replay_mode=mode,
-        tolerance=draw(positive_float) if mode is ReplayMode.TOLERANCE else draw(st.sampled_from([0.0, 0.5])),
+        tolerance=draw(tolerance),
+        tolerance_exp_avg=draw(tolerance),
+        tolerance_exp_avg_sq=draw(tolerance),
         threads=draw(st.integers(1, 256)),
     )
 
@@ -132,6 +144,11 @@ any_msg = st.one_of(
         detail=st.text(max_size=256),
     ),
     st.builds(m.MsgSubmitOuterResult, creator=addresses, run_id=pos, outer_step=u32, model_hash=hex32),
+    st.lists(addresses, min_size=2, max_size=6, unique=True).flatmap(
+        lambda a: st.builds(
+            m.MsgReportUnavailable, creator=st.just(a[0]), run_id=pos, outer_step=u32, hosts=st.just(a[1:])
+        )
+    ),
     st.builds(
         m.MsgSend,
         from_address=addresses,

@@ -45,6 +45,15 @@ def _resolve(name: str, params: dict[str, Any]) -> behaviour.HostBehaviour:
     return behaviour.resolve(name, params)
 
 
+def _follower_corpus(config: Path) -> Any:
+    """A DDP follower's dataset: the one host.toml names (`follow` checks it against the run).
+    Remote shards go to the user's cache, not `data_dir`, which only rank 0 writes."""
+    from trainer.data import cache_root, open_dataset
+
+    source = load_host_config(config).dataset_source
+    return lambda: open_dataset(source, cache_root() / "datasets")
+
+
 class _Progress:
     """A one-line rich status (outer step, phase, losses) when stdout is a terminal."""
 
@@ -94,7 +103,7 @@ def run(
         raise typer.Exit(2) from None
     if exchange is not None and exchange.rank != 0:
         try:
-            ddp.follow(exchange)
+            ddp.follow(exchange, corpus=_follower_corpus(config))
         finally:
             ddp.shutdown()
         return

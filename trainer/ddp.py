@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from nodekit.store import ContentStore
+from nodekit.store import ContentStore, StateStore
 from protocol.config import RunConfig
 from protocol.tensors import StateKind
 from trainer.commit import (
@@ -56,7 +56,6 @@ from trainer.step import (
     train_segment,
     training_state,
 )
-from trainer.store import StateStore
 
 FOLLOW_TIMEOUT = timedelta(days=30)
 """How long a collective may wait. Followers wait for rank 0's next training call through whole

@@ -55,8 +55,9 @@ from protocol.codecs import CodecError, iter_decode
 from protocol.config import Codec, RunConfig
 from protocol.messages import EnvFingerprint, MsgRevealContribution, MsgSubmitOuterResult, Role
 from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
+from trainer.checkpoint import node_initial_global
 from trainer.commit import Contribution, materialize_openings, openings
-from trainer.data import Corpus, eval_loss, shakespeare_corpus
+from trainer.data import Corpus, eval_loss, node_corpus
 from trainer.ddp import Team
 from trainer.metrics import HostMetrics
 from trainer.node_config import HostConfig
@@ -291,7 +292,9 @@ class HostNode:
         built = build(self.cfg.model, self._allow_list)
         self.model: nn.Module = built.module.to(device)
         self.loss_fn = built.loss_fn
-        self.corpus = self._corpus if self._corpus is not None else shakespeare_corpus()
+        self.corpus = self._corpus if self._corpus is not None else node_corpus(
+            self.cfg, self.config.dataset_source, self.dir, self.address
+        )
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(
                 f"local dataset {self.corpus.manifest_hash[:12]} is not the run's "
@@ -307,7 +310,9 @@ class HostNode:
             self.content, {n: tuple(p.shape) for n, p in self.model.named_parameters()}
         )
         self.catalog.chunk_bytes = c
-        g0 = GlobalModel.from_module(self.model, c)
+        g0 = node_initial_global(
+            self.cfg.initial_model_hash, self.model, self.config.init_checkpoint_source, c
+        )
         if g0.hash == self.cfg.initial_model_hash:
             self.globals.save(g0)
         for h in self.globals.hashes():

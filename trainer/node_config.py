@@ -6,6 +6,7 @@ who it is and how it behaves, so a typo is an error at start-up, never a silentl
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -88,10 +89,32 @@ class NodeConfig(BaseModel):
         1_000_000.0, gt=0, description="slowest a peer may serve before a transfer gives up (bytes/s)"
     )
     key: KeySource
+    dataset: str = Field(
+        "",
+        max_length=4096,
+        description="dataset folder or manifest.json, path or fsspec URL ('' = Shakespeare)",
+    )
+    init_checkpoint: str = Field(
+        "", max_length=4096, description="safetensors file or HF model folder holding the run's G_0"
+    )
     base_dir: Path = Field(Path("."), exclude=True)
 
     def path(self, p: str) -> Path:
         return Path(p) if Path(p).is_absolute() else self.base_dir / p
+
+    def _source(self, value: str) -> str:
+        """A URL as given; a local path resolved against the TOML's folder; '' stays ''."""
+        if not value or re.match(r"^[a-z][a-z0-9+.-]*://", value):
+            return value
+        return str(self.path(value))
+
+    @property
+    def dataset_source(self) -> str:
+        return self._source(self.dataset)
+
+    @property
+    def init_checkpoint_source(self) -> str:
+        return self._source(self.init_checkpoint)
 
     @property
     def data_path(self) -> Path:

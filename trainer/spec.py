@@ -15,12 +15,17 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from protocol.config import ModelSpec
+from trainer import hf
 from trainer.model import lm_loss, small_gpt
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 Factory = Callable[..., nn.Module | tuple[nn.Module, LossFn]]
 
-DEFAULT_ALLOW_LIST: Mapping[str, Factory] = {"trainer.model:small_gpt": small_gpt}
+DEFAULT_ALLOW_LIST: Mapping[str, Factory] = {
+    "trainer.model:small_gpt": small_gpt,
+    "trainer.hf:llama": hf.llama,  # transformers is imported only when one is built
+    "trainer.hf:qwen2": hf.qwen2,
+}
 
 
 class ModelNotAllowed(ValueError):

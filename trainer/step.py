@@ -18,6 +18,7 @@ where used), so bench/gpu_check.py runs the real step on a bare GPU machine.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -149,10 +150,15 @@ def load_training_state(model: nn.Module, opt: torch.optim.Optimizer, state: Map
 
 
 def lr_at(inner: InnerOptim, step: int) -> float:
-    """Linear warm-up over the host's global step counter (it persists across outer steps)."""
-    if inner.warmup_steps <= 0:
+    """Linear warm-up, then optional cosine decay, over the host's global step counter (it
+    persists across outer steps, so the schedule spans the whole run as in the DiLoCo paper)."""
+    if inner.warmup_steps > 0 and (step < inner.warmup_steps or inner.decay_steps <= 0):
+        return inner.lr * min(1.0, (step + 1) / inner.warmup_steps)
+    if inner.decay_steps <= inner.warmup_steps:
         return inner.lr
-    return inner.lr * min(1.0, (step + 1) / inner.warmup_steps)
+    progress = min(1.0, (step - inner.warmup_steps) / (inner.decay_steps - inner.warmup_steps))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return inner.lr * (inner.min_lr_fraction + (1.0 - inner.min_lr_fraction) * cosine)
 
 
 class SliceExchange(Protocol):

@@ -1,9 +1,11 @@
 """Tolerance calibration: how far honest replays drift between environments, against attack signals.
 
 Bitwise replay holds only within one environment (torch version, thread count). Tolerance mode
-compares ‖θ_replay − θ_claim‖ / ‖θ_claim − θ_start‖ with a threshold, which must sit well above
-honest cross-environment noise yet below what one skipped step or one swapped batch does. Both
-grow with the segment length k, the noise faster (DESIGN §2), so this measures, per k:
+compares the whole end state, each tensor group g (parameters, exp_avg, exp_avg_sq) by
+‖x_replay − x_claim‖ / ‖x_claim − x_start‖ against its own threshold, which must sit well above
+honest cross-environment noise of that group; an attack is seen when some group exceeds its
+threshold. Both grow with the segment length k, the noise faster (DESIGN §2), so this measures,
+per k and group:
 
 - noise: the same segment from the same state run in two separate processes of different
   environments — thread counts, or devices (CPU vs GPU, GPU vs GPU: `devices`, i.e. two replay
@@ -13,7 +15,8 @@ grow with the segment length k, the noise faster (DESIGN §2), so this measures,
 - skip: the host skipped one inner step of the segment (first or last, the smaller signal);
 - swap: the host trained one inner step on another batch (first or last, the smaller signal);
 
-and proposes τ = factor × noise at the largest k where both signals still exceed τ.
+and proposes τ_g = factor × noise_g per group at the largest k where both attacks still exceed the
+threshold of some group.
 Each environment runs in its own process; states cross as safetensors files, never pickles.
 """
 
@@ -26,7 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ from trainer.device import host_state, resolve_device
 from trainer.spec import build
 from trainer.step import State, configure_determinism, load_training_state, make_optimizer, train_segment
 from trainer.step import training_state as live_state
-from verifier.verify import param_distance
+from verifier.verify import TOLERANCE_GROUPS, state_distances
 
 HOST = "calibration"
 SWAP_HOST = "calibration-swapped"
@@ -52,36 +55,61 @@ class CalibrationError(RuntimeError):
     """A worker process failed or produced nothing usable."""
 
 
+Groups = Mapping[str, float]
+"""One value per tensor group (`verifier.verify.TOLERANCE_GROUPS`); a bare float means parameters."""
+
+
 @dataclass(frozen=True)
 class Row:
     k: int
-    noise: float  # max over trials
-    skip: float  # min over trials and positions
-    swap: float
-    threshold: float  # max(factor × noise, FLOOR)
-    ok: bool  # both signals above the threshold
+    noise: dict[str, float]  # per group: max over trials
+    skip: dict[str, float]  # per group: min over trials and positions
+    swap: dict[str, float]
+    threshold: dict[str, float]  # per group: max(factor × noise, FLOOR)
+    ok: bool  # each attack exceeds the threshold of some group
     noisy: float = 1.0  # share of trials whose replays differed at all (1-vs-2-thread noise is sporadic)
 
 
 @dataclass(frozen=True)
 class Proposal:
-    k: int | None  # the largest k at which both attacks exceed the threshold; None: none does
-    tolerance: float | None
+    k: int | None  # the largest k at which both attacks exceed some threshold; None: none does
+    tolerances: dict[str, float] | None  # per group, the run config's tolerance* fields
     factor: float
     rows: list[Row]
 
+    @property
+    def tolerance(self) -> float | None:
+        """The parameters' threshold (RunConfig.tolerance)."""
+        return None if self.tolerances is None else self.tolerances["param"]
 
-def propose(ks: Sequence[int], noise: Sequence[float], skip: Sequence[float], swap: Sequence[float],
-            factor: float = 8.0, noisy: Sequence[float] | None = None) -> Proposal:  # fmt: skip
-    """Pure: the table and the proposal from measured distances (one value per k)."""
+    def run_config_fields(self) -> dict[str, float]:
+        """`tolerance`, `tolerance_exp_avg`, `tolerance_exp_avg_sq` as RunConfig takes them."""
+        t = self.tolerances or {}
+        names = {"param": "tolerance", "exp_avg": "tolerance_exp_avg", "exp_avg_sq": "tolerance_exp_avg_sq"}
+        return {names[g]: v for g, v in t.items() if g in names}
+
+
+def _groups(x: float | Groups) -> dict[str, float]:
+    return {"param": float(x)} if isinstance(x, int | float) else dict(x)
+
+
+def _seen(signal: dict[str, float], threshold: dict[str, float]) -> bool:
+    return any(signal.get(g, 0.0) > t for g, t in threshold.items())
+
+
+def propose(ks: Sequence[int], noise: Sequence[float | Groups], skip: Sequence[float | Groups],
+            swap: Sequence[float | Groups], factor: float = 8.0,
+            noisy: Sequence[float] | None = None) -> Proposal:  # fmt: skip
+    """Pure: the table and the proposal from measured distances (one value, or one per group, per k)."""
     rows = []
     shares = noisy if noisy is not None else [1.0] * len(ks)
     for k, n, a, b, q in zip(ks, noise, skip, swap, shares, strict=True):
-        tau = max(factor * n, FLOOR)
-        rows.append(Row(k, n, a, b, tau, min(a, b) > tau, q))
+        n_g, a_g, b_g = _groups(n), _groups(a), _groups(b)
+        tau = {g: max(factor * v, FLOOR) for g, v in n_g.items()}
+        rows.append(Row(k, n_g, a_g, b_g, tau, _seen(a_g, tau) and _seen(b_g, tau), q))
     good = [r for r in rows if r.ok]
     best = max(good, key=lambda r: r.k) if good else None
-    return Proposal(best.k if best else None, best.threshold if best else None, factor, rows)
+    return Proposal(best.k if best else None, dict(best.threshold) if best else None, factor, rows)
 
 
 # ---------------------------------------------------------------- the worker (one environment)
@@ -101,7 +129,7 @@ Plan = Sequence[tuple[str, int, int]]
 
 
 def _run(cfg: RunConfig, data: Corpus, start: State, plan: Plan, outer: int, device: torch.device) -> State:
-    """From `start`, run (host, first inner step, steps) pieces in order; the params at the end."""
+    """From `start`, run (host, first inner step, steps) pieces in order; the state at the end."""
     built = build(cfg.model)
     built.module.to(device)
     opt = make_optimizer(built.module, cfg.inner)
@@ -109,8 +137,7 @@ def _run(cfg: RunConfig, data: Corpus, start: State, plan: Plan, outer: int, dev
     for host, first, n in plan:
         if n:
             train_segment(built.module, opt, cfg, data, host, outer, first, n, loss_fn=built.loss_fn)
-    params = {k: v for k, v in live_state(built.module, opt).items() if k.startswith("param/")}
-    return host_state(params)
+    return host_state(dict(live_state(built.module, opt)))  # a host copy: a GPU replay's too
 
 
 def worker(job: dict[str, Any]) -> None:
@@ -187,17 +214,28 @@ def calibrate(
                     "out": str(work / "a.st")}, work)  # fmt: skip
         b = _spawn({**base, "threads": threads[1], "device": devices[1], "attacks": False,
                     "out": str(work / "b.st")}, work)  # fmt: skip
-        noise, skip, swap, noisy = [], [], [], []
+        noise: list[Groups] = []
+        skip: list[Groups] = []
+        swap: list[Groups] = []
+        noisy: list[float] = []
         for k in ks:
-            n_k, skip_k, swap_k, seen = 0.0, math.inf, math.inf, 0
+            n_k = dict.fromkeys(TOLERANCE_GROUPS, 0.0)
+            skip_k, swap_k = (
+                dict.fromkeys(TOLERANCE_GROUPS, math.inf),
+                dict.fromkeys(TOLERANCE_GROUPS, math.inf),
+            )
+            seen = 0
             for t in range(trials):
-                start = {k2: v for k2, v in load_file(starts[t]).items() if k2.startswith("param/")}
+                start = load_file(starts[t])
                 ref = _slice(a, f"{t}/{k}/honest/")
-                d = param_distance(ref, _slice(b, f"{t}/{k}/honest/"), start)
-                n_k, seen = max(n_k, d), seen + (d > 0)
+                d = state_distances(ref, _slice(b, f"{t}/{k}/honest/"), start)
+                n_k = {g: max(n_k[g], d[g]) for g in TOLERANCE_GROUPS}
+                seen += any(v > 0 for v in d.values())
                 for pos in ("first", "last"):
-                    skip_k = min(skip_k, param_distance(ref, _slice(a, f"{t}/{k}/skip_{pos}/"), start))
-                    swap_k = min(swap_k, param_distance(ref, _slice(a, f"{t}/{k}/swap_{pos}/"), start))
+                    ds = state_distances(ref, _slice(a, f"{t}/{k}/skip_{pos}/"), start)
+                    dw = state_distances(ref, _slice(a, f"{t}/{k}/swap_{pos}/"), start)
+                    skip_k = {g: min(skip_k[g], ds[g]) for g in TOLERANCE_GROUPS}
+                    swap_k = {g: min(swap_k[g], dw[g]) for g in TOLERANCE_GROUPS}
             noise.append(n_k)
             skip.append(skip_k)
             swap.append(swap_k)
@@ -210,28 +248,39 @@ def table(p: Proposal, envs: tuple[int | str, int | str] = (1, 2)) -> str:
     a, b = (f"{e} threads" if isinstance(e, int) else e for e in envs)
     lines = [
         f"honest noise between {a} and {b} vs. attack signals (relative distance)",
-        f"{'k':>4} {'noise':>10} {'differs':>8} {'skip 1 step':>12} {'swap 1 batch':>13} {'threshold':>10}"
-        "  ok",
+        f"{'k':>4} {'group':>10} {'noise':>10} {'differs':>8} {'skip 1 step':>12} {'swap 1 batch':>13} "
+        f"{'threshold':>10}  ok",
     ]
     for r in p.rows:
         ok = "yes" if r.ok else "no"
-        signals = f"{r.skip:>12.2e} {r.swap:>13.2e}"
-        lines.append(f"{r.k:>4} {r.noise:>10.2e} {r.noisy:>8.0%} {signals} {r.threshold:>10.2e}  {ok}")
-    if p.k is None:
+        for i, g in enumerate(r.noise):
+            k, share, mark = (f"{r.k:>4}", f"{r.noisy:>8.0%}", ok) if i == 0 else (" " * 4, " " * 8, "")
+            signals = f"{r.skip.get(g, math.nan):>12.2e} {r.swap.get(g, math.nan):>13.2e}"
+            lines.append(f"{k} {g:>10} {r.noise[g]:>10.2e} {share} {signals} {r.threshold[g]:>10.2e}  {mark}")
+    if p.k is None or p.tolerances is None:
         lines.append(f"no k keeps both attacks above {p.factor:g}× the noise: use bitwise mode or shorter k")
     else:
-        lines.append(f"proposal: segment_len k = {p.k}, tolerance = {p.tolerance:.2e} ({p.factor:g}× noise)")
+        fields = ", ".join(f"{name} = {v:.2e}" for name, v in p.run_config_fields().items())
+        lines.append(f"proposal: segment_len k = {p.k}, {fields} ({p.factor:g}× noise)")
     return "\n".join(lines)
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def to_json(p: Proposal) -> dict[str, Any]:
     """Strict JSON: an infinite signal (skipping the only step of k = 1) is written as null."""
-
-    def clean(row: Row) -> dict[str, Any]:
-        finite = lambda v: not isinstance(v, float) or math.isfinite(v)  # noqa: E731
-        return {k: v if finite(v) else None for k, v in asdict(row).items()}
-
-    return {"k": p.k, "tolerance": p.tolerance, "factor": p.factor, "rows": [clean(r) for r in p.rows]}
+    return {
+        "k": p.k,
+        "tolerance": p.tolerance,
+        "tolerances": p.tolerances,
+        "run_config": p.run_config_fields(),
+        "factor": p.factor,
+        "rows": [_finite(asdict(r)) for r in p.rows],
+    }
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`gonka-diloco verifier …`: run a verifier node, or calibrate the tolerance-mode threshold."""
+"""`gonka-diloco verifier …`: run a verifier node, or calibrate the tolerance-mode thresholds."""
 
 from __future__ import annotations
 
@@ -66,8 +66,9 @@ def calibrate(
     out: Annotated[Path, typer.Option(help="Where to write the JSON result.")] = Path("calibration.json"),
 ) -> None:
     """Measure honest replay noise between two environments (thread counts, or devices: CPU vs GPU,
-    GPU vs GPU; separate processes) against the signal of one skipped step and one swapped batch;
-    propose a threshold and the largest safe k."""
+    GPU vs GPU; separate processes) against the signal of one skipped step and one swapped batch,
+    for the parameters and both AdamW moments; propose a threshold per group (the run config's
+    tolerance, tolerance_exp_avg, tolerance_exp_avg_sq) and the largest safe k."""
     from gonka_diloco.adversaries.lab import TINY_GPT
     from protocol.config import ModelSpec, Numerics, Precision, RunConfig
     from verifier.calibrate import CalibrationError, table, to_json

@@ -43,7 +43,8 @@ from nodekit.store import BytesSink, ContentStore, TensorSink
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
-from trainer.data import Corpus, shakespeare_corpus
+from trainer.checkpoint import node_initial_global
+from trainer.data import Corpus, node_corpus
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
 from trainer.step import DeviceError, State, env_fingerprint, optimizer_state, pin_device
 from verifier.behaviour import VerifierBehaviour
@@ -209,7 +210,9 @@ class VerifierNode:
             raise NodeError(str(e)) from e
         self.env: EnvFingerprint = env_fingerprint(self.config.threads)
         self.log("environment", device=str(device), replay_class=self.env.replay_class)
-        self.corpus = self._corpus if self._corpus is not None else shakespeare_corpus()
+        self.corpus = self._corpus if self._corpus is not None else node_corpus(
+            self.cfg, self.config.dataset_source, self.dir
+        )
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(f"local dataset {self.corpus.manifest_hash[:12]} is not the run's")
         workers = self.config.workers
@@ -223,7 +226,7 @@ class VerifierNode:
         self.content = ContentStore(self.dir / "store", c)
         self.globals = GlobalStore(self.content, {n: tuple(p.shape) for n, p in model.named_parameters()})
         self.catalog.chunk_bytes = c
-        g0 = GlobalModel.from_module(model, c)
+        g0 = node_initial_global(self.cfg.initial_model_hash, model, self.config.init_checkpoint_source, c)
         if g0.hash == self.cfg.initial_model_hash:
             self.globals.save(g0)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")

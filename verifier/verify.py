@@ -259,21 +259,65 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
         raise _Reject(Reason.WRONG_START, detail)
 
 
-def param_distance(replay: State, claim: State, start: State) -> float:
-    """‖θ_replay − θ_claim‖ / ‖θ_claim − θ_start‖ over parameters, in float64."""
+TOLERANCE_GROUPS = ("param", "exp_avg", "exp_avg_sq")
+"""The tensor groups of a training state that tolerance mode compares, each with its own
+threshold (`RunConfig.tolerances`); the `step` counter is compared exactly."""
+
+
+def group_distance(replay: State, claim: State, start: State, group: str) -> float:
+    """‖x_replay − x_claim‖ / ‖x_claim − x_start‖ over the tensors `<group>/*`, in float64: how far
+    the claimed end is from our replay, relative to how far the segment moved that group."""
+    prefix = group + "/"
     num = 0.0
     den = 0.0
     for k, c in claim.items():
-        if not k.startswith(PARAM):
+        if not k.startswith(prefix):
             continue
+        r, s0 = replay.get(k), start.get(k)
+        if r is None or s0 is None or r.shape != c.shape or s0.shape != c.shape:
+            return math.inf
         c64 = c.double()
-        num += float((replay[k].double() - c64).square().sum())
-        den += float((c64 - start[k].double()).square().sum())
+        num += float((r.double() - c64).square().sum())
+        den += float((c64 - s0.double()).square().sum())
     if not math.isfinite(num) or not math.isfinite(den):
         return math.inf
     if den == 0.0:
         return 0.0 if num == 0.0 else math.inf
     return math.sqrt(num) / math.sqrt(den)
+
+
+def param_distance(replay: State, claim: State, start: State) -> float:
+    """`group_distance` over the parameters."""
+    return group_distance(replay, claim, start, "param")
+
+
+def state_distances(replay: State, claim: State, start: State) -> dict[str, float]:
+    """`group_distance` of every tolerance group."""
+    return {g: group_distance(replay, claim, start, g) for g in TOLERANCE_GROUPS}
+
+
+def tolerance_mismatch(
+    replay: State, claim: State, start: State, thresholds: Mapping[str, float]
+) -> str | None:
+    """None if the claimed end state is within tolerance of the replay, else what is not.
+
+    The whole state is compared: the same tensor names and shapes, the step counter exactly, and
+    every group (parameters and both AdamW moments) below its own threshold. Parameters alone are
+    not enough: moments rewritten at a boundary seed the next segment and the carried optimizer.
+    """
+    if set(replay) != set(claim):
+        return f"claimed state has tensors {sorted(set(claim) ^ set(replay))[:3]} the replay does not"
+    if not torch.equal(replay["step"], claim["step"]):
+        return f"step counter {claim['step'].tolist()} != replayed {replay['step'].tolist()}"
+    grouped = {k for k in claim if k.split("/", 1)[0] in TOLERANCE_GROUPS}
+    for k in sorted(set(claim) - grouped - {"step"}):
+        if not torch.equal(replay[k], claim[k]):
+            return f"{k} differs"
+    distances = state_distances(replay, claim, start)
+    for g in TOLERANCE_GROUPS:
+        if not distances[g] < thresholds[g]:
+            return f"{g} distance {distances[g]:.3e} >= tolerance {thresholds[g]:.3e}"
+    return None
 
 
 def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> State:
@@ -460,13 +504,15 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
             if leaf != o.end_leaf:
                 start = start if start is not None else _start_again(job, ctx, source, o)
                 known = claim is not None and start is not None
-                dist = param_distance(end, claim, start) if known else math.inf  # type: ignore[arg-type]
-                tolerated = job.cfg.replay_mode is ReplayMode.TOLERANCE and dist < job.cfg.tolerance
-                if not tolerated:
+                if job.cfg.replay_mode is ReplayMode.TOLERANCE and known:
+                    why = tolerance_mismatch(end, claim, start, job.cfg.tolerances)  # type: ignore[arg-type]
+                else:
+                    dist = param_distance(end, claim, start) if known else math.inf  # type: ignore[arg-type]
+                    why = f"param distance {dist:.3e}"
+                if why is not None:
                     raise _Reject(
                         Reason.REPLAY_MISMATCH,
-                        f"segment {o.segment}: replay {leaf[:12]} != committed {o.end_leaf[:12]}, "
-                        f"distance {dist:.3e}",
+                        f"segment {o.segment}: replay {leaf[:12]} != committed {o.end_leaf[:12]}, {why}",
                     )
             at = o.segment + 1 if bitwise and leaf == o.end_leaf else None
             if o.segment == last:

@@ -21,6 +21,7 @@ must find.
 | equivocation  | sends a second, different commit for the same outer step      | chain (EQUIVOCATED)  |
 | bad_tokens    | trains honestly, claims more tokens than H × batch × seq_len  | BAD_TOKENS           |
 | forged_env    | free rider claiming a GPU class no verifier has               | abstain (unverified) |
+| moment_steer  | params exact, AdamW moments rewritten at every boundary       | REPLAY_MISMATCH      |
 
 (1) a bad Δ only in tolerance mode: a bitwise verifier derives Δ from its own replay, never
 downloads the author's, and serves its copy to the aggregators (an availability attack then).
@@ -44,13 +45,13 @@ import torch
 import zstandard
 from torch import Tensor
 
+from nodekit.store import clone_state
 from protocol import codecs
 from protocol.config import RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
 from trainer.behaviour import HostBehaviour, OuterContext, register
 from trainer.commit import Contribution
 from trainer.step import State, load_training_state, train_segment, training_hash, training_state
-from trainer.store import clone_state
 
 PARAM = "param/"
 
@@ -401,6 +402,54 @@ class ForgedEnvironment(HostAdversary):
         return dataclasses.replace(c, env=EnvFingerprint(**facts))  # its class follows from the claim
 
 
+class MomentSteer(HostAdversary):
+    """Trains each segment for real but rewrites the AdamW moments at every boundary, params exact.
+
+    exp_avg becomes a fixed direction of its own choosing (seeded, with each tensor's norm kept)
+    and exp_avg_sq is multiplied by `sq_scale`; the next segment trains from that state, so the
+    host steers the model while every claimed segment end has exactly the parameters an honest
+    replay from the claimed start gives. Caught by the moment comparison of tolerance mode (and
+    by the hash in bitwise mode); a parameters-only comparison accepts it.
+    """
+
+    name = "moment_steer"
+    expected = ("REPLAY_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def __init__(self, sq_scale: float = 0.25, seed: int = 0) -> None:
+        super().__init__()
+        if not float(sq_scale) > 0:
+            raise ValueError("sq_scale must be positive")
+        self.sq_scale, self.seed = float(sq_scale), seed
+
+    def steer(self, st: State, ctx: OuterContext) -> State:
+        out = dict(st)
+        g = _seeded_gen("moment_steer", self.seed, ctx.address)  # the same target every step
+        for name in sorted(st):
+            if name.startswith("exp_avg/"):
+                m = st[name]
+                direction = torch.randn(m.shape, generator=g)
+                out[name] = direction * (m.norm() / direction.norm().clamp_min(1e-30))
+            elif name.startswith("exp_avg_sq/"):
+                out[name] = st[name] * self.sq_scale
+        return out
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        cfg, k = ctx.cfg, ctx.cfg.segment_len
+        cur = start_state(ctx)
+        states, losses = [cur], []
+        for j in range(cfg.n_segments):
+            load_training_state(ctx.model, ctx.optimizer, cur)
+            losses += train_segment(
+                ctx.model, ctx.optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
+                loss_fn=ctx.loss_fn,
+            )  # fmt: skip
+            cur = self.steer(clone_state(training_state(ctx.model, ctx.optimizer)), ctx)
+            states.append(cur)
+        load_training_state(ctx.model, ctx.optimizer, cur)  # what it carries to the next step
+        return assemble(ctx, states, losses)
+
+
 HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "honest": HostBehaviour,
     "noise": NoiseDelta,
@@ -416,6 +465,7 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "equivocation": Equivocation,
     "bad_tokens": BadTokens,
     "forged_env": ForgedEnvironment,
+    "moment_steer": MomentSteer,
 }
 
 

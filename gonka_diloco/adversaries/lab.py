@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 
+from nodekit.globalmodel import GlobalModel
+from nodekit.store import StateStore, StoreError, state_from_bytes
 from protocol import codecs
 from protocol.config import ModelSpec, RunConfig
 from protocol.prf import sample_segments
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, openings
 from trainer.data import Corpus
-from trainer.globalmodel import GlobalModel
 from trainer.spec import build
 from trainer.step import State, load_training_state, make_optimizer, optimizer_hash
-from trainer.store import StateStore, StoreError, state_from_bytes
 from verifier.verify import Job, MalformedBlob, MissingData, OpeningData, ReplayContext
 
 TINY_GPT = ModelSpec(

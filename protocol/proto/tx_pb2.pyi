@@ -33,7 +33,7 @@ class ModelSpec(_message.Message):
     def __init__(self, factory: _Optional[str] = ..., config: _Optional[_Mapping[str, ConfigValue]] = ...) -> None: ...
 
 class InnerOptim(_message.Message):
-    __slots__ = ("lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps")
+    __slots__ = ("lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps", "min_lr_fraction")
     LR_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
     BETA1_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,8 @@ class InnerOptim(_message.Message):
     EPS_FIELD_NUMBER: _ClassVar[int]
     GRAD_CLIP_FIELD_NUMBER: _ClassVar[int]
     WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DECAY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MIN_LR_FRACTION_FIELD_NUMBER: _ClassVar[int]
     lr: float
     weight_decay: float
     beta1: float
@@ -48,7 +50,9 @@ class InnerOptim(_message.Message):
     eps: float
     grad_clip: float
     warmup_steps: int
-    def __init__(self, lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., warmup_steps: _Optional[int] = ...) -> None: ...
+    decay_steps: int
+    min_lr_fraction: float
+    def __init__(self, lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., min_lr_fraction: _Optional[float] = ...) -> None: ...
 
 class OuterOptim(_message.Message):
     __slots__ = ("lr", "momentum")
@@ -59,7 +63,7 @@ class OuterOptim(_message.Message):
     def __init__(self, lr: _Optional[float] = ..., momentum: _Optional[float] = ...) -> None: ...
 
 class Phases(_message.Message):
-    __slots__ = ("join_blocks", "train_blocks", "reveal_blocks", "verify_blocks", "escalation_blocks", "max_escalations", "result_blocks", "epoch_length", "poc_window")
+    __slots__ = ("join_blocks", "train_blocks", "reveal_blocks", "verify_blocks", "escalation_blocks", "max_escalations", "result_blocks", "epoch_length", "poc_window", "audit_blocks", "confirm_blocks", "result_rounds")
     JOIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REVEAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +73,9 @@ class Phases(_message.Message):
     RESULT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_LENGTH_FIELD_NUMBER: _ClassVar[int]
     POC_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     join_blocks: int
     train_blocks: int
     reveal_blocks: int
@@ -78,24 +85,31 @@ class Phases(_message.Message):
     result_blocks: int
     epoch_length: int
     poc_window: int
-    def __init__(self, join_blocks: _Optional[int] = ..., train_blocks: _Optional[int] = ..., reveal_blocks: _Optional[int] = ..., verify_blocks: _Optional[int] = ..., escalation_blocks: _Optional[int] = ..., max_escalations: _Optional[int] = ..., result_blocks: _Optional[int] = ..., epoch_length: _Optional[int] = ..., poc_window: _Optional[int] = ...) -> None: ...
+    audit_blocks: int
+    confirm_blocks: int
+    result_rounds: int
+    def __init__(self, join_blocks: _Optional[int] = ..., train_blocks: _Optional[int] = ..., reveal_blocks: _Optional[int] = ..., verify_blocks: _Optional[int] = ..., escalation_blocks: _Optional[int] = ..., max_escalations: _Optional[int] = ..., result_blocks: _Optional[int] = ..., epoch_length: _Optional[int] = ..., poc_window: _Optional[int] = ..., audit_blocks: _Optional[int] = ..., confirm_blocks: _Optional[int] = ..., result_rounds: _Optional[int] = ...) -> None: ...
 
 class Stake(_message.Message):
-    __slots__ = ("min_host_stake", "min_verifier_stake", "host_slash_bps", "verifier_slash_bps", "reward_per_outer_step")
+    __slots__ = ("min_host_stake", "min_verifier_stake", "host_slash_bps", "verifier_slash_bps", "reward_per_outer_step", "fraud_host_slash_bps", "fraud_verifier_slash_bps")
     MIN_HOST_STAKE_FIELD_NUMBER: _ClassVar[int]
     MIN_VERIFIER_STAKE_FIELD_NUMBER: _ClassVar[int]
     HOST_SLASH_BPS_FIELD_NUMBER: _ClassVar[int]
     VERIFIER_SLASH_BPS_FIELD_NUMBER: _ClassVar[int]
     REWARD_PER_OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    FRAUD_HOST_SLASH_BPS_FIELD_NUMBER: _ClassVar[int]
+    FRAUD_VERIFIER_SLASH_BPS_FIELD_NUMBER: _ClassVar[int]
     min_host_stake: int
     min_verifier_stake: int
     host_slash_bps: int
     verifier_slash_bps: int
     reward_per_outer_step: int
-    def __init__(self, min_host_stake: _Optional[int] = ..., min_verifier_stake: _Optional[int] = ..., host_slash_bps: _Optional[int] = ..., verifier_slash_bps: _Optional[int] = ..., reward_per_outer_step: _Optional[int] = ...) -> None: ...
+    fraud_host_slash_bps: int
+    fraud_verifier_slash_bps: int
+    def __init__(self, min_host_stake: _Optional[int] = ..., min_verifier_stake: _Optional[int] = ..., host_slash_bps: _Optional[int] = ..., verifier_slash_bps: _Optional[int] = ..., reward_per_outer_step: _Optional[int] = ..., fraud_host_slash_bps: _Optional[int] = ..., fraud_verifier_slash_bps: _Optional[int] = ...) -> None: ...
 
 class RunConfig(_message.Message):
-    __slots__ = ("name", "model", "dataset_manifest_hash", "initial_model_hash", "seed", "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution", "batch_size", "seq_len", "data_shards", "codec", "codec_block_size", "inner", "outer", "phases", "stake", "replay_mode", "tolerance", "threads", "max_outer_steps", "state_chunk_bytes", "numerics")
+    __slots__ = ("name", "model", "dataset_manifest_hash", "initial_model_hash", "seed", "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution", "batch_size", "seq_len", "data_shards", "codec", "codec_block_size", "inner", "outer", "phases", "stake", "replay_mode", "tolerance", "threads", "max_outer_steps", "state_chunk_bytes", "audit_bps", "audit_verifiers", "tolerance_exp_avg", "tolerance_exp_avg_sq", "numerics")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATASET_MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +133,10 @@ class RunConfig(_message.Message):
     THREADS_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTER_STEPS_FIELD_NUMBER: _ClassVar[int]
     STATE_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_BPS_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_VERIFIERS_FIELD_NUMBER: _ClassVar[int]
+    TOLERANCE_EXP_AVG_FIELD_NUMBER: _ClassVar[int]
+    TOLERANCE_EXP_AVG_SQ_FIELD_NUMBER: _ClassVar[int]
     NUMERICS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: ModelSpec
@@ -143,8 +161,12 @@ class RunConfig(_message.Message):
     threads: int
     max_outer_steps: int
     state_chunk_bytes: int
+    audit_bps: int
+    audit_verifiers: int
+    tolerance_exp_avg: float
+    tolerance_exp_avg_sq: float
     numerics: Numerics
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ..., state_chunk_bytes: _Optional[int] = ..., numerics: _Optional[_Union[Numerics, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ..., state_chunk_bytes: _Optional[int] = ..., audit_bps: _Optional[int] = ..., audit_verifiers: _Optional[int] = ..., tolerance_exp_avg: _Optional[float] = ..., tolerance_exp_avg_sq: _Optional[float] = ..., numerics: _Optional[_Union[Numerics, _Mapping]] = ...) -> None: ...
 
 class Numerics(_message.Message):
     __slots__ = ("precision", "tf32", "attention")
@@ -298,6 +320,18 @@ class MsgSubmitOuterResult(_message.Message):
     model_hash: str
     def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
 
+class MsgReportUnavailable(_message.Message):
+    __slots__ = ("creator", "run_id", "outer_step", "hosts")
+    CREATOR_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    creator: str
+    run_id: int
+    outer_step: int
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class MsgCreateRunResponse(_message.Message):
     __slots__ = ("run_id",)
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -325,5 +359,9 @@ class MsgSubmitVerdictResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class MsgSubmitOuterResultResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MsgReportUnavailableResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
