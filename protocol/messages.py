@@ -91,6 +91,9 @@ class MsgJoinRun(Msg):
     role: Role
     endpoint: str = Field(max_length=256, pattern=r"^https?://")
     stake: int = Field(ge=0)
+    replay_class: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+    """A verifier's own replay class (§6.1; empty: undeclared). In bitwise mode the chain draws a
+    commitment's verifiers from those declaring its class (`chain.module.DrawPools`)."""
 
 
 class MsgLeaveRun(Msg):

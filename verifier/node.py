@@ -232,9 +232,14 @@ class VerifierNode:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")
 
     def _join(self) -> None:
-        me = join_run(self.chain, self.wallet, self.config.run_id, Role.VERIFIER, self.url, self.config.stake)
+        mine = self.behaviour.declared_class(self.env)
+        me = join_run(
+            self.chain, self.wallet, self.config.run_id, Role.VERIFIER, self.url, self.config.stake, mine
+        )
         if me is None:
             self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
+        elif me.get("replay_class", "") != mine:  # the machine changed since it joined: drawn for the
+            self.log("class_changed", declared=me.get("replay_class", ""), now=mine)  # old class
 
     def _holders(self) -> list[str]:
         """Who may hold a run object besides its author: every host, then the other verifiers."""

@@ -219,18 +219,20 @@ class MsgCreateRun(_message.Message):
     def __init__(self, creator: _Optional[str] = ..., config: _Optional[_Union[RunConfig, _Mapping]] = ...) -> None: ...
 
 class MsgJoinRun(_message.Message):
-    __slots__ = ("creator", "run_id", "role", "endpoint", "stake")
+    __slots__ = ("creator", "run_id", "role", "endpoint", "stake", "replay_class")
     CREATOR_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     STAKE_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_CLASS_FIELD_NUMBER: _ClassVar[int]
     creator: str
     run_id: int
     role: str
     endpoint: str
     stake: int
-    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., role: _Optional[str] = ..., endpoint: _Optional[str] = ..., stake: _Optional[int] = ...) -> None: ...
+    replay_class: str
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., role: _Optional[str] = ..., endpoint: _Optional[str] = ..., stake: _Optional[int] = ..., replay_class: _Optional[str] = ...) -> None: ...
 
 class MsgLeaveRun(_message.Message):
     __slots__ = ("creator", "run_id")
