@@ -310,6 +310,14 @@ def wire_vectors() -> list[dict[str, Any]]:
         MsgSubmitVerdict(
             creator=HOST, run_id=1, outer_step=3, host=HOST, reason=Reason.REPLAY_MISMATCH, evidence_hash=h
         ),
+        MsgJoinRun(  # §6.1: bitwise draws prefer the verifiers of a commitment's class
+            creator=HOST,
+            run_id=1,
+            role=Role.VERIFIER,
+            endpoint="http://v",
+            stake=5 * 10**9,
+            replay_class=EnvFingerprint(**H200).replay_class,
+        ),
         MsgSend(from_address=HOST, to_address=HOST, amount=[Coin(amount=10**9)]),
         MsgReportUnavailable(creator=HOST, run_id=1, outer_step=3, hosts=[VERIFIER_ADDRESSES[0]]),
     ]
