@@ -247,31 +247,37 @@ def corpus() -> Corpus:
     return Corpus(c.train, c.val, "0" * 64)
 
 
-def test_followers_train_from_rank_0s_state_whatever_it_decided(tmp_path: Path) -> None:
-    """Two gloo ranks, three training calls: from G_0, then with carried moments from a G_1 only
-    rank 0 computed, then with a fresh optimizer (as after a rejection) from G_0 again. The follower
-    must start each from what rank 0 holds: every trajectory equals one process training with 2
-    slices from the same states."""
+def two_ranks(code: str, timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run `code` as ranks 0 and 1 of a gloo group (1 thread each); their last JSON lines."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    code = RANK.format(root=str(ROOT))
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
     try:
-        outs = [p.communicate(timeout=60) for p in procs]
+        outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    got = json.loads(outs[0][0].strip().splitlines()[-1])["roots"]
-    assert json.loads(outs[1][0].strip().splitlines()[-1]) == {"jobs": 3}  # and then it stopped
+    assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+    lead, follower = (json.loads(o[0].strip().splitlines()[-1]) for o in outs)
+    return lead, follower
+
+
+def test_followers_train_from_rank_0s_state_whatever_it_decided(tmp_path: Path) -> None:
+    """Two gloo ranks, three training calls: from G_0, then with carried moments from a G_1 only
+    rank 0 computed, then with a fresh optimizer (as after a rejection) from G_0 again. The follower
+    must start each from what rank 0 holds: every trajectory equals one process training with 2
+    slices from the same states."""
+    lead, follower = two_ranks(RANK.format(root=str(ROOT)), timeout=60)
+    got = lead["roots"]
+    assert follower == {"jobs": 3}  # and then it stopped
 
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     configure_determinism(1)
@@ -338,26 +344,9 @@ def test_a_sharded_team_trains_hashes_saves_and_recomputes_the_unsharded_traject
     first step's final optimizer state). Leaves and final optimizer hashes equal one process
     training 2 slices unsharded; boundaries 0, 1 (from G_n) and 3 (from persisted boundary 2)
     are recomputed by both ranks, and only the opened ones stay on disk."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    code = SHARDED.format(root=str(ROOT), store=str(tmp_path / "store"))
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
-    try:
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
-    got = json.loads(outs[0][0].strip().splitlines()[-1])["steps"]
-    assert json.loads(outs[1][0].strip().splitlines()[-1]) == {"jobs": 4}  # 2 trains, 2 recomputes
+    lead, follower = two_ranks(SHARDED.format(root=str(ROOT), store=str(tmp_path / "store")), timeout=120)
+    got = lead["steps"]
+    assert follower == {"jobs": 4}  # 2 trains, 2 recomputes
 
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     configure_determinism(1)
