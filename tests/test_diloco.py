@@ -133,8 +133,12 @@ def _delayed_wrapper(delay: int, accept: list[list[str]]) -> tuple[list[dict[str
 
     def aggregate(name: str, tokens: int, delta: dict) -> list:
         rejected = {k: torch.full_like(v, POISON) for k, v in delta.items()}  # submitted, rejected
-        offered = {"me": (name, tokens, delta), "peer": ("peer", tokens,
-                   {k: torch.full_like(v, 0.01) for k, v in delta.items()}), "liar": ("liar", tokens, rejected)}  # fmt: skip
+        peer = {k: torch.full_like(v, 0.01) for k, v in delta.items()}
+        offered = {
+            "me": (name, tokens, delta),
+            "peer": ("peer", tokens, peer),
+            "liar": ("liar", tokens, rejected),
+        }
         out = [offered[who] for who in accept[step[0]]]
         step[0] += 1
         return out
