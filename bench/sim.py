@@ -326,6 +326,8 @@ def run_diloco(
                 hosts[h].restore_optimizer(env, n - 1 - outer_delay)
         t0 = time.perf_counter()
         contribs = {h: hosts[h].contribute(env, n, base, g_hash, store) for h in active}
+        if store is not None:
+            store.flush()  # the last boundaries are written in the background: wait before reading them
         t_train += time.perf_counter() - t0
         if attack is not None and bad_hosts:
             honest = [contribs[h].delta for h in active if h not in bad_hosts]
