@@ -494,16 +494,18 @@ class BlobClient:
         bases = bases[: self.parallel]
         working = set(bases)
         threads: list[threading.Thread] = []
-        in_flight = 0
-        # every holder starts with one chunk of its own, so all of them share the work from the start
+        # every holder starts with one chunk of its own, so all of them share the work from the start;
+        # those chunks count as in flight from here, so a holder without one waits for them instead
+        # of leaving before the others have even started (and the chunk with it, if they fail)
         first = {b: pending.popleft() for b in bases if pending}
+        in_flight = len(first)
 
         def worker(base: str) -> None:
             nonlocal in_flight
             while True:
                 with cond:
                     if base in first:
-                        i = first.pop(base)
+                        i = first.pop(base)  # counted in flight already
                     else:
                         # idle: wait while others may still hand a chunk back
                         while not pending and in_flight:
@@ -513,7 +515,7 @@ class BlobClient:
                             cond.notify_all()
                             return
                         i = pending.popleft()
-                    in_flight += 1
+                        in_flight += 1
                 verdict, detail, n = self._chunk(ref, sink, i, digests, base, report, cond)
                 with cond:
                     in_flight -= 1
