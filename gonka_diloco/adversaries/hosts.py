@@ -54,7 +54,7 @@ from torch import Tensor
 
 from nodekit.store import clone_state
 from protocol import codecs
-from protocol.config import RunConfig
+from protocol.config import ReplayMode, RunConfig
 from protocol.messages import MsgCommitPseudoGradient
 from trainer.behaviour import HostBehaviour, OuterContext, register
 from trainer.commit import Contribution
@@ -435,8 +435,10 @@ class MomentSteer(HostAdversary):
 
 
 class Withhold(HostAdversary):
-    """Trains honestly and serves its verifiers, then, once verification is over, refuses its Δ to
-    everyone (still voting for the G_{n+1} it can compute, to be paid)."""
+    """Trains honestly and serves its verifiers, then refuses its Δ to everyone (still voting for
+    the G_{n+1} it can compute, to be paid): from its reveal in bitwise mode (its verifiers derive
+    the Δ from their replay and never ask for it), once verification is over in tolerance mode
+    (they download it). So no aggregator ever gets it from its author, however fast it asks."""
 
     name = "withhold"
     honest_work = True
@@ -444,6 +446,11 @@ class Withhold(HostAdversary):
     def __init__(self) -> None:
         super().__init__()
         self.withheld: set[str] = set()
+
+    def should_reveal(self, contribution: Contribution, ctx: OuterContext) -> bool:
+        if ctx.cfg.replay_mode is ReplayMode.BITWISE:
+            self.withheld.add(contribution.delta_hash)
+        return True
 
     def finalized(self, contribution: Contribution | None, accepted: bool, ctx: OuterContext) -> None:
         if contribution is not None:
