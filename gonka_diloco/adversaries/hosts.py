@@ -21,6 +21,7 @@ must find.
 | malformed     | serves a zstd bomb, wrong shapes, NaN Δ or garbage state      | MALFORMED_BLOB (1)   |
 | equivocation  | sends a second, different commit for the same outer step      | chain (EQUIVOCATED)  |
 | bad_tokens    | trains honestly, claims more tokens than H × batch × seq_len  | BAD_TOKENS           |
+| forged_env    | free rider claiming a GPU class no verifier has               | abstain (unverified) |
 | moment_steer  | params exact, AdamW moments rewritten at every boundary       | REPLAY_MISMATCH      |
 | withhold      | trains honestly, serves its verifiers, then refuses its Δ     | (2)                  |
 | forge_result  | withholds its Δ and votes for a G_{n+1} it made up            | (2), vote never wins |
@@ -35,6 +36,9 @@ hurts nobody: the step's result is adopted by the honest majority, the forged vo
 vote is a minority). Only where nobody else holds the Δ (e.g. its only verifier was lazy and
 never derived it) do the honest hosts report it unavailable: it is dropped (`withheld`) and
 slashed, and the result is asked again over the rest.
+
+`forged_env` is contained rather than caught in bitwise mode (no verifier of its claimed class,
+so no verdict: `unverified`, never in the model, never paid); in tolerance mode: REPLAY_MISMATCH.
 
 `stale` and `copycat` fake a consistent trajectory (θ_H = G_n − Δ_copied, boundaries
 interpolated), so the Δ check alone would pass: replay of the always-opened last segment fails.
@@ -55,7 +59,7 @@ from torch import Tensor
 from nodekit.store import clone_state
 from protocol import codecs
 from protocol.config import ReplayMode, RunConfig
-from protocol.messages import MsgCommitPseudoGradient
+from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
 from trainer.behaviour import HostBehaviour, OuterContext, register
 from trainer.commit import Contribution
 from trainer.step import State, load_training_state, train_segment, training_hash, training_state
@@ -386,6 +390,32 @@ class BadTokens(HostAdversary):
         return dataclasses.replace(c, tokens=c.tokens * self.factor)
 
 
+class ForgedEnvironment(HostAdversary):
+    """Free rider (no training, every leaf = the start) that claims a machine no verifier has.
+
+    Its hope: in bitwise mode only a verifier of the claimed replay class may judge, so if there is
+    none, nobody can reject it. Every verifier of another class abstains, so it gets no verdict and
+    the chain finalizes it `unverified`: never in the model, never paid (it just wasted its bond's
+    time). In tolerance mode every class replays it and the faked trajectory fails the comparison.
+    It cannot claim a verifier's class without claiming that machine, whose replay it then fails.
+    """
+
+    name = "forged_env"
+    expected = ("REPLAY_MISMATCH",)  # from any verifier that does judge it (tolerance mode, same class)
+    chain_outcome = "unverified"  # bitwise mode with no verifier of the claimed class
+
+    def __init__(self, gpu_name: str = "NVIDIA Imaginary X1", compute_capability: str = "99.0") -> None:
+        super().__init__()
+        self.gpu_name, self.compute_capability = gpu_name, compute_capability
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        c = assemble(ctx, [start_state(ctx)] * (ctx.cfg.n_segments + 1))
+        facts = c.env.model_dump(exclude={"replay_class"})
+        facts.update(device="cuda", gpu_name=self.gpu_name, compute_capability=self.compute_capability,
+                     sm_count=1, cuda_version="99.0")  # fmt: skip
+        return dataclasses.replace(c, env=EnvFingerprint(**facts))  # its class follows from the claim
+
+
 class MomentSteer(HostAdversary):
     """Trains each segment for real but rewrites the AdamW moments at every boundary, params exact.
 
@@ -520,6 +550,7 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "malformed": MalformedBlob,
     "equivocation": Equivocation,
     "bad_tokens": BadTokens,
+    "forged_env": ForgedEnvironment,
     "moment_steer": MomentSteer,
     "withhold": Withhold,
     "forge_result": ForgeResult,
