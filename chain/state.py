@@ -623,16 +623,4 @@ def _tag(cls: type) -> bytes:
 def app_hash(state: ChainState, cached: bool = True) -> bytes:
     """The root node's digest as 32 raw bytes: what each block header commits to (§2.8).
     `cached=False` recomputes every digest from the content (tests compare)."""
-    digest = node_digest(state, cached)
-    if cached:
-        state.__dict__[_ROOT] = digest
-    return bytes.fromhex(digest)
-
-
-_ROOT = "_app_hash_cache"
-
-
-def last_app_hash(state: ChainState) -> str | None:
-    """The app hash (hex) of the last cached `app_hash` pass over this state: what the caches that
-    the row tracker reads were computed for (None: never hashed)."""
-    return state.__dict__.get(_ROOT)
+    return bytes.fromhex(node_digest(state, cached))
