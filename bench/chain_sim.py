@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -366,8 +367,11 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int, folder: Path) -> 
 
 def main(quick: bool = False) -> None:
     sizes = (100, 10, 3) if quick else (1000, 100, 20)
+    load_start = os.getloadavg()[0]  # wall times on a shared machine follow its load: say what it was
     with tempfile.TemporaryDirectory() as tmp:
         result = simulate(*sizes, folder=Path(tmp))
+    result["load_average_1m_start"], result["load_average_1m_end"] = load_start, os.getloadavg()[0]
+    result["cpu_count"] = os.cpu_count() or 0
     print(f"{'metric':34s} value")
     for k, v in result.items():
         print(f"{k:34s} {v:,.2f}" if isinstance(v, float) else f"{k:34s} {v:,}")
