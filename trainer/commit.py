@@ -5,6 +5,10 @@ thread over the live state while the next step's forward and backward run; the t
 waits only if the boundary is not done by that step's optimizer update, and no state is copied.
 After the challenge, `materialize_openings` recomputes the opened boundaries that were not
 persisted and deletes the rest. Everything a host later commits and reveals is in the returned `Contribution`.
+
+A rank of a host with sharded training state (`trainer.sharded`, under `trainer.ddp`) runs the
+same loop (`follow_committed` on ranks ≥ 1): each boundary is hashed collectively from every
+rank's part and saved as per-rank shard files, so the leaves are the unsharded ones.
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ from protocol.merkle import merkle_root, pair_proof
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient, SegmentOpening
 from protocol.tensors import StateKind, tensor_hash_and_digests
 from trainer.data import Corpus
+from trainer.device import host_view
 from trainer.model import lm_loss
+from trainer.sharded import ShardedState, ShardedStep
 from trainer.step import (
     LossFn,
     SliceExchange,
     env_fingerprint,
     load_training_state,
     optimizer_hash,
+    snapshot_to_host,
     train_segment,
     training_state,
 )
@@ -85,15 +92,22 @@ def param_tensors(model: nn.Module) -> dict[str, Tensor]:
 
 def pseudo_gradient(global_params: Mapping[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     """Δ = θ_global − θ_local (float32), name for name."""
-    return {n: (global_params[n] - p.detach()).to(torch.float32) for n, p in model.named_parameters()}
+    return {n: (global_params[n] - p.detach().to(global_params[n].device)).to(torch.float32)
+            for n, p in model.named_parameters()}  # fmt: skip
 
 
-def host_snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
-    """THE boundary snapshot: the training state as the boundary worker reads it. On the CPU these
-    are the live tensors themselves (no copy): only `opt.step` writes them, and `Boundaries` holds
-    the next step until the boundary is hashed (and persisted). The one place a device backend
-    changes: a GPU host returns a copy in (pinned) host memory here."""
-    return training_state(model, opt)
+def host_snapshot(
+    model: nn.Module, opt: torch.optim.Optimizer, sharding: ShardedState | None = None
+) -> tuple[Mapping[str, Tensor], bool]:
+    """THE boundary snapshot: the training state as the boundary worker reads it (a sharded rank:
+    its part), and whether it is the live state. On the CPU these are the live tensors themselves
+    (no copy): only `opt.step` writes them, and `Boundaries` holds the next step until the
+    boundary is hashed (and persisted). On a GPU it is `snapshot_to_host`: a copy into pinned host
+    memory on a side stream (the next `opt.step` waits only for the copy, never for hashing or disk)."""
+    state = sharding.local(model, opt) if sharding is not None else training_state(model, opt)
+    if not any(t.is_cuda for t in state.values()):
+        return state, True
+    return snapshot_to_host(state, opt), False
 
 
 class Boundaries:
@@ -103,6 +117,8 @@ class Boundaries:
     live state while the training thread runs the next step's forward and backward (which only
     write gradients), and an optimizer pre-step hook makes the training thread wait for the
     boundary before the step that would change it (backpressure, never a queue of snapshots).
+    A GPU state is a host copy (`host_snapshot`): the next step waits only for the copy, and the
+    next boundary for this one's hash and write.
     The digests computed here are stored with the state, so it is never hashed again to be served.
     """
 
@@ -114,13 +130,16 @@ class Boundaries:
         opt: torch.optim.Optimizer,
         *,
         every: int = 1,
+        sharding: ShardedState | None = None,
     ) -> None:
         self.store, self.outer_step, self.cfg = store, outer_step, cfg
         self.every = max(1, every)
+        self.sharding = sharding  # every rank submits the same boundaries: their collectives pair up
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary")
-        self._futures: list[Future[tuple[str, list[bytes]]]] = []
+        self._futures: list[Future[tuple[str, list[bytes] | None]]] = []
         self._inflight: Future[Any] | None = None
-        self._hook = opt.register_step_pre_hook(lambda *_: self._settle())
+        self._live = True  # the in-flight boundary reads the live state: the next update waits for it
+        self._hook = opt.register_step_pre_hook(lambda *_: self._settle() if self._live else None)
         self.seconds = 0.0  # the training thread's time waiting on boundaries
 
     def persisted(self, j: int) -> bool:
@@ -142,7 +161,7 @@ class Boundaries:
         self._settle()
         t0 = time.perf_counter()
         j = len(self._futures)
-        snap = host_snapshot(model, opt)
+        snap, self._live = host_snapshot(model, opt, self.sharding)
         hashed = self._pool.submit(self._hash, snap)
         self._futures.append(hashed)
         self._inflight = hashed
@@ -153,13 +172,35 @@ class Boundaries:
                 self.store.pending.append(written)  # the reveal, which waits for it (store.flush)
         self.seconds += time.perf_counter() - t0
 
-    def _hash(self, snap: dict[str, Tensor]) -> tuple[str, list[bytes]]:
+    def _hash(self, snap: Mapping[str, Tensor]) -> tuple[str, list[bytes] | None]:
+        if self.sharding is not None:
+            return self.sharding.hash(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
         return tensor_hash_and_digests(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
 
-    def _write(self, hashed: Future[tuple[str, list[bytes]]], snap: dict[str, Tensor]) -> None:
+    def _write(self, hashed: Future[tuple[str, list[bytes] | None]], snap: Mapping[str, Tensor]) -> None:
         assert self.store is not None
         h, digests = hashed.result()
-        self.store.put_hashed(snap, self.outer_step, h, digests)
+        if self.sharding is not None:
+            self.sharding.save(self.store.content, StateKind.TRAINING, str(self.outer_step), h, digests, snap)
+        else:
+            self.store.put_hashed(snap, self.outer_step, h, digests)
+
+    def optimizer(
+        self, model: nn.Module, opt: torch.optim.Optimizer, keep: str | None
+    ) -> Future[tuple[str, list[bytes] | None]]:
+        """A sharded rank's final optimizer state: hashed collectively on the boundary worker (after
+        the last boundary: one order of collectives on every rank), saved in content group `keep`."""
+        assert self.sharding is not None
+        sharding = self.sharding
+        snap = host_view(sharding.local(model, opt, StateKind.OPTIMIZER))  # CPU: live (nothing steps it now)
+
+        def run() -> tuple[str, list[bytes] | None]:
+            h, digests = sharding.hash(snap, StateKind.OPTIMIZER, self.cfg.state_chunk_bytes)
+            if keep is not None and self.store is not None:
+                sharding.save(self.store.content, StateKind.OPTIMIZER, keep, h, digests, snap)
+            return h, digests
+
+        return self._pool.submit(run)
 
     def leaves(self) -> list[str]:
         """The leaves, once hashed: the final boundary's write may still run (off the training
@@ -172,6 +213,57 @@ class Boundaries:
             self._hook.remove()
             self._pool.shutdown(wait=False)  # queued writes still run
             self.seconds += time.perf_counter() - t0
+
+
+def _trajectory(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    cfg: RunConfig,
+    data: Corpus,
+    host: str,
+    outer_step: int,
+    global_params: Mapping[str, Tensor],
+    store: StateStore | None,
+    micro_batches: int,
+    loss_fn: LossFn,
+    exchange: SliceExchange | ShardedStep | None,
+    sharding: ShardedState | None,
+    keep_optimizer: str | None,
+    after: Callable[[], Any],
+) -> tuple[list[str], list[float], float, str, Any]:
+    """The loop every rank runs: boundaries and segments; then `after()` (rank 0's Δ, encoded
+    while the last boundary is hashed). Returns leaves, losses, boundary seconds, the final
+    optimizer hash and what `after` returned."""
+    if store is not None:
+        store.flush()  # the previous step's last boundary is written from these very tensors
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(global_params[n])
+    k = cfg.segment_len
+    losses: list[float] = []
+    every = store.checkpoint_every if store is not None else 1
+    boundaries = Boundaries(store, outer_step, cfg, opt, every=every, sharding=sharding)
+    final_opt: Future[tuple[str, list[bytes] | None]] | None = None
+    try:
+        for seg in range(cfg.n_segments + 1):
+            boundaries.submit(model, opt)
+            if seg < cfg.n_segments:
+                losses += train_segment(
+                    model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
+                    loss_fn=loss_fn, exchange=exchange,
+                )  # fmt: skip
+        if sharding is not None:
+            final_opt = boundaries.optimizer(model, opt, keep_optimizer)
+        else:
+            final = training_state(model, opt)
+        out = after()
+    finally:
+        leaves = boundaries.leaves()
+    if final_opt is not None:
+        opt_hash = final_opt.result()[0]
+    else:
+        opt_hash = optimizer_hash(final, cfg.state_chunk_bytes)
+    return leaves, losses, boundaries.seconds, opt_hash, out
 
 
 def run_committed(
@@ -187,51 +279,65 @@ def run_committed(
     *,
     micro_batches: int = 1,
     loss_fn: LossFn = lm_loss,
-    exchange: SliceExchange | None = None,
+    exchange: SliceExchange | ShardedStep | None = None,
+    sharding: ShardedState | None = None,
+    keep_optimizer: str | None = None,
 ) -> Contribution:
     """Train one outer step from the global params with the host's carried optimizer state.
 
     The store's `checkpoint_every` (m, a host setting) says which boundaries are persisted; the
     others are recomputed from the nearest persisted one if the challenge opens them
-    (`materialize_openings`)."""
-    if store is not None:
-        store.flush()  # the previous step's last boundary is written from these very tensors
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(global_params[n])
-    k = cfg.segment_len
-    losses: list[float] = []
-    every = store.checkpoint_every if store is not None else 1
-    boundaries = Boundaries(store, outer_step, cfg, opt, every=every)
-    try:
-        for seg in range(cfg.n_segments + 1):
-            boundaries.submit(model, opt)
-            if seg < cfg.n_segments:
-                losses += train_segment(
-                    model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
-                    loss_fn=loss_fn, exchange=exchange,
-                )  # fmt: skip
-        final = training_state(model, opt)  # Δ is encoded while the last boundary is hashed
-        delta = pseudo_gradient(global_params, model)
-        payload = encode(delta, cfg.codec, cfg.codec_block_size)
-    finally:
-        leaves = boundaries.leaves()
+    (`materialize_openings`). With `sharding` (rank 0 of a sharded host; the others run
+    `follow_committed`) the final optimizer state is also saved, in content group `keep_optimizer`."""
+
+    def delta() -> tuple[dict[str, Tensor], bytes]:
+        d = pseudo_gradient(global_params, model)
+        return d, encode(d, cfg.codec, cfg.codec_block_size)
+
+    leaves, losses, seconds, opt_hash, (d, payload) = _trajectory(
+        model, opt, cfg, data, host, outer_step, global_params, store, micro_batches, loss_fn, exchange,
+        sharding, keep_optimizer, delta,
+    )  # fmt: skip
     return Contribution(
         outer_step=outer_step,
         base_model_hash=base_model_hash,
         leaves=leaves,
         trajectory_root=merkle_root([bytes.fromhex(h) for h in leaves]).hex(),
-        delta=delta,
+        delta=d,
         payload=payload,
         delta_hash=delta_hash(payload, cfg.state_chunk_bytes),
         codec=cfg.codec,
-        final_optimizer_hash=optimizer_hash(final, cfg.state_chunk_bytes),
+        final_optimizer_hash=opt_hash,
         tokens=cfg.tokens_per_outer_step,
         env=env_fingerprint(micro_batches=micro_batches),
         mean_loss=sum(losses) / len(losses),
         losses=losses,
-        boundary_seconds=boundaries.seconds,
+        boundary_seconds=seconds,
     )
+
+
+def follow_committed(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    cfg: RunConfig,
+    data: Corpus,
+    host: str,
+    outer_step: int,
+    global_params: Mapping[str, Tensor],
+    store: StateStore | None,
+    *,
+    exchange: ShardedStep,
+    sharding: ShardedState,
+    loss_fn: LossFn = lm_loss,
+    keep_optimizer: str | None = None,
+) -> list[str]:
+    """A rank ≥ 1 of a sharded host in rank 0's `run_committed`: the same boundaries (its part of
+    each hash, its shard files) and steps; no Δ. Returns the leaves (every rank learns them)."""
+    leaves, *_ = _trajectory(
+        model, opt, cfg, data, host, outer_step, global_params, store, exchange.world_size, loss_fn,
+        exchange, sharding, keep_optimizer, lambda: None,
+    )  # fmt: skip
+    return leaves
 
 
 def _save_recomputed(
@@ -242,18 +348,118 @@ def _save_recomputed(
     model: nn.Module,
     opt: torch.optim.Optimizer,
     cfg: RunConfig,
+    sharding: ShardedState | None = None,
 ) -> None:
-    """Hash the recomputed boundary j, check it is the committed leaf, and persist it."""
-    snap = training_state(model, opt)
-    h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, cfg.state_chunk_bytes)
+    """Hash the recomputed boundary j, check it is the committed leaf, and persist it (a sharded
+    rank: its part; every rank learns the hash, so all of them refuse a wrong one together)."""
+    if sharding is not None:
+        local = host_view(sharding.local(model, opt))
+        h, digests = sharding.hash(local, StateKind.TRAINING, cfg.state_chunk_bytes)
+    else:
+        snap = training_state(model, opt)
+        h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, cfg.state_chunk_bytes)
     if h != leaves[j]:
         raise ValueError(f"recomputed boundary {j} hashes to {h[:12]}, committed {leaves[j][:12]}")
-    store.put_hashed(snap, outer_step, h, digests)
+    if sharding is not None:
+        sharding.save(store.content, StateKind.TRAINING, str(outer_step), h, digests, local)
+    else:
+        store.put_hashed(snap, outer_step, h, digests)
 
 
 def needed_boundaries(segments: Sequence[int]) -> set[int]:
     """The boundaries a challenge opens: both ends of every sampled segment."""
     return {j for s in segments for j in (s, s + 1)}
+
+
+@dataclass(frozen=True)
+class OpeningPlan:
+    """What `materialize_openings` will do: recompute `missing` from the persisted `on_disk`, then
+    drop `sources` that are not needed themselves. Plain data: a sharded host sends it to its ranks."""
+
+    needed: tuple[int, ...]
+    on_disk: tuple[int, ...]
+    missing: tuple[int, ...]
+    sources: tuple[int, ...]
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {k: list(getattr(self, k)) for k in ("needed", "on_disk", "missing", "sources")}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Sequence[int]]) -> OpeningPlan:
+        return cls(*(tuple(int(x) for x in d[k]) for k in ("needed", "on_disk", "missing", "sources")))
+
+
+def plan_openings(
+    store: StateStore, outer_step: int, leaves: Sequence[str], segments: Sequence[int]
+) -> OpeningPlan:
+    """Decide what to recompute and delete, at once, every persisted boundary that is neither
+    opened nor the nearest source of an opened one."""
+    store.flush()  # the last boundary may still be being written
+    needed = needed_boundaries(segments)
+    on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
+    missing = sorted(needed - on_disk)
+    sources = {max((q for q in on_disk if q <= j), default=0) for j in missing}
+    keep = {leaves[j] for j in needed | sources}  # leaves may repeat (a host that did not train)
+    for h in {leaves[j] for j in on_disk} - keep:
+        store.delete(h, outer_step)
+    return OpeningPlan(tuple(sorted(needed)), tuple(sorted(on_disk)), tuple(missing), tuple(sorted(sources)))
+
+
+def recompute_openings(
+    plan: OpeningPlan,
+    store: StateStore,
+    outer_step: int,
+    leaves: Sequence[str],
+    start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
+    cfg: RunConfig,
+    data: Corpus,
+    host: str,
+    *,
+    micro_batches: int = 1,
+    loss_fn: LossFn = lm_loss,
+    exchange: ShardedStep | None = None,
+    sharding: ShardedState | None = None,
+) -> list[int]:
+    """Each missing opened boundary, recomputed bitwise from the nearest persisted one below it
+    (boundary 0: `start()` rebuilds it from G_n and the carried optimizer) with the same step
+    function, checked against its committed leaf, and saved. Every rank of a sharded host runs
+    this with the same plan (its part of every load, step, hash and save)."""
+    k = cfg.segment_len
+    on_disk = set(plan.on_disk)
+    done: list[int] = []
+    at: int | None = None  # the boundary the model currently holds
+    model: nn.Module | None = None
+    opt: torch.optim.Optimizer | None = None
+    for j in plan.missing:
+        src = max((q for q in on_disk | set(done) if q <= j), default=0)  # 0: rebuilt by `start`
+        if at is None or at > j or at < src:
+            model, opt = start()  # boundary 0; a persisted source is loaded over it
+            if src in on_disk or src in done:
+                if sharding is not None:
+                    sharding.load(store.content, StateKind.TRAINING, leaves[src], str(outer_step), model, opt)
+                else:
+                    specs = training_specs(model)
+                    load_training_state(model, opt, store.get(leaves[src], outer_step, specs=specs))
+            at = src
+        assert model is not None and opt is not None
+        while at < j:
+            train_segment(
+                model, opt, cfg, data, host, outer_step, at * k, k, micro_batches,
+                loss_fn=loss_fn, exchange=exchange,
+            )  # fmt: skip
+            at += 1
+            if at in plan.needed and at not in on_disk and at not in done and at != j:
+                _save_recomputed(store, outer_step, leaves, at, model, opt, cfg, sharding)
+                done.append(at)
+        _save_recomputed(store, outer_step, leaves, j, model, opt, cfg, sharding)
+        done.append(j)
+    return done
+
+
+def drop_sources(store: StateStore, outer_step: int, leaves: Sequence[str], plan: OpeningPlan) -> None:
+    """The persisted sources that were only kept to recompute from."""
+    for h in {leaves[j] for j in set(plan.sources) - set(plan.needed)} - {leaves[j] for j in plan.needed}:
+        store.delete(h, outer_step)
 
 
 def materialize_openings(
@@ -272,44 +478,15 @@ def materialize_openings(
     """After the challenge: every opened boundary on disk, nothing else.
 
     Persisted boundaries that are neither opened nor the nearest source of an opened one go at
-    once; each missing opened boundary is recomputed bitwise from the nearest persisted one below
-    it (boundary 0: `start()` rebuilds it from G_n and the carried optimizer) with the same step
-    function, checked against its committed leaf, and saved; then the sources go. Returns the
-    boundaries that were recomputed. Raises `ValueError` if a recomputed state does not hash to
-    its leaf (the host could not reproduce its own trajectory).
+    once; each missing opened boundary is recomputed (`recompute_openings`); then the sources go.
+    Returns the boundaries that were recomputed. Raises `ValueError` if a recomputed state does
+    not hash to its leaf (the host could not reproduce its own trajectory).
     """
-    store.flush()  # the last boundary may still be being written
-    needed = needed_boundaries(segments)
-    on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
-    missing = sorted(needed - on_disk)
-    sources = {max((q for q in on_disk if q <= j), default=0) for j in missing}
-    keep = {leaves[j] for j in needed | sources}  # leaves may repeat (a host that did not train)
-    for h in {leaves[j] for j in on_disk} - keep:
-        store.delete(h, outer_step)
-    k = cfg.segment_len
-    done: list[int] = []
-    at: int | None = None  # the boundary the model currently holds
-    model: nn.Module | None = None
-    opt: torch.optim.Optimizer | None = None
-    for j in missing:
-        src = max((q for q in on_disk | set(done) if q <= j), default=0)  # 0: rebuilt by `start`
-        if at is None or at > j or at < src:
-            model, opt = start()  # boundary 0; a persisted source is loaded over it
-            if src in on_disk or src in done:
-                specs = training_specs(model)
-                load_training_state(model, opt, store.get(leaves[src], outer_step, specs=specs))
-            at = src
-        assert model is not None and opt is not None
-        while at < j:
-            train_segment(model, opt, cfg, data, host, outer_step, at * k, k, micro_batches, loss_fn=loss_fn)
-            at += 1
-            if at in needed and at not in on_disk and at not in done and at != j:
-                _save_recomputed(store, outer_step, leaves, at, model, opt, cfg)
-                done.append(at)
-        _save_recomputed(store, outer_step, leaves, j, model, opt, cfg)
-        done.append(j)
-    for h in {leaves[j] for j in sources - needed} - {leaves[j] for j in needed}:
-        store.delete(h, outer_step)
+    plan = plan_openings(store, outer_step, leaves, segments)
+    done = recompute_openings(
+        plan, store, outer_step, leaves, start, cfg, data, host, micro_batches=micro_batches, loss_fn=loss_fn
+    )
+    drop_sources(store, outer_step, leaves, plan)
     return done
 
 
