@@ -16,16 +16,19 @@ period is max(train, post) and the G after n steps exists after (n − 1)·max(t
 post. The steps each schedule needs come from its own loss curve (linear between outer steps).
 
 Run: `.venv/bin/python -m bench.overlap_convergence [--quick] [--train-s 1.6 --post-s 17.9]`
-→ bench/results/overlap_convergence.json.
+→ bench/results/overlap_convergence.json; `--only delayed_mu0.6,...` runs just those contenders
+and merges them into the existing results of the same setting.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from bench.convergence import setting_tag
-from bench.sim import Setup, run_jobs, write_result
+from bench.sim import RESULTS_DIR, Setup, run_jobs, write_result
 
 DEVNET_TRAIN_S = 1.6
 """Seconds a devnet host trains per outer step (issue 16's measurement in `make devnet`)."""
@@ -57,7 +60,19 @@ def contenders(quick: bool) -> list[Contender]:
                              ("delayed_carry", 1, 0.7, 0.9, False, True)]  # fmt: skip
     if quick:
         return rows
-    return [*rows, ("delayed_mu0.8", 1, 0.7, 0.8, False, False), ("delayed_lr0.5", 1, 0.5, 0.9, False, False)]
+    return [*rows, *(r for r in REMEDIES if r[0] in FULL_REMEDIES)]
+
+
+REMEDIES: list[Contender] = [
+    ("delayed_mu0.8", 1, 0.7, 0.8, False, False),
+    ("delayed_lr0.5", 1, 0.5, 0.9, False, False),
+    ("delayed_mu0.6", 1, 0.7, 0.6, False, False),
+    ("delayed_mu0.5", 1, 0.7, 0.5, False, False),
+    ("delayed_mu0.3", 1, 0.7, 0.3, False, False),
+    ("delayed_lr1_mu0", 1, 1.0, 0.0, False, False),  # plain outer SGD, lr 1: G_{n+1} = G_n − mean Δ_n
+]
+"""Every remedy `--only` may name; the full run's default list is `FULL_REMEDIES`."""
+FULL_REMEDIES = ("delayed_mu0.8", "delayed_lr0.5")
 
 
 def steps_to_reach(curve: list[dict[str, Any]], target: float) -> float | None:
@@ -116,18 +131,57 @@ def scenarios(train_s: float, post_s: float) -> list[tuple[str, float, float]]:
 
 
 def main(
-    quick: bool = False, train_s: float = DEVNET_TRAIN_S, post_s: float = DEVNET_STEP_S - DEVNET_TRAIN_S
-):
+    quick: bool = False,
+    train_s: float = DEVNET_TRAIN_S,
+    post_s: float = DEVNET_STEP_S - DEVNET_TRAIN_S,
+    only: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run every contender, or with `only` just those named, merged into the existing results of
+    the same setting (so a remedy can be added without rerunning the rest)."""
     setup = setup_for(quick)
     tag = setting_tag(setup)
+    table = {c[0]: c for c in [*contenders(quick), *REMEDIES]}
+    chosen = [table[n] for n in only] if only else contenders(quick)
     jobs = []
-    for name, delay, olr, mu, verify, carry in contenders(quick):
+    for name, delay, olr, mu, verify, carry in chosen:
         s = {**setup.to_json(), "outer_lr": olr, "outer_momentum": mu}
         jobs.append({"label": f"{tag}/{name}", "kind": "diloco", "setup": s, "verify": verify,
                      "outer_delay": delay, "carry_optimizer": carry})  # fmt: skip
-    runs = run_jobs(jobs, per_child=1)
+    fresh = {c[0]: r for c, r in zip(chosen, run_jobs(jobs, per_child=1), strict=True)}
+    named = {}
+    if only:  # read after the runs: another invocation may have written its results meanwhile
+        path = RESULTS_DIR / ("overlap_convergence.json" if quick else "overlap_convergence.full.json")
+        old = json.loads(path.read_text()) if path.exists() else {}
+        if old.get("setup") == setup.to_json():
+            named = {r["label"].split("/", 1)[1]: r for r in old.get("runs", [])}
+    named.update(fresh)
+    order = [c for c in table.values() if c[0] in named]
+    return summarize(setup, quick, [(c, named[c[0]]) for c in order], train_s, post_s)
+
+
+def merge(paths: list[str], quick: bool, train_s: float, post_s: float) -> dict[str, Any]:
+    """The current results with the runs of other results files of the same setting added (an
+    `--only` run that finished while another invocation was still writing)."""
+    setup = setup_for(quick)
+    table = {c[0]: c for c in [*contenders(quick), *REMEDIES]}
+    current = RESULTS_DIR / ("overlap_convergence.json" if quick else "overlap_convergence.full.json")
+    named: dict[str, dict[str, Any]] = {}
+    for path in [str(current), *paths]:
+        d = json.loads(Path(path).read_text())
+        if d.get("setup") != setup.to_json():
+            raise SystemExit(f"{path}: another setting ({d.get('setup')}), not merged")
+        named.update({r["label"].split("/", 1)[1]: r for r in d.get("runs", [])})
+    order = [c for c in table.values() if c[0] in named]
+    return summarize(setup, quick, [(c, named[c[0]]) for c in order], train_s, post_s)
+
+
+def summarize(
+    setup: Setup, quick: bool, done: list[tuple[Contender, dict[str, Any]]], train_s: float, post_s: float
+) -> dict[str, Any]:
+    """Rows, the loss gap to `none`, the time model; written to overlap_convergence(.full).json."""
+    runs = [r for _, r in done]
     rows, curves, finals = [], {}, {}
-    for (name, delay, olr, mu, verify, carry), r in zip(contenders(quick), runs, strict=True):
+    for (name, delay, olr, mu, verify, carry), r in done:
         row: dict[str, Any] = {"contender": name, "outer_delay": delay, "outer_lr": olr, "outer_momentum": mu,
                                "verified": verify, "carry_optimizer": carry}  # fmt: skip
         if "error" in r:
@@ -193,5 +247,11 @@ if __name__ == "__main__":
     ap.add_argument("--train-s", type=float, default=DEVNET_TRAIN_S, help="time model: training s per step")
     ap.add_argument("--post-s", type=float, default=DEVNET_STEP_S - DEVNET_TRAIN_S,
                     help="time model: commit..result s per step (after training)")  # fmt: skip
+    ap.add_argument("--only", default="", help="comma-separated contenders, merged into the existing results")
+    ap.add_argument("--merge", action="append", default=[], help="add the runs of this results file")
     args = ap.parse_args()
-    main(quick=args.quick, train_s=args.train_s, post_s=args.post_s)
+    only = [n for n in args.only.split(",") if n] or None
+    if args.merge:
+        merge(args.merge, args.quick, args.train_s, args.post_s)
+    else:
+        main(quick=args.quick, train_s=args.train_s, post_s=args.post_s, only=only)
