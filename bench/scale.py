@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,21 @@ def _proc_status(pid: int) -> dict[str, int]:
     except OSError:
         pass
     return out
+
+
+def _reset_peak(pid: int) -> None:
+    """Reset a process's VmHWM (its peak RSS) so the next reading is the peak of one interval."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def _phase(url: str) -> str:
+    """The node's phase from its /status (TRAINING, COMMITTED, AGGREGATING, VERIFYING, ...)."""
+    try:
+        with urllib.request.urlopen(url + "/status", timeout=2) as r:
+            return str(json.loads(r.read()).get("phase", "?"))
+    except (OSError, ValueError):
+        return "?"
 
 
 def _du(path: Path) -> int:
@@ -154,6 +170,7 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
     sup = Supervisor()
     procs: dict[str, NodeProcess] = {}
     samples: dict[str, list[tuple[float, int, int]]] = {"host": [], "verifier": []}
+    by_phase: dict[str, dict[str, int]] = {"host": {}, "verifier": {}}
     disk: list[tuple[float, int, int]] = []
     stop = threading.Event()
     try:
@@ -180,17 +197,24 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
                                       folder / f"{name}.log", env=env)  # fmt: skip
             sup.add(procs[name])
             procs[name].start()
-        for p in procs.values():
-            p.wait_listening(300)
+        urls = {name: p.wait_listening(300) for name, p in procs.items()}
+        last_phase = {name: "STARTING" for name in procs}
 
         def sample() -> None:
-            while not stop.wait(0.5):
+            """Every 0.25 s: each node's phase and its peak RSS since the last sample (VmHWM, then
+            reset), attributed to the phases seen at both ends of the interval."""
+            while not stop.wait(0.25):
                 t = time.monotonic()
                 for name, p in procs.items():
                     if p.pid:
+                        ph = _phase(urls[name])
                         st = _proc_status(p.pid)
+                        _reset_peak(p.pid)
                         if st:
                             samples[name].append((t, st.get("VmRSS", 0), st.get("VmHWM", 0)))
+                            for label in {last_phase[name], ph}:
+                                by_phase[name][label] = max(by_phase[name].get(label, 0), st.get("VmHWM", 0))
+                        last_phase[name] = ph
                 store = folder / "host" / "store"
                 states = sum(p.stat().st_size for p in store.glob("*/*.state") if p.exists())
                 disk.append((t, _du(store), states))
@@ -272,6 +296,10 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
         "host_peak_rss_ratio": rss["host"]["ratio"],
         "verifier_peak_rss_ratio": rss["verifier"]["ratio"],
         "rss": [{"process": k, **v} for k, v in rss.items()],
+        "peak_rss_ratio_by_phase": {
+            name: {ph: round(v / live, 3) for ph, v in sorted(by_phase[name].items(), key=lambda kv: -kv[1])}
+            for name in by_phase
+        },
         "host_disk_peak_states": round(peak_disk / state_len, 2),
         "host_disk_peak_training_states": round(peak_states / state_len, 2),
         "disk_goal_states": n_seg / M + S + 3,
