@@ -10,7 +10,7 @@ persisted and deletes the rest. Everything a host later commits and reveals is i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nodekit.objects import training_specs
-from nodekit.store import StateStore
-from protocol.codecs import delta_hash, encode
-from protocol.config import Codec, RunConfig
+from nodekit.objects import Kind
+from nodekit.store import StateStore, TensorSink
+from protocol.codecs import delta_hash, encode_pieces
+from protocol.config import Codec, ReplayMode, RunConfig
 from protocol.merkle import merkle_root, pair_proof
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient, SegmentOpening
 from protocol.tensors import StateKind, tensor_hash_and_digests
@@ -31,8 +31,7 @@ from trainer.step import (
     LossFn,
     SliceExchange,
     env_fingerprint,
-    load_training_state,
-    optimizer_hash,
+    optimizer_state,
     train_segment,
     training_state,
 )
@@ -56,7 +55,14 @@ class Contribution:
     mean_loss: float
     losses: list[float] = field(repr=False)
     boundary_seconds: float = field(default=0.0, compare=False)
-    """Time the training thread spent on boundaries (snapshot copies, waiting for a free slot)."""
+    """Time the training thread spent on boundaries (snapshots, waiting for the hasher/writer)."""
+    train_seconds: float = field(default=0.0, compare=False)
+    """Time in the inner steps themselves (forward, backward, optimizer; boundary waits excluded)."""
+    protocol_seconds: float = field(default=0.0, compare=False)
+    """Everything else the training thread did for this outer step: loading G_n, boundary waits,
+    encoding and hashing Δ, waiting for the last leaf and the optimizer hash."""
+    optimizer_digests: tuple[bytes, ...] = field(default=(), compare=False, repr=False)
+    """Chunk digests of the final optimizer state (so the node stores it without hashing again)."""
 
     @property
     def leaf_count(self) -> int:
@@ -97,13 +103,18 @@ def host_snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Ten
 
 
 class Boundaries:
-    """Hash every boundary (all cores, `protocol.chunks`), persist every m-th and the last two.
+    """Hash every boundary (all cores, `protocol.chunks`), persist every m-th and what is always
+    opened (the last segment's start; its end, θ_H, only in tolerance mode, where verifiers
+    compare claimed ends).
 
     At most one boundary is in flight, and none is ever copied on the CPU: the worker hashes the
     live state while the training thread runs the next step's forward and backward (which only
     write gradients), and an optimizer pre-step hook makes the training thread wait for the
-    boundary before the step that would change it (backpressure, never a queue of snapshots).
-    The digests computed here are stored with the state, so it is never hashed again to be served.
+    boundary before the step that would change it (backpressure, never a queue of snapshots). A
+    persisted boundary holds the step only until its bytes are in the page cache; fsync and rename
+    follow on the worker (`StateStore.pending`). The digests computed here are stored with the
+    state, so it is never hashed again to be served. The last boundary's optimizer state is
+    hashed on the worker too, while the training thread encodes Δ.
     """
 
     def __init__(
@@ -119,51 +130,71 @@ class Boundaries:
         self.every = max(1, every)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary")
         self._futures: list[Future[tuple[str, list[bytes]]]] = []
+        self._optimizer: Future[tuple[str, list[bytes]]] | None = None
         self._inflight: Future[Any] | None = None
-        self._hook = opt.register_step_pre_hook(lambda *_: self._settle())
-        self.seconds = 0.0  # the training thread's time waiting on boundaries
+        self._hook = opt.register_step_pre_hook(lambda *_: self._settle(in_step=True))
+        self.seconds = 0.0  # the training thread's time on boundaries (snapshots, waits)
+        self.step_seconds = 0.0  # the part of it spent inside optimizer steps (the pre-step hook)
 
     def persisted(self, j: int) -> bool:
-        """Boundary j goes to disk: every m-th, and the last segment's two ends (always opened).
-        With m > 1 boundary 0 is not written: it is G_n and the carried optimizer state, both on
-        disk already (`materialize_openings` rebuilds it)."""
-        return (j % self.every == 0 and (j > 0 or self.every == 1)) or j >= self.cfg.n_segments - 1
+        """Boundary j goes to disk: every m-th, the last segment's start (always opened) and, in
+        tolerance mode, its end θ_H (verifiers fetch claimed ends there; in bitwise mode nobody
+        does: the replay reproduces it). With m > 1 boundary 0 is not written: it is G_n and the
+        carried optimizer state, both on disk already (`materialize_openings` rebuilds it)."""
+        n = self.cfg.n_segments
+        if j == n:
+            return self.cfg.replay_mode is ReplayMode.TOLERANCE
+        return j == n - 1 or (j % self.every == 0 and (j > 0 or self.every == 1))
 
-    def _settle(self) -> None:
+    def _settle(self, in_step: bool = False) -> None:
         if self._inflight is not None:
             t0 = time.perf_counter()
             try:
                 self._inflight.result()
             finally:
                 self._inflight = None
-                self.seconds += time.perf_counter() - t0
+                waited = time.perf_counter() - t0
+                self.seconds += waited
+                if in_step:
+                    self.step_seconds += waited
 
     def submit(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         self._settle()
         t0 = time.perf_counter()
         j = len(self._futures)
         snap = host_snapshot(model, opt)
-        hashed = self._pool.submit(self._hash, snap)
+        hashed = self._pool.submit(self._hash, snap, StateKind.TRAINING)
         self._futures.append(hashed)
         self._inflight = hashed
+        if j == self.cfg.n_segments:  # the carried optimizer state's hash, while Δ is encoded
+            self._optimizer = self._pool.submit(self._hash, optimizer_state(snap), StateKind.OPTIMIZER)
+            self._inflight = self._optimizer
         if self.store is not None and self.persisted(j):
-            written = self._pool.submit(self._write, hashed, snap)  # same worker: after the hash
-            self._inflight = written
-            if j == self.cfg.n_segments:  # the last boundary: nothing writes the live state before
-                self.store.pending.append(written)  # the reveal, which waits for it (store.flush)
+            released: Future[None] = Future()
+            written = self._pool.submit(self._write, hashed, snap, released)  # same worker: after the hash
+            self.store.pending.append(written)  # durable before anyone reads the store (store.flush)
+            self._inflight = released  # the next optimizer step waits for the bytes, not the fsync
         self.seconds += time.perf_counter() - t0
 
-    def _hash(self, snap: dict[str, Tensor]) -> tuple[str, list[bytes]]:
-        return tensor_hash_and_digests(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
+    def _hash(self, tensors: dict[str, Tensor], kind: StateKind) -> tuple[str, list[bytes]]:
+        return tensor_hash_and_digests(tensors, kind, self.cfg.state_chunk_bytes)
 
-    def _write(self, hashed: Future[tuple[str, list[bytes]]], snap: dict[str, Tensor]) -> None:
+    def _write(
+        self, hashed: Future[tuple[str, list[bytes]]], snap: dict[str, Tensor], released: Future[None]
+    ) -> None:
         assert self.store is not None
-        h, digests = hashed.result()
-        self.store.put_hashed(snap, self.outer_step, h, digests)
+        try:
+            h, digests = hashed.result()
+            durable = self.store.stage_hashed(snap, self.outer_step, h, digests)
+        except BaseException as e:
+            released.set_exception(e)
+            raise
+        released.set_result(None)
+        durable()
 
     def leaves(self) -> list[str]:
-        """The leaves, once hashed: the final boundary's write may still run (off the training
-        thread, before the commit is needed); `StateStore.flush` waits for it."""
+        """The leaves, once hashed: writes may still run (off the training thread, before the
+        commit is needed); `StateStore.flush` waits for them."""
         t0 = time.perf_counter()
         try:
             return [f.result()[0] for f in self._futures]
@@ -172,6 +203,23 @@ class Boundaries:
             self._hook.remove()
             self._pool.shutdown(wait=False)  # queued writes still run
             self.seconds += time.perf_counter() - t0
+
+    def optimizer(self) -> tuple[str, list[bytes]]:
+        """The last boundary's optimizer state: (hash, chunk digests)."""
+        assert self._optimizer is not None, "the last boundary was not submitted"
+        t0 = time.perf_counter()
+        try:
+            return self._optimizer.result()
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+def delta_items(global_params: Mapping[str, Tensor], model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """Δ = θ_global − θ_local (float32) one tensor at a time, in name order: what `encode_pieces`
+    takes, so no fp32 Δ of the whole model is ever held (a stored G_n is read in one pass)."""
+    params = dict(model.named_parameters())
+    for n in sorted(params):
+        yield n, (global_params[n] - params[n].detach()).to(torch.float32)
 
 
 def run_committed(
@@ -188,34 +236,48 @@ def run_committed(
     micro_batches: int = 1,
     loss_fn: LossFn = lm_loss,
     exchange: SliceExchange | None = None,
+    keep_delta: bool = True,
 ) -> Contribution:
     """Train one outer step from the global params with the host's carried optimizer state.
 
     The store's `checkpoint_every` (m, a host setting) says which boundaries are persisted; the
     others are recomputed from the nearest persisted one if the challenge opens them
-    (`materialize_openings`)."""
+    (`materialize_openings`). `global_params` may be read from disk (`StoredTensors`): it is read
+    once at the start and once, tensor by tensor, for Δ. Without `keep_delta` the returned
+    contribution has no fp32 Δ (`delta == {}`), only its payload: the honest node needs nothing
+    else, and Δ is never held whole."""
+    t_start = time.perf_counter()
     if store is not None:
         store.flush()  # the previous step's last boundary is written from these very tensors
+    named = dict(model.named_parameters())
     with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(global_params[n])
+        for n in sorted(named):  # name order: one pass over a stored G_n
+            named[n].copy_(global_params[n])
     k = cfg.segment_len
     losses: list[float] = []
     every = store.checkpoint_every if store is not None else 1
     boundaries = Boundaries(store, outer_step, cfg, opt, every=every)
+    steps_s = 0.0
     try:
         for seg in range(cfg.n_segments + 1):
             boundaries.submit(model, opt)
             if seg < cfg.n_segments:
+                t0 = time.perf_counter()
                 losses += train_segment(
                     model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
                     loss_fn=loss_fn, exchange=exchange,
                 )  # fmt: skip
-        final = training_state(model, opt)  # Δ is encoded while the last boundary is hashed
-        delta = pseudo_gradient(global_params, model)
-        payload = encode(delta, cfg.codec, cfg.codec_block_size)
+                steps_s += time.perf_counter() - t0
+        # Δ is encoded tensor by tensor while the worker hashes θ_H and its optimizer state
+        layout = {n: tuple(p.shape) for n, p in named.items()}
+        pieces = encode_pieces(delta_items(global_params, model), layout, cfg.codec, cfg.codec_block_size)
+        payload = b"".join(pieces)
+        del pieces
+        delta = pseudo_gradient(global_params, model) if keep_delta else {}
     finally:
         leaves = boundaries.leaves()
+    opt_hash, opt_digests = boundaries.optimizer()
+    train_s = steps_s - boundaries.step_seconds
     return Contribution(
         outer_step=outer_step,
         base_model_hash=base_model_hash,
@@ -225,12 +287,15 @@ def run_committed(
         payload=payload,
         delta_hash=delta_hash(payload, cfg.state_chunk_bytes),
         codec=cfg.codec,
-        final_optimizer_hash=optimizer_hash(final, cfg.state_chunk_bytes),
+        final_optimizer_hash=opt_hash,
         tokens=cfg.tokens_per_outer_step,
         env=env_fingerprint(micro_batches=micro_batches),
         mean_loss=sum(losses) / len(losses),
         losses=losses,
         boundary_seconds=boundaries.seconds,
+        train_seconds=train_s,
+        protocol_seconds=time.perf_counter() - t_start - train_s,
+        optimizer_digests=tuple(opt_digests),
     )
 
 
@@ -251,8 +316,26 @@ def _save_recomputed(
     store.put_hashed(snap, outer_step, h, digests)
 
 
-def needed_boundaries(segments: Sequence[int]) -> set[int]:
-    """The boundaries a challenge opens: both ends of every sampled segment."""
+def load_stored_state(
+    store: StateStore, outer_step: int, leaf: str, model: nn.Module, opt: torch.optim.Optimizer
+) -> None:
+    """A persisted boundary read from disk straight into the model's and optimizer's own tensors
+    (each chunk verified on the way, the header compared with the model's layout): no second
+    training state in memory."""
+    store.flush()
+    live = training_state(model, opt)
+    store.content.load_into(Kind.STATE, leaf, TensorSink(tensors=live), str(outer_step))
+    for p in model.parameters():  # every parameter carries its own step counter
+        opt.state[p]["step"].copy_(live["step"])
+
+
+def needed_boundaries(segments: Sequence[int], mode: ReplayMode = ReplayMode.TOLERANCE) -> set[int]:
+    """The boundaries a host keeps after the challenge: what a verifier may fetch. Tolerance mode:
+    both ends of every sampled segment (claimed ends are compared). Bitwise mode: the starts,
+    except segment 0's (G_n + the carried optimizer state, which verifiers rebuild); an end is
+    never fetched there, the replay reproduces it (a mismatch is REPLAY_MISMATCH either way)."""
+    if mode is ReplayMode.BITWISE:
+        return {s for s in segments if s > 0}
     return {j for s in segments for j in (s, s + 1)}
 
 
@@ -269,7 +352,8 @@ def materialize_openings(
     micro_batches: int = 1,
     loss_fn: LossFn = lm_loss,
 ) -> list[int]:
-    """After the challenge: every opened boundary on disk, nothing else.
+    """After the challenge: every boundary a verifier may fetch on disk (`needed_boundaries`),
+    nothing else.
 
     Persisted boundaries that are neither opened nor the nearest source of an opened one go at
     once; each missing opened boundary is recomputed bitwise from the nearest persisted one below
@@ -278,8 +362,8 @@ def materialize_openings(
     boundaries that were recomputed. Raises `ValueError` if a recomputed state does not hash to
     its leaf (the host could not reproduce its own trajectory).
     """
-    store.flush()  # the last boundary may still be being written
-    needed = needed_boundaries(segments)
+    store.flush()  # the last boundaries may still be being written
+    needed = needed_boundaries(segments, cfg.replay_mode)
     on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
     missing = sorted(needed - on_disk)
     sources = {max((q for q in on_disk if q <= j), default=0) for j in missing}
@@ -294,10 +378,10 @@ def materialize_openings(
     for j in missing:
         src = max((q for q in on_disk | set(done) if q <= j), default=0)  # 0: rebuilt by `start`
         if at is None or at > j or at < src:
-            model, opt = start()  # boundary 0; a persisted source is loaded over it
+            model = opt = None  # the previous optimizer goes before `start` makes the next
+            model, opt = start()  # boundary 0; a persisted source is read over it, in place
             if src in on_disk or src in done:
-                specs = training_specs(model)
-                load_training_state(model, opt, store.get(leaves[src], outer_step, specs=specs))
+                load_stored_state(store, outer_step, leaves[src], model, opt)
             at = src
         assert model is not None and opt is not None
         while at < j:

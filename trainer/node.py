@@ -48,9 +48,11 @@ from nodekit.chainview import (
     is_chain_error,
 )
 from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
-from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
+from nodekit.objects import DOMAINS, Kind, ObjectPolicy, TransferPolicy
 from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write
+from protocol.chunks import verify_manifest
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Codec, RunConfig
 from protocol.messages import EnvFingerprint, MsgRevealContribution, MsgSubmitOuterResult, Role
@@ -332,6 +334,7 @@ class HostNode:
     def run(self, max_outer_steps: int | None = None, *, linger: bool = False) -> None:
         """With `linger`, keep serving (the final G, the last Δs) after the run ends, until `stop()`:
         late peers and verifiers still fetch from us, and we keep following blocks meanwhile."""
+        tune_allocator()  # freed tensors go back to the OS: peak RSS is the peak, not the sum of phases
         self.server.start()
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
         done = 0
@@ -385,12 +388,12 @@ class HostNode:
             self.catalog.publish(Kind.MODEL, h, StoredObject(self.content, Kind.MODEL, h))
         return self._gm_cache[h]
 
-    def _start_optimizer(self, gm: GlobalModel) -> torch.optim.Optimizer:
-        """The optimizer state the chain says this step starts from: last accepted, or fresh."""
+    def _start_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer state the chain says this step starts from: last accepted, or fresh
+        (the parameters are G_n's: `run_committed` or the caller loads them)."""
         self.store.flush()  # a last boundary still being written reads the live model
         opt = make_optimizer(self.model, self.cfg.inner)
         prev = self.view.prev_optimizer_hash(self.address)
-        gm.load_into(self.model)
         if prev:  # read from disk straight into the new optimizer's own tensors (no second copy)
             into = optimizer_state(training_state(self.model, opt))
             try:
@@ -413,7 +416,8 @@ class HostNode:
         contribution = self._load_record(n)
         if contribution is None or contribution.base_model_hash != gm.hash:
             self._set(phase="TRAINING")
-            opt = self._opt = self._start_optimizer(gm)
+            self._opt = None  # a step that was never revealed still held its optimizer: 8 B/param
+            opt = self._opt = self._start_optimizer()
             ctx = self._context(n, gm, opt)
             t0 = time.perf_counter()
             contribution = self.behaviour.make_contribution(ctx)
@@ -421,9 +425,7 @@ class HostNode:
             for p in self.model.parameters():  # no more backward passes this step: free 4 B/param
                 p.grad = None
             self.metrics.trained(self.cfg.inner_steps, contribution.tokens, seconds, contribution.mean_loss)
-            self.content.put_tensors(
-                Kind.OPTIMIZER, optimizer_state(training_state(self.model, opt)), OPTIMIZER_GROUP
-            )
+            self._save_optimizer(contribution, opt)
             self._save_record(contribution)
             self._set(loss=contribution.mean_loss)
             self.log(
@@ -432,6 +434,8 @@ class HostNode:
                 loss=round(contribution.mean_loss, 4),
                 seconds=round(seconds, 3),
                 boundary_seconds=round(contribution.boundary_seconds, 3),
+                step_seconds=round(contribution.train_seconds, 3),
+                protocol_seconds=round(contribution.protocol_seconds, 3),
                 tokens_per_s=round(contribution.tokens / max(seconds, 1e-9)),
             )
         ctx = self._context(n, gm, self._opt)
@@ -449,6 +453,20 @@ class HostNode:
         self._set(phase="COMMITTED")
         self.log("committed", outer_step=n, root=contribution.trajectory_root, delta=contribution.delta_hash)
         return contribution
+
+    def _save_optimizer(self, c: Contribution, opt: torch.optim.Optimizer) -> None:
+        """The carried optimizer state, written from the live tensors; with the digests the
+        boundary worker computed when they match the committed hash (no second hashing pass)."""
+        state = optimizer_state(training_state(self.model, opt))
+        length = self.objects.length(Kind.OPTIMIZER)
+        digests, h = list(c.optimizer_digests), c.final_optimizer_hash
+        domain, c_bytes = DOMAINS[Kind.OPTIMIZER], self.cfg.state_chunk_bytes
+        if digests and verify_manifest(h, domain, c_bytes, length, digests):
+            self.content.put_tensors(
+                Kind.OPTIMIZER, state, OPTIMIZER_GROUP, h=c.final_optimizer_hash, digests=digests
+            )
+        else:
+            self.content.put_tensors(Kind.OPTIMIZER, state, OPTIMIZER_GROUP)
 
     def _recover(self, n: int, mine: dict[str, Any]) -> Contribution | None:
         """Restarted after committing: pick the contribution back up from disk."""
@@ -529,7 +547,9 @@ class HostNode:
         gm = self._global(c.base_model_hash)
 
         def start() -> tuple[nn.Module, torch.optim.Optimizer]:
-            return self.model, self._start_optimizer(gm)
+            opt = self._start_optimizer()
+            gm.load_into(self.model)
+            return self.model, opt
 
         try:
             done = materialize_openings(
@@ -634,9 +654,12 @@ class HostNode:
 
     def _adopt(self, n: int, gm: GlobalModel) -> None:
         self.globals.save(gm)
+        gm.load_into(self.model)
+        if not gm.stored:  # from here on read from disk when used: G_{n+1}'s 8 B/param go now
+            gm = self.globals.load(gm.hash)
+            release()
         self._gm_cache[gm.hash] = gm
         self.catalog.publish(Kind.MODEL, gm.hash, StoredObject(self.content, Kind.MODEL, gm.hash))
-        gm.load_into(self.model)
         loss = eval_loss(
             self.model,
             self.corpus.val,

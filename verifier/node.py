@@ -14,6 +14,7 @@ Nothing a host sends can stop the loop: every failure becomes a reason code or a
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -37,6 +38,7 @@ from nodekit.blobs import (
 from nodekit.board import Board
 from nodekit.chainview import Accepted, ChainView, Phase, StepInfo, Stopped
 from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
 from nodekit.store import BytesSink, ContentStore, TensorSink
@@ -212,11 +214,14 @@ class VerifierNode:
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(f"local dataset {self.corpus.manifest_hash[:12]} is not the run's")
         workers = self.config.workers
+        # Replay models are built when a worker first needs one (at most `workers`): a verifier
+        # judging one host at a time holds one model, not `max_concurrent` of them.
         self._contexts: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        for _ in range(workers):
-            built = build(self.cfg.model, self._allow_list)
-            self._contexts.put((built.module, built.loss_fn))
-        model = self._contexts.queue[0][0]
+        self._built = 1
+        self._build_lock = threading.Lock()
+        model = self._replay_model()
+        self._contexts.put(model)
+        model = model[0]
         c = self.cfg.state_chunk_bytes
         self.objects = ObjectPolicy.of(model, self.cfg)  # exact sizes of everything we fetch
         self.content = ContentStore(self.dir / "store", c)
@@ -226,6 +231,21 @@ class VerifierNode:
         if g0.hash == self.cfg.initial_model_hash:
             self.globals.save(g0)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")
+
+    def _replay_model(self) -> tuple[Any, Any]:
+        built = build(self.cfg.model, self._allow_list)
+        return built.module, built.loss_fn
+
+    def _take_model(self) -> tuple[Any, Any]:
+        """An idle replay model, or a new one while fewer than `workers` exist (else wait)."""
+        try:
+            return self._contexts.get_nowait()
+        except queue.Empty:
+            pass
+        with self._build_lock:
+            room = self._built < self.config.workers
+            self._built += room
+        return self._replay_model() if room else self._contexts.get()
 
     def _join(self) -> None:
         me = join_run(self.chain, self.wallet, self.config.run_id, Role.VERIFIER, self.url, self.config.stake)
@@ -240,6 +260,7 @@ class VerifierNode:
 
     def run(self, max_outer_steps: int | None = None) -> None:
         """Survives the chain or a host going away: the step is re-read and resumed when it is back."""
+        tune_allocator()  # freed tensors go back to the OS: peak RSS is the peak, not the sum of phases
         self.server.start()
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
         done = failures = 0
@@ -345,7 +366,7 @@ class VerifierNode:
 
     def _judge(self, job: Job, gm: GlobalModel) -> Outcome | None:
         """Runs on a pool worker with that worker's own model; the behaviour decides what to report."""
-        model, loss_fn = self._contexts.get()
+        model, loss_fn = self._take_model()
         try:
             author = self.view.participant(job.host)
             def fetched(report: Any) -> None:
@@ -465,10 +486,12 @@ class VerifierNode:
                 new = gm.apply_streamed({a.host: a.tokens for a in accepted}, delta_of, self.cfg.outer)
                 if new.hash == target:
                     self.globals.save(new)
-                    self._gm[new.hash] = new
-                    obj = StoredObject(self.content, Kind.MODEL, new.hash)
-                    self.catalog.publish(Kind.MODEL, new.hash, obj)
-                    self.log("outer_step_applied", outer_step=n, model_hash=new.hash)
+                    h = new.hash
+                    self._gm[h] = self.globals.load(h)  # read from disk when used
+                    del new  # G_{n+1}'s 8 B/param go now
+                    release()
+                    self.catalog.publish(Kind.MODEL, h, StoredObject(self.content, Kind.MODEL, h))
+                    self.log("outer_step_applied", outer_step=n, model_hash=h)
                 else:
                     self.log("outer_step_differs", outer_step=n, mine=new.hash, chain=target)
                     self._global(target)
