@@ -374,6 +374,20 @@ def _cell_ok(v: Any) -> bool:
     return not isinstance(v, dict | list) or _flat_list(v)
 
 
+def gpu_check(d: dict[str, Any]) -> Lines:
+    """bench/gpu_check.py: one sub-table per section, headed by the GPU and the date it ran."""
+    env = d.get("env", {})
+    size = "tiny" if d.get("tiny") else "full"
+    cls = str(d.get("replay_class", ""))[:16]
+    out = [f"Ran {d.get('date')} on **{d.get('gpu')}** ({d.get('device')}), "
+           f"torch {env.get('torch_version')}, CUDA {env.get('cuda_version') or '-'}, replay class `{cls}`, "
+           f"{size} sizes, {d.get('elapsed_s')} s.", ""]  # fmt: skip
+    for name in ("replay", "throughput", "noise", "sharded"):
+        if name in d:
+            out += [f"**{name}**", "", *generic(d[name])]
+    return out
+
+
 def scale(d: dict[str, Any]) -> Lines:
     from bench.scale import render
 
@@ -401,6 +415,10 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("scale", "8. Scale: the state pipeline at the largest GPT this box holds", "bench.scale", scale),
     ("plan", "9. Cost model: `gonka-diloco plan` against measurements, and the published plan", "bench.plan",
      plan),
+    ("gpu_check", "10. GPU: bitwise replay, ≈1B throughput with commitments, device-vs-CPU noise",
+     "python3 bench/gpu_check.py --out bench/results/gpu_check.json (on the GPU machine)", gpu_check),
+    ("gpu_check_cpu", "10b. The same script on CPU (tiny sizes: what CI runs)",
+     ".venv/bin/python -m bench.gpu_check --device cpu", gpu_check),
     ("hashing", "Hashing throughput", "bench.hashing", generic),
     ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
      "--out bench/results/calibration.json", generic),
@@ -478,6 +496,17 @@ def goals(res: dict[str, Any]) -> Lines:
                    f"{sc['disk_goal_states']:g}); verifier download {max(dl) if dl else 0} of what it "
                    f"cannot rebuild (goal ≤ 1.05); training-thread overhead "
                    f"{100 * (sc['protocol_overhead'] or 0):.1f}% (goal ≤ 3%)")  # fmt: skip
+    g = res.get("gpu_check") or {}
+    if (rp := g.get("replay")) and "cases" in rp:
+        eq = ", ".join(f"{c['case']} {'yes' if c.get('other_process_equal') else 'NO'}" for c in rp["cases"])
+        out.append(f"- GPU ({g.get('gpu')}): a segment replays bitwise in a second process: {eq}")
+    if (tp := g.get("throughput")) and "overhead_hashed" in tp:
+        over = {k.removeprefix("overhead_"): v for k, v in tp.items() if k.startswith("overhead_")}
+        parts = [f"{k} {100 * v:+.1f}%" for k, v in over.items()]
+        off = next((r for r in tp["runs"] if r.get("run") == "commitments off"), {})
+        out.append(f"- GPU commitments overhead at {tp['n_params'] / 1e9:.2f}B params "
+                   f"({off.get('tokens_per_s')} tokens/s, MFU {100 * off.get('mfu', 0):.1f}% off): "
+                   f"{', '.join(parts)}; goal ≤ 3%")  # fmt: skip
     if cl := res.get("collusion"):
         dd = cl["defaults"]
         share = 100 * dd["max_share_fake_below_1pct"]

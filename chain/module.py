@@ -143,6 +143,44 @@ def verifier_pool(run: Run) -> prf.StakePool:
     return prf.StakePool({a: run.participants[a].stake for a in active_verifiers(run)})
 
 
+class DrawPools:
+    """The stake pools one block's verifier draws use (built once, on first use): every active
+    verifier, and in bitwise mode those declaring each replay class (specs §6.1). A commitment's
+    draws (initial round, escalations, audit) come from the verifiers of its `env.replay_class`
+    when any of them is bonded with stake, from the whole pool only when none is: a verifier of
+    another class could only abstain."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.bitwise = run_config(run).replay_mode is ReplayMode.BITWISE
+        self._all: prf.StakePool | None = None
+        self._by_class: dict[str, prf.StakePool] = {}
+
+    def all(self) -> prf.StakePool:
+        if self._all is None:
+            self._all = verifier_pool(self.run)
+        return self._all
+
+    def of_class(self, replay_class: str) -> prf.StakePool:
+        pool = self._by_class.get(replay_class)
+        if pool is None:
+            stakes = {
+                a: self.run.participants[a].stake
+                for a in active_verifiers(self.run)
+                if self.run.participants[a].replay_class == replay_class
+            }
+            pool = self._by_class[replay_class] = prf.StakePool(stakes)
+        return pool
+
+    def for_contribution(self, c: Contribution) -> prf.StakePool:
+        cls = str(c.env.get("replay_class") or "")
+        if self.bitwise and cls:
+            pool = self.of_class(cls)
+            if pool.total > 0:
+                return pool
+        return self.all()
+
+
 def stake_of(run: Run, address: str) -> int:
     participant = run.participants.get(address)
     return participant.stake if participant is not None else 0
@@ -248,6 +286,7 @@ def process_join_run(state: ChainState, msg: MsgJoinRun, ctx: TxContext) -> list
         stake=msg.stake,
         endpoint=msg.endpoint,
         joined_height=ctx.height,
+        replay_class=msg.replay_class,
     )
     return [_event("join_run", run_id=run.id, address=msg.creator, role=msg.role.value, stake=msg.stake)]
 
@@ -546,14 +585,14 @@ def _assign(c: Contribution, verifiers: list[str], round: int) -> None:
 
 def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int) -> list[Event]:
     config = run_config(run)
-    pool = verifier_pool(run)
+    pools = DrawPools(run)
     step.challenge_seed = seed
     step.challenge_height = height
     events = []
     for host in sorted(step.contributions):
         c = step.contributions[host]
         c.sampled_segments = prf.sample_segments(seed, host, config.n_segments, config.sampled_segments)
-        _assign(c, pool.draw(seed, host, config.verifiers_per_contribution, 0), 0)
+        _assign(c, pools.for_contribution(c).draw(seed, host, config.verifiers_per_contribution, 0), 0)
         events.append(
             _event(
                 "challenge",
@@ -583,7 +622,7 @@ def _draw_audits(run: Run, step: OuterStep, seed: str, height: int) -> list[Even
     contribution is audited with probability audit_bps / 10^4 by `audit_verifiers` more verifiers
     drawn by stake, never one already assigned to it (nor its host)."""
     config = run_config(run)
-    pool = verifier_pool(run)
+    pools = DrawPools(run)
     step.audit_seed = seed
     events: list[Event] = []
     waiting = False
@@ -600,6 +639,7 @@ def _draw_audits(run: Run, step: OuterStep, seed: str, height: int) -> list[Even
             continue
         auditors: list[str] = []
         if prf.audited(seed, host, config.audit_bps):
+            pool = pools.for_contribution(c)
             auditors = pool.draw(seed, host, config.audit_verifiers, step.round, exclude=c.verifier_rounds)
         if auditors:
             c.review, c.audited = Review.AUDIT, True
@@ -843,11 +883,11 @@ def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> lis
     step.round += 1
     step.round_deadline = height + config.phases.escalation_blocks
     step.phase = Phase.ESCALATION
-    pool = verifier_pool(run)
+    pools = DrawPools(run)
     events = []
     assert step.challenge_seed is not None
     for c in undecided:
-        new = pool.draw(
+        new = pools.for_contribution(c).draw(
             step.challenge_seed,
             c.host,
             config.verifiers_per_contribution,

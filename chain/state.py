@@ -52,6 +52,7 @@ class Participant:
     endpoint: str
     joined_height: int
     leaving: bool = False  # unbonds when the pending outer step finalizes
+    replay_class: str = ""  # a verifier's declared replay class (specs §6.1): what bitwise draws prefer
 
 
 @dataclass

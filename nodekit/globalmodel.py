@@ -54,12 +54,12 @@ class GlobalModel:
     def create(
         cls, params: Tensors, momentum: Tensors | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
     ) -> GlobalModel:
-        p = {k: v.detach().to(torch.float32).clone().contiguous() for k, v in params.items()}
+        p = {k: v.detach().to("cpu", torch.float32).clone().contiguous() for k, v in params.items()}
         m = (
             {k: torch.zeros_like(v) for k, v in p.items()}
             if momentum is None
-            else {k: v.detach().to(torch.float32).clone().contiguous() for k, v in momentum.items()}
-        )
+            else {k: v.detach().to("cpu", torch.float32).clone().contiguous() for k, v in momentum.items()}
+        )  # in host memory whatever device the model trains on: G is hashed, stored and served
         _check_pairs(p, m)
         return cls(p, m, global_model_hash(p, m, chunk_bytes), chunk_bytes)
 

@@ -35,16 +35,25 @@ def participant(chain: ChainClient, run_id: int, address: str) -> dict[str, Any]
 
 
 def join_run(
-    chain: ChainClient, wallet: LocalWallet, run_id: int, role: Role, endpoint: str, stake: int
+    chain: ChainClient,
+    wallet: LocalWallet,
+    run_id: int,
+    role: Role,
+    endpoint: str,
+    stake: int,
+    replay_class: str = "",
 ) -> dict[str, Any] | None:
-    """Bond and join unless already in: returns the existing participant record, or None if it joined now."""
+    """Bond and join unless already in: returns the existing participant record, or None if it
+    joined now. A verifier declares its `replay_class` (what bitwise draws prefer, specs §6.1)."""
     address = str(wallet.address())
     me = participant(chain, run_id, address)
     if me is not None:
         if me["role"] != role.value:
             raise NodeError(f"{address} is a {me['role']} in run {run_id}")
         return me
-    msg = MsgJoinRun(creator=address, run_id=run_id, role=role, endpoint=endpoint, stake=stake)
+    msg = MsgJoinRun(
+        creator=address, run_id=run_id, role=role, endpoint=endpoint, stake=stake, replay_class=replay_class
+    )
     try:
         chain.broadcast(wallet, [msg])
     except TxFailed as e:

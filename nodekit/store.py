@@ -13,6 +13,7 @@ Files live under a group (an outer step, "global", "optimizer") so a finished st
 from __future__ import annotations
 
 import bisect
+import json
 import os
 import re
 import shutil
@@ -135,6 +136,14 @@ class TensorSink:
         self._starts = [a for a, _, _ in self._regions]
         self._views = {n: self._bytes_of(self.tensors[n]) for _, _, n in self._regions}
 
+    @classmethod
+    def into(cls, tensors: Mapping[str, Tensor]) -> TensorSink:
+        """A sink straight into `tensors` when they are contiguous host memory; else (a GPU
+        model's tensors) into fresh host tensors of their layout, which the caller copies over."""
+        if all(t.is_contiguous() and t.device.type == "cpu" for t in tensors.values()):
+            return cls(tensors=tensors)
+        return cls(specs_of(tensors))
+
     @staticmethod
     def _bytes_of(t: Tensor) -> np.ndarray:
         if not t.is_contiguous() or t.device.type != "cpu":
@@ -222,15 +231,21 @@ class ContentStore:
         return self.root / str(group) / f"{h}.{kind.value}"
 
     def find(self, kind: Kind | str, h: str, group: str | None = None) -> Path | None:
+        """The object's file, or for a sharded object its shard index (`<name>.shards`)."""
         if group is not None:
             p = self._path(kind, h, group)
-            return p if p.is_file() else None
-        check_ref(kind, h)
-        for d in sorted(self.root.iterdir()):
-            p = d / f"{h}.{Kind(kind).value}"
-            if d.is_dir() and p.is_file():
-                return p
-        return None
+        else:
+            check_ref(kind, h)
+            dirs = [d for d in sorted(self.root.iterdir()) if d.is_dir()]
+            p = next(
+                (d / f"{h}.{Kind(kind).value}" for d in dirs if _present(d / f"{h}.{Kind(kind).value}")), None
+            )
+            if p is None:
+                return None
+        if p.is_file():
+            return p
+        index = p.with_name(p.name + SHARDS)
+        return index if index.is_file() else None
 
     def has(self, kind: Kind | str, h: str, group: str | None = None) -> bool:
         return self.find(kind, h, group) is not None
@@ -240,8 +255,10 @@ class ContentStore:
 
     def hashes(self, kind: Kind | str, group: str | None = None) -> list[str]:
         dirs = [self.root / group] if group is not None else [self.root / g for g in self.groups()]
-        suffix = "." + Kind(kind).value
-        return sorted({p.name[: -len(suffix)] for d in dirs if d.is_dir() for p in d.glob("*" + suffix)})
+        out: set[str] = set()
+        for suffix in ("." + Kind(kind).value, "." + Kind(kind).value + SHARDS):
+            out |= {p.name[: -len(suffix)] for d in dirs if d.is_dir() for p in d.glob("*" + suffix)}
+        return sorted(out)
 
     def _require(self, kind: Kind | str, h: str, group: str | None) -> Path:
         p = self.find(kind, h, group)
@@ -265,7 +282,7 @@ class ContentStore:
         if h is None or digests is None:
             h, digests = chunks.hash_stream(DOMAINS[kind], pieces, self.chunk_bytes)
         path = self._path(kind, h, group)
-        if not path.exists():
+        if not self.has(kind, h, group):
             atomic_write_pieces(path.with_name(path.name + ".chunks"), [b"".join(digests)])
             atomic_write_pieces(path, pieces)
         return h
@@ -276,7 +293,7 @@ class ContentStore:
         """`put_pieces` of an already-hashed object in two halves (`staged_write`): the bytes are
         copied now, the returned call makes the object durable and visible in the store."""
         path = self._path(kind, h, group)
-        if path.exists():
+        if self.has(kind, h, group):
             return lambda: None
         finish = staged_write(path, pieces)
 
@@ -291,6 +308,39 @@ class ContentStore:
 
     def put_bytes(self, kind: Kind | str, data: bytes, group: str) -> str:
         return self.put_pieces(kind, [data], group)
+
+    # ---- sharded objects: one file per rank of a sharded host, served as one canonical stream
+
+    def put_shard(self, kind: Kind | str, h: str, group: str, rank: int, pieces: Iterable[Piece]) -> Path:
+        """Rank `rank`'s bytes of object `h` (its byte ranges, in order); invisible until sealed."""
+        if not isinstance(rank, int) or not 0 <= rank < MAX_SHARDS:
+            raise StoreError(f"bad shard rank {rank!r}")
+        path = self._path(kind, h, group)
+        shard = path.with_name(f"{path.name}.r{rank}")
+        atomic_write_pieces(shard, pieces)
+        return shard
+
+    def seal_shards(
+        self,
+        kind: Kind | str,
+        h: str,
+        group: str,
+        length: int,
+        layout: Sequence[Sequence[tuple[int, int]]],
+        digests: Sequence[bytes],
+    ) -> Path:
+        """Make a sharded object visible: `layout[r]` = the byte ranges rank r's file holds, in
+        order. Checked first: the ranges tile [0, length), each file has exactly their bytes, and
+        the digests are the object's (`h`). Then the digests, then the index (the commit point)."""
+        kind = Kind(kind)
+        path = self._path(kind, h, group)
+        _check_layout(path, length, layout)
+        if not chunks.verify_manifest(h, DOMAINS[kind], self.chunk_bytes, length, digests):
+            raise StoreError(f"{path.name}: chunk digests do not match its hash")
+        atomic_write_pieces(path.with_name(path.name + ".chunks"), [b"".join(digests)])
+        index = {"version": 1, "length": length, "shards": [[list(r) for r in rs] for rs in layout]}
+        atomic_write(path.with_name(path.name + SHARDS), json.dumps(index).encode())
+        return path
 
     def begin(self, kind: Kind | str, h: str, group: str, length: int) -> FileSink:
         """A part file for a fetch into the store; `commit` it once every chunk is verified. A part
@@ -316,15 +366,16 @@ class ContentStore:
     def digests(self, kind: Kind | str, h: str, group: str | None = None) -> list[bytes]:
         """The chunk digests, checked against `h` (cheap: a tree over n digests, no data read)."""
         path = self._require(kind, h, group)
-        raw = path.with_name(path.name + ".chunks").read_bytes()
+        obj = _object_path(path)
+        raw = obj.with_name(obj.name + ".chunks").read_bytes()
         digests = [raw[i : i + chunks.DIGEST] for i in range(0, len(raw), chunks.DIGEST)]
-        size = path.stat().st_size
+        size = _Segments.of(path).length
         if not chunks.verify_manifest(h, DOMAINS[Kind(kind)], self.chunk_bytes, size, digests):
-            raise StoreError(f"{path.name}: stored chunk digests do not match its hash")
+            raise StoreError(f"{obj.name}: stored chunk digests do not match its hash")
         return digests
 
     def length(self, kind: Kind | str, h: str, group: str | None = None) -> int:
-        return self._require(kind, h, group).stat().st_size
+        return _Segments.of(self._require(kind, h, group)).length
 
     def read(
         self, kind: Kind | str, h: str, start: int = 0, end: int | None = None, group: str | None = None
@@ -333,19 +384,19 @@ class ContentStore:
         its bytes are given out (so a range costs the chunks it touches)."""
         path = self._require(kind, h, group)
         digests = self.digests(kind, h, group)
-        size = path.stat().st_size
+        segments = _Segments.of(path)
+        size = segments.length
         end = size if end is None else min(end, size)
         if not 0 <= start <= end:
             raise StoreError(f"range [{start}, {end}) outside {size} bytes")
         c = self.chunk_bytes
-        with open(path, "rb", buffering=0) as f:
+        with segments.open() as reader:
             for i in range(start // c, -(-end // c)):
                 a, b = chunks.chunk_span(i, size, c)
-                f.seek(a)
                 buf = bytearray(b - a)
-                got = f.readinto(buf)
+                got = reader.read_into(a, buf)
                 if got != len(buf) or chunks.chunk_digest(buf) != digests[i]:
-                    raise StoreError(f"{path.name}: chunk {i} is corrupted on disk")
+                    raise StoreError(f"{_object_path(path).name}: chunk {i} is corrupted on disk")
                 lo, hi = max(a, start) - a, min(b, end) - a
                 yield bytes(buf[lo:hi]) if (lo, hi) != (0, len(buf)) else bytes(buf)
 
@@ -386,11 +437,132 @@ class ContentStore:
     def delete(self, kind: Kind | str, h: str, group: str | None = None) -> None:
         path = self.find(kind, h, group)
         if path is not None:
-            path.unlink(missing_ok=True)
-            path.with_name(path.name + ".chunks").unlink(missing_ok=True)
+            obj = _object_path(path)
+            path.unlink(missing_ok=True)  # the file, or the index first: the object is gone at once
+            obj.with_name(obj.name + ".chunks").unlink(missing_ok=True)
+            for shard in obj.parent.glob(obj.name + ".r*"):
+                shard.unlink(missing_ok=True)
 
     def drop_group(self, group: str) -> None:
         shutil.rmtree(self.root / str(group), ignore_errors=True)
+
+
+SHARDS = ".shards"
+MAX_SHARDS = 1 << 16
+MAX_INDEX_BYTES = 64 << 20
+
+
+def _object_path(found: Path) -> Path:
+    """The object's own name (`<hash>.<kind>`) from what `find` returned."""
+    return found.with_name(found.name.removesuffix(SHARDS)) if found.name.endswith(SHARDS) else found
+
+
+def _present(obj: Path) -> bool:
+    return obj.is_file() or obj.with_name(obj.name + SHARDS).is_file()
+
+
+def _check_layout(obj: Path, length: int, layout: Sequence[Sequence[Sequence[int]]]) -> None:
+    """The ranges of every shard file tile [0, length) exactly; each file holds exactly its bytes."""
+    if not isinstance(length, int) or length < 1 or not 0 < len(layout) <= MAX_SHARDS:
+        raise StoreError(f"{obj.name}: bad shard layout (length {length!r}, {len(layout)} shards)")
+    spans: list[tuple[int, int]] = []
+    totals = []
+    for rank, ranges in enumerate(layout):
+        total = 0
+        for r in ranges:
+            if len(r) != 2 or not all(isinstance(x, int) for x in r) or not 0 <= r[0] < r[1] <= length:
+                raise StoreError(f"{obj.name}: shard {rank} range {r!r} outside [0, {length})")
+            spans.append((r[0], r[1]))
+            total += r[1] - r[0]
+        totals.append(total)
+    pos = 0
+    for a, b in sorted(spans):
+        if a != pos:
+            raise StoreError(f"{obj.name}: shards leave a gap or overlap at byte {pos}")
+        pos = b
+    if pos != length:
+        raise StoreError(f"{obj.name}: shards cover {pos} of {length} bytes")
+    for rank, total in enumerate(totals):
+        shard = obj.with_name(f"{obj.name}.r{rank}")
+        size = shard.stat().st_size if shard.is_file() else (0 if total == 0 else -1)
+        if size != total:
+            raise StoreError(f"{obj.name}: shard file {rank} holds {size} bytes, its ranges {total}")
+
+
+class _Segments:
+    """Where each byte of a stored object is: one plain file, or the ranges of its shard files."""
+
+    def __init__(self, length: int, segments: list[tuple[int, int, Path, int]]) -> None:
+        self.length = length
+        self.segments = segments  # (start, end, file, offset in file), by start
+        self.starts = [s[0] for s in segments]
+
+    @classmethod
+    def of(cls, found: Path) -> _Segments:
+        if not found.name.endswith(SHARDS):
+            size = found.stat().st_size
+            return cls(size, [(0, size, found, 0)])
+        obj = _object_path(found)
+        try:
+            raw = found.read_bytes()
+            if len(raw) > MAX_INDEX_BYTES:
+                raise ValueError("index too large")
+            index = json.loads(raw)
+            length, layout = index["length"], index["shards"]
+            if index.get("version") != 1 or not isinstance(layout, list):
+                raise ValueError("unknown index version")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise StoreError(f"{found.name}: unreadable shard index ({e})") from e
+        _check_layout(obj, length, layout)
+        segments = []
+        for rank, ranges in enumerate(layout):
+            offset = 0
+            for a, b in ranges:
+                segments.append((a, b, obj.with_name(f"{obj.name}.r{rank}"), offset))
+                offset += b - a
+        return cls(length, sorted(segments))
+
+    def open(self) -> _SegmentReader:
+        return _SegmentReader(self)
+
+
+class _SegmentReader:
+    """Reads canonical byte ranges across the files of `_Segments` (`os.pread`, one fd per file)."""
+
+    def __init__(self, segments: _Segments) -> None:
+        self.s = segments
+        self.fds: dict[Path, int] = {}
+
+    def __enter__(self) -> _SegmentReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def read_into(self, start: int, buf: bytearray) -> int:
+        """Fill `buf` with bytes [start, start + len(buf)); returns how many were there."""
+        view, pos, got = memoryview(buf), start, 0
+        i = max(0, bisect.bisect_right(self.s.starts, pos) - 1)
+        while got < len(buf) and i < len(self.s.segments):
+            a, b, path, offset = self.s.segments[i]
+            if pos >= b:
+                i += 1
+                continue
+            if pos < a:
+                break
+            fd = self.fds.get(path)
+            if fd is None:
+                fd = self.fds[path] = os.open(path, os.O_RDONLY)
+            n = min(b - pos, len(buf) - got)
+            data = os.pread(fd, n, offset + pos - a)
+            view[got : got + len(data)] = data
+            got += len(data)
+            pos += len(data)
+            if len(data) < n:
+                break
+        return got
 
 
 class StoredTensors(Mapping[str, Tensor]):
@@ -414,9 +586,11 @@ class StoredTensors(Mapping[str, Tensor]):
         prefix: str = "",
     ) -> None:
         self.store, self.kind, self.hash, self.group = store, Kind(kind), h, group
-        self._path = store._require(kind, h, group)
+        found = store._require(kind, h, group)
+        self._path = _object_path(found)
+        self._segments = _Segments.of(found)  # one file, or a sharded host's rank files
         self._digests = store.digests(kind, h, group)
-        self._length = self._path.stat().st_size
+        self._length = self._segments.length
         if canonical_size(specs) != self._length:
             raise StoreError(f"{self.kind.value} {h[:12]} does not fit this model's layout")
         offsets = data_offsets(specs)
@@ -443,13 +617,15 @@ class StoredTensors(Mapping[str, Tensor]):
         if self._cached is not None and self._cached[0] == i:
             return self._cached[1]
         a, b = chunks.chunk_span(i, self._length, self.store.chunk_bytes)
+        buf = bytearray(b - a)
         try:
-            with open(self._path, "rb", buffering=0) as f:
-                data = os.pread(f.fileno(), b - a, a)
+            with self._segments.open() as reader:
+                got = reader.read_into(a, buf)
         except OSError as e:
             raise StoreError(f"{self._path.name}: {e}") from e
-        if len(data) != b - a or chunks.chunk_digest(data) != self._digests[i]:
+        if got != b - a or chunks.chunk_digest(buf) != self._digests[i]:
             raise StoreError(f"{self._path.name}: chunk {i} is corrupted on disk")
+        data = bytes(buf)
         self._cached = (i, data)
         return data
 

@@ -224,6 +224,74 @@ class ShardDigests:
     edges: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)  # chunk -> [(offset, bytes)]
 
 
+_SHARD_MAGIC = b"GDSD"
+_U32 = struct.Struct("<I")
+
+
+def encode_shards(shards: Sequence[ShardDigests]) -> bytes:
+    """What one rank sends its combiner (own format, never pickle), little-endian::
+
+    "GDSD" | count u32 | count × ( start u64 | end u64 | n u32 | n × (chunk u64 | digest[32])
+                                   | m u32 | m × (chunk u64 | offset u64 | len u64 | bytes) )
+    """
+    out = [_SHARD_MAGIC, _U32.pack(len(shards))]
+    for s in shards:
+        out += [_U64.pack(s.start), _U64.pack(s.end), _U32.pack(len(s.digests))]
+        for i, d in sorted(s.digests.items()):
+            out += [_U64.pack(i), d]
+        parts = [(i, off, data) for i, ps in sorted(s.edges.items()) for off, data in ps]
+        out.append(_U32.pack(len(parts)))
+        for i, off, data in parts:
+            out += [_U64.pack(i), _U64.pack(off), _U64.pack(len(data)), bytes(data)]
+    return b"".join(out)
+
+
+def decode_shards(data: bytes, total_len: int, chunk_bytes: int) -> list[ShardDigests]:
+    """`encode_shards` inverted, every field checked against an object of `total_len` bytes:
+    ranges inside it, digests only of chunks wholly inside their range, edge bytes inside their
+    chunk and their range. Anything else is a `ChunkError`."""
+    n = n_chunks(total_len, chunk_bytes)
+    view = memoryview(data)
+    pos = 0
+
+    def take(k: int) -> memoryview:
+        nonlocal pos
+        if k < 0 or pos + k > len(view):
+            raise ChunkError("shard digests truncated")
+        pos += k
+        return view[pos - k : pos]
+
+    def u64() -> int:
+        return int(_U64.unpack(take(8))[0])
+
+    def u32() -> int:
+        return int(_U32.unpack(take(4))[0])
+
+    if bytes(take(4)) != _SHARD_MAGIC:
+        raise ChunkError("not a shard digest list")
+    out = []
+    for _ in range(u32()):
+        start, end = u64(), u64()
+        if not 0 <= start <= end <= total_len:
+            raise ChunkError(f"shard [{start}, {end}) outside an object of {total_len} bytes")
+        s = ShardDigests(start, end)
+        for _ in range(u32()):
+            i = u64()
+            if i >= n or not (start <= i * chunk_bytes and min((i + 1) * chunk_bytes, total_len) <= end):
+                raise ChunkError(f"digest of chunk {i}, which shard [{start}, {end}) does not hold whole")
+            s.digests[i] = bytes(take(DIGEST))
+        for _ in range(u32()):
+            i, off, k = u64(), u64(), u64()
+            a, b = chunk_span(i, total_len, chunk_bytes) if i < n else (0, -1)
+            if not (a <= off and off + k <= b and start <= off and off + k <= end and k > 0):
+                raise ChunkError(f"edge bytes [{off}, {off + k}) outside chunk {i} or shard [{start}, {end})")
+            s.edges.setdefault(i, []).append((off, bytes(take(k))))
+        out.append(s)
+    if pos != len(view):
+        raise ChunkError("trailing bytes after the shard digests")
+    return out
+
+
 def shard_digests(start: int, pieces: Iterable[Piece], total_len: int, chunk_bytes: int) -> ShardDigests:
     """A rank's share of the hashing work for bytes [start, start + len(pieces)) of the stream."""
     stream = Stream(pieces)

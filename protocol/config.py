@@ -31,6 +31,26 @@ class ReplayMode(StrEnum):
     TOLERANCE = "tolerance"
 
 
+class Precision(StrEnum):
+    """How the forward and backward run. Master weights, gradients and AdamW moments are float32
+    either way, and so is everything hashed and stored."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"  # torch.autocast(bfloat16) around forward and loss
+
+
+class Attention(StrEnum):
+    """The scaled-dot-product-attention kernel every node uses (`torch.nn.attention.SDPBackend`).
+
+    Fixed by the run because backends differ in their bits, and some have non-deterministic
+    backward passes on CUDA; `math` is deterministic everywhere (and slowest on GPUs)."""
+
+    MATH = "math"
+    FLASH = "flash"
+    EFFICIENT = "efficient"
+    CUDNN = "cudnn"
+
+
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -118,6 +138,14 @@ class Stake(Frozen):
     )
 
 
+class Numerics(Frozen):
+    """The arithmetic a replay must repeat: precision, TF32 matmuls, the attention kernel."""
+
+    precision: Precision = Precision.FP32
+    tf32: bool = Field(False, description="allow TF32 in CUDA matmuls and convolutions")
+    attention: Attention = Attention.MATH
+
+
 class RunConfig(Frozen):
     """Everything a run is bound to. Its hash is recorded on chain with the run."""
 
@@ -152,6 +180,7 @@ class RunConfig(Frozen):
     tolerance_exp_avg_sq: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg_sq")
     threads: int = Field(1, ge=1, le=256)
     max_outer_steps: int = Field(0, ge=0, description="0 = unbounded")
+    numerics: Numerics = Numerics()
     state_chunk_bytes: int = Field(
         DEFAULT_CHUNK_BYTES,
         ge=MIN_CHUNK_BYTES,

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from protocol.config import Codec, Frozen, Hex32, RunConfig
+from protocol.envclass import replay_class
 
 Address = Annotated[str, Field(pattern=r"^gonka1[02-9ac-hj-np-z]{38,58}$")]
 """A bech32 account address with the `gonka` prefix."""
@@ -42,13 +43,35 @@ class Reason(IntEnum):
 
 
 class EnvFingerprint(Frozen):
-    """What a bitwise replay must match: library versions, thread count, determinism flags."""
+    """Where a trajectory was computed: the machine facts that decide its bits, and its replay class.
+
+    `replay_class` is derived (`protocol.envclass.replay_class`): left empty it is filled in, given
+    it must equal the derivation, so a fingerprint can never claim another class than its fields.
+    """
 
     torch_version: str = Field(max_length=64)
     threads: int = Field(ge=1, le=256)
     deterministic: bool = True
-    device: str = Field("cpu", max_length=32)
+    device: str = Field("cpu", max_length=32, description="device type: cpu | cuda")
     micro_batches: int = Field(1, ge=1, le=1024, description="data-parallel slices per step (DDP ranks)")
+    torch_git: str = Field("", max_length=64, description="torch.version.git_version")
+    cpu_capability: str = Field("", max_length=32, description="torch.backends.cpu.get_cpu_capability()")
+    gpu_name: str = Field("", max_length=128)
+    compute_capability: str = Field("", max_length=16, pattern=r"^(\d{1,3}\.\d{1,3})?$")
+    sm_count: int = Field(0, ge=0, le=1 << 20)
+    cuda_version: str = Field("", max_length=32)
+    cudnn_version: str = Field("", max_length=32)
+    nccl_version: str = Field("", max_length=32)
+    replay_class: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+
+    @model_validator(mode="after")
+    def _derive_class(self) -> EnvFingerprint:
+        derived = replay_class(self.model_dump(exclude={"replay_class"}))
+        if not self.replay_class:
+            object.__setattr__(self, "replay_class", derived)  # frozen: set once, at validation
+        elif self.replay_class != derived:
+            raise ValueError(f"replay_class {self.replay_class[:12]} is not the class of these fields")
+        return self
 
 
 class Msg(Frozen):
@@ -68,6 +91,9 @@ class MsgJoinRun(Msg):
     role: Role
     endpoint: str = Field(max_length=256, pattern=r"^https?://")
     stake: int = Field(ge=0)
+    replay_class: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+    """A verifier's own replay class (§6.1; empty: undeclared). In bitwise mode the chain draws a
+    commitment's verifiers from those declaring its class (`chain.module.DrawPools`)."""
 
 
 class MsgLeaveRun(Msg):

@@ -20,7 +20,8 @@ from chain.genesis import Genesis, genesis_state
 from chain.module import BlockContext, TxContext, begin_block, end_block, process_msg
 from chain.state import ChainState, app_hash
 from protocol import chunks, codecs, merkle, prf
-from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
+from protocol.config import Codec, ModelSpec, Numerics, Phases, RunConfig, Stake
+from protocol.envclass import CLASS_DOMAIN, class_fields, class_pair, replay_decision
 from protocol.messages import (
     Coin,
     EnvFingerprint,
@@ -300,8 +301,22 @@ def wire_vectors() -> list[dict[str, Any]]:
             tokens=5120,
             env=EnvFingerprint(torch_version="2.13.0", threads=1),
         ),
+        MsgCreateRun(creator=HOST, config=cfg.model_copy(update={"numerics": Numerics(precision="bf16")})),
+        MsgCommitPseudoGradient(
+            creator=HOST, run_id=1, outer_step=3, base_model_hash=h, trajectory_root=h, leaf_count=11,
+            delta_hash=h, final_optimizer_hash=h, codec=Codec.INT8, tokens=5120,
+            env=EnvFingerprint(**H200, micro_batches=8),
+        ),
         MsgSubmitVerdict(
             creator=HOST, run_id=1, outer_step=3, host=HOST, reason=Reason.REPLAY_MISMATCH, evidence_hash=h
+        ),
+        MsgJoinRun(  # §6.1: bitwise draws prefer the verifiers of a commitment's class
+            creator=HOST,
+            run_id=1,
+            role=Role.VERIFIER,
+            endpoint="http://v",
+            stake=5 * 10**9,
+            replay_class=EnvFingerprint(**H200).replay_class,
         ),
         MsgSend(from_address=HOST, to_address=HOST, amount=[Coin(amount=10**9)]),
         MsgReportUnavailable(creator=HOST, run_id=1, outer_step=3, hosts=[VERIFIER_ADDRESSES[0]]),
@@ -313,6 +328,46 @@ def wire_vectors() -> list[dict[str, Any]]:
         }
         for m in msgs
     ]
+
+
+TORCH_GIT = "cf30153c4c131c8164ee7798e5022d810682e2cb"
+CPU_AVX512: dict[str, Any] = {"torch_version": "2.13.0", "torch_git": TORCH_GIT, "threads": 1,
+                              "device": "cpu", "cpu_capability": "AVX512"}  # fmt: skip
+H200: dict[str, Any] = {
+    "torch_version": "2.13.0+cu130", "torch_git": TORCH_GIT, "threads": 1,
+    "device": "cuda", "cpu_capability": "AVX512", "gpu_name": "NVIDIA H200", "compute_capability": "9.0",
+    "sm_count": 132, "cuda_version": "13.0", "cudnn_version": "92000", "nccl_version": "2.29.7",
+}  # fmt: skip
+
+
+def envclass_vectors() -> dict[str, Any]:
+    """Replay classes of fingerprints (§6.1), and the verifier's decision for pairs of them."""
+    envs = {
+        "cpu-avx512-1t": CPU_AVX512,
+        "cpu-avx512-2t": {**CPU_AVX512, "threads": 2},
+        "cpu-avx2-1t": {**CPU_AVX512, "cpu_capability": "AVX2"},
+        "h200": H200,
+        "h200-8t-other-nccl": {**H200, "threads": 8, "nccl_version": "2.27.3", "cpu_capability": "AVX2"},
+        "h100": {**H200, "gpu_name": "NVIDIA H100 80GB HBM3"},
+        "h200-cuda12.8": {**H200, "cuda_version": "12.8"},
+    }
+    envs = {name: EnvFingerprint(**env).model_dump(exclude={"replay_class"}) for name, env in envs.items()}
+    classes = {
+        name: {"class_fields": class_fields(env), "replay_class": EnvFingerprint(**env).replay_class}
+        for name, env in envs.items()
+    }
+    decisions = []
+    for mode in ("bitwise", "tolerance"):
+        for host in ("cpu-avx512-1t", "h200"):
+            for verifier in envs:
+                h, v = EnvFingerprint(**envs[host]), EnvFingerprint(**envs[verifier])
+                calibrated = [class_pair(h.replay_class, EnvFingerprint(**envs["h100"]).replay_class)]
+                decisions.append({
+                    "mode": mode, "host": host, "verifier": verifier,
+                    "decision": replay_decision(mode, h, v).value,
+                    "decision_if_only_host_h100_calibrated": replay_decision(mode, h, v, calibrated).value,
+                })  # fmt: skip
+    return {"domain": CLASS_DOMAIN.decode("ascii"), "envs": envs, "classes": classes, "decisions": decisions}
 
 
 # ---- chain scenarios ---------------------------------------------------------------------------
@@ -553,6 +608,7 @@ BUILDERS = {
     "prf": prf_vectors,
     "outer": outer_vectors,
     "wire": wire_vectors,
+    "envclass": envclass_vectors,
     "chain": chain_vectors,
 }
 

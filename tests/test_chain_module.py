@@ -919,3 +919,89 @@ def test_empty_accepted_set_keeps_the_model_and_opens_the_next_step_at_once() ->
     step0 = queries.outer_step(sim.state, 1, 0)
     assert step0["phase"] == Phase.DONE and step0["accepted"] == []
     assert sim.step()["open_height"] == step0["finalized_height"] + 1
+
+
+# ---------------------------------------------------------------- replay classes (specs §6.1)
+
+CPU_1T = EnvFingerprint(torch_version="2.13.0", threads=1)
+H200 = EnvFingerprint(
+    torch_version="2.13.0+cu130", threads=1, device="cuda", gpu_name="NVIDIA H200",
+    compute_capability="9.0", sm_count=132, cuda_version="13.0",
+)  # fmt: skip
+H100 = EnvFingerprint(**{**H200.model_dump(exclude={"replay_class"}), "gpu_name": "NVIDIA H100 80GB HBM3"})
+
+
+def class_sim(config: RunConfig, verifiers: dict[str, tuple[int, str]]) -> Sim:
+    """Hosts 0 (CPU), 1 (H200), 2 (H100: no verifier has it) commit; `verifiers`: stake, class."""
+    sim = Sim(make_state())
+    sim.ok(MsgCreateRun(creator=AUTH, config=config))
+    joins = [
+        MsgJoinRun(creator=v, run_id=1, role=Role.VERIFIER, endpoint="http://x", stake=s, replay_class=c)
+        for v, (s, c) in verifiers.items()
+    ]
+    results = sim.block(*[join(Role.HOST, h) for h in HOSTS[:3]], *joins)
+    assert not any(isinstance(r, ChainError) for r in results)
+    sim.until(sim.step()["train_start"])
+    envs = (CPU_1T, H200, H100)
+    results = sim.block(*[commit_msg(h, env=e) for h, e in zip(HOSTS[:3], envs, strict=True)])
+    assert not any(isinstance(r, ChainError) for r in results)
+    sim.until(sim.step()["challenge_height"] + 1)
+    return sim
+
+
+def test_bitwise_draws_come_from_the_verifiers_of_the_commitments_class_if_any_is_bonded() -> None:
+    """One small CPU verifier, two big H200 ones: in bitwise mode the CPU host gets the CPU verifier
+    (alone: v = 2 draws fewer rather than verifiers who could only abstain), the H200 host only H200
+    verifiers, and the H100 host (no verifier of its class) the whole pool by stake. In tolerance
+    mode every draw is from the whole pool."""
+    cpu, g1, g2 = VERIFIERS[:3]
+    verifiers = {cpu: (5 * GNK, CPU_1T.replay_class), g1: (40 * GNK, H200.replay_class),
+                 g2: (40 * GNK, H200.replay_class)}  # fmt: skip
+    stakes = {v: s for v, (s, _) in verifiers.items()}
+    sim = class_sim(make_config(verifiers_per_contribution=2), verifiers)
+    seed = sim.step()["challenge_seed"]
+    assert assigned(sim, HOSTS[0]) == [cpu]
+    assert sorted(assigned(sim, HOSTS[1])) == sorted([g1, g2])
+    assert assigned(sim, HOSTS[2]) == prf.assign_verifiers(seed, HOSTS[2], stakes, 2)
+    declared = {p["address"]: p["replay_class"] for p in queries.participants(sim.state, 1)["participants"]}
+    assert all(declared[v] == c for v, (_, c) in verifiers.items())
+
+    tol = make_config(verifiers_per_contribution=2, replay_mode="tolerance", tolerance=0.1,
+                      tolerance_exp_avg=0.1, tolerance_exp_avg_sq=0.1)  # fmt: skip
+    sim = class_sim(tol, verifiers)
+    seed = sim.step()["challenge_seed"]
+    for h in HOSTS[:3]:
+        assert assigned(sim, h) == prf.assign_verifiers(seed, h, stakes, 2)
+
+
+def test_a_class_squatter_is_drawn_abstains_and_the_classs_honest_verifier_decides() -> None:
+    """`class_squatter` declares the CPU class with 8× the stake of the honest CPU verifier, so it
+    is drawn for the CPU host; it cannot replay that host bit for bit and sends nothing (its
+    node abstains). The escalation draws from the same class without it: the honest CPU verifier
+    accepts, the host is accepted; the squatter earns nothing and the H200 verifier is never
+    asked."""
+    from gonka_diloco.adversaries.verifiers import ClassSquatter
+
+    honest, squatter, gpu = VERIFIERS[:3]
+    claimed = ClassSquatter(CPU_1T.replay_class).declared_class(H200)  # an H200 machine claiming CPU
+    assert claimed == CPU_1T.replay_class != H200.replay_class
+    verifiers = {honest: (5 * GNK, CPU_1T.replay_class), squatter: (40 * GNK, claimed),
+                 gpu: (40 * GNK, H200.replay_class)}  # fmt: skip
+    for attempt in range(8):  # a challenge that draws the squatter first (it has 8/9 of the class)
+        sim = class_sim(make_config(seed=attempt), verifiers)
+        if assigned(sim, HOSTS[0]) == [squatter]:
+            break
+    assert assigned(sim, HOSTS[0]) == [squatter]
+    sim.block(reveal_msg(sim, HOSTS[0]))
+    to_verify_deadline(sim)
+    assert assigned(sim, HOSTS[0]) == [squatter, honest]  # escalated within the class
+    sim.block(verdict_msg(honest, HOSTS[0]))
+    step = to_finalized(sim)
+    assert step["outcomes"][HOSTS[0]] == Outcome.ACCEPTED
+    assert gpu not in assigned(sim, HOSTS[0]) and stake_of(sim, squatter) == 40 * GNK
+
+
+def test_join_run_refuses_a_malformed_replay_class() -> None:
+    with pytest.raises(ValueError, match="replay_class"):
+        MsgJoinRun(creator=VERIFIERS[0], run_id=1, role=Role.VERIFIER, endpoint="http://x", stake=1,
+                   replay_class="H200")  # fmt: skip

@@ -1,9 +1,11 @@
 """A data-parallel host in a real run: `torchrun --nproc_per_node 2 … host run` (gloo) against the
 devnet chain node and a real verifier, all separate processes.
 
-Rank 0 is the node; rank 1 trains a slice of every batch with it. The commitment records
-`micro_batches = 2`, the verifier replays it in one process with 2 slices and accepts it, and the
-host reports the G_1 the chain records. Every process group is gone at the end.
+Rank 0 is the node; rank 1 trains a slice of every batch with it. The host shards its training
+state (`shard_state`: each rank 1/2 of the moments, its part of every hash and every saved state).
+The commitment records `micro_batches = 2`, the verifier replays it in one process with 2 slices
+and accepts it, and the host reports the G_1 the chain records. Every process group is gone at the
+end. The unsharded team and the sharded one are also checked against one process, call by call.
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ def test_two_rank_host_commits_two_slices_and_is_accepted(tmp_path: Path) -> Non
         def toml(role: str, index: int) -> Path:
             fields = {"chain_url": url, "run_id": run_id, "data_dir": str(tmp_path / role),
                       "listen": "127.0.0.1:0", "stake": STAKE, "threads": 1}  # fmt: skip
+            if role == "host":
+                fields["shard_state"] = True  # each rank 1/2 of the moments, hashes and saves its part
             path = tmp_path / f"{role}.toml"
             path.write_text(node_toml(fields, {"test_index": index}))
             return path
@@ -194,6 +198,12 @@ def test_two_rank_host_commits_two_slices_and_is_accepted(tmp_path: Path) -> Non
         assert client.run(run_id)["global_model_hash"] == applied["model_hash"]
         log = (tmp_path / "host.log").read_text()
         assert log.count('"event": "listening"') == 1  # only rank 0 serves and logs
+        # sharded: each rank saved its part (the carried optimizer state is still on disk), and the
+        # verifier fetched the opened start (boundary 1) as the host served it from shard files
+        kept = sorted(p.name.split(".", 1)[1] for p in (tmp_path / "host" / "store" / "optimizer").iterdir())
+        assert kept == ["optimizer.chunks", "optimizer.r0", "optimizer.r1", "optimizer.shards"]
+        fetched = [e for n, e in events.seen if n == "verifier" and e.get("event") == "fetched"]
+        assert [e["kind"] for e in fetched] == ["state"]
         assert not [e for n, e in events.seen if e.get("event") in ("sitting_out", "fatal")]
     finally:
         sup.close()
@@ -239,31 +249,37 @@ def corpus() -> Corpus:
     return Corpus(c.train, c.val, "0" * 64)
 
 
-def test_followers_train_from_rank_0s_state_whatever_it_decided(tmp_path: Path) -> None:
-    """Two gloo ranks, three training calls: from G_0, then with carried moments from a G_1 only
-    rank 0 computed, then with a fresh optimizer (as after a rejection) from G_0 again. The follower
-    must start each from what rank 0 holds: every trajectory equals one process training with 2
-    slices from the same states."""
+def two_ranks(code: str, timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run `code` as ranks 0 and 1 of a gloo group (1 thread each); their last JSON lines."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    code = RANK.format(root=str(ROOT))
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
     try:
-        outs = [p.communicate(timeout=60) for p in procs]
+        outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    got = json.loads(outs[0][0].strip().splitlines()[-1])["roots"]
-    assert json.loads(outs[1][0].strip().splitlines()[-1]) == {"jobs": 3}  # and then it stopped
+    assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+    lead, follower = (json.loads(o[0].strip().splitlines()[-1]) for o in outs)
+    return lead, follower
+
+
+def test_followers_train_from_rank_0s_state_whatever_it_decided(tmp_path: Path) -> None:
+    """Two gloo ranks, three training calls: from G_0, then with carried moments from a G_1 only
+    rank 0 computed, then with a fresh optimizer (as after a rejection) from G_0 again. The follower
+    must start each from what rank 0 holds: every trajectory equals one process training with 2
+    slices from the same states."""
+    lead, follower = two_ranks(RANK.format(root=str(ROOT)), timeout=60)
+    got = lead["roots"]
+    assert follower == {"jobs": 3}  # and then it stopped
 
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     configure_determinism(1)
@@ -285,3 +301,68 @@ def test_followers_train_from_rank_0s_state_whatever_it_decided(tmp_path: Path) 
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(det)
     assert got == want
+
+
+SHARDED = """
+import json, sys
+sys.path.insert(0, {root!r})
+from tests.test_host_ddp import corpus
+from tests.test_step_replay import HOST, fresh, tiny_cfg
+from nodekit.objects import Kind
+from trainer import ddp
+from trainer.commit import param_tensors
+from trainer.step import configure_determinism
+from nodekit.store import StateStore
+configure_determinism(1)
+ex = ddp.launch()
+cfg = tiny_cfg(dataset_manifest_hash="0" * 64, inner_steps=30, state_chunk_bytes=1024)
+if ex.rank:
+    print(json.dumps({{"jobs": ddp.follow(ex, corpus=corpus)}}))
+else:
+    team = ddp.Team(ex, shard_state=True)
+    store = StateStore({store!r}, chunk_bytes=1024, checkpoint_every=2)
+    model = fresh(cfg)[0]
+    g0 = param_tensors(model)
+    out = []
+    carried = None
+    for n in range(2):
+        g = {{k: p * 0.5**n for k, p in g0.items()}}  # G_1 = G_0 / 2: what rank 0 alone decides
+        team.carry(carried, "optimizer")
+        opt = team.shard_optimizer(model, cfg, store.content)
+        c = team.train(model, opt, cfg, corpus(), HOST, n, g, "a" * 64, store)
+        done = team.materialize(store, n, c.leaves, [0, 2], model, cfg, corpus(), HOST, g)
+        opened = all(store.has(c.leaves[j], n) for j in (0, 1, 2, 3))
+        out.append([c.leaves, c.final_optimizer_hash, done, opened, store.hashes(n)])
+        carried = c.final_optimizer_hash
+    team.close()
+    print(json.dumps({{"steps": out}}))
+ddp.shutdown()
+"""
+
+
+def test_a_sharded_team_trains_hashes_saves_and_recomputes_the_unsharded_trajectory(tmp_path: Path) -> None:
+    """Two gloo ranks with sharded optimizer state, 1 KiB chunks (chunks straddle the ranks'
+    ranges), m = 2: two outer steps (fresh, then carried moments from the shard files of the
+    first step's final optimizer state). Leaves and final optimizer hashes equal one process
+    training 2 slices unsharded; boundaries 0, 1 (from G_n) and 3 (from persisted boundary 2)
+    are recomputed by both ranks, and only the opened ones stay on disk."""
+    lead, follower = two_ranks(SHARDED.format(root=str(ROOT), store=str(tmp_path / "store")), timeout=120)
+    got = lead["steps"]
+    assert follower == {"jobs": 4}  # 2 trains, 2 recomputes
+
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    configure_determinism(1)
+    try:
+        cfg, data = tiny_cfg(dataset_manifest_hash="0" * 64, inner_steps=30, state_chunk_bytes=1024), corpus()
+        model, opt = fresh(cfg)
+        g0 = param_tensors(model)
+        for n in range(2):
+            g = {k: p * 0.5**n for k, p in g0.items()}
+            c = run_committed(model, opt, cfg, data, ADDRESS, n, g, "a" * 64, micro_batches=2)
+            leaves, opt_hash, done, opened, kept = got[n]
+            assert (leaves, opt_hash) == (c.leaves, c.final_optimizer_hash)
+            assert done == [0, 1, 3] and opened
+            assert sorted(kept) == sorted(set(c.leaves[:4]))  # boundary 2 (a source) stays: opened
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(det)

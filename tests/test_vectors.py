@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,7 +13,8 @@ import torch
 from google.protobuf import any_pb2
 
 from protocol import chunks, codecs, merkle, prf
-from protocol.messages import MsgCreateRun, MsgSend
+from protocol.envclass import class_fields, class_pair, replay_decision
+from protocol.messages import EnvFingerprint, MsgCreateRun, MsgSend
 from protocol.outer import global_model_hash, outer_update
 from protocol.tensors import StateKind, canonical_bytes, tensor_hash
 from protocol.wire import from_any, to_any
@@ -128,6 +130,27 @@ def test_wire_vectors() -> None:
         assert to_any(msg).value.hex() == v["output"]
         if v["input"]["type_url"] in models:
             assert isinstance(msg, models[v["input"]["type_url"]])
+
+
+def test_envclass_vectors() -> None:
+    """The class is recomputable from the JSON alone: sha256(domain || canonical JSON of its fields)."""
+    import hashlib
+
+    v = load("envclass")
+    for name, env in v["envs"].items():
+        want = v["classes"][name]
+        assert class_fields(env) == want["class_fields"]
+        body = json.dumps(want["class_fields"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert hashlib.sha256(v["domain"].encode() + body.encode()).hexdigest() == want["replay_class"]
+        assert EnvFingerprint(**env).replay_class == want["replay_class"]
+    classes = {n: SimpleNamespace(replay_class=c["replay_class"]) for n, c in v["classes"].items()}
+    h100 = classes["h100"].replay_class
+    for d in v["decisions"]:
+        host, mine = classes[d["host"]], classes[d["verifier"]]
+        assert replay_decision(d["mode"], host, mine).value == d["decision"]
+        only = [class_pair(host.replay_class, h100)]
+        want = d["decision_if_only_host_h100_calibrated"]
+        assert replay_decision(d["mode"], host, mine, only).value == want
 
 
 def test_chain_vectors() -> None:

@@ -22,6 +22,7 @@ from gonka_diloco.adversaries.lab import (
 )
 from nodekit.globalmodel import GlobalModel
 from protocol.config import ReplayMode
+from protocol.envclass import ReplayDecision
 from protocol.messages import EnvFingerprint, Reason
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, run_committed
@@ -253,6 +254,31 @@ def test_environment_checks(world: World) -> None:
     tol = dataclasses.replace(job, cfg=tol_cfg, env=two)
     check_verifier_env(tol, env_fingerprint(1))  # tolerance mode exists for exactly this case
     assert verify(tol, honest.source(), world.lab.replay_context(world.g1)).reason is Reason.ACCEPT
+
+
+def test_a_host_claiming_a_class_no_verifier_has_gets_no_verdict_and_fails_tolerance_replay(
+    world: World,
+) -> None:
+    """`forged_env`: a free rider claiming an imaginary GPU. A verifier of another class abstains in
+    bitwise mode (no verdict: the chain finalizes it `unverified`, out of the model, unpaid), while
+    the honest host next to it is replayed bitwise and accepted; in tolerance mode it is judged and
+    rejected."""
+    mine = env_fingerprint(1)
+    ctx = world.lab.replay_context(world.g1)
+    honest = step1(world, HostBehaviour())
+    job = world.lab.job(honest, 1, SEED)
+    assert check_verifier_env(job, mine) is ReplayDecision.BITWISE
+    assert verify(job, honest.source(), ctx).reason is Reason.ACCEPT
+    forger = resolve_host("forged_env")
+    forged = step1(world, forger)
+    fjob = world.lab.job(forged, 1, SEED)
+    assert fjob.env.device == "cuda" and fjob.env.replay_class != mine.replay_class
+    with pytest.raises(CannotVerify, match="class"):
+        check_verifier_env(fjob, mine)
+    tol_cfg = world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": 1e-3})
+    tol = dataclasses.replace(fjob, cfg=tol_cfg)
+    assert check_verifier_env(tol, mine) is ReplayDecision.TOLERANCE
+    assert verify(tol, forged.source(), ctx).reason.name in forger.expected  # type: ignore[attr-defined]
 
 
 class TwoSlices(HostBehaviour):

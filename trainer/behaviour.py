@@ -89,6 +89,8 @@ class OuterContext:
         """
         if self.optimizer is None:
             raise BehaviourError("train() is only available in make_contribution")
+        if self.team is not None and self.team.shard_state and data is not None:
+            raise BehaviourError("a sharded team trains the run's corpus only (rank 0 has 1/W of the state)")
         if self.team is not None and data is None:
             return self.team.train(
                 self.model, self.optimizer, self.cfg, self.data, host if host is not None else self.address,

@@ -75,6 +75,14 @@ class _Progress:
         self.live.update(f"[bold]host[/bold] {line}")
 
 
+def _device_setting(path: Path) -> str:
+    """host.toml's `device` for every torchrun rank; a broken file is reported by rank 0's load below."""
+    try:
+        return load_host_config(path).device
+    except ConfigError:
+        return "cpu"
+
+
 @app.command()
 def run(
     config: Path = typer.Option(..., "--config", "-c", help="host.toml"),
@@ -88,7 +96,11 @@ def run(
     from trainer import ddp
     from trainer.node import HostNode, NodeError
 
-    exchange = ddp.launch()  # None unless torchrun started several ranks
+    try:
+        exchange = ddp.launch(_device_setting(config))  # None unless torchrun started several ranks
+    except ValueError as e:  # a device this machine does not have
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     if exchange is not None and exchange.rank != 0:
         try:
             ddp.follow(exchange, corpus=_follower_corpus(config))
@@ -98,6 +110,8 @@ def run(
     team = ddp.Team(exchange) if exchange is not None else None
     try:
         cfg = load_host_config(config)
+        if team is not None:
+            team.shard_state = cfg.shard_state
         node_behaviour = _resolve(cfg.behaviour, cfg.behaviour_params)
         chain = HttpChainClient(cfg.chain_url)
         progress = _Progress() if sys.stdout.isatty() else None

@@ -5,6 +5,10 @@ thread over the live state while the next step's forward and backward run; the t
 waits only if the boundary is not done by that step's optimizer update, and no state is copied.
 After the challenge, `materialize_openings` recomputes the opened boundaries that were not
 persisted and deletes the rest. Everything a host later commits and reveals is in the returned `Contribution`.
+
+A rank of a host with sharded training state (`trainer.sharded`, under `trainer.ddp`) runs the
+same loop (`follow_committed` on ranks ≥ 1): each boundary is hashed collectively from every
+rank's part and saved as per-rank shard files, so the leaves are the unsharded ones.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ from protocol.merkle import merkle_root, pair_proof
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient, SegmentOpening
 from protocol.tensors import StateKind, tensor_hash_and_digests
 from trainer.data import Corpus
+from trainer.device import host_view
 from trainer.model import lm_loss
+from trainer.sharded import ShardedState, ShardedStep
 from trainer.step import (
     LossFn,
     SliceExchange,
     env_fingerprint,
     optimizer_state,
+    snapshot_to_host,
     train_segment,
     training_state,
 )
@@ -91,15 +98,22 @@ def param_tensors(model: nn.Module) -> dict[str, Tensor]:
 
 def pseudo_gradient(global_params: Mapping[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     """Δ = θ_global − θ_local (float32), name for name."""
-    return {n: (global_params[n] - p.detach()).to(torch.float32) for n, p in model.named_parameters()}
+    return {n: (global_params[n] - p.detach().to(global_params[n].device)).to(torch.float32)
+            for n, p in model.named_parameters()}  # fmt: skip
 
 
-def host_snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
-    """THE boundary snapshot: the training state as the boundary worker reads it. On the CPU these
-    are the live tensors themselves (no copy): only `opt.step` writes them, and `Boundaries` holds
-    the next step until the boundary is hashed (and persisted). The one place a device backend
-    changes: a GPU host returns a copy in (pinned) host memory here."""
-    return training_state(model, opt)
+def host_snapshot(
+    model: nn.Module, opt: torch.optim.Optimizer, sharding: ShardedState | None = None
+) -> tuple[Mapping[str, Tensor], bool]:
+    """THE boundary snapshot: the training state as the boundary worker reads it (a sharded rank:
+    its part), and whether it is the live state. On the CPU these are the live tensors themselves
+    (no copy): only `opt.step` writes them, and `Boundaries` holds the next step until the
+    boundary is hashed (and persisted). On a GPU it is `snapshot_to_host`: a copy into pinned host
+    memory on a side stream (the next `opt.step` waits only for the copy, never for hashing or disk)."""
+    state = sharding.local(model, opt) if sharding is not None else training_state(model, opt)
+    if not any(t.is_cuda for t in state.values()):
+        return state, True
+    return snapshot_to_host(state, opt), False
 
 
 class Boundaries:
@@ -110,11 +124,13 @@ class Boundaries:
     At most one boundary is in flight, and none is ever copied on the CPU: the worker hashes the
     live state while the training thread runs the next step's forward and backward (which only
     write gradients), and an optimizer pre-step hook makes the training thread wait for the
-    boundary before the step that would change it (backpressure, never a queue of snapshots). A
-    persisted boundary holds the step only until its bytes are in the page cache; fsync and rename
-    follow on the worker (`StateStore.pending`). The digests computed here are stored with the
-    state, so it is never hashed again to be served. The last boundary's optimizer state is
-    hashed on the worker too, while the training thread encodes Δ.
+    boundary before the step that would change it (backpressure, never a queue of snapshots).
+    A GPU state is a host copy (`host_snapshot`): the next step waits only for the copy, and the
+    next boundary for this one's hash and write. A persisted boundary holds the step only until
+    its bytes are in the page cache; fsync and rename follow on the worker (`StateStore.pending`).
+    The digests computed here are stored with the state, so it is never hashed again to be served.
+    The last boundary's optimizer state is hashed on the worker too, while the training thread
+    encodes Δ.
     """
 
     def __init__(
@@ -125,14 +141,17 @@ class Boundaries:
         opt: torch.optim.Optimizer,
         *,
         every: int = 1,
+        sharding: ShardedState | None = None,
     ) -> None:
         self.store, self.outer_step, self.cfg = store, outer_step, cfg
         self.every = max(1, every)
+        self.sharding = sharding  # every rank submits the same boundaries: their collectives pair up
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary")
-        self._futures: list[Future[tuple[str, list[bytes]]]] = []
-        self._optimizer: Future[tuple[str, list[bytes]]] | None = None
+        self._futures: list[Future[tuple[str, list[bytes] | None]]] = []
+        self._final_opt: Future[tuple[str, list[bytes] | None]] | None = None
         self._inflight: Future[Any] | None = None
-        self._hook = opt.register_step_pre_hook(lambda *_: self._settle(in_step=True))
+        self._live = True  # the in-flight boundary reads the live state: the next update waits for it
+        self._hook = opt.register_step_pre_hook(lambda *_: self._settle(in_step=True) if self._live else None)
         self.seconds = 0.0  # the training thread's time on boundaries (snapshots, waits)
         self.step_seconds = 0.0  # the part of it spent inside optimizer steps (the pre-step hook)
 
@@ -162,13 +181,14 @@ class Boundaries:
         self._settle()
         t0 = time.perf_counter()
         j = len(self._futures)
-        snap = host_snapshot(model, opt)
-        hashed = self._pool.submit(self._hash, snap, StateKind.TRAINING)
+        snap, self._live = host_snapshot(model, opt, self.sharding)
+        hashed = self._pool.submit(self._hash, snap)
         self._futures.append(hashed)
         self._inflight = hashed
-        if j == self.cfg.n_segments:  # the carried optimizer state's hash, while Δ is encoded
-            self._optimizer = self._pool.submit(self._hash, optimizer_state(snap), StateKind.OPTIMIZER)
-            self._inflight = self._optimizer
+        if j == self.cfg.n_segments and self.sharding is None:  # the carried optimizer state's hash,
+            final_opt = optimizer_state(dict(snap))  # on the worker while Δ is encoded
+            self._final_opt = self._pool.submit(self._hash, final_opt, StateKind.OPTIMIZER)
+            self._inflight = self._final_opt
         if self.store is not None and self.persisted(j):
             released: Future[None] = Future()
             written = self._pool.submit(self._write, hashed, snap, released)  # same worker: after the hash
@@ -176,21 +196,51 @@ class Boundaries:
             self._inflight = released  # the next optimizer step waits for the bytes, not the fsync
         self.seconds += time.perf_counter() - t0
 
-    def _hash(self, tensors: dict[str, Tensor], kind: StateKind) -> tuple[str, list[bytes]]:
-        return tensor_hash_and_digests(tensors, kind, self.cfg.state_chunk_bytes)
+    def _hash(
+        self, snap: Mapping[str, Tensor], kind: StateKind = StateKind.TRAINING
+    ) -> tuple[str, list[bytes] | None]:
+        if self.sharding is not None:
+            return self.sharding.hash(snap, kind, self.cfg.state_chunk_bytes)
+        return tensor_hash_and_digests(snap, kind, self.cfg.state_chunk_bytes)
 
     def _write(
-        self, hashed: Future[tuple[str, list[bytes]]], snap: dict[str, Tensor], released: Future[None]
+        self,
+        hashed: Future[tuple[str, list[bytes] | None]],
+        snap: Mapping[str, Tensor],
+        released: Future[None],
     ) -> None:
         assert self.store is not None
+        durable: Callable[[], None] = lambda: None  # noqa: E731
         try:
             h, digests = hashed.result()
-            durable = self.store.stage_hashed(snap, self.outer_step, h, digests)
+            if self.sharding is not None:
+                group = str(self.outer_step)
+                self.sharding.save(self.store.content, StateKind.TRAINING, group, h, digests, snap)
+            else:
+                assert digests is not None
+                durable = self.store.stage_hashed(snap, self.outer_step, h, digests)
         except BaseException as e:
             released.set_exception(e)
             raise
         released.set_result(None)
         durable()
+
+    def optimizer(
+        self, model: nn.Module, opt: torch.optim.Optimizer, keep: str | None
+    ) -> Future[tuple[str, list[bytes] | None]]:
+        """A sharded rank's final optimizer state: hashed collectively on the boundary worker (after
+        the last boundary: one order of collectives on every rank), saved in content group `keep`."""
+        assert self.sharding is not None
+        sharding = self.sharding
+        snap = host_view(sharding.local(model, opt, StateKind.OPTIMIZER))  # CPU: live (nothing steps it now)
+
+        def run() -> tuple[str, list[bytes] | None]:
+            h, digests = sharding.hash(snap, StateKind.OPTIMIZER, self.cfg.state_chunk_bytes)
+            if keep is not None and self.store is not None:
+                sharding.save(self.store.content, StateKind.OPTIMIZER, keep, h, digests, snap)
+            return h, digests
+
+        return self._pool.submit(run)
 
     def leaves(self) -> list[str]:
         """The leaves, once hashed: writes may still run (off the training thread, before the
@@ -204,12 +254,12 @@ class Boundaries:
             self._pool.shutdown(wait=False)  # queued writes still run
             self.seconds += time.perf_counter() - t0
 
-    def optimizer(self) -> tuple[str, list[bytes]]:
-        """The last boundary's optimizer state: (hash, chunk digests)."""
-        assert self._optimizer is not None, "the last boundary was not submitted"
+    def final_optimizer(self) -> tuple[str, list[bytes] | None]:
+        """The last boundary's optimizer state (unsharded): (hash, chunk digests)."""
+        assert self._final_opt is not None, "the last boundary was not submitted"
         t0 = time.perf_counter()
         try:
-            return self._optimizer.result()
+            return self._final_opt.result()
         finally:
             self.seconds += time.perf_counter() - t0
 
@@ -219,7 +269,74 @@ def delta_items(global_params: Mapping[str, Tensor], model: nn.Module) -> Iterat
     takes, so no fp32 Δ of the whole model is ever held (a stored G_n is read in one pass)."""
     params = dict(model.named_parameters())
     for n in sorted(params):
-        yield n, (global_params[n] - params[n].detach()).to(torch.float32)
+        g = global_params[n]
+        yield n, (g - params[n].detach().to(g.device)).to(torch.float32)
+
+
+def load_params(model: nn.Module, global_params: Mapping[str, Tensor]) -> None:
+    """G_n's parameters into the model, in name order: one pass over a G_n read from disk."""
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for n in sorted(named):
+            named[n].copy_(global_params[n])
+
+
+@dataclass
+class _Trajectory:
+    leaves: list[str]
+    losses: list[float]
+    boundary_seconds: float
+    train_seconds: float
+    optimizer_hash: str
+    optimizer_digests: list[bytes] | None
+    out: Any
+
+
+def _trajectory(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    cfg: RunConfig,
+    data: Corpus,
+    host: str,
+    outer_step: int,
+    global_params: Mapping[str, Tensor],
+    store: StateStore | None,
+    micro_batches: int,
+    loss_fn: LossFn,
+    exchange: SliceExchange | ShardedStep | None,
+    sharding: ShardedState | None,
+    keep_optimizer: str | None,
+    after: Callable[[], Any],
+) -> _Trajectory:
+    """The loop every rank runs: boundaries and segments; then `after()` (rank 0's Δ, encoded
+    while the last boundary and the final optimizer state are hashed)."""
+    if store is not None:
+        store.flush()  # the previous step's last boundary is written from these very tensors
+    load_params(model, global_params)
+    k = cfg.segment_len
+    losses: list[float] = []
+    every = store.checkpoint_every if store is not None else 1
+    boundaries = Boundaries(store, outer_step, cfg, opt, every=every, sharding=sharding)
+    final_opt: Future[tuple[str, list[bytes] | None]] | None = None
+    steps_s = 0.0
+    try:
+        for seg in range(cfg.n_segments + 1):
+            boundaries.submit(model, opt)
+            if seg < cfg.n_segments:
+                t0 = time.perf_counter()
+                losses += train_segment(
+                    model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
+                    loss_fn=loss_fn, exchange=exchange,
+                )  # fmt: skip
+                steps_s += time.perf_counter() - t0
+        if sharding is not None:
+            final_opt = boundaries.optimizer(model, opt, keep_optimizer)
+        out = after()
+    finally:
+        leaves = boundaries.leaves()
+    opt_hash, opt_digests = final_opt.result() if final_opt is not None else boundaries.final_optimizer()
+    train_s = steps_s - boundaries.step_seconds
+    return _Trajectory(leaves, losses, boundaries.seconds, train_s, opt_hash, opt_digests, out)
 
 
 def run_committed(
@@ -235,68 +352,76 @@ def run_committed(
     *,
     micro_batches: int = 1,
     loss_fn: LossFn = lm_loss,
-    exchange: SliceExchange | None = None,
+    exchange: SliceExchange | ShardedStep | None = None,
+    sharding: ShardedState | None = None,
+    keep_optimizer: str | None = None,
     keep_delta: bool = True,
 ) -> Contribution:
     """Train one outer step from the global params with the host's carried optimizer state.
 
     The store's `checkpoint_every` (m, a host setting) says which boundaries are persisted; the
     others are recomputed from the nearest persisted one if the challenge opens them
-    (`materialize_openings`). `global_params` may be read from disk (`StoredTensors`): it is read
-    once at the start and once, tensor by tensor, for Δ. Without `keep_delta` the returned
-    contribution has no fp32 Δ (`delta == {}`), only its payload: the honest node needs nothing
-    else, and Δ is never held whole."""
+    (`materialize_openings`). With `sharding` (rank 0 of a sharded host; the others run
+    `follow_committed`) the final optimizer state is also saved, in content group `keep_optimizer`.
+    `global_params` may be read from disk (`StoredTensors`): it is read once at the start and once,
+    tensor by tensor, for Δ. Without `keep_delta` the returned contribution has no fp32 Δ
+    (`delta == {}`), only its payload: the honest node needs nothing else, and Δ is never held whole."""
     t_start = time.perf_counter()
-    if store is not None:
-        store.flush()  # the previous step's last boundary is written from these very tensors
-    named = dict(model.named_parameters())
-    with torch.no_grad():
-        for n in sorted(named):  # name order: one pass over a stored G_n
-            named[n].copy_(global_params[n])
-    k = cfg.segment_len
-    losses: list[float] = []
-    every = store.checkpoint_every if store is not None else 1
-    boundaries = Boundaries(store, outer_step, cfg, opt, every=every)
-    steps_s = 0.0
-    try:
-        for seg in range(cfg.n_segments + 1):
-            boundaries.submit(model, opt)
-            if seg < cfg.n_segments:
-                t0 = time.perf_counter()
-                losses += train_segment(
-                    model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
-                    loss_fn=loss_fn, exchange=exchange,
-                )  # fmt: skip
-                steps_s += time.perf_counter() - t0
-        # Δ is encoded tensor by tensor while the worker hashes θ_H and its optimizer state
-        layout = {n: tuple(p.shape) for n, p in named.items()}
+
+    def delta() -> tuple[dict[str, Tensor], bytes]:
+        layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
         pieces = encode_pieces(delta_items(global_params, model), layout, cfg.codec, cfg.codec_block_size)
         payload = b"".join(pieces)
         del pieces
-        delta = pseudo_gradient(global_params, model) if keep_delta else {}
-    finally:
-        leaves = boundaries.leaves()
-    opt_hash, opt_digests = boundaries.optimizer()
-    train_s = steps_s - boundaries.step_seconds
+        return (pseudo_gradient(global_params, model) if keep_delta else {}), payload
+
+    t = _trajectory(
+        model, opt, cfg, data, host, outer_step, global_params, store, micro_batches, loss_fn, exchange,
+        sharding, keep_optimizer, delta,
+    )  # fmt: skip
+    d, payload = t.out
     return Contribution(
         outer_step=outer_step,
         base_model_hash=base_model_hash,
-        leaves=leaves,
-        trajectory_root=merkle_root([bytes.fromhex(h) for h in leaves]).hex(),
-        delta=delta,
+        leaves=t.leaves,
+        trajectory_root=merkle_root([bytes.fromhex(h) for h in t.leaves]).hex(),
+        delta=d,
         payload=payload,
         delta_hash=delta_hash(payload, cfg.state_chunk_bytes),
         codec=cfg.codec,
-        final_optimizer_hash=opt_hash,
+        final_optimizer_hash=t.optimizer_hash,
         tokens=cfg.tokens_per_outer_step,
         env=env_fingerprint(micro_batches=micro_batches),
-        mean_loss=sum(losses) / len(losses),
-        losses=losses,
-        boundary_seconds=boundaries.seconds,
-        train_seconds=train_s,
-        protocol_seconds=time.perf_counter() - t_start - train_s,
-        optimizer_digests=tuple(opt_digests),
+        mean_loss=sum(t.losses) / len(t.losses),
+        losses=t.losses,
+        boundary_seconds=t.boundary_seconds,
+        train_seconds=t.train_seconds,
+        protocol_seconds=time.perf_counter() - t_start - t.train_seconds,
+        optimizer_digests=tuple(t.optimizer_digests or ()),
     )
+
+
+def follow_committed(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    cfg: RunConfig,
+    data: Corpus,
+    host: str,
+    outer_step: int,
+    global_params: Mapping[str, Tensor],
+    store: StateStore | None,
+    *,
+    exchange: ShardedStep,
+    sharding: ShardedState,
+    loss_fn: LossFn = lm_loss,
+    keep_optimizer: str | None = None,
+) -> list[str]:
+    """A rank ≥ 1 of a sharded host in rank 0's `run_committed`: the same boundaries (its part of
+    each hash, its shard files) and steps; no Δ. Returns the leaves (every rank learns them)."""
+    return _trajectory(
+        model, opt, cfg, data, host, outer_step, global_params, store, exchange.world_size, loss_fn,
+        exchange, sharding, keep_optimizer, lambda: None,
+    ).leaves  # fmt: skip
 
 
 def _save_recomputed(
@@ -307,13 +432,22 @@ def _save_recomputed(
     model: nn.Module,
     opt: torch.optim.Optimizer,
     cfg: RunConfig,
+    sharding: ShardedState | None = None,
 ) -> None:
-    """Hash the recomputed boundary j, check it is the committed leaf, and persist it."""
-    snap = training_state(model, opt)
-    h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, cfg.state_chunk_bytes)
+    """Hash the recomputed boundary j, check it is the committed leaf, and persist it (a sharded
+    rank: its part; every rank learns the hash, so all of them refuse a wrong one together)."""
+    if sharding is not None:
+        local = host_view(sharding.local(model, opt))
+        h, digests = sharding.hash(local, StateKind.TRAINING, cfg.state_chunk_bytes)
+    else:
+        snap = training_state(model, opt)
+        h, digests = tensor_hash_and_digests(snap, StateKind.TRAINING, cfg.state_chunk_bytes)
     if h != leaves[j]:
         raise ValueError(f"recomputed boundary {j} hashes to {h[:12]}, committed {leaves[j][:12]}")
-    store.put_hashed(snap, outer_step, h, digests)
+    if sharding is not None:
+        sharding.save(store.content, StateKind.TRAINING, str(outer_step), h, digests, local)
+    else:
+        store.put_hashed(snap, outer_step, h, digests)
 
 
 def load_stored_state(
@@ -339,6 +473,101 @@ def needed_boundaries(segments: Sequence[int], mode: ReplayMode = ReplayMode.TOL
     return {j for s in segments for j in (s, s + 1)}
 
 
+@dataclass(frozen=True)
+class OpeningPlan:
+    """What `materialize_openings` will do: recompute `missing` from the persisted `on_disk`, then
+    drop `sources` that are not needed themselves. Plain data: a sharded host sends it to its ranks."""
+
+    needed: tuple[int, ...]
+    on_disk: tuple[int, ...]
+    missing: tuple[int, ...]
+    sources: tuple[int, ...]
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {k: list(getattr(self, k)) for k in ("needed", "on_disk", "missing", "sources")}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Sequence[int]]) -> OpeningPlan:
+        return cls(*(tuple(int(x) for x in d[k]) for k in ("needed", "on_disk", "missing", "sources")))
+
+
+def plan_openings(
+    store: StateStore,
+    outer_step: int,
+    leaves: Sequence[str],
+    segments: Sequence[int],
+    mode: ReplayMode = ReplayMode.TOLERANCE,
+) -> OpeningPlan:
+    """Decide what to recompute (`needed_boundaries` in the run's replay mode) and delete, at once,
+    every persisted boundary that is neither needed nor the nearest source of a needed one."""
+    store.flush()  # the last boundaries may still be being written
+    needed = needed_boundaries(segments, mode)
+    on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
+    missing = sorted(needed - on_disk)
+    sources = {max((q for q in on_disk if q <= j), default=0) for j in missing}
+    keep = {leaves[j] for j in needed | sources}  # leaves may repeat (a host that did not train)
+    for h in {leaves[j] for j in on_disk} - keep:
+        store.delete(h, outer_step)
+    return OpeningPlan(tuple(sorted(needed)), tuple(sorted(on_disk)), tuple(missing), tuple(sorted(sources)))
+
+
+def recompute_openings(
+    plan: OpeningPlan,
+    store: StateStore,
+    outer_step: int,
+    leaves: Sequence[str],
+    start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
+    cfg: RunConfig,
+    data: Corpus,
+    host: str,
+    *,
+    micro_batches: int = 1,
+    loss_fn: LossFn = lm_loss,
+    exchange: ShardedStep | None = None,
+    sharding: ShardedState | None = None,
+) -> list[int]:
+    """Each missing opened boundary, recomputed bitwise from the nearest persisted one below it
+    (boundary 0: `start()` rebuilds it from G_n and the carried optimizer) with the same step
+    function, checked against its committed leaf, and saved. Every rank of a sharded host runs
+    this with the same plan (its part of every load, step, hash and save)."""
+    k = cfg.segment_len
+    on_disk = set(plan.on_disk)
+    done: list[int] = []
+    at: int | None = None  # the boundary the model currently holds
+    model: nn.Module | None = None
+    opt: torch.optim.Optimizer | None = None
+    for j in plan.missing:
+        src = max((q for q in on_disk | set(done) if q <= j), default=0)  # 0: rebuilt by `start`
+        if at is None or at > j or at < src:
+            model = opt = None  # the previous optimizer goes before `start` makes the next
+            model, opt = start()  # boundary 0; a persisted source is read over it, in place
+            if src in on_disk or src in done:
+                if sharding is not None:
+                    sharding.load(store.content, StateKind.TRAINING, leaves[src], str(outer_step), model, opt)
+                else:
+                    load_stored_state(store, outer_step, leaves[src], model, opt)
+            at = src
+        assert model is not None and opt is not None
+        while at < j:
+            train_segment(
+                model, opt, cfg, data, host, outer_step, at * k, k, micro_batches,
+                loss_fn=loss_fn, exchange=exchange,
+            )  # fmt: skip
+            at += 1
+            if at in plan.needed and at not in on_disk and at not in done and at != j:
+                _save_recomputed(store, outer_step, leaves, at, model, opt, cfg, sharding)
+                done.append(at)
+        _save_recomputed(store, outer_step, leaves, j, model, opt, cfg, sharding)
+        done.append(j)
+    return done
+
+
+def drop_sources(store: StateStore, outer_step: int, leaves: Sequence[str], plan: OpeningPlan) -> None:
+    """The persisted sources that were only kept to recompute from."""
+    for h in {leaves[j] for j in set(plan.sources) - set(plan.needed)} - {leaves[j] for j in plan.needed}:
+        store.delete(h, outer_step)
+
+
 def materialize_openings(
     store: StateStore,
     outer_step: int,
@@ -356,44 +585,15 @@ def materialize_openings(
     nothing else.
 
     Persisted boundaries that are neither opened nor the nearest source of an opened one go at
-    once; each missing opened boundary is recomputed bitwise from the nearest persisted one below
-    it (boundary 0: `start()` rebuilds it from G_n and the carried optimizer) with the same step
-    function, checked against its committed leaf, and saved; then the sources go. Returns the
-    boundaries that were recomputed. Raises `ValueError` if a recomputed state does not hash to
-    its leaf (the host could not reproduce its own trajectory).
+    once; each missing opened boundary is recomputed (`recompute_openings`); then the sources go.
+    Returns the boundaries that were recomputed. Raises `ValueError` if a recomputed state does
+    not hash to its leaf (the host could not reproduce its own trajectory).
     """
-    store.flush()  # the last boundaries may still be being written
-    needed = needed_boundaries(segments, cfg.replay_mode)
-    on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
-    missing = sorted(needed - on_disk)
-    sources = {max((q for q in on_disk if q <= j), default=0) for j in missing}
-    keep = {leaves[j] for j in needed | sources}  # leaves may repeat (a host that did not train)
-    for h in {leaves[j] for j in on_disk} - keep:
-        store.delete(h, outer_step)
-    k = cfg.segment_len
-    done: list[int] = []
-    at: int | None = None  # the boundary the model currently holds
-    model: nn.Module | None = None
-    opt: torch.optim.Optimizer | None = None
-    for j in missing:
-        src = max((q for q in on_disk | set(done) if q <= j), default=0)  # 0: rebuilt by `start`
-        if at is None or at > j or at < src:
-            model = opt = None  # the previous optimizer goes before `start` makes the next
-            model, opt = start()  # boundary 0; a persisted source is read over it, in place
-            if src in on_disk or src in done:
-                load_stored_state(store, outer_step, leaves[src], model, opt)
-            at = src
-        assert model is not None and opt is not None
-        while at < j:
-            train_segment(model, opt, cfg, data, host, outer_step, at * k, k, micro_batches, loss_fn=loss_fn)
-            at += 1
-            if at in needed and at not in on_disk and at not in done and at != j:
-                _save_recomputed(store, outer_step, leaves, at, model, opt, cfg)
-                done.append(at)
-        _save_recomputed(store, outer_step, leaves, j, model, opt, cfg)
-        done.append(j)
-    for h in {leaves[j] for j in sources - needed} - {leaves[j] for j in needed}:
-        store.delete(h, outer_step)
+    plan = plan_openings(store, outer_step, leaves, segments, cfg.replay_mode)
+    done = recompute_openings(
+        plan, store, outer_step, leaves, start, cfg, data, host, micro_batches=micro_batches, loss_fn=loss_fn
+    )
+    drop_sources(store, outer_step, leaves, plan)
     return done
 
 

@@ -542,13 +542,14 @@ def eval_loss(
     n_positions = val_data.numel() - seq_len
     if n_positions < 1 or n_batches < 1:
         raise DataError("validation split too short for the requested windows")
+    device = next(model.parameters()).device  # the model's device (cpu or cuda)
     was_training = model.training
     model.eval()
     try:
         total = 0.0
         for i in range(n_batches):
             offsets = batch_offsets(seed, "validation", 0, i, batch_size, n_positions)
-            x, y = windows(val_data, offsets, seq_len)
+            x, y = (t.to(device) for t in windows(val_data, offsets, seq_len))
             total += float(loss_fn(model(x), y))
         return total / n_batches
     finally:

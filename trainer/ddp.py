@@ -1,8 +1,9 @@
 """Data-parallel inner loop inside one host, under `torchrun` (gloo on CPU, nccl on GPU).
 
-Every rank holds the full model and optimizer. Rank r takes slice r of the PRF batch; the slice
-gradients are all-*gathered* and summed in rank order by `trainer.step` itself, exactly as a
-single process does with `micro_batches = world size`. An all-reduce would be cheaper but its
+Every rank holds the full model and optimizer, on its own device (`cuda:LOCAL_RANK` on a GPU
+host). Rank r takes slice r of the PRF batch; the slice gradients are all-*gathered* and summed
+in rank order by `trainer.step` itself, exactly as a single process does with
+`micro_batches = world size`. An all-reduce would be cheaper but its
 summation order is up to the backend, and then the host's trajectory could not be replayed
 bitwise by a verifier on one machine. Rank 0 speaks for the host: it hashes, saves and encodes.
 
@@ -22,6 +23,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -29,11 +31,22 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from nodekit.store import StateStore
+from nodekit.store import ContentStore, StateStore
 from protocol.config import RunConfig
-from trainer.commit import Contribution, run_committed
+from protocol.tensors import StateKind
+from trainer.commit import (
+    Contribution,
+    OpeningPlan,
+    drop_sources,
+    follow_committed,
+    plan_openings,
+    recompute_openings,
+    run_committed,
+)
 from trainer.data import Corpus, shakespeare_corpus
+from trainer.device import resolve_device
 from trainer.model import lm_loss
+from trainer.sharded import DistCollectives, ShardedState, ShardedStep, ShardPlan, make_shard_optimizer
 from trainer.spec import DEFAULT_ALLOW_LIST, BuiltModel, Factory, build
 from trainer.step import (
     LossFn,
@@ -53,12 +66,22 @@ PR_SET_PDEATHSIG = 1
 
 
 class GatherExchange:
-    """`trainer.step.SliceExchange` over a torch.distributed process group."""
+    """`trainer.step.SliceExchange` over a torch.distributed process group; `device` is this rank's.
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    `boundary` is a second (gloo) group over the same ranks for the boundary worker's collectives
+    (sharded hashing and saving), so they never interleave with the training thread's."""
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | None = None,
+        boundary: dist.ProcessGroup | None = None,
+    ) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        self.device = device if device is not None else torch.device("cpu")
+        self.boundary = boundary
 
     def gather(self, flat: Tensor) -> list[Tensor]:
         out = [torch.empty_like(flat) for _ in range(self.world_size)]
@@ -66,14 +89,24 @@ class GatherExchange:
         return out
 
 
-def init_from_env(backend: str | None = None, timeout: timedelta | None = None) -> GatherExchange:
+def backend_for(device: torch.device) -> str:
+    """gloo for CPU tensors; on a GPU host NCCL for CUDA tensors (gradient slices, states) and gloo
+    for the small CPU ones (job headers, the step counter), in one process group."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def init_from_env(
+    backend: str | None = None, timeout: timedelta | None = None, device: torch.device | None = None
+) -> GatherExchange:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
     missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
         raise RuntimeError(f"not launched by torchrun: {', '.join(missing)} unset")
+    dev = device if device is not None else torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"), timeout=timeout)
-    return GatherExchange()
+        dist.init_process_group(backend or backend_for(dev), timeout=timeout)
+    boundary = dist.new_group(backend="gloo", timeout=timeout)  # every rank, in the same order
+    return GatherExchange(device=dev, boundary=boundary)
 
 
 def run_committed_ddp(
@@ -115,16 +148,19 @@ class TeamError(RuntimeError):
     collectives, so the host process must end (torchrun then stops the others) and resume from disk."""
 
 
-def launch() -> GatherExchange | None:
+def launch(device: str = "cpu") -> GatherExchange | None:
     """The process group when torchrun started more than one rank, else None (single process).
 
-    gloo, whatever the hardware: the replayable step and its tensors live on the CPU (the committed
-    environment says `device="cpu"`), and nccl only moves CUDA tensors.
+    `device` is the node setting: `cuda` puts each rank on `cuda:LOCAL_RANK` and its CUDA tensors
+    on NCCL (`backend_for`); `cpu` is gloo alone.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     _die_with_parent()
-    return init_from_env("gloo", timeout=FOLLOW_TIMEOUT)
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return init_from_env(timeout=FOLLOW_TIMEOUT, device=dev)
 
 
 def _die_with_parent() -> None:
@@ -171,18 +207,94 @@ def _state_header(state: Mapping[str, Tensor]) -> dict[str, int]:
     return {"tensors": len(state), "numel": sum(t.numel() for t in state.values())}
 
 
+@dataclass
+class ShardedRank:
+    """This rank's pieces of a sharded team for one model: who owns what, the step, the state."""
+
+    plan: ShardPlan
+    step: ShardedStep
+    state: ShardedState
+
+    @classmethod
+    def of(cls, model: nn.Module, exchange: GatherExchange) -> ShardedRank:
+        plan = ShardPlan.of(model, exchange.world_size)
+        step = ShardedStep(plan, DistCollectives(exchange.group))
+        return cls(plan, step, ShardedState(plan, model, DistCollectives(exchange.boundary)))
+
+    def broadcast_params(self, model: nn.Module, group: dist.ProcessGroup | None) -> None:
+        """Rank 0's parameters (G_n, or what it loaded) into every replica, in canonical order."""
+        by_name = dict(model.named_parameters())
+        with torch.no_grad():
+            for name in self.plan.names:
+                dist.broadcast(by_name[name].detach(), 0, group=group)
+
+    def optimizer(
+        self, model: nn.Module, inner: Any, store: ContentStore | None, carried: str | None, group: str
+    ) -> torch.optim.Optimizer:
+        """This rank's AdamW over its own tensors: fresh, or its part of the carried state `carried`."""
+        opt = make_shard_optimizer(model, self.plan, self.step.rank, inner)
+        if carried:
+            if store is None:
+                raise TeamError("a carried optimizer state needs the host's store")
+            self.state.load(store, StateKind.OPTIMIZER, carried, group, model, opt)
+        return opt
+
+
 class Team:
     """Rank 0's handle on its follower ranks; the host node trains through it (`OuterContext.train`).
 
     Each `train` call is announced and starts from rank 0's state, so the followers take part in
     exactly the training calls rank 0 makes and in nothing else.
+
+    With `shard_state` each rank keeps only its 1/W of the AdamW moments (`trainer.sharded`): rank 0
+    builds its part with `shard_optimizer` (fresh, or its part of the carried state in the store),
+    the followers theirs when `train` announces the call; every rank hashes and saves its part of
+    every boundary into the host's store (shard files: the data dir must be shared by the ranks,
+    as it is on one machine), and `materialize` recomputes opened boundaries with all ranks.
     """
 
-    def __init__(self, exchange: GatherExchange) -> None:
+    def __init__(self, exchange: GatherExchange, *, shard_state: bool = False) -> None:
         if exchange.rank != 0:
             raise ValueError("only rank 0 leads a team; other ranks `follow`")
         self.exchange = exchange
+        self.shard_state = shard_state
         self.closed = False
+        self._sharded: tuple[int, ShardedRank] | None = None
+        self._carried: tuple[str | None, str] = (None, "optimizer")
+
+    def _rank(self, model: nn.Module) -> ShardedRank:
+        if self._sharded is None or self._sharded[0] != id(model):
+            self._sharded = (id(model), ShardedRank.of(model, self.exchange))
+        return self._sharded[1]
+
+    def carry(self, carried: str | None, group: str) -> None:
+        """The optimizer state the next calls start from (None: fresh) and the content group where
+        it is, and where `train` keeps its final state (a sharded team)."""
+        self._carried = (carried or None, group)
+
+    def shard_optimizer(self, model: nn.Module, cfg: RunConfig, store: ContentStore) -> torch.optim.Optimizer:
+        """Rank 0's part of a sharded team's optimizer state for the next `train` (`carry`)."""
+        if not self.shard_state:
+            raise ValueError("shard_optimizer is for a team with shard_state")
+        carried, group = self._carried
+        return self._rank(model).optimizer(model, cfg.inner, store, carried, group)
+
+    def _job(
+        self, op: str, cfg: RunConfig, host: str, outer_step: int, store: StateStore | None
+    ) -> dict[str, Any]:
+        job: dict[str, Any] = {
+            "stop": False, "op": op, "outer_step": outer_step, "host": host,
+            "config": cfg.model_dump(mode="json"), "device": self.exchange.device.type,
+            "sharded": self.shard_state,
+        }  # fmt: skip
+        if self.shard_state:
+            carried, group = self._carried
+            job["carried_optimizer"], job["optimizer_group"] = carried, group
+            job["store"] = None if store is None else {
+                "root": str(store.root), "chunk_bytes": store.chunk_bytes,
+                "checkpoint_every": store.checkpoint_every,
+            }  # fmt: skip
+        return job
 
     @property
     def world_size(self) -> int:
@@ -212,23 +324,82 @@ class Team:
         with torch.no_grad():
             for n in sorted(named):  # name order: one pass over a G_n read from disk
                 named[n].copy_(global_params[n])
-        state = training_state(model, opt)
-        job = {"stop": False, "outer_step": outer_step, "host": host, "config": cfg.model_dump(mode="json")}
+        job = self._job("train", cfg, host, outer_step, store)
         group = self.exchange.group
         try:
-            _send_header({**job, **_state_header(state)}, group)
-            for name in sorted(state):
-                dist.broadcast(state[name].contiguous(), 0, group=group)
-            c = run_committed_ddp(
-                model, opt, cfg, data, host, outer_step, global_params, base_model_hash, store, self.exchange,
-                loss_fn=loss_fn, keep_delta=keep_delta,
-            )  # fmt: skip
+            if self.shard_state:
+                rank = self._rank(model)
+                _send_header(job, group)
+                rank.broadcast_params(model, group)
+                c = run_committed(
+                    model, opt, cfg, data, host, outer_step, global_params, base_model_hash, store,
+                    micro_batches=self.world_size, loss_fn=loss_fn, exchange=rank.step, sharding=rank.state,
+                    keep_optimizer=self._carried[1] if store is not None else None, keep_delta=keep_delta,
+                )  # fmt: skip
+            else:
+                state = training_state(model, opt)
+                _send_header({**job, **_state_header(state)}, group)
+                for name in sorted(state):
+                    dist.broadcast(state[name].contiguous(), 0, group=group)
+                c = run_committed_ddp(
+                    model, opt, cfg, data, host, outer_step, global_params, base_model_hash, store,
+                    self.exchange, loss_fn=loss_fn, keep_delta=keep_delta,
+                )  # fmt: skip
         except Exception as e:
             self.closed = True
             why = f"{type(e).__name__}: {e}"
             raise TeamError(f"data-parallel training failed ({why}); restart the host") from e
         assert c is not None  # rank 0 always gets the contribution
         return c
+
+    def materialize(
+        self,
+        store: StateStore,
+        outer_step: int,
+        leaves: list[str],
+        segments: list[int],
+        model: nn.Module,
+        cfg: RunConfig,
+        data: Corpus,
+        host: str,
+        global_params: Mapping[str, Tensor],
+        *,
+        loss_fn: LossFn = lm_loss,
+    ) -> list[int]:
+        """`trainer.commit.materialize_openings` for a sharded team: rank 0 plans (and deletes what
+        is not needed); every rank recomputes its part of the missing opened boundaries from the
+        persisted ones (or from G_n, which rank 0 broadcasts, and the carried optimizer state)."""
+        if self.closed:
+            raise TeamError("the team was stopped or broke in an earlier call")
+        plan = plan_openings(store, outer_step, leaves, segments, cfg.replay_mode)
+        done: list[int] = []
+        if plan.missing:
+            rank = self._rank(model)
+            carried, group = self._carried
+
+            def start() -> tuple[nn.Module, torch.optim.Optimizer]:
+                with torch.no_grad():
+                    for n, p in model.named_parameters():
+                        p.copy_(global_params[n])
+                rank.broadcast_params(model, self.exchange.group)
+                return model, rank.optimizer(model, cfg.inner, store.content, carried, group)
+
+            job = self._job("recompute", cfg, host, outer_step, store)
+            job.update(leaves=leaves, plan=plan.to_json())
+            try:
+                _send_header(job, self.exchange.group)
+                done = recompute_openings(
+                    plan, store, outer_step, leaves, start, cfg, data, host, micro_batches=self.world_size,
+                    loss_fn=loss_fn, exchange=rank.step, sharding=rank.state,
+                )  # fmt: skip
+            except ValueError:
+                raise  # every rank saw the same wrong hash and stopped at the same point
+            except Exception as e:
+                self.closed = True
+                why = f"{type(e).__name__}: {e}"
+                raise TeamError(f"sharded recompute failed ({why}); restart the host") from e
+        drop_sources(store, outer_step, leaves, plan)
+        return done
 
     def close(self) -> None:
         """Tell the followers to exit (idempotent). A follower already gone is torchrun's business."""
@@ -255,23 +426,35 @@ def follow(
         raise ValueError("rank 0 leads (`Team`), it does not follow")
     data: Corpus | None = None
     built: dict[str, BuiltModel] = {}  # the last run config's model, built once
+    sharded: ShardedRank | None = None  # and its sharded parts
     jobs = 0
     while True:
         header = _recv_header(exchange.group)
         if header.get("stop"):
             return jobs
         cfg = RunConfig.model_validate(header["config"])
-        configure_determinism(cfg.threads)
+        if header.get("device") != exchange.device.type:
+            raise TeamError(f"rank 0 trains on {header.get('device')}, this rank on {exchange.device.type}")
+        configure_determinism(cfg.threads, exchange.device)
         if data is None or data.manifest_hash != cfg.dataset_manifest_hash:
             data = corpus()
             if data.manifest_hash != cfg.dataset_manifest_hash:
                 raise TeamError(f"local dataset {data.manifest_hash[:12]} is not the run's")
         spec = cfg.model.model_dump_json()
         if spec not in built:
-            built = {spec: build(cfg.model, allow_list)}
+            sharded = None
+            made = build(cfg.model, allow_list)
+            built = {spec: BuiltModel(made.module.to(exchange.device), made.loss_fn)}
         model, loss_fn = built[spec].module, built[spec].loss_fn
+        if header.get("sharded"):
+            if sharded is None:
+                sharded = ShardedRank.of(model, exchange)
+            _follow_sharded(exchange, header, cfg, model, loss_fn, data, sharded)
+            jobs += 1
+            continue
         opt = make_optimizer(model, cfg.inner)
-        state = training_state(model, opt, copy=True)
+        # receive buffers on rank 0's devices (CUDA tensors travel by NCCL, the step counter by gloo)
+        state = {k: v.detach().clone() for k, v in training_state(model, opt).items()}
         want = {k: header.get(k) for k in ("tensors", "numel")}
         if _state_header(state) != want:
             raise TeamError(f"rank 0's state {want} does not fit this rank's model {_state_header(state)}")
@@ -284,3 +467,47 @@ def follow(
             loss_fn=loss_fn,
         )  # fmt: skip
         jobs += 1
+
+
+def _follow_sharded(
+    exchange: GatherExchange,
+    header: dict[str, Any],
+    cfg: RunConfig,
+    model: nn.Module,
+    loss_fn: LossFn,
+    data: Corpus,
+    rank: ShardedRank,
+) -> None:
+    """One call of a sharded team on a follower: its part of rank 0's `train` or `materialize`."""
+    where = header.get("store")
+    store = None
+    if where:
+        every = int(where["checkpoint_every"])
+        store = StateStore(where["root"], chunk_bytes=int(where["chunk_bytes"]), checkpoint_every=every)
+    carried, group = header.get("carried_optimizer"), str(header.get("optimizer_group"))
+    host, outer_step = str(header["host"]), int(header["outer_step"])
+
+    def start() -> tuple[nn.Module, torch.optim.Optimizer]:
+        rank.broadcast_params(model, exchange.group)
+        return model, rank.optimizer(model, cfg.inner, store.content if store else None, carried, group)
+
+    if header.get("op") == "train":
+        model, opt = start()
+        params = {n: p.detach() for n, p in model.named_parameters()}  # G_n, as rank 0 sent it
+        follow_committed(
+            model, opt, cfg, data, host, outer_step, params, store, exchange=rank.step, sharding=rank.state,
+            loss_fn=loss_fn, keep_optimizer=group if store is not None else None,
+        )  # fmt: skip
+    elif header.get("op") == "recompute":
+        if store is None:
+            raise TeamError("recompute needs the host's store")
+        plan = OpeningPlan.from_json(header["plan"])
+        with contextlib.suppress(ValueError):  # a wrong hash: rank 0 saw it too and reports it
+            recompute_openings(
+                plan, store, outer_step, [str(h) for h in header["leaves"]], start, cfg, data, host,
+                micro_batches=exchange.world_size, loss_fn=loss_fn, exchange=rank.step, sharding=rank.state,
+            )  # fmt: skip
+    else:
+        raise TeamError(f"unknown job {header.get('op')!r}")
+    if store is not None:
+        store.flush()  # this rank's last shard file is written before the next call

@@ -65,9 +65,10 @@ from trainer.metrics import HostMetrics
 from trainer.node_config import HostConfig
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
 from trainer.step import (
-    configure_determinism,
+    DeviceError,
     make_optimizer,
     optimizer_state,
+    pin_device,
     training_state,
 )
 
@@ -286,9 +287,12 @@ class HostNode:
             raise NodeError(
                 f"host.toml threads={self.config.threads}, the run replays with {self.cfg.threads}"
             )
-        configure_determinism(self.cfg.threads)
+        try:
+            device = pin_device(self.cfg.threads, self.config.device)
+        except DeviceError as e:
+            raise NodeError(str(e)) from e
         built = build(self.cfg.model, self._allow_list)
-        self.model: nn.Module = built.module
+        self.model: nn.Module = built.module.to(device)
         self.loss_fn = built.loss_fn
         self.corpus = self._corpus if self._corpus is not None else node_corpus(
             self.cfg, self.config.dataset_source, self.dir, self.address
@@ -388,18 +392,34 @@ class HostNode:
             self.catalog.publish(Kind.MODEL, h, StoredObject(self.content, Kind.MODEL, h))
         return self._gm_cache[h]
 
+    @property
+    def _sharded(self) -> bool:
+        return self.team is not None and self.team.shard_state
+
     def _start_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer state the chain says this step starts from: last accepted, or fresh
-        (the parameters are G_n's: `run_committed` or the caller loads them)."""
+        (the parameters are G_n's: `run_committed` or the caller loads them). With a sharded
+        team: rank 0's part of it (the others load theirs when the team trains)."""
         self.store.flush()  # a last boundary still being written reads the live model
-        opt = make_optimizer(self.model, self.cfg.inner)
         prev = self.view.prev_optimizer_hash(self.address)
+        if self.team is not None and self.team.shard_state:
+            try:
+                self.team.carry(prev or None, OPTIMIZER_GROUP)
+                return self.team.shard_optimizer(self.model, self.cfg, self.content)
+            except (ValueError, RuntimeError) as e:
+                raise NodeError(f"own optimizer state {prev[:12]} is lost ({e}); leave and rejoin") from e
+        opt = make_optimizer(self.model, self.cfg.inner)
         if prev:  # read from disk straight into the new optimizer's own tensors (no second copy)
             into = optimizer_state(training_state(self.model, opt))
+            sink = TensorSink.into(into)  # a GPU model's moments: via host tensors, then copied
             try:
-                self.content.load_into(Kind.OPTIMIZER, prev, TensorSink(tensors=into), OPTIMIZER_GROUP)
+                self.content.load_into(Kind.OPTIMIZER, prev, sink, OPTIMIZER_GROUP)
             except ValueError as e:
                 raise NodeError(f"own optimizer state {prev[:12]} is lost ({e}); leave and rejoin") from e
+            with torch.no_grad():
+                for k, t in into.items():
+                    if sink.tensors[k] is not t:
+                        t.copy_(sink.tensors[k])
             for p in self.model.parameters():  # every parameter carries its own step counter
                 opt.state[p]["step"].copy_(into["step"])
         return opt
@@ -425,7 +445,8 @@ class HostNode:
             for p in self.model.parameters():  # no more backward passes this step: free 4 B/param
                 p.grad = None
             self.metrics.trained(self.cfg.inner_steps, contribution.tokens, seconds, contribution.mean_loss)
-            self._save_optimizer(contribution, opt)
+            if not self._sharded:  # a sharded team's ranks saved their parts of it as they trained
+                self._save_optimizer(contribution, opt)
             self._save_record(contribution)
             self._set(loss=contribution.mean_loss)
             self.log(
@@ -552,10 +573,17 @@ class HostNode:
             return self.model, opt
 
         try:
-            done = materialize_openings(
-                self.store, n, c.leaves, segments, start, self.cfg, self.corpus, self.address,
-                micro_batches=c.env.micro_batches, loss_fn=self.loss_fn,
-            )  # fmt: skip
+            if self.team is not None and self.team.shard_state:
+                self.team.carry(self.view.prev_optimizer_hash(self.address) or None, OPTIMIZER_GROUP)
+                done = self.team.materialize(
+                    self.store, n, c.leaves, segments, self.model, self.cfg, self.corpus, self.address,
+                    gm.params, loss_fn=self.loss_fn,
+                )  # fmt: skip
+            else:
+                done = materialize_openings(
+                    self.store, n, c.leaves, segments, start, self.cfg, self.corpus, self.address,
+                    micro_batches=c.env.micro_batches, loss_fn=self.loss_fn,
+                )  # fmt: skip
         except (ValueError, OSError) as e:  # cannot reproduce an own boundary: serve what we have
             self.log("recompute_failed", outer_step=n, error=f"{type(e).__name__}: {e}")
             return

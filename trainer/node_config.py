@@ -78,6 +78,11 @@ class NodeConfig(BaseModel):
     public_url: str = Field("", pattern=r"^(https?://.*)?$", max_length=256)
     stake: int = Field(2_000_000_000, ge=0)
     threads: int = Field(1, ge=1, le=256)
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d{1,3})?)$",
+        description="where the replayable step runs: cpu, cuda (this rank's GPU) or cuda:N",
+    )
     behaviour: str = Field("honest", min_length=1)
     behaviour_params: dict[str, Any] = Field(default_factory=dict)
     min_transfer_bps: float = Field(
@@ -124,6 +129,11 @@ class HostConfig(NodeConfig):
 
     checkpoint_every: int = Field(
         4, ge=1, le=1_000_000, description="m: persist every m-th boundary; opened ones are recomputed"
+    )
+    shard_state: bool = Field(
+        False,
+        description="under torchrun: each rank keeps 1/W of the optimizer moments and hashes and saves "
+        "its part of every state (trainer.sharded); the trajectory and hashes are the unsharded ones",
     )
 
 

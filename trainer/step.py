@@ -8,23 +8,36 @@ Data-parallel hosts (`trainer.ddp`) plug in a `SliceExchange`: each rank compute
 of its slice of the PRF batch and the slices are gathered and summed in slice order, exactly as
 a single process with `micro_batches = world size` does it, so a DDP trajectory replays bitwise
 in one process.
+
+Devices (`trainer.device`): the model, its optimizer state and the batches live on the model's
+device (cpu or cuda); the run's numerics (fp32 or bf16 autocast over float32 master state, TF32,
+the attention kernel) are pinned at the start of every call. States cross to the host only to be
+hashed or stored. This module's import needs torch and numpy alone (pydantic models are imported
+where used), so bench/gpu_check.py runs the real step on a bare GPU machine.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from protocol.chunks import DEFAULT_CHUNK_BYTES
-from protocol.config import InnerOptim, RunConfig
-from protocol.messages import EnvFingerprint
 from protocol.tensors import StateKind, tensor_hash
-from trainer.data import Corpus, batch
+from trainer.device import DeviceError as DeviceError  # re-exported
+from trainer.device import configure_determinism as configure_determinism  # re-exported
+from trainer.device import env_facts, forward_context, host_state, pin_numerics, to_device
+from trainer.device import pin_device as pin_device  # re-exported
+from trainer.device import snapshot_to_host as snapshot_to_host  # re-exported
 from trainer.model import lm_loss
+
+if TYPE_CHECKING:  # pydantic models; at run time only `train_segment`/`env_fingerprint` import them
+    from protocol.config import InnerOptim, Numerics, RunConfig
+    from protocol.messages import EnvFingerprint
+    from trainer.data import Corpus
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 State = dict[str, Tensor]
@@ -35,35 +48,33 @@ class StateError(ValueError):
     """A training state does not fit this model (missing/extra names, shapes, dtypes)."""
 
 
-def configure_determinism(threads: int) -> None:
-    """Pin what bitwise replay depends on; part of the committed environment fingerprint."""
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
+def env_fingerprint(
+    threads: int | None = None, micro_batches: int = 1, device: str | torch.device | None = None
+) -> EnvFingerprint:
+    """What a bitwise replay must reproduce, on `device` (default: `configure_determinism`'s);
+    `micro_batches` is the data-parallel slice count."""
+    from protocol.messages import EnvFingerprint
+
+    facts = env_facts(device)
+    if threads is not None:
+        facts["threads"] = threads
+    return EnvFingerprint(**facts, micro_batches=micro_batches)
 
 
-def env_fingerprint(threads: int | None = None, micro_batches: int = 1) -> EnvFingerprint:
-    """What a bitwise replay must reproduce; `micro_batches` is the data-parallel slice count."""
-    return EnvFingerprint(
-        torch_version=torch.__version__,
-        threads=threads if threads is not None else torch.get_num_threads(),
-        deterministic=torch.are_deterministic_algorithms_enabled(),
-        device="cpu",
-        micro_batches=micro_batches,
-    )
-
-
-def make_optimizer(model: nn.Module, inner: InnerOptim) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module | Iterable[nn.Parameter], inner: InnerOptim) -> torch.optim.AdamW:
     """AdamW (decay on matrices only, as nanoGPT) with its state created up front as zeros.
 
     PyTorch creates moments lazily on the first step; creating them here means a fresh optimizer
     and one loaded from an all-zero state are the same object, bit for bit, for hashing and replay.
+    Given parameters instead of a model it covers only those (a rank's shard, `trainer.sharded`).
 
-    `foreach=False`: the per-tensor update runs the same kernels in the same order as the
-    multi-tensor one (on the CPU `_foreach_*` loops over those kernels), so the bits are the same
+    On the CPU `foreach=False`: the per-tensor update runs the same kernels in the same order as
+    the multi-tensor one (there `_foreach_*` loops over those kernels), so the bits are the same
     (`tests/test_step_replay.py::test_foreach_and_per_tensor_adamw_agree`), but its temporaries
-    (√v̂ + ε) are one tensor's, not the whole model's: 4 B/param less at every step's peak.
+    (√v̂ + ε) are one tensor's, not the whole model's: 4 B/param less at every step's peak. On an
+    accelerator the multi-tensor kernels stay (launch count; a replay class pins the device kind).
     """
-    params = list(model.parameters())
+    params = list(model.parameters()) if isinstance(model, nn.Module) else list(model)
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": inner.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -73,7 +84,7 @@ def make_optimizer(model: nn.Module, inner: InnerOptim) -> torch.optim.AdamW:
         lr=inner.lr,
         betas=(inner.beta1, inner.beta2),
         eps=inner.eps,
-        foreach=False,
+        foreach=bool(params) and params[0].device.type != "cpu",
     )
     for p in params:
         opt.state[p] = {
@@ -87,7 +98,9 @@ def make_optimizer(model: nn.Module, inner: InnerOptim) -> torch.optim.AdamW:
 def training_state(model: nn.Module, opt: torch.optim.Optimizer, *, copy: bool = False) -> State:
     """The flat state of DEVELOPERS.md: `param/<n>`, `exp_avg/<n>`, `exp_avg_sq/<n>`, `step`.
 
-    Without `copy` the tensors alias the live ones: hash them before the next step.
+    Without `copy` the tensors alias the live ones (on the model's device): hash them before the
+    next step. With `copy`, a host (CPU) copy, made now: what is hashed and stored. The hot path
+    (a boundary every k steps) uses `snapshot_to_host` instead, which does not wait for the copy.
     """
     out: State = {}
     step: Tensor | None = None
@@ -100,9 +113,7 @@ def training_state(model: nn.Module, opt: torch.optim.Optimizer, *, copy: bool =
     if step is None:
         raise StateError("model has no parameters")
     out["step"] = step
-    if copy:
-        out = {k: v.detach().clone() for k, v in out.items()}
-    return out
+    return host_state(out) if copy else out
 
 
 def optimizer_state(state: Mapping[str, Tensor]) -> State:
@@ -138,9 +149,9 @@ def load_training_state(model: nn.Module, opt: torch.optim.Optimizer, state: Map
         for name, p in model.named_parameters():
             p.copy_(state[f"param/{name}"])
             opt.state[p] = {
-                "step": step.detach().clone(),
-                "exp_avg": state[f"exp_avg/{name}"].detach().clone(),
-                "exp_avg_sq": state[f"exp_avg_sq/{name}"].detach().clone(),
+                "step": step.detach().to("cpu", copy=True),  # AdamW (not capturable) keeps it on the CPU
+                "exp_avg": state[f"exp_avg/{name}"].detach().to(p.device, copy=True),
+                "exp_avg_sq": state[f"exp_avg_sq/{name}"].detach().to(p.device, copy=True),
             }
 
 
@@ -167,32 +178,73 @@ class SliceExchange(Protocol):
         ...
 
 
-def _flat_grad(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor) -> Tensor:
-    """Gradient of one slice as one flat vector, with the slice loss appended at the end."""
-    params = list(model.parameters())
-    loss = loss_fn(model(x), y)
+@runtime_checkable
+class ShardedUpdate(Protocol):
+    """A rank of a host whose optimizer state is sharded (`trainer.sharded.ShardedStep`): it does
+    the whole update of one batch (its slice's gradient, the ordered reduce-scatter, clipping,
+    AdamW on its own tensors, the parameter broadcast), bit for bit the unsharded step."""
+
+    rank: int
+    world_size: int
+
+    def update(
+        self,
+        model: nn.Module,
+        opt: torch.optim.Optimizer,
+        inner: InnerOptim,
+        x: Tensor,
+        y: Tensor,
+        loss_fn: LossFn,
+        precision: str,
+    ) -> Tensor:
+        """One inner step on (x, y); the batch loss (a 0-d tensor on the device)."""
+        ...
+
+
+def _flat_grad(
+    model: nn.Module,
+    loss_fn: LossFn,
+    x: Tensor,
+    y: Tensor,
+    precision: str,
+    params: list[nn.Parameter] | None = None,
+) -> Tensor:
+    """Gradient of one slice as one flat vector (in `params` order, default the model's), with the
+    slice loss appended at the end."""
+    params = list(model.parameters()) if params is None else params
+    with forward_context(precision, x.device):
+        loss = loss_fn(model(x), y)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     parts = [
         (g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params, strict=True)
     ]
-    return torch.cat([*parts, loss.detach().reshape(1)])
+    return torch.cat([*parts, loss.detach().float().reshape(1)])
 
 
 def _compute_grads(
-    model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, slices: int, exchange: SliceExchange | None
-) -> float:
-    """Set `.grad` and return the loss. Slices are summed in slice order, then divided once."""
+    model: nn.Module,
+    loss_fn: LossFn,
+    x: Tensor,
+    y: Tensor,
+    slices: int,
+    exchange: SliceExchange | None,
+    precision: str,
+) -> Tensor:
+    """Set `.grad` and return the loss (a 0-d tensor: reading it would wait for the device).
+
+    Slices are summed in slice order, then divided once."""
     if slices == 1 and exchange is None:
-        loss = loss_fn(model(x), y)
+        with forward_context(precision, x.device):
+            loss = loss_fn(model(x), y)
         loss.backward()
-        return float(loss.detach())
+        return loss.detach().float()
     if x.shape[0] % slices:
         raise ValueError(f"batch of {x.shape[0]} does not split into {slices} equal slices")
     xs, ys = x.chunk(slices), y.chunk(slices)
     if exchange is None:
-        flats = [_flat_grad(model, loss_fn, xs[i], ys[i]) for i in range(slices)]
+        flats = [_flat_grad(model, loss_fn, xs[i], ys[i], precision) for i in range(slices)]
     else:
-        flats = exchange.gather(_flat_grad(model, loss_fn, xs[exchange.rank], ys[exchange.rank]))
+        flats = exchange.gather(_flat_grad(model, loss_fn, xs[exchange.rank], ys[exchange.rank], precision))
     total = flats[0].clone()
     for f in flats[1:]:
         total += f
@@ -202,7 +254,50 @@ def _compute_grads(
         n = p.numel()
         p.grad = total[offset : offset + n].view_as(p).clone()
         offset += n
-    return float(total[-1])
+    return total[-1].clone()  # not a view: it would keep the whole flat gradient alive
+
+
+def train_steps(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    inner: InnerOptim,
+    numerics: Numerics,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    micro_batches: int = 1,
+    *,
+    loss_fn: LossFn = lm_loss,
+    exchange: SliceExchange | ShardedUpdate | None = None,
+) -> list[float]:
+    """One inner step per (x, y) batch, on the model's device; returns the losses.
+
+    The core of `train_segment`, with the batches given: it needs torch alone, so bench/gpu_check
+    runs this very code on a machine with nothing but torch and numpy. With a `ShardedUpdate`
+    exchange `opt` covers this rank's own tensors only."""
+    if micro_batches < 1:
+        raise ValueError("micro_batches must be >= 1")
+    if exchange is not None and exchange.world_size != micro_batches:
+        raise ValueError("micro_batches must equal the DDP world size")
+    params = list(model.parameters())
+    device = params[0].device
+    first = opt.param_groups[0]["params"][0]  # every parameter carries the same step counter
+    pin_numerics(numerics.tf32, str(numerics.attention))
+    precision = str(numerics.precision)
+    model.train()
+    losses: list[Tensor] = []
+    for x, y in batches:
+        x, y = to_device(x, device), to_device(y, device)
+        lr = lr_at(inner, int(opt.state[first]["step"]))  # a CPU tensor: no device sync
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        if isinstance(exchange, ShardedUpdate):
+            losses.append(exchange.update(model, opt, inner, x, y, loss_fn, precision))
+            continue
+        losses.append(_compute_grads(model, loss_fn, x, y, micro_batches, exchange, precision))
+        torch.nn.utils.clip_grad_norm_(params, inner.grad_clip)
+        opt.step()
+    opt.zero_grad(set_to_none=True)  # the next step sets them anew: 4 B/param free between segments
+    return torch.stack(losses).tolist() if losses else []  # one device sync per call, not per step
 
 
 def train_segment(
@@ -217,24 +312,14 @@ def train_segment(
     micro_batches: int = 1,
     *,
     loss_fn: LossFn = lm_loss,
-    exchange: SliceExchange | None = None,
+    exchange: SliceExchange | ShardedUpdate | None = None,
 ) -> list[float]:
-    """Run inner steps `start_inner .. start_inner + n_steps - 1`; returns their losses."""
+    """Run inner steps `start_inner .. start_inner + n_steps - 1` on their PRF batches; their losses."""
+    from trainer.data import batch  # imported here so that the step's core needs no pydantic
+
     if micro_batches < 1 or n_steps < 0 or start_inner < 0:
         raise ValueError("micro_batches must be >= 1 and steps non-negative")
-    if exchange is not None and exchange.world_size != micro_batches:
-        raise ValueError("micro_batches must equal the DDP world size")
-    model.train()
-    params = list(model.parameters())
-    losses = []
-    for i in range(start_inner, start_inner + n_steps):
-        x, y = batch(cfg, data, host, outer_step, i)
-        lr = lr_at(cfg.inner, int(opt.state[params[0]]["step"]))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.zero_grad(set_to_none=True)
-        losses.append(_compute_grads(model, loss_fn, x, y, micro_batches, exchange))
-        torch.nn.utils.clip_grad_norm_(params, cfg.inner.grad_clip)
-        opt.step()
-    opt.zero_grad(set_to_none=True)  # the next step sets them anew: 4 B/param free between segments
-    return losses
+    batches = (batch(cfg, data, host, outer_step, i) for i in range(start_inner, start_inner + n_steps))
+    return train_steps(
+        model, opt, cfg.inner, cfg.numerics, batches, micro_batches, loss_fn=loss_fn, exchange=exchange
+    )

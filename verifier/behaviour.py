@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from protocol.messages import EnvFingerprint
 from verifier.verify import Job, Outcome
 
 
@@ -20,6 +21,10 @@ class VerifierBehaviour:
     def online(self) -> bool:
         """False: the node neither fetches nor submits (its verdicts go missing)."""
         return True
+
+    def declared_class(self, env: EnvFingerprint) -> str:
+        """The replay class the node declares when it joins (specs §6.1): its own."""
+        return env.replay_class
 
     def decide(self, job: Job, check: Callable[[], Outcome]) -> Outcome | None:
         """The verdict to submit, or None to submit nothing."""

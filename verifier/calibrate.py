@@ -7,8 +7,9 @@ honest cross-environment noise of that group; an attack is seen when some group 
 threshold. Both grow with the segment length k, the noise faster (DESIGN §2), so this measures,
 per k and group:
 
-- noise: the same segment from the same state run in two separate processes with different
-  thread counts (env A is the verifier, env B the host); its maximum over trials, because it is
+- noise: the same segment from the same state run in two separate processes of different
+  environments — thread counts, or devices (CPU vs GPU, GPU vs GPU: `devices`, i.e. two replay
+  classes) — env A is the verifier, env B the host; its maximum over trials, because it is
   sporadic (many segments replay bit-identically across thread counts, a few do not), so a
   calibration needs enough trials to see it at all (`differs` reports the share that did);
 - skip: the host skipped one inner step of the segment (first or last, the smaller signal);
@@ -38,6 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from protocol.config import RunConfig
 from trainer.data import Corpus, shakespeare_corpus
+from trainer.device import host_state, resolve_device
 from trainer.spec import build
 from trainer.step import State, configure_determinism, load_training_state, make_optimizer, train_segment
 from trainer.step import training_state as live_state
@@ -126,20 +128,21 @@ def _corpus(spec: str) -> Corpus:
 Plan = Sequence[tuple[str, int, int]]
 
 
-def _run(cfg: RunConfig, data: Corpus, start: State, plan: Plan, outer: int) -> State:
+def _run(cfg: RunConfig, data: Corpus, start: State, plan: Plan, outer: int, device: torch.device) -> State:
     """From `start`, run (host, first inner step, steps) pieces in order; the state at the end."""
     built = build(cfg.model)
+    built.module.to(device)
     opt = make_optimizer(built.module, cfg.inner)
     load_training_state(built.module, opt, start)
     for host, first, n in plan:
         if n:
             train_segment(built.module, opt, cfg, data, host, outer, first, n, loss_fn=built.loss_fn)
-    return {k: v.clone() for k, v in live_state(built.module, opt).items()}
+    return host_state(dict(live_state(built.module, opt)))  # a host copy: a GPU replay's too
 
 
 def worker(job: dict[str, Any]) -> None:
     """Run in a fresh process: every requested trajectory under this process's thread count."""
-    configure_determinism(job["threads"])
+    device = configure_determinism(job["threads"], resolve_device(job.get("device", "cpu")))
     cfg = RunConfig.model_validate(job["cfg"])
     data = _corpus(job["corpus"])
     out: dict[str, torch.Tensor] = {}
@@ -154,13 +157,13 @@ def worker(job: dict[str, Any]) -> None:
                     plans[f"skip_{name}"] = [(HOST, s0, p), rest]
                     plans[f"swap_{name}"] = [(HOST, s0, p), (SWAP_HOST, s0 + p, 1), rest]
             for variant, plan in plans.items():
-                for name, v in _run(cfg, data, start, plan, outer).items():
+                for name, v in _run(cfg, data, start, plan, outer, device).items():
                     out[f"{t}/{k}/{variant}/{name}"] = v
     save_file(out, job["out"])
 
 
 def _spawn(job: dict[str, Any], workdir: Path) -> dict[str, torch.Tensor]:
-    path = workdir / f"job-{job['threads']}-{int(job['attacks'])}.json"
+    path = workdir / f"job-{job['threads']}-{job['device'].replace(':', '')}-{int(job['attacks'])}.json"
     path.write_text(json.dumps(job))
     env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"])}
     proc = subprocess.run(
@@ -168,7 +171,9 @@ def _spawn(job: dict[str, Any], workdir: Path) -> dict[str, torch.Tensor]:
         capture_output=True, text=True, env=env, check=False,
     )  # fmt: skip
     if proc.returncode != 0 or not Path(job["out"]).is_file():
-        raise CalibrationError(f"worker ({job['threads']} threads) failed: {proc.stderr[-2000:]}")
+        raise CalibrationError(
+            f"worker ({job['device']}, {job['threads']} threads) failed: {proc.stderr[-2000:]}"
+        )
     return load_file(job["out"])
 
 
@@ -184,8 +189,10 @@ def calibrate(
     trials: int = 8,
     warmup: int = 10,
     factor: float = 8.0,
+    devices: tuple[str, str] = ("cpu", "cpu"),
 ) -> Proposal:
-    """Measure noise and signals for every k; the verifier's environment is `threads[0]`."""
+    """Measure noise and signals for every k; the verifier's environment is (`devices[0]`,
+    `threads[0]`), the host's (`devices[1]`, `threads[1]`). The run config's numerics apply to both."""
     if not ks or min(ks) < 1 or trials < 1:
         raise ValueError("need ks >= 1 and trials >= 1")
     configure_determinism(threads[0])
@@ -203,8 +210,10 @@ def calibrate(
             starts.append(str(path))
         base = {"cfg": cfg.model_dump(mode="json"), "corpus": corpus, "starts": starts, "ks": list(ks),
                 "first_inner": warmup}  # fmt: skip
-        a = _spawn({**base, "threads": threads[0], "attacks": True, "out": str(work / "a.st")}, work)
-        b = _spawn({**base, "threads": threads[1], "attacks": False, "out": str(work / "b.st")}, work)
+        a = _spawn({**base, "threads": threads[0], "device": devices[0], "attacks": True,
+                    "out": str(work / "a.st")}, work)  # fmt: skip
+        b = _spawn({**base, "threads": threads[1], "device": devices[1], "attacks": False,
+                    "out": str(work / "b.st")}, work)  # fmt: skip
         noise: list[Groups] = []
         skip: list[Groups] = []
         swap: list[Groups] = []
@@ -234,9 +243,11 @@ def calibrate(
     return propose(ks, noise, skip, swap, factor, noisy)
 
 
-def table(p: Proposal, envs: tuple[int, int] = (1, 2)) -> str:
+def table(p: Proposal, envs: tuple[int | str, int | str] = (1, 2)) -> str:
+    """`envs`: thread counts, or any two environment labels (`"cuda x1"`)."""
+    a, b = (f"{e} threads" if isinstance(e, int) else e for e in envs)
     lines = [
-        f"honest noise between {envs[0]} and {envs[1]} threads vs. attack signals (relative distance)",
+        f"honest noise between {a} and {b} vs. attack signals (relative distance)",
         f"{'k':>4} {'group':>10} {'noise':>10} {'differs':>8} {'skip 1 step':>12} {'swap 1 batch':>13} "
         f"{'threshold':>10}  ok",
     ]

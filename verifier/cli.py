@@ -58,16 +58,19 @@ def calibrate(
     size: Annotated[str, typer.Option(help="Model: 'tiny' or 'small' (the default small GPT).")] = "small",
     ks: Annotated[str, typer.Option(help="Segment lengths k, comma-separated.")] = "1,2,5,10,20,50",
     threads: Annotated[str, typer.Option(help="Verifier,host thread counts.")] = "1,2",
+    device_a: Annotated[str, typer.Option(help="The verifier's device: cpu, cuda, cuda:N.")] = "cpu",
+    device_b: Annotated[str, typer.Option(help="The host's device: cpu, cuda, cuda:N.")] = "cpu",
+    precision: Annotated[str, typer.Option(help="The run's precision: fp32 or bf16 (autocast).")] = "fp32",
     trials: Annotated[int, typer.Option(min=1, help="Start states per k (max noise, min signal).")] = 8,
     factor: Annotated[float, typer.Option(min=1.0, help="Threshold = factor × honest noise.")] = 8.0,
     out: Annotated[Path, typer.Option(help="Where to write the JSON result.")] = Path("calibration.json"),
 ) -> None:
-    """Measure honest replay noise between two thread counts (separate processes) against the signal
-    of one skipped step and one swapped batch, for the parameters and both AdamW moments; propose a
-    threshold per group (the run config's tolerance, tolerance_exp_avg, tolerance_exp_avg_sq) and
-    the largest safe k."""
+    """Measure honest replay noise between two environments (thread counts, or devices: CPU vs GPU,
+    GPU vs GPU; separate processes) against the signal of one skipped step and one swapped batch,
+    for the parameters and both AdamW moments; propose a threshold per group (the run config's
+    tolerance, tolerance_exp_avg, tolerance_exp_avg_sq) and the largest safe k."""
     from gonka_diloco.adversaries.lab import TINY_GPT
-    from protocol.config import ModelSpec, RunConfig
+    from protocol.config import ModelSpec, Numerics, Precision, RunConfig
     from verifier.calibrate import CalibrationError, table, to_json
     from verifier.calibrate import calibrate as measure
 
@@ -75,18 +78,23 @@ def calibrate(
         k_list = [int(x) for x in ks.split(",")]
         a, b = (int(x) for x in threads.split(","))
         spec = {"tiny": TINY_GPT, "small": ModelSpec(factory="trainer.model:small_gpt")}[size]
+        numerics = Numerics(precision=Precision(precision))
     except (ValueError, KeyError):
-        typer.echo("error: --ks and --threads take comma-separated integers, --size tiny|small", err=True)
+        typer.echo("error: --ks and --threads take comma-separated integers, --size tiny|small, "
+                   "--precision fp32|bf16", err=True)  # fmt: skip
         raise typer.Exit(2) from None
     kmax = max(k_list)
     cfg = RunConfig(model=spec, dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
-                    inner_steps=kmax, segment_len=kmax, sampled_segments=1)  # fmt: skip
+                    inner_steps=kmax, segment_len=kmax, sampled_segments=1, numerics=numerics)  # fmt: skip
+    devices = (device_a, device_b)
     try:
-        proposal = measure(cfg, "shakespeare", k_list, (a, b), trials, factor=factor)
+        proposal = measure(cfg, "shakespeare", k_list, (a, b), trials, factor=factor, devices=devices)
     except (CalibrationError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(table(proposal, (a, b)))
-    result = {"model": size, "threads": [a, b], "trials": trials, **to_json(proposal)}
+    same = device_a == device_b == "cpu"
+    typer.echo(table(proposal, (a, b) if same else (f"{device_a} x{a}", f"{device_b} x{b}")))
+    result = {"model": size, "threads": [a, b], "devices": list(devices), "precision": precision,
+              "trials": trials, **to_json(proposal)}  # fmt: skip
     out.write_text(json.dumps(result, indent=2))
     typer.echo(f"wrote {out}")

@@ -48,7 +48,7 @@ from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
 from trainer.checkpoint import node_initial_global
 from trainer.data import Corpus, node_corpus
 from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
-from trainer.step import State, configure_determinism, env_fingerprint, optimizer_state
+from trainer.step import DeviceError, State, env_fingerprint, optimizer_state, pin_device
 from verifier.behaviour import VerifierBehaviour
 from verifier.metrics import VerifierMetrics
 from verifier.node_config import VerifierConfig
@@ -103,7 +103,7 @@ class HttpSource:
             raise MalformedBlob(str(e)) from e
 
     def _tensors(self, kind: Kind, h: str, into: State | None = None) -> State:
-        sink = TensorSink(self.objects.specs[kind]) if into is None else TensorSink(tensors=into)
+        sink = TensorSink(self.objects.specs[kind]) if into is None else TensorSink.into(into)
         self._fetch(kind, h, sink)
         return sink.tensors
 
@@ -122,7 +122,7 @@ class HttpSource:
                 raise MissingData(str(e)) from e
             except BlobInvalid as e:
                 raise MalformedBlob(str(e)) from e
-        sink = TensorSink(self.objects.specs[Kind.OPTIMIZER]) if into is None else TensorSink(tensors=into)
+        sink = TensorSink(self.objects.specs[Kind.OPTIMIZER]) if into is None else TensorSink.into(into)
         self.store.load_into(Kind.OPTIMIZER, optimizer_hash, sink, OPTIMIZER_GROUP)
         return sink.tensors
 
@@ -206,8 +206,12 @@ class VerifierNode:
     def _setup(self) -> None:
         run = self.view.run()
         self.cfg = RunConfig.model_validate(run.config)
-        configure_determinism(self.config.threads)
+        try:
+            device = pin_device(self.config.threads, self.config.device)
+        except DeviceError as e:
+            raise NodeError(str(e)) from e
         self.env: EnvFingerprint = env_fingerprint(self.config.threads)
+        self.log("environment", device=str(device), replay_class=self.env.replay_class)
         self.corpus = self._corpus if self._corpus is not None else node_corpus(
             self.cfg, self.config.dataset_source, self.dir
         )
@@ -217,11 +221,12 @@ class VerifierNode:
         # Replay models are built when a worker first needs one (at most `workers`): a verifier
         # judging one host at a time holds one model, not `max_concurrent` of them.
         self._contexts: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self._device = device
         self._built = 1
         self._build_lock = threading.Lock()
-        model = self._replay_model()
-        self._contexts.put(model)
-        model = model[0]
+        first = self._replay_model()
+        self._contexts.put(first)
+        model = first[0]
         c = self.cfg.state_chunk_bytes
         self.objects = ObjectPolicy.of(model, self.cfg)  # exact sizes of everything we fetch
         self.content = ContentStore(self.dir / "store", c)
@@ -234,7 +239,7 @@ class VerifierNode:
 
     def _replay_model(self) -> tuple[Any, Any]:
         built = build(self.cfg.model, self._allow_list)
-        return built.module, built.loss_fn
+        return built.module.to(self._device), built.loss_fn
 
     def _take_model(self) -> tuple[Any, Any]:
         """An idle replay model, or a new one while fewer than `workers` exist (else wait)."""
@@ -248,9 +253,14 @@ class VerifierNode:
         return self._replay_model() if room else self._contexts.get()
 
     def _join(self) -> None:
-        me = join_run(self.chain, self.wallet, self.config.run_id, Role.VERIFIER, self.url, self.config.stake)
+        mine = self.behaviour.declared_class(self.env)
+        me = join_run(
+            self.chain, self.wallet, self.config.run_id, Role.VERIFIER, self.url, self.config.stake, mine
+        )
         if me is None:
             self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
+        elif me.get("replay_class", "") != mine:  # the machine changed since it joined: drawn for the
+            self.log("class_changed", declared=me.get("replay_class", ""), now=mine)  # old class
 
     def _holders(self) -> list[str]:
         """Who may hold a run object besides its author: every host, then the other verifiers."""

@@ -26,10 +26,12 @@ from torch import Tensor, nn
 
 from protocol import codecs
 from protocol.config import ReplayMode, RunConfig, canonical_json
+from protocol.envclass import ReplayDecision, replay_decision
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
 from protocol.tensors import StateKind, tensor_hash
 from trainer.data import Corpus
+from trainer.device import host_state, host_view
 from trainer.step import (
     LossFn,
     State,
@@ -217,15 +219,18 @@ def check_claims(job: Job) -> None:
         )
 
 
-def check_verifier_env(job: Job, mine: EnvFingerprint) -> None:
-    """In bitwise mode only an identical environment can replay bit for bit."""
-    if job.cfg.replay_mode is ReplayMode.BITWISE and (
-        mine.torch_version != job.env.torch_version or mine.threads != job.env.threads
-    ):
+def check_verifier_env(job: Job, mine: EnvFingerprint) -> ReplayDecision:
+    """The replay-class rule (specs/protocol.md §6.1): bitwise mode needs this verifier's class to
+    be the host's; tolerance mode serves every class. `CannotVerify` when this verifier must abstain."""
+    decision = replay_decision(job.cfg.replay_mode, job.env, mine)
+    if decision is ReplayDecision.ABSTAIN:
         raise CannotVerify(
-            f"bitwise replay needs torch {job.env.torch_version} x{job.env.threads} threads, "
-            f"this verifier has {mine.torch_version} x{mine.threads}"
+            f"{job.cfg.replay_mode.value} replay of a {job.env.device} host (class "
+            f"{job.env.replay_class[:12]}, torch {job.env.torch_version} x{job.env.threads}) needs its "
+            f"class; this verifier is {mine.device} (class {mine.replay_class[:12]}, "
+            f"torch {mine.torch_version} x{mine.threads})"
         )
+    return decision
 
 
 def fresh_optimizer_state(model: nn.Module, job: Job) -> State:
@@ -324,7 +329,8 @@ def tolerance_mismatch(
 def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> State:
     """The host's own step function from `start`, over the PRF batches of `segment`.
 
-    Returns the live state of `ctx.model` (no copy): it changes with the next replay.
+    Returns the state in host memory: on CPU the live state of `ctx.model` (no copy), which changes
+    with the next replay; on a GPU a host copy.
     """
     k = job.cfg.segment_len
     opt = make_optimizer(ctx.model, job.cfg.inner)
@@ -334,7 +340,7 @@ def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> 
         loss_fn=ctx.loss_fn,
     )
     ctx.on_replay_steps(k)
-    return training_state(ctx.model, opt)  # aliases the live model: valid until the next replay
+    return host_view(training_state(ctx.model, opt))
 
 
 def _checked_state(source: BlobSource, leaf: str) -> State:
@@ -503,7 +509,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
                     fill_live(ctx, live, start)
                 except StateError as e:
                     raise MalformedBlob(f"segment {o.segment} start state does not load: {e}") from e
-            start = None if bitwise else {k: v.detach().clone() for k, v in live.items()}
+            start = None if bitwise else host_state(live)  # a copy in host memory, like `claim`
             t0 = time.perf_counter()
             k = job.cfg.segment_len
             train_segment(
@@ -513,7 +519,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
             ctx.on_replay_steps(job.cfg.segment_len)
             seconds += time.perf_counter() - t0
             steps += job.cfg.segment_len
-            end = live
+            end = host_view(live)  # the live state itself on CPU; a host copy of a GPU replay
             leaf = training_hash(end, chunk)
             replayed.append(leaf)
             claim = None

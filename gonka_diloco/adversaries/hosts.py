@@ -20,10 +20,14 @@ must find.
 | malformed     | serves a zstd bomb, wrong shapes, NaN Δ or garbage state      | MALFORMED_BLOB (1)   |
 | equivocation  | sends a second, different commit for the same outer step      | chain (EQUIVOCATED)  |
 | bad_tokens    | trains honestly, claims more tokens than H × batch × seq_len  | BAD_TOKENS           |
+| forged_env    | free rider claiming a GPU class no verifier has               | abstain (unverified) |
 | moment_steer  | params exact, AdamW moments rewritten at every boundary       | REPLAY_MISMATCH      |
 
 (1) a bad Δ only in tolerance mode: a bitwise verifier derives Δ from its own replay, never
 downloads the author's, and serves its copy to the aggregators (an availability attack then).
+
+`forged_env` is contained rather than caught in bitwise mode (no verifier of its claimed class,
+so no verdict: `unverified`, never in the model, never paid); in tolerance mode: REPLAY_MISMATCH.
 
 `stale` and `copycat` fake a consistent trajectory (θ_H = G_n − Δ_copied, boundaries
 interpolated), so the Δ check alone would pass: replay of the always-opened last segment fails.
@@ -44,7 +48,7 @@ from torch import Tensor
 from nodekit.store import clone_state
 from protocol import codecs
 from protocol.config import RunConfig
-from protocol.messages import MsgCommitPseudoGradient
+from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
 from trainer.behaviour import HostBehaviour, OuterContext, register
 from trainer.commit import Contribution
 from trainer.step import State, load_training_state, train_segment, training_hash, training_state
@@ -373,6 +377,32 @@ class BadTokens(HostAdversary):
         return dataclasses.replace(c, tokens=c.tokens * self.factor)
 
 
+class ForgedEnvironment(HostAdversary):
+    """Free rider (no training, every leaf = the start) that claims a machine no verifier has.
+
+    Its hope: in bitwise mode only a verifier of the claimed replay class may judge, so if there is
+    none, nobody can reject it. Every verifier of another class abstains, so it gets no verdict and
+    the chain finalizes it `unverified`: never in the model, never paid (it just wasted its bond's
+    time). In tolerance mode every class replays it and the faked trajectory fails the comparison.
+    It cannot claim a verifier's class without claiming that machine, whose replay it then fails.
+    """
+
+    name = "forged_env"
+    expected = ("REPLAY_MISMATCH",)  # from any verifier that does judge it (tolerance mode, same class)
+    chain_outcome = "unverified"  # bitwise mode with no verifier of the claimed class
+
+    def __init__(self, gpu_name: str = "NVIDIA Imaginary X1", compute_capability: str = "99.0") -> None:
+        super().__init__()
+        self.gpu_name, self.compute_capability = gpu_name, compute_capability
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        c = assemble(ctx, [start_state(ctx)] * (ctx.cfg.n_segments + 1))
+        facts = c.env.model_dump(exclude={"replay_class"})
+        facts.update(device="cuda", gpu_name=self.gpu_name, compute_capability=self.compute_capability,
+                     sm_count=1, cuda_version="99.0")  # fmt: skip
+        return dataclasses.replace(c, env=EnvFingerprint(**facts))  # its class follows from the claim
+
+
 class MomentSteer(HostAdversary):
     """Trains each segment for real but rewrites the AdamW moments at every boundary, params exact.
 
@@ -435,6 +465,7 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "malformed": MalformedBlob,
     "equivocation": Equivocation,
     "bad_tokens": BadTokens,
+    "forged_env": ForgedEnvironment,
     "moment_steer": MomentSteer,
 }
 

@@ -6,7 +6,10 @@
 - offline: never answers (its assignments escalate; it earns nothing);
 - collude: accepts its partner hosts' contributions unchecked, honest about everyone else (its
   accept is contradicted by the dispute an honest verifier or auditor opens: slashed at the fraud
-  rate, and the partner with it).
+  rate, and the partner with it);
+- class_squatter: declares a replay class it does not have, to be drawn for the hosts of that
+  class in bitwise mode (specs §6.1). Its own checks make it abstain on them (it cannot replay them
+  bit for bit), so it earns nothing there; the escalation draws the class's honest verifiers.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from protocol.messages import Reason
+from protocol.messages import EnvFingerprint, Reason
 from verifier.behaviour import VerifierBehaviour
 from verifier.verify import Job, Outcome, evidence_hash
 
@@ -88,10 +91,29 @@ class ColludingVerifier(VerifierBehaviour):
         return check()
 
 
+class ClassSquatter(VerifierBehaviour):
+    """Joins declaring `replay_class` (default: the class of a CPU machine like the devnet's,
+    with `threads` threads) instead of its own; otherwise honest."""
+
+    name = "class_squatter"
+
+    def __init__(self, replay_class: str = "", threads: int = 7) -> None:
+        if replay_class and not re.fullmatch(r"[0-9a-f]{64}", replay_class):
+            raise ValueError("replay_class must be 64 lower-case hex characters")
+        self.claim, self.threads = replay_class, threads
+
+    def declared_class(self, env: EnvFingerprint) -> str:
+        if self.claim:
+            return self.claim
+        facts = env.model_dump(exclude={"replay_class"})
+        return EnvFingerprint(**{**facts, "threads": self.threads}).replay_class
+
+
 VERIFIERS: dict[str, type[VerifierBehaviour]] = {
     "honest": VerifierBehaviour,
     "lazy": LazyVerifier,
     "malicious": MaliciousVerifier,
     "offline": OfflineVerifier,
     "collude": ColludingVerifier,
+    "class_squatter": ClassSquatter,
 }

@@ -113,7 +113,7 @@ class Stake(_message.Message):
     def __init__(self, min_host_stake: _Optional[int] = ..., min_verifier_stake: _Optional[int] = ..., host_slash_bps: _Optional[int] = ..., verifier_slash_bps: _Optional[int] = ..., reward_per_outer_step: _Optional[int] = ..., fraud_host_slash_bps: _Optional[int] = ..., fraud_verifier_slash_bps: _Optional[int] = ...) -> None: ...
 
 class RunConfig(_message.Message):
-    __slots__ = ("name", "model", "dataset_manifest_hash", "initial_model_hash", "seed", "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution", "batch_size", "seq_len", "data_shards", "codec", "codec_block_size", "inner", "outer", "phases", "stake", "replay_mode", "tolerance", "threads", "max_outer_steps", "state_chunk_bytes", "audit_bps", "audit_verifiers", "tolerance_exp_avg", "tolerance_exp_avg_sq")
+    __slots__ = ("name", "model", "dataset_manifest_hash", "initial_model_hash", "seed", "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution", "batch_size", "seq_len", "data_shards", "codec", "codec_block_size", "inner", "outer", "phases", "stake", "replay_mode", "tolerance", "threads", "max_outer_steps", "state_chunk_bytes", "audit_bps", "audit_verifiers", "tolerance_exp_avg", "tolerance_exp_avg_sq", "numerics")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATASET_MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class RunConfig(_message.Message):
     AUDIT_VERIFIERS_FIELD_NUMBER: _ClassVar[int]
     TOLERANCE_EXP_AVG_FIELD_NUMBER: _ClassVar[int]
     TOLERANCE_EXP_AVG_SQ_FIELD_NUMBER: _ClassVar[int]
+    NUMERICS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: ModelSpec
     dataset_manifest_hash: str
@@ -168,21 +169,50 @@ class RunConfig(_message.Message):
     audit_verifiers: int
     tolerance_exp_avg: float
     tolerance_exp_avg_sq: float
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ..., state_chunk_bytes: _Optional[int] = ..., audit_bps: _Optional[int] = ..., audit_verifiers: _Optional[int] = ..., tolerance_exp_avg: _Optional[float] = ..., tolerance_exp_avg_sq: _Optional[float] = ...) -> None: ...
+    numerics: Numerics
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ..., state_chunk_bytes: _Optional[int] = ..., audit_bps: _Optional[int] = ..., audit_verifiers: _Optional[int] = ..., tolerance_exp_avg: _Optional[float] = ..., tolerance_exp_avg_sq: _Optional[float] = ..., numerics: _Optional[_Union[Numerics, _Mapping]] = ...) -> None: ...
+
+class Numerics(_message.Message):
+    __slots__ = ("precision", "tf32", "attention")
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    TF32_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    precision: str
+    tf32: bool
+    attention: str
+    def __init__(self, precision: _Optional[str] = ..., tf32: bool = ..., attention: _Optional[str] = ...) -> None: ...
 
 class EnvFingerprint(_message.Message):
-    __slots__ = ("torch_version", "threads", "deterministic", "device", "micro_batches")
+    __slots__ = ("torch_version", "threads", "deterministic", "device", "micro_batches", "torch_git", "cpu_capability", "gpu_name", "compute_capability", "sm_count", "cuda_version", "cudnn_version", "nccl_version", "replay_class")
     TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
     DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    TORCH_GIT_FIELD_NUMBER: _ClassVar[int]
+    CPU_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    GPU_NAME_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    SM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CUDNN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NCCL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_CLASS_FIELD_NUMBER: _ClassVar[int]
     torch_version: str
     threads: int
     deterministic: bool
     device: str
     micro_batches: int
-    def __init__(self, torch_version: _Optional[str] = ..., threads: _Optional[int] = ..., deterministic: bool = ..., device: _Optional[str] = ..., micro_batches: _Optional[int] = ...) -> None: ...
+    torch_git: str
+    cpu_capability: str
+    gpu_name: str
+    compute_capability: str
+    sm_count: int
+    cuda_version: str
+    cudnn_version: str
+    nccl_version: str
+    replay_class: str
+    def __init__(self, torch_version: _Optional[str] = ..., threads: _Optional[int] = ..., deterministic: bool = ..., device: _Optional[str] = ..., micro_batches: _Optional[int] = ..., torch_git: _Optional[str] = ..., cpu_capability: _Optional[str] = ..., gpu_name: _Optional[str] = ..., compute_capability: _Optional[str] = ..., sm_count: _Optional[int] = ..., cuda_version: _Optional[str] = ..., cudnn_version: _Optional[str] = ..., nccl_version: _Optional[str] = ..., replay_class: _Optional[str] = ...) -> None: ...
 
 class MsgCreateRun(_message.Message):
     __slots__ = ("creator", "config")
@@ -193,18 +223,20 @@ class MsgCreateRun(_message.Message):
     def __init__(self, creator: _Optional[str] = ..., config: _Optional[_Union[RunConfig, _Mapping]] = ...) -> None: ...
 
 class MsgJoinRun(_message.Message):
-    __slots__ = ("creator", "run_id", "role", "endpoint", "stake")
+    __slots__ = ("creator", "run_id", "role", "endpoint", "stake", "replay_class")
     CREATOR_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     STAKE_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_CLASS_FIELD_NUMBER: _ClassVar[int]
     creator: str
     run_id: int
     role: str
     endpoint: str
     stake: int
-    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., role: _Optional[str] = ..., endpoint: _Optional[str] = ..., stake: _Optional[int] = ...) -> None: ...
+    replay_class: str
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., role: _Optional[str] = ..., endpoint: _Optional[str] = ..., stake: _Optional[int] = ..., replay_class: _Optional[str] = ...) -> None: ...
 
 class MsgLeaveRun(_message.Message):
     __slots__ = ("creator", "run_id")

@@ -1,0 +1,185 @@
+"""Sharded training state (`trainer.sharded`), ranks as threads: the sharded step trains the
+unsharded trajectory bit for bit, each rank holding 1/W of the moments; the ranks' collective hash
+of their parts is the hash of the whole state; per-rank shard files are one canonical object."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodekit.objects import Kind
+from nodekit.store import ContentStore, StoreError
+from protocol import chunks
+from protocol.tensors import StateKind, canonical_bytes, tensor_hash
+from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from trainer.sharded import (
+    LocalGroup,
+    ShardedState,
+    ShardedStep,
+    ShardPlan,
+    make_shard_optimizer,
+    shard_ranges,
+)
+from trainer.step import (
+    configure_determinism,
+    optimizer_state,
+    train_segment,
+    training_hash,
+    training_state,
+)
+
+
+def test_shard_ranges_cover_every_tensor_once_in_order_none_empty() -> None:
+    for numels, w in (([5, 1, 1, 9, 3], 2), ([4] * 7, 4), ([100, 1, 1], 3), ([1], 1), ([1, 1, 1000], 3)):
+        ranges = shard_ranges(numels, w)
+        assert len(ranges) == w and [i for r in ranges for i in r] == list(range(len(numels)))
+        assert all(len(r) for r in ranges)
+    assert [list(r) for r in shard_ranges([4] * 8, 4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def on_ranks(world: int, fn: Callable[[int], Any]) -> list[Any]:
+    """`fn(rank)` on `world` threads; the first failure aborts the others and is raised."""
+    out: list[Any] = [None] * world
+    errors: list[BaseException] = []
+    groups: list[LocalGroup] = []
+
+    def run(r: int) -> None:
+        try:
+            out[r] = fn(r)
+        except BaseException as e:  # pragma: no cover - re-raised below
+            errors.append(e)
+            for g in groups:
+                g.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_ranks_train_hash_and_save_the_unsharded_state(world: int, tmp_path: Path) -> None:
+    """Three steps with W slices: the ranks' collective hash (with 1 KiB chunks, so chunks straddle
+    rank edges) is the unsharded state's, their shard files read back as its canonical bytes, and
+    loading them gives every rank its part of it again."""
+    configure_determinism(1)
+    cfg, data, steps, c = tiny_cfg(batch_size=2 * world), tiny_corpus(), 3, 1024
+    ref_model, ref_opt = fresh(cfg)
+    train_segment(ref_model, ref_opt, cfg, data, HOST, 0, 0, steps, micro_batches=world)
+    want = training_state(ref_model, ref_opt)
+
+    train, boundary = LocalGroup(world), LocalGroup(world)
+    models = [fresh(cfg)[0] for _ in range(world)]
+    plan = ShardPlan.of(models[0], world)
+    store = ContentStore(tmp_path, c)
+
+    def rank(r: int) -> tuple[str, int, int]:
+        model = models[r]
+        opt = make_shard_optimizer(model, plan, r, cfg.inner)
+        step = ShardedStep(plan, train.member(r), bucket_elems=1000)  # several reduce-scatter rounds
+        train_segment(model, opt, cfg, data, HOST, 0, 0, steps, world, exchange=step)
+        state = ShardedState(plan, model, boundary.member(r))
+        local = state.local(model, opt)
+        h, digests = state.hash(local, StateKind.TRAINING, c)
+        state.save(store, StateKind.TRAINING, "0", h, digests, local)
+        oh, _ = state.hash(state.local(model, opt, StateKind.OPTIMIZER), StateKind.OPTIMIZER, c)
+        moments = sum(t.numel() for k, t in local.items() if not k.startswith("param/"))
+        # load back into a fresh replica: the params and this rank's moments and step
+        again, again_opt = fresh(cfg)[0], None
+        again_opt = make_shard_optimizer(again, plan, r, cfg.inner)
+        state.load(store, StateKind.TRAINING, h, "0", again, again_opt)
+        assert state.local(again, again_opt).keys() == local.keys()
+        assert all(state.local(again, again_opt)[k].equal(v) for k, v in local.items())
+        assert all(a.equal(b) for a, b in zip(again.parameters(), ref_model.parameters(), strict=True))
+        return h, oh, moments
+
+    results = on_ranks(world, rank)
+    assert {h for h, _, _ in results} == {training_hash(want, c)}  # every rank learns the hash
+    assert {oh for _, oh, _ in results} == {tensor_hash(optimizer_state(want), StateKind.OPTIMIZER, c)}
+    all_moments = 2 * sum(p.numel() for p in ref_model.parameters())
+    assert sum(m for *_, m in results) == all_moments + 1 and max(m for *_, m in results) < all_moments / 1.5
+    h = results[0][0]
+    assert store.find(Kind.STATE, h, "0").name.endswith(".shards")  # type: ignore[union-attr]
+    assert store.read_bytes(Kind.STATE, h, "0") == canonical_bytes(want)
+    assert b"".join(store.read(Kind.STATE, h, 1000, 5000, "0")) == canonical_bytes(want)[1000:5000]
+    for m in models[1:]:  # every replica holds the same parameters after the broadcasts
+        assert all(a.equal(b) for a, b in zip(m.parameters(), models[0].parameters(), strict=True))
+
+
+def sharded_object(tmp_path: Path, data: bytes, cuts: list[int], c: int) -> tuple[ContentStore, str]:
+    """`data` stored as shard files cut at `cuts` (rank q holds every W-th range, like a sharded
+    state's runs), sealed with its digests."""
+    store = ContentStore(tmp_path, c)
+    h, digests = chunks.hash_stream(chunks.DELTA_DOMAIN, [data], c)
+    edges = [0, *cuts, len(data)]
+    world = 3
+    layout: list[list[tuple[int, int]]] = [[] for _ in range(world)]
+    for i, (a, b) in enumerate(itertools.pairwise(edges)):
+        if b > a:
+            layout[i % world].append((a, b))
+    for q, ranges in enumerate(layout):
+        store.put_shard(Kind.DELTA, h, "g", q, [data[a:b] for a, b in ranges])
+    store.seal_shards(Kind.DELTA, h, "g", len(data), layout, digests)
+    return store, h
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.binary(min_size=1, max_size=3000), cuts=st.lists(st.integers(0, 3000), max_size=6))
+def test_shard_files_serve_any_range_as_the_canonical_bytes(
+    tmp_path_factory: Any, data: bytes, cuts: list[int]
+) -> None:
+    cuts = sorted({x for x in cuts if 0 < x < len(data)})
+    store, h = sharded_object(tmp_path_factory.mktemp("s"), data, cuts, 256)
+    assert store.length(Kind.DELTA, h, "g") == len(data)
+    assert store.read_bytes(Kind.DELTA, h, "g") == data
+    a, b = len(data) // 3, 2 * len(data) // 3 + 1
+    assert b"".join(store.read(Kind.DELTA, h, a, b, "g")) == data[a:b]
+    assert store.hashes(Kind.DELTA, "g") == [h]
+    store.delete(Kind.DELTA, h, "g")
+    assert not store.has(Kind.DELTA, h, "g") and not list((store.root / "g").glob(h + "*"))
+
+
+def test_a_corrupted_or_missing_shard_file_is_an_error_never_wrong_bytes(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 12
+    store, h = sharded_object(tmp_path, data, [700, 1500, 2200], 256)
+    shard = next((tmp_path / "g").glob(f"{h}.delta.r1"))
+    raw = bytearray(shard.read_bytes())
+    raw[5] ^= 1
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(StoreError, match="corrupted"):
+        store.read_bytes(Kind.DELTA, h, "g")
+    shard.write_bytes(bytes(raw[:-1]))
+    with pytest.raises(StoreError, match="holds"):
+        store.length(Kind.DELTA, h, "g")
+    with pytest.raises(StoreError, match="gap or overlap"):  # a layout that does not tile
+        store.seal_shards(Kind.DELTA, h, "h", len(data), [[(0, 10)], [(5, len(data))]], [])
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=st.binary(max_size=200))
+def test_shard_digest_decoder_refuses_garbage_with_its_own_error(raw: bytes) -> None:
+    for blob in (raw, b"GDSD" + raw):  # anything else escaping fails the test
+        with contextlib.suppress(chunks.ChunkError):
+            chunks.decode_shards(blob, 1000, 256)
+
+
+def test_shard_digest_wire_form_round_trips_and_is_bounded() -> None:
+    data = bytes(range(256)) * 5
+    shards = [chunks.shard_digests(a, [data[a:b]], len(data), 256) for a, b in ((0, 300), (300, 1280))]
+    raw = chunks.encode_shards(shards)
+    back = chunks.decode_shards(raw, len(data), 256)
+    assert chunks.combine_shards(back, len(data), 256) == chunks.hash_stream(b"", [data], 256)[1]
+    with pytest.raises(chunks.ChunkError, match="outside"):  # claims bytes beyond the object
+        chunks.decode_shards(raw, 1000, 256)
