@@ -391,8 +391,11 @@ def detection_rows(path: Path) -> list[dict[str, Any]]:
         pred = detection_probability(r["n_segments"], r["faked"], r["s"])
         figure = f"lazy host faking {r['faked']}/{r['n_segments']} segments, s = {r['s']}"
         rows.append(row("detection", figure, pred, r["detected"], f"{r['trials']} seeded challenges"))
+    # rows where ACCEPT is a right verdict are left out: honest work (withhold, forge_result, …), a
+    # malformed Δ a bitwise verifier never downloads, a colluding verifier's own verdict
     sure = [a for a in d.get("adversaries", []) if a.get("trials") and a["behaviour"] not in ("honest",)
-            and not a["behaviour"].startswith("lazy")]  # fmt: skip
+            and not a["behaviour"].startswith("lazy")
+            and not any(e.startswith("ACCEPT") for e in a.get("expected", []))]  # fmt: skip
     if sure:
         rows.append(row("detection", f"{len(sure)} adversaries faking Δ, data or the last segment: "
                         "rejection rate (min)", 1.0, min(a["rejected"] for a in sure),

@@ -1,14 +1,18 @@
 """How a host behaves at the protocol's decision points: honest here, adversarial in subclasses.
 
-The node calls four hooks at fixed points of every outer step and does everything else itself
-(phases, deadlines, serving, aggregation), so an adversary overrides exactly the decision it
-cheats on and nothing else. `OuterContext` gives a hook what any of the adversaries in
+The node calls seven hooks at fixed points of every outer step and does everything else itself
+(phases, deadlines, serving, fetching, aggregation), so an adversary overrides exactly the
+decision it cheats on and nothing else. `OuterContext` gives a hook what any of the adversaries in
 `gonka_diloco/adversaries/hosts.py` needs: the run config, the data, G_n, the host's model and
 carried optimizer, the state store, a blob fetcher (to copy another host's Δ) and the chain.
 
 Hook order in one outer step:
   make_contribution(ctx) -> commit_messages(c, ctx) -> [challenge] -> should_reveal(c, ctx)
-  -> serve_blob(kind, hash, data) on every GET while the step's blobs are published.
+  -> [verification] -> finalized(c, accepted, ctx)
+  -> per result round, while this host is in the round's accepted set and has not voted:
+     result_vote(model_hash, ctx), and if that is None and some Δ could not be fetched,
+     report_unavailable(hosts, ctx)
+  with serve_blob(kind, hash, data) on every GET while the step's blobs are published.
 """
 
 from __future__ import annotations
@@ -198,6 +202,20 @@ class HostBehaviour:
     def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
         """The bytes to answer a GET with, or None to refuse (malformed-blob adversaries tamper)."""
         return data
+
+    def finalized(self, contribution: Contribution | None, accepted: bool, ctx: OuterContext) -> None:
+        """The step's verification is over: `accepted` says whether this host's contribution (None if
+        it made none) is in the result set. A withholder stops serving its Δ from here on."""
+
+    def result_vote(self, model_hash: str | None, ctx: OuterContext) -> str | None:
+        """The G_{n+1} hash to vote for in this result round: `model_hash` is what the node computed
+        over the round's accepted set (None: some Δ could not be fetched). None = no vote."""
+        return model_hash
+
+    def report_unavailable(self, hosts: Sequence[str], ctx: OuterContext) -> list[str]:
+        """The hosts to name in `MsgReportUnavailable`: the node passes the accepted Δs it could not
+        fetch from anyone (with retries, every holder) by the middle of the round. [] = no report."""
+        return list(hosts)
 
 
 BehaviourFactory = Callable[..., HostBehaviour]

@@ -124,9 +124,11 @@ class ReplayContext:
     global_params: Mapping[str, Tensor]  # G_n, keyed by the model's parameter names
     on_replay_steps: Callable[[int], None] = field(default=lambda n: None)
     on_derived: Callable[[State, bytes], None] | None = None
-    """Bitwise mode, all checks passed: the host's final state (our replay, bit for bit) and the Δ
-    payload we derived from it. The node keeps both: the optimizer state is the host's next start
-    (no fetch next time) and the Δ is served to everyone who aggregates."""
+    """All checks passed: the host's final state (bitwise mode: our replay, bit for bit; tolerance
+    mode: the claimed end state, checked) and the Δ payload (derived from it; in tolerance mode the
+    downloaded one, equal to it). The node keeps both: the optimizer state is the host's next
+    start (no fetch next time, and others rebuild segment 0 from it) and the Δ is served to everyone
+    who aggregates, so neither depends on the author staying online."""
     opt: torch.optim.Optimizer | None = field(default=None, repr=False)
     """The replay optimizer, made once: starts are written into it and the model in place."""
 
@@ -549,7 +551,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
         if optimizer_hash(final, chunk) != job.final_optimizer_hash:
             raise _Reject(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
         payload = check_delta(job, ctx, final, None if bitwise else source)
-        if bitwise and ctx.on_derived is not None:
+        if ctx.on_derived is not None:  # tolerance mode: the checked claim and the downloaded Δ
             ctx.on_derived(final, payload)
         reason, detail = Reason.ACCEPT, ""
     except _Reject as r:
