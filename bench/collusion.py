@@ -36,6 +36,7 @@ from chain.state import ChainState, Contribution
 from protocol import merkle
 from protocol.collusion import (
     Defense,
+    every_minority,
     expected_profit,
     expected_profit_keys,
     max_safe_share,
@@ -222,22 +223,6 @@ def configs() -> list[tuple[int, int, int]]:
     return [(1, 0, 1), (1, 5000, 1), (2, 5000, 1), PREVIOUS, defaults()]
 
 
-def every_minority(d: Defense, max_keys: int = 200) -> dict[str, float]:
-    """The worst case over every accomplice minority: the many-keys bound's supremum over q < 1/2
-    (its value at 1/2, as it grows with q) and the exact equal-keys formula's maximum over every
-    N ≤ max_keys and A < N/2 accomplice keys, for the pass probability and the profit (in R)."""
-    st = DEFAULT_STAKE
-    r, bond = st.reward_per_outer_step, st.min_host_stake
-    cases = [(k, n - k) for n in range(d.v, max_keys + 1) for k in range((n + 1) // 2)]
-    return {
-        "pass_bound_sup": pass_probability(0.5, d),
-        "pass_exact_max": max(pass_probability_keys(k, h, d) for k, h in cases),
-        "profit_bound_max_R": max(expected_profit(q / 1000, d, r, bond, GNK) for q in range(500)) / r,
-        "profit_exact_max_R": max(expected_profit_keys(k, h, d, r, bond, GNK) for k, h in cases) / r,
-        "max_keys": max_keys,
-    }
-
-
 # The cheapest (v, p, a) meeting both goals for each v ≤ 6 (p the smallest in 1% steps), the
 # no-audit v = 7, and the defaults: how their verification work and deterrence compare.
 ALTERNATIVES = [(6, 7200, 1), (5, 9100, 2), (4, 9700, 3), (7, 0, 1), (4, 10_000, 3)]
@@ -263,7 +248,7 @@ def alternatives() -> list[dict[str, Any]]:
     for v, p, a in ALTERNATIVES:
         d = Defense(v, p, a, DEFAULT_STAKE.host_slash_bps, DEFAULT_STAKE.fraud_host_slash_bps,
                     DEFAULT_STAKE.fraud_verifier_slash_bps)  # fmt: skip
-        w = every_minority(d)
+        w = every_minority(d, DEFAULT_STAKE.reward_per_outer_step, DEFAULT_STAKE.min_host_stake, GNK)
         out.append({
             "v": v, "p": p / 10_000, "a": a, "replays_per_contribution": round(v + p / 10_000 * a, 2),
             "pass_bound_sup": w["pass_bound_sup"], "pass_exact_max": w["pass_exact_max"],
@@ -276,7 +261,7 @@ def summary(v: int, p: int, a: int, rows: list[dict[str, Any]]) -> dict[str, Any
     d = Defense(v, p, a, DEFAULT_STAKE.host_slash_bps, DEFAULT_STAKE.fraud_host_slash_bps,
                 DEFAULT_STAKE.fraud_verifier_slash_bps)  # fmt: skip
     mine = [r for r in rows if (r["v"], r["p"], r["a"]) == (v, p / 10_000, a)]
-    worst = every_minority(d)
+    worst = every_minority(d, DEFAULT_STAKE.reward_per_outer_step, DEFAULT_STAKE.min_host_stake, GNK)
     return {
         "v": v, "p": p / 10_000, "a": a, "max_share_fake_below_1pct": max_safe_share(d),
         "fake_below_1pct_at_shares": [r["share"] for r in mine if r["pass_exact"] <= 0.01],

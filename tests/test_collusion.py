@@ -6,14 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.collusion import (
-    Defense,
-    expected_profit,
-    expected_profit_keys,
-    max_safe_share,
-    pass_probability,
-    pass_probability_keys,
-)
+from protocol.collusion import Defense, every_minority, max_safe_share
 from protocol.config import RunConfig, Stake
 
 GNK = 10**9
@@ -25,15 +18,13 @@ def defense(v: int, p: int, a: int) -> Defense:
     return Defense(v, p, a, st.host_slash_bps, st.fraud_host_slash_bps, st.fraud_verifier_slash_bps)
 
 
-def worst_minority(d: Defense, max_keys: int = 60) -> tuple[float, float]:
-    """(max P(pass), max profit / R) over q < 1/2: many-keys bound and every equal-keys split."""
+def worst_minority(d: Defense) -> tuple[float, float]:
+    """(max P(pass), max profit / R) over q < 1/2: many-keys bound and every equal-keys split ≤ 60."""
     st = Stake()
-    r, bond = st.reward_per_outer_step, st.min_host_stake
-    cases = [(k, n - k) for n in range(d.v, max_keys + 1) for k in range((n + 1) // 2)]
-    passes = [pass_probability(0.5, d), *(pass_probability_keys(k, h, d) for k, h in cases)]
-    profits = [expected_profit(q / 200, d, r, bond, GNK) for q in range(100)]
-    profits += [expected_profit_keys(k, h, d, r, bond, GNK) for k, h in cases]
-    return max(passes), max(profits) / r
+    w = every_minority(d, st.reward_per_outer_step, st.min_host_stake, GNK, max_keys=60)
+    return max(w["pass_bound_sup"], w["pass_exact_max"]), max(
+        w["profit_bound_max_R"], w["profit_exact_max_R"]
+    )
 
 
 def test_the_defaults_keep_a_minority_coalitions_fake_out_and_unprofitable() -> None:
