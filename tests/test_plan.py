@@ -26,7 +26,7 @@ from gonka_diloco.plan import (
 )
 from gonka_diloco.plan_cli import app, parse_bytes, parse_count, parse_rate
 from gonka_diloco.plan_constants import load_constants
-from protocol.config import Codec, ReplayMode
+from protocol.config import Codec, ReplayMode, RunConfig
 
 C = Constants(codec_ratio={"fp32": 1.0, "bf16": 2.0, "int8": 4.0, "int4": 8.0}, sha256_bytes_per_s=2e9)
 """Round constants so every expected value below can be worked by hand."""
@@ -334,6 +334,7 @@ def test_cli_reads_a_run_config(tmp_path: Path) -> None:
     toml = tmp_path / "run.toml"
     toml.write_text(
         'inner_steps = 40\nsegment_len = 4\nsampled_segments = 3\nbatch_size = 4\nseq_len = 32\n'
+        "audit_bps = 2500\naudit_verifiers = 2\n"
         '[model]\nfactory = "trainer.model:small_gpt"\nconfig = { n_layer = 1, n_embd = 32, n_head = 2 }\n'
         "[phases]\ntrain_blocks = 30\nreveal_blocks = 5\nverify_blocks = 7\n"
     )
@@ -342,6 +343,8 @@ def test_cli_reads_a_run_config(tmp_path: Path) -> None:
     i = json.loads(r.output)["plan"]["inputs"]
     assert (i["H"], i["k"], i["s"], i["tokens_per_step"]) == (40, 4, 2, 128)  # the flag wins over the file
     assert i["phases"] == {"train": 30, "reveal": 5, "verify": 7}
+    v = RunConfig.model_fields["verifiers_per_contribution"].default
+    assert (i["v"], i["audit_p"], i["auditors"]) == (v, 0.25, 2)  # the run's audit, not the planner's
     assert 10_000 < i["params"] < 100_000  # counted from the model spec
 
 
