@@ -514,7 +514,8 @@ def goals(res: dict[str, Any]) -> Lines:
         size = f"{sc['params'] / 1e6:.0f}M params"
         dl = [p["download_ratio"] for p in sc["per_step"] if p["download_ratio"] is not None]
         out.append(f"- scale ({size}): peak RSS ÷ live state host {sc['host_peak_rss_ratio']}, verifier "
-                   f"{sc['verifier_peak_rss_ratio']} (goal ≤ 2.0); hashing {sc['hashing_ratio']} of all "
+                   f"{sc['verifier_peak_rss_ratio']} (goal ≤ 2.0); hashing "
+                   f"{sc.get('hash_efficiency', sc.get('hashing_ratio'))} of all "
                    f"cores (goal ≥ 0.8); disk {sc['host_disk_peak_states']} states (goal ≤ "
                    f"{sc['disk_goal_states']:g}); verifier download {max(dl) if dl else 0} of what it "
                    f"cannot rebuild (goal ≤ 1.05); training-thread overhead "

@@ -272,6 +272,24 @@ def test_constants_come_from_results_with_their_source(tmp_path: Path) -> None:
     assert load_constants(tmp_path / "absent").sources["codec_ratio"] == "default"
 
 
+def test_scale_figures_are_read_under_the_keys_bench_scale_writes(tmp_path: Path) -> None:
+    from bench import plan as bp
+
+    written = (Path(__file__).resolve().parents[1] / "bench" / "scale.py").read_text()
+    for keys in bp.SCALE_KEYS.values():  # the first name of each is what bench.scale writes today
+        assert f'"{keys[0]}"' in written, keys[0]
+    d = {"hash_efficiency": 0.6, "disk_states": 6.8, "verifier_download_ratio": 1.0}
+    d |= {"H": 6, "k": 2, "s": 2, "m": 2}
+    (tmp_path / "scale.json").write_text(json.dumps(d))
+    c = load_constants(tmp_path)
+    assert c.hash_efficiency == 0.6 and "scale.json (full run" in c.sources["hash_efficiency"]
+    measured = [r["measured"] for r in bp.scale_rows(tmp_path / "scale.json")]
+    assert measured == [6.8, 1.0, 0.6]
+    (tmp_path / "scale.json").write_text(json.dumps({"hashing_ratio": 0.48, "host_disk_peak_states": 6.84}))
+    assert load_constants(tmp_path).hash_efficiency == 0.48  # results written before the keys were aligned
+    assert [r["measured"] for r in bp.scale_rows(tmp_path / "scale.json")] == [6.84, None, 0.48]
+
+
 # ---------------------------------------------------------------- the command
 
 
