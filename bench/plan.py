@@ -51,7 +51,7 @@ from gonka_diloco.plan import (
     plan,
     sweep,
 )
-from gonka_diloco.plan_constants import RESULTS, load_constants
+from gonka_diloco.plan_constants import RESULTS, SCALE_EFFICIENCY_KEYS, load_constants
 
 OUT = RESULTS / "plan.json"
 PLOT = RESULTS / "plan_30b.png"
@@ -414,10 +414,11 @@ def detection_rows(path: Path) -> list[dict[str, Any]]:
 
 
 SCALE_KEYS = {
-    "disk_states": ("disk_states", "disk_states_per_step", "disk_per_step_states"),
-    "download_ratio": ("verifier_download_ratio", "download_ratio", "verifier_bytes_ratio"),
-    "hash_efficiency": ("hash_efficiency", "leaf_hash_efficiency", "hashing_efficiency"),
+    "disk_states": ("disk_states", "host_disk_peak_states"),
+    "download_ratio": ("verifier_download_ratio",),
+    "hash_efficiency": SCALE_EFFICIENCY_KEYS,
 }
+"""The keys `bench.scale` writes (older results: `host_disk_peak_states`, `hashing_ratio`)."""
 
 
 SCALE_FIGURES = (

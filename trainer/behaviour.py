@@ -81,11 +81,15 @@ class OuterContext:
     extra: dict[str, Any] = field(default_factory=dict)
     team: Team | None = None
 
-    def train(self, *, host: str | None = None, data: Corpus | None = None) -> Contribution:
+    def train(
+        self, *, host: str | None = None, data: Corpus | None = None, keep_delta: bool = True
+    ) -> Contribution:
         """The honest committed loop from G_n; `host`/`data` let a wrong-data adversary lie.
 
         With a team every rank trains a slice of each batch; a substituted corpus cannot be sent
-        to the other ranks, so that one trains in this process alone.
+        to the other ranks, so that one trains in this process alone. `keep_delta=False`: the
+        contribution carries only the Δ payload, not the fp32 Δ (4 B/param the honest host never
+        needs).
         """
         if self.optimizer is None:
             raise BehaviourError("train() is only available in make_contribution")
@@ -95,7 +99,7 @@ class OuterContext:
             return self.team.train(
                 self.model, self.optimizer, self.cfg, self.data, host if host is not None else self.address,
                 self.outer_step, self.global_model.params, self.global_model.hash, self.store,
-                loss_fn=self.loss_fn,
+                loss_fn=self.loss_fn, keep_delta=keep_delta,
             )  # fmt: skip
         return run_committed(
             self.model,
@@ -108,6 +112,7 @@ class OuterContext:
             self.global_model.hash,
             self.store,
             loss_fn=self.loss_fn,
+            keep_delta=keep_delta,
         )
 
     def assemble(
@@ -172,6 +177,9 @@ class HostBehaviour:
 
     name = "honest"
     allowed_params: frozenset[str] = frozenset()
+    keeps_delta = False
+    """Whether `make_contribution`'s contribution carries the fp32 Δ (`Contribution.delta`) for a
+    later hook (an equivocator halves it in `commit_messages`); the honest host needs only the payload."""
 
     def __init__(self, **params: Any) -> None:
         unknown = set(params) - self.allowed_params
@@ -181,7 +189,7 @@ class HostBehaviour:
 
     def make_contribution(self, ctx: OuterContext) -> Contribution:
         """Train H inner steps from G_n with the carried optimizer and commit to the trajectory."""
-        return ctx.train()
+        return ctx.train(keep_delta=self.keeps_delta)
 
     def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
         """What to broadcast before the commit deadline (an equivocator returns two)."""

@@ -51,9 +51,11 @@ from nodekit.chainview import (
     is_chain_error,
 )
 from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
-from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
+from nodekit.objects import DOMAINS, Kind, ObjectPolicy, TransferPolicy
 from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write
+from protocol.chunks import verify_manifest
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Codec, RunConfig
 from protocol.messages import (
@@ -366,6 +368,7 @@ class HostNode:
     def run(self, max_outer_steps: int | None = None, *, linger: bool = False) -> None:
         """With `linger`, keep serving (the final G, the last Δs) after the run ends, until `stop()`:
         late peers and verifiers still fetch from us, and we keep following blocks meanwhile."""
+        tune_allocator()  # freed tensors go back to the OS: peak RSS is the peak, not the sum of phases
         self.server.start()
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
         done = 0
@@ -423,12 +426,12 @@ class HostNode:
     def _sharded(self) -> bool:
         return self.team is not None and self.team.shard_state
 
-    def _start_optimizer(self, gm: GlobalModel) -> torch.optim.Optimizer:
-        """The optimizer state the chain says this step starts from: last accepted, or fresh.
-        With a sharded team: rank 0's part of it (the others load theirs when the team trains)."""
+    def _start_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer state the chain says this step starts from: last accepted, or fresh
+        (the parameters are G_n's: `run_committed` or the caller loads them). With a sharded
+        team: rank 0's part of it (the others load theirs when the team trains)."""
         self.store.flush()  # a last boundary still being written reads the live model
         prev = self.view.prev_optimizer_hash(self.address)
-        gm.load_into(self.model)
         if self.team is not None and self.team.shard_state:
             try:
                 self.team.carry(prev or None, OPTIMIZER_GROUP)
@@ -463,7 +466,8 @@ class HostNode:
         contribution = self._load_record(n)
         if contribution is None or contribution.base_model_hash != gm.hash:
             self._set(phase="TRAINING")
-            opt = self._opt = self._start_optimizer(gm)
+            self._opt = None  # a step that was never revealed still held its optimizer: 8 B/param
+            opt = self._opt = self._start_optimizer()
             ctx = self._context(n, gm, opt)
             t0 = time.perf_counter()
             contribution = self.behaviour.make_contribution(ctx)
@@ -472,9 +476,7 @@ class HostNode:
                 p.grad = None
             self.metrics.trained(self.cfg.inner_steps, contribution.tokens, seconds, contribution.mean_loss)
             if not self._sharded:  # a sharded team's ranks saved their parts of it as they trained
-                self.content.put_tensors(
-                    Kind.OPTIMIZER, optimizer_state(training_state(self.model, opt)), OPTIMIZER_GROUP
-                )
+                self._save_optimizer(contribution, opt)
             self._save_record(contribution)
             self._set(loss=contribution.mean_loss)
             self.log(
@@ -483,6 +485,8 @@ class HostNode:
                 loss=round(contribution.mean_loss, 4),
                 seconds=round(seconds, 3),
                 boundary_seconds=round(contribution.boundary_seconds, 3),
+                step_seconds=round(contribution.train_seconds, 3),
+                protocol_seconds=round(contribution.protocol_seconds, 3),
                 tokens_per_s=round(contribution.tokens / max(seconds, 1e-9)),
             )
         ctx = self._context(n, gm, self._opt)
@@ -500,6 +504,20 @@ class HostNode:
         self._set(phase="COMMITTED")
         self.log("committed", outer_step=n, root=contribution.trajectory_root, delta=contribution.delta_hash)
         return contribution
+
+    def _save_optimizer(self, c: Contribution, opt: torch.optim.Optimizer) -> None:
+        """The carried optimizer state, written from the live tensors; with the digests the
+        boundary worker computed when they match the committed hash (no second hashing pass)."""
+        state = optimizer_state(training_state(self.model, opt))
+        length = self.objects.length(Kind.OPTIMIZER)
+        digests, h = list(c.optimizer_digests), c.final_optimizer_hash
+        domain, c_bytes = DOMAINS[Kind.OPTIMIZER], self.cfg.state_chunk_bytes
+        if digests and verify_manifest(h, domain, c_bytes, length, digests):
+            self.content.put_tensors(
+                Kind.OPTIMIZER, state, OPTIMIZER_GROUP, h=c.final_optimizer_hash, digests=digests
+            )
+        else:
+            self.content.put_tensors(Kind.OPTIMIZER, state, OPTIMIZER_GROUP)
 
     def _recover(self, n: int, mine: dict[str, Any]) -> Contribution | None:
         """Restarted after committing: pick the contribution back up from disk."""
@@ -580,7 +598,9 @@ class HostNode:
         gm = self._global(c.base_model_hash)
 
         def start() -> tuple[nn.Module, torch.optim.Optimizer]:
-            return self.model, self._start_optimizer(gm)
+            opt = self._start_optimizer()
+            gm.load_into(self.model)
+            return self.model, opt
 
         try:
             if self.team is not None and self.team.shard_state:
@@ -805,9 +825,12 @@ class HostNode:
 
     def _adopt(self, n: int, gm: GlobalModel) -> None:
         self.globals.save(gm)
+        gm.load_into(self.model)
+        if not gm.stored:  # from here on read from disk when used: G_{n+1}'s 8 B/param go now
+            gm = self.globals.load(gm.hash)
+            release()
         self._gm_cache[gm.hash] = gm
         self.catalog.publish(Kind.MODEL, gm.hash, StoredObject(self.content, Kind.MODEL, gm.hash))
-        gm.load_into(self.model)
         loss = eval_loss(
             self.model,
             self.corpus.val,

@@ -38,6 +38,7 @@ from nodekit.blobs import (
 from nodekit.board import Board
 from nodekit.chainview import Accepted, ChainView, Phase, StepInfo, Stopped
 from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
 from nodekit.store import BytesSink, ContentStore, TensorSink
@@ -278,11 +279,15 @@ class VerifierNode:
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(f"local dataset {self.corpus.manifest_hash[:12]} is not the run's")
         workers = self.config.workers
+        # Replay models are built when a worker first needs one (at most `workers`): a verifier
+        # judging one host at a time holds one model, not `max_concurrent` of them.
         self._contexts: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        for _ in range(workers):
-            built = build(self.cfg.model, self._allow_list)
-            self._contexts.put((built.module.to(device), built.loss_fn))
-        model = self._contexts.queue[0][0]
+        self._device = device
+        self._built = 1
+        self._build_lock = threading.Lock()
+        first = self._replay_model()
+        self._contexts.put(first)
+        model = first[0]
         c = self.cfg.state_chunk_bytes
         self.objects = ObjectPolicy.of(model, self.cfg)  # exact sizes of everything we fetch
         self.content = ContentStore(self.dir / "store", c)
@@ -293,6 +298,21 @@ class VerifierNode:
             self.globals.save(g0)
         self._serve_held()
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")
+
+    def _replay_model(self) -> tuple[Any, Any]:
+        built = build(self.cfg.model, self._allow_list)
+        return built.module.to(self._device), built.loss_fn
+
+    def _take_model(self) -> tuple[Any, Any]:
+        """An idle replay model, or a new one while fewer than `workers` exist (else wait)."""
+        try:
+            return self._contexts.get_nowait()
+        except queue.Empty:
+            pass
+        with self._build_lock:
+            room = self._built < self.config.workers
+            self._built += room
+        return self._replay_model() if room else self._contexts.get()
 
     def _serve_held(self) -> None:
         """After a restart: serve again what is on disk (carried optimizer states, the opened states
@@ -335,6 +355,7 @@ class VerifierNode:
 
     def run(self, max_outer_steps: int | None = None) -> None:
         """Survives the chain or a host going away: the step is re-read and resumed when it is back."""
+        tune_allocator()  # freed tensors go back to the OS: peak RSS is the peak, not the sum of phases
         self.server.start()
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
         done = failures = 0
@@ -441,7 +462,7 @@ class VerifierNode:
 
     def _judge(self, job: Job, gm: GlobalModel) -> Outcome | None:
         """Runs on a pool worker with that worker's own model; the behaviour decides what to report."""
-        model, loss_fn = self._contexts.get()
+        model, loss_fn = self._take_model()
         try:
             holders = self.view.holders(job.outer_step, exclude=self.address).get(job.host, [])
 
@@ -567,10 +588,12 @@ class VerifierNode:
                 new = gm.apply_streamed({a.host: a.tokens for a in accepted}, delta_of, self.cfg.outer)
                 if new.hash == target:
                     self.globals.save(new)
-                    self._gm[new.hash] = new
-                    obj = StoredObject(self.content, Kind.MODEL, new.hash)
-                    self.catalog.publish(Kind.MODEL, new.hash, obj)
-                    self.log("outer_step_applied", outer_step=n, model_hash=new.hash)
+                    g = new.hash
+                    self._gm[g] = self.globals.load(g)  # read from disk when used
+                    del new  # G_{n+1}'s 8 B/param go now
+                    release()
+                    self.catalog.publish(Kind.MODEL, g, StoredObject(self.content, Kind.MODEL, g))
+                    self.log("outer_step_applied", outer_step=n, model_hash=g)
                 else:
                     self.log("outer_step_differs", outer_step=n, mine=new.hash, chain=target)
                     self._global(target)

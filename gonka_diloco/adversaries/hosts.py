@@ -368,6 +368,7 @@ class Equivocation(HostAdversary):
     name = "equivocation"
     expected = ("ACCEPT",)  # each commit alone is honest work: the chain, not replay, catches this
     chain_outcome = "equivocated"
+    keeps_delta = True  # halves its Δ in commit_messages
 
     def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
         other = ctx.with_delta(contribution, {n: t * 0.5 for n, t in contribution.delta.items()})
