@@ -47,6 +47,7 @@ from trainer.step import (
     lr_at,
     make_optimizer,
     training_hash,
+    training_state,
 )
 
 Params = dict[str, Tensor]
@@ -178,6 +179,13 @@ class MemStore:
         """A copy: on CPU a boundary snapshot may be the live tensors, which training moves on."""
         self.states[h] = {k: v.clone() for k, v in state.items()}
 
+    def stage_hashed(
+        self, state: Mapping[str, Tensor], outer_step: int, h: str, digests: Any
+    ) -> Callable[[], None]:
+        """`StateStore.stage_hashed`: the copy now (the snapshot is released after it), nothing later."""
+        self.put_hashed(state, outer_step, h, digests)
+        return lambda: None
+
     def state(self, leaf_hash: str) -> State:
         return {k: v.clone() for k, v in self.states[leaf_hash].items()}
 
@@ -223,12 +231,15 @@ class Host:
         return run_committed(self.model, self.opt, env.cfg, env.corpus, self.name, n, g, g_hash, store)  # type: ignore[arg-type]
 
 
-def forge(env: Env, c: Contribution, bad: Mapping[str, Tensor], g: Params, store: MemStore) -> Contribution:
+def forge(
+    env: Env, c: Contribution, bad: Mapping[str, Tensor], g: Params, store: MemStore, host: Host
+) -> Contribution:
     """A consistent liar: the last leaf claims θ_H = G − Δ_bad, so root, Δ hash and Δ all agree.
 
-    Only the replay of the (always sampled) last segment can expose it.
+    Only the replay of the (always sampled) last segment can expose it. The honest end state is
+    the host's live one (bitwise mode persists no θ_H: the replay reproduces it).
     """
-    final = store.state(c.leaves[-1])
+    final = training_state(host.model, host.opt, copy=True)
     for n, t in bad.items():
         final[f"param/{n}"] = g[n] - t
     leaf = training_hash(final)
@@ -334,7 +345,7 @@ def run_diloco(
             for h in sorted(bad_hosts & set(active)):
                 bad = ATTACKS[attack](contribs[h].delta, honest, len(bad_hosts), rng)
                 assert store is not None
-                contribs[h] = forge(env, contribs[h], bad, base, store)
+                contribs[h] = forge(env, contribs[h], bad, base, store, hosts[h])
         entering = list(active)
         if verify:
             assert verifier is not None and store is not None
