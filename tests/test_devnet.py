@@ -221,7 +221,7 @@ QUICK = {
     "seq_len": 32,
     "model_size": "tiny",
     "block_interval": 0.2,
-    "phases": {"join": 2.0, "train": 3.0, "reveal": 2.0, "verify": 3.0, "escalation": 2.0, "result": 3.0},
+    "phases": {"join": 2.0, "train": 4.0, "reveal": 2.0, "verify": 3.0, "escalation": 2.0, "result": 3.0},
     "timeout": 150.0,
     "live": False,
 }
@@ -245,7 +245,7 @@ live = false
 behaviour = "noise"
 [phases]
 join = 2.0
-train = 3.0
+train = 4.0
 reveal = 2.0
 verify = 3.0
 escalation = 2.0

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gonka_diloco.cli import app
-from gonka_diloco.devnet_config import load_config
+from gonka_diloco.devnet_config import PhaseSeconds, load_config
 from gonka_diloco.phase_sizing import (
     COMMIT_SLACK_BLOCKS,
     PhaseSizingError,
@@ -118,13 +118,19 @@ def test_devnet_sizes_train_from_compute_unless_set(monkeypatch: pytest.MonkeyPa
         calls.append(1)
         return 0.04
 
-    # declared: 4 hosts on 2 cores train at half speed: 50 × 0.1 × 2 × 1.5 + 2 blocks of 0.5 s
-    declared = load_config(None, {"hosts": 4, "step_seconds": 0.1}, measure=fake_measure)
-    assert declared.phases.train == pytest.approx(15.0 + 1.0) and calls == []
-    assert declared.blocks(declared.phases.train) == 32
-    # measured when nothing is declared; one host per core: no contention
-    measured = load_config(None, {"hosts": 2, "verifiers": 1, "adversaries": []}, measure=fake_measure)
-    assert measured.phases.train == pytest.approx(50 * 0.04 * 1.5 + 1.0) and calls == [1]
+    # declared: 4 hosts + 2 verifiers on 2 cores run at a third of the speed:
+    # 50 × 0.125 × 3 × DEVNET_MARGIN (2) + 2 blocks of 0.5 s
+    declared = load_config(None, {"hosts": 4, "verifiers": 2, "step_seconds": 0.125}, measure=fake_measure)
+    assert declared.phases.train == pytest.approx(37.5 + 1.0) and calls == []
+    assert declared.blocks(declared.phases.train) == 77
+    # measured when nothing is declared; one node per core: no contention; 50 × 0.04 × 2 + 1 = 5 s
+    # is shorter than the default phase, which stays (only longer work lengthens it)
+    measured = load_config(None, {"hosts": 1, "verifiers": 1, "adversaries": []}, measure=fake_measure)
+    assert measured.phases.train == PhaseSeconds().train == 8.0 and calls == [1]
+    longer = load_config(
+        None, {"hosts": 1, "verifiers": 1, "adversaries": [], "inner_steps": 200}, measure=fake_measure
+    )
+    assert longer.phases.train == pytest.approx(200 * 0.04 * 2.0 + 1.0) and calls == [1, 1]
     # an explicit phases.train (flag or TOML) is never overridden, and nothing is measured
     explicit = load_config(None, {"phases": {"train": 8.0}}, measure=fake_measure)
-    assert explicit.phases.train == 8.0 and calls == [1]
+    assert explicit.phases.train == 8.0 and calls == [1, 1]
