@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from protocol.config import Codec, ReplayMode
+from protocol.config import Codec, Overlap, ReplayMode
 
 ParamValue = int | float | str | bool
 
@@ -65,6 +65,8 @@ class PhaseSeconds(Strict):
     verify: float = Field(6.0, gt=0)
     escalation: float = Field(4.0, gt=0)
     result: float = Field(6.0, gt=0)
+    audit: float = Field(5.0, gt=0, description="verdict window of the audit round")
+    confirm: float = Field(5.0, gt=0, description="verdict window of a dispute's confirmation")
 
 
 class DevnetConfig(Strict):
@@ -96,6 +98,12 @@ class DevnetConfig(Strict):
     seed: int = Field(0, ge=0, lt=2**63)
     threads: int = Field(1, ge=1, le=64)
     phases: PhaseSeconds = PhaseSeconds()
+    checkpoint_every: int = Field(
+        4, ge=1, le=1_000_000, description="hosts persist every m-th boundary (host.toml checkpoint_every)"
+    )
+    overlap: Overlap = Field(
+        Overlap.NONE, description="none, or delayed: train step n+1 while step n is verified (specs §2.2.1)"
+    )
     engine: Literal["embedded", "cometbft"] = Field(
         "embedded", description="embedded: one chain process; cometbft: a network of CometBFT validators"
     )
