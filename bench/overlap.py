@@ -21,6 +21,7 @@ Writes bench/results/overlap.json. About 5 minutes on a loaded 2-core machine (`
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import tempfile
@@ -35,6 +36,10 @@ HOSTS, VERIFIERS = 3, 1  # two honest hosts and one sign-flipper; one verifier
 ADVERSARY = "sign_flip"
 BLOCK_S = 0.25
 CHECKPOINT_EVERY = 1  # hosts persist every boundary (tiny model): a reveal recomputes nothing
+OUTER_LR, OUTER_MOMENTUM = 0.5, 0.0
+"""Both modes: with DiLoCo's Nesterov momentum 0.9 the one-step-delayed outer step diverges here
+(val loss 2.92 → 5.9 in six steps of the in-process check; 2.92 → 4.99 in this devnet); momentum
+0 is stable for both (see the closing note of issue 16)."""
 MARGIN = 1.2  # train phase = H contended steps + 20%: hosts neither wait long nor miss the deadline
 
 
@@ -94,7 +99,8 @@ def sized(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
     base = DevnetConfig(
         hosts=HOSTS, verifiers=VERIFIERS, adversaries=[AdversarySpec(behaviour=ADVERSARY)],
         inner_steps=args.inner_steps, segment_len=5, sampled_segments=2, block_interval=BLOCK_S,
-        live=False, timeout=400.0, checkpoint_every=CHECKPOINT_EVERY,
+        live=False, timeout=400.0, checkpoint_every=CHECKPOINT_EVERY, outer_lr=OUTER_LR,
+        outer_momentum=OUTER_MOMENTUM,
     )  # fmt: skip
     alone, t = step_seconds(base)
     k, s = base.segment_len, base.sampled_segments
@@ -144,7 +150,9 @@ def measure(folder: Path, snap: Any) -> dict[str, Any]:
             curve = [(e["ts"] - first, e["val_loss"]) for e in applied]
     adversary = [c.outcome for c in snap.contributions if c.host == f"host-{HOSTS - 1}"]  # the last host
     losses = [v for _, v in curve]
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(curve)]
     return {
+        "period_s": sum(gaps) / len(gaps) if gaps else None,  # seconds between adopted results
         "hosts": per_host,
         "utilization_span": min(h["utilization_span"] for h in per_host.values()),
         "utilization_run": min(h["utilization_run"] for h in per_host.values()),
@@ -169,11 +177,11 @@ def main(quick: bool = False) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer, shorter steps")
     ap.add_argument("--steps", type=int, default=0, help="outer steps of the sequential run (3; quick 2)")
     ap.add_argument("--extra", type=int, default=2, help="more outer steps for the overlapped run")
-    ap.add_argument("--inner-steps", type=int, default=0, help="H (120; quick 60)")
+    ap.add_argument("--inner-steps", type=int, default=0, help="H (100; quick 60)")
     args, _ = ap.parse_known_args()  # under `python -m bench` its own flags are in argv too
     quick = quick or args.quick
     args.steps = args.steps or (2 if quick else 3)
-    args.inner_steps = args.inner_steps or (60 if quick else 120)
+    args.inner_steps = args.inner_steps or (60 if quick else 100)
     torch.set_num_threads(1)
     from gonka_diloco.devnet import run_devnet
     from protocol.config import Overlap
@@ -201,8 +209,14 @@ def main(quick: bool = False) -> None:
     t_none = time_to(runs["none"]["val_loss_curve"], target)
     t_delayed = time_to(runs["delayed"]["val_loss_curve"], target)
     speedup = t_none / t_delayed if t_none and t_delayed else None
+    p_none, p_delayed = runs["none"]["period_s"], runs["delayed"]["period_s"]
+    train_s = cfg.phases.train
+    for mode in ("none", "delayed"):  # how full hosts kept the train phase (the sizing's margin)
+        hosts = runs[mode]["hosts"].values()
+        runs[mode]["train_phase_fill"] = min(h["training_s"] / h["steps_trained"] / train_s for h in hosts)
     out = {
         "settings": {"hosts": HOSTS, "verifiers": VERIFIERS, "adversary": ADVERSARY, "block_s": BLOCK_S,
+                     "outer_lr": OUTER_LR, "outer_momentum": OUTER_MOMENTUM, "margin": MARGIN,
                      "inner_steps": args.inner_steps, "steps_none": args.steps,
                      "steps_delayed": args.steps + args.extra, "cores": os.cpu_count(), **sizing},
         "none": runs["none"],
@@ -210,6 +224,7 @@ def main(quick: bool = False) -> None:
         "target_val_loss": target,
         "time_to_target_s": {"none": t_none, "delayed": t_delayed},
         "speedup_to_same_loss": speedup,
+        "step_period_speedup": p_none / p_delayed if p_none and p_delayed else None,
         "goals": {"utilization_delayed_ge_0.8": runs["delayed"]["utilization_span"] >= 0.8,
                   "speedup_ge_1.5": speedup is not None and speedup >= 1.5},
         "command": ".venv/bin/python -m bench.overlap" + (" --quick" if quick else ""),
@@ -220,6 +235,10 @@ def main(quick: bool = False) -> None:
         t = out["time_to_target_s"][mode]
         print(f"{mode:>10}{runs[mode]['utilization_span']:>13.0%}{runs[mode]['utilization_run']:>12.0%}"
               f"{(f'{t:.1f} s' if t is not None else 'never'):>11}")  # fmt: skip
+    if out["step_period_speedup"]:
+        print(f"seconds per outer step: none {p_none:.1f}, delayed {p_delayed:.1f} "
+              f"({out['step_period_speedup']:.2f}x); hosts filled {runs['delayed']['train_phase_fill']:.0%} "
+              f"of the {train_s:.1f} s train phase")  # fmt: skip
     print(f"same loss ({target:.3f}) reached {speedup:.2f}x faster with overlap" if speedup else
           f"the overlapped run did not reach the sequential run's final loss {target:.3f}")  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from gonka_diloco.devnet_config import HF_MODELS, MODEL_SIZES, DevnetConfig, Dev
 from gonka_diloco.live import LiveState, NodeView, render
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
 from gonka_diloco.report import NodeRow, Snapshot, evaluate, write_report
-from protocol.config import ModelSpec, Phases, RunConfig, Stake
+from protocol.config import ModelSpec, OuterOptim, Phases, RunConfig, Stake
 
 if TYPE_CHECKING:
     from chain.abci.cometbft import Localnet
@@ -133,6 +133,7 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         threads=cfg.threads,
         max_outer_steps=cfg.outer_steps,
         overlap=cfg.overlap,
+        outer=OuterOptim(lr=cfg.outer_lr, momentum=cfg.outer_momentum),
     )
 
 

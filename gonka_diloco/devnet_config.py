@@ -98,6 +98,10 @@ class DevnetConfig(Strict):
     seed: int = Field(0, ge=0, lt=2**63)
     threads: int = Field(1, ge=1, le=64)
     phases: PhaseSeconds = PhaseSeconds()
+    outer_lr: float = Field(0.7, gt=0, description="outer SGD learning rate (DiLoCo's 0.7)")
+    outer_momentum: float = Field(
+        0.9, ge=0, lt=1, description="outer Nesterov momentum (DiLoCo's 0.9; bench.overlap: 0 with overlap)"
+    )
     checkpoint_every: int = Field(
         4, ge=1, le=1_000_000, description="hosts persist every m-th boundary (host.toml checkpoint_every)"
     )
