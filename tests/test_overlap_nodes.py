@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.config import Overlap
+from protocol.messages import Reason
 from tests.test_host_node import (
     SPEC,
     LockstepChain,
@@ -24,6 +25,7 @@ from tests.test_host_node import (
     running,
     then_stop,
     tiny_corpus,
+    verdicts,
     verifier_node,
 )
 from tests.test_host_resume import _commit_txs, _crash_on
@@ -62,7 +64,10 @@ def overlapped_config(corpus: Any, **kw: Any) -> Any:
     return run_config(corpus, overlap=Overlap.DELAYED, max_outer_steps=STEPS, **kw)
 
 
-def test_overlapped_run_rejects_an_adversary_and_the_loss_falls(tmp_path: Path) -> None:
+def test_overlapped_run_rejects_an_eager_start_and_the_loss_falls(tmp_path: Path) -> None:
+    """Two honest hosts and `eager`, which starts each step from its base minus its own step
+    n − 1 Δ, not yet verified (Kale et al.'s eager update): honest in step 0 (no Δ yet), then
+    rejected in every step, never in the model; the honest hosts are accepted."""
     from gonka_diloco.adversaries import resolve_host
 
     corpus = tiny_corpus()
@@ -71,15 +76,18 @@ def test_overlapped_run_rejects_an_adversary_and_the_loss_falls(tmp_path: Path) 
     run_id = create_run(chain, cfg)
     verifier = counted(chain, verifier_node(tmp_path, 9, run_id, corpus))
     honest = [host(tmp_path, i, run_id, chain, corpus) for i in (1, 2)]
-    cheat = host(tmp_path, 3, run_id, chain, corpus, behaviour=resolve_host("sign_flip"))
+    cheat = host(tmp_path, 3, run_id, chain, corpus, behaviour=resolve_host("eager"))
     hosts = [*honest, cheat]
     with running([lambda h=h: h.run(linger=True) for h in hosts] + [then_stop(verifier.run, hosts)], chain):
         pass
     steps = [chain.query("outer_step", run_id=run_id, step=n) for n in range(STEPS)]
     for n, step in enumerate(steps):
         assert step["phase"] == "DONE", n
-        assert step["outcomes"][cheat.address] == "rejected", n
-        assert step["accepted"] == sorted(h.address for h in honest), n
+        assert step["outcomes"][cheat.address] == ("accepted" if n == 0 else "rejected"), n
+        assert step["accepted"] == sorted(h.address for h in (hosts if n == 0 else honest)), n
+    on_cheat = {(n, r) for n, h, r in verdicts(chain, run_id, STEPS) if h == cheat.address}
+    # s = 1: only the last segment is opened, so its Δ (from its eager start, not the base) gives it away
+    assert on_cheat == {(0, Reason.ACCEPT), (1, Reason.DELTA_MISMATCH), (2, Reason.DELTA_MISMATCH)}
     # two steps were in flight: step n+1 trained and committed before step n closed
     for n in range(STEPS - 1):
         nxt = chain.query("commitment", run_id=run_id, host=honest[0].address, step=n + 1)
@@ -97,7 +105,7 @@ def test_overlapped_run_rejects_an_adversary_and_the_loss_falls(tmp_path: Path) 
     print(f"overlapped: global val loss G_0 {initial:.4f} -> " + " -> ".join(f"{x:.4f}" for x in curve))
     assert initial > curve[-1] and curve[-1] < curve[0], (initial, curve)
     assert honest[1].snapshot()["val_loss"] == honest[0].snapshot()["val_loss"]
-    assert cheat.snapshot()["rejected"] == STEPS
+    assert cheat.snapshot()["rejected"] == STEPS - 1
     assert all(h.snapshot()["training_seconds"] > 0 for h in honest)
 
 
