@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -122,6 +123,38 @@ class Driver:
     def until(self, height: int) -> None:
         while self.height < height - 1:
             self.block([])
+
+
+HISTORY_EXTRA = 2000
+"""The history probe: sealed outer steps added behind the run's own 20, to show what history costs an
+idle block's module + app hash (the only per-block term that visits every step: one cached digest
+each)."""
+
+
+def _idle_hash_cpu_ms(state: ChainState, height: int, blocks: int = 20) -> float:
+    """Median CPU ms of an idle block's begin_block + end_block + app hash."""
+    times = []
+    for h in range(height + 1, height + 1 + blocks):
+        ctx = BlockContext(height=h, time_ns=h, prev_block_hash=_h("probe", h))
+        c0 = time.process_time()
+        begin_block(state, ctx)
+        end_block(state, ctx)
+        app_hash(state)
+        times.append(1000 * (time.process_time() - c0))
+    return statistics.median(times)
+
+
+def history_probe(state: ChainState, height: int) -> tuple[float, float]:
+    """(idle block CPU ms with the run's history, and with HISTORY_EXTRA more sealed steps). The
+    extra steps are the last sealed step's object under new keys (its digest is cached, as every
+    sealed step's is); the state is not persisted afterwards."""
+    before = _idle_hash_cpu_ms(state, height)
+    run = state.runs[1]
+    sealed_step = run.steps[max(run.steps)]
+    for k in range(max(run.steps) + 1, max(run.steps) + 1 + HISTORY_EXTRA):
+        run.steps[k] = sealed_step
+    app_hash(state)  # the one pass that sees the new keys
+    return before, _idle_hash_cpu_ms(state, height + 100)
 
 
 def simulate(n_hosts: int, n_verifiers: int, outer_steps: int, folder: Path) -> dict[str, Any]:
@@ -254,12 +287,15 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int, folder: Path) -> 
     t5 = time.perf_counter()
     reopened.close()
     assert header is not None and app_hash(loaded) == cold and loaded == d.state
+    idle_hash_history, idle_hash_more_history = history_probe(d.state, d.height)
     per_step: dict[int, list[float]] = {}
     cpu_step: dict[int, list[float]] = {}
     for i, step in enumerate(d.outer):
         per_step.setdefault(step, []).append(d.total_ms(i))
         cpu_step.setdefault(step, []).append(1000 * d.cpu_s[i])
     first, last = min(per_step), max(per_step)
+    cpu_means = [statistics.mean(cpu_step[s]) for s in sorted(cpu_step)]
+    busy_blocks = [i for i in range(len(d.module_s)) if d.persist_rows[i] > 2]  # messages or phase work
     totals = [d.total_ms(i) for i in range(len(d.module_s))]
     db_bytes = sum(p.stat().st_size for p in folder.iterdir())
     return {
@@ -275,7 +311,16 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int, folder: Path) -> 
         "node_ms_per_block_last_outer_step": statistics.mean(per_step[last]),
         "node_ms_per_block_last_over_first": statistics.mean(per_step[last])
         / statistics.mean(per_step[first]),
+        "blocks_per_outer_step_last": len(per_step[last]),
+        "node_ms_per_busy_block_mean": statistics.mean(d.total_ms(i) for i in busy_blocks),
+        "node_cpu_ms_per_busy_block_mean": 1000 * statistics.mean(d.cpu_s[i] for i in busy_blocks),
+        "node_cpu_ms_per_busy_block_max": 1000 * max(d.cpu_s[i] for i in busy_blocks),
+        "busy_blocks": len(busy_blocks),
         "node_cpu_ms_per_block_mean": 1000 * statistics.mean(d.cpu_s),
+        "node_cpu_ms_per_block_outer_step_min": min(cpu_means),
+        "node_cpu_ms_per_block_outer_step_max": max(cpu_means),
+        "node_cpu_ms_last5_over_first5_outer_steps": statistics.mean(cpu_means[-5:])
+        / statistics.mean(cpu_means[:5]),
         "node_cpu_ms_per_block_first_outer_step": statistics.mean(cpu_step[first]),
         "node_cpu_ms_per_block_last_outer_step": statistics.mean(cpu_step[last]),
         "cpu_ms_mean_module": 1000 * statistics.mean(p[0] for p in d.cpu_parts),
@@ -283,6 +328,8 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int, folder: Path) -> 
         "cpu_ms_mean_persist": 1000 * statistics.mean(p[2] for p in d.cpu_parts),
         "idle_block_after_history_ms": statistics.median(d.total_ms(i) for i in idle),
         "idle_block_after_history_cpu_ms": statistics.median(1000 * d.cpu_s[i] for i in idle),
+        "idle_block_hash_cpu_ms_after_history": idle_hash_history,
+        f"idle_block_hash_cpu_ms_after_{HISTORY_EXTRA}_more_steps": idle_hash_more_history,
         "idle_block_after_history_persist_ms": statistics.median(1000 * d.persist_s[i] for i in idle),
         "module_s_total": sum(d.module_s),
         "module_ms_per_msg": 1000 * sum(d.module_s) / d.msgs,
@@ -320,8 +367,11 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int, folder: Path) -> 
 
 def main(quick: bool = False) -> None:
     sizes = (100, 10, 3) if quick else (1000, 100, 20)
+    load_start = os.getloadavg()[0]  # wall times on a shared machine follow its load: say what it was
     with tempfile.TemporaryDirectory() as tmp:
         result = simulate(*sizes, folder=Path(tmp))
+    result["load_average_1m_start"], result["load_average_1m_end"] = load_start, os.getloadavg()[0]
+    result["cpu_count"] = os.cpu_count() or 0
     print(f"{'metric':34s} value")
     for k, v in result.items():
         print(f"{k:34s} {v:,.2f}" if isinstance(v, float) else f"{k:34s} {v:,}")

@@ -3,7 +3,8 @@ q of the verifier stake, and does faking pay? Seeded trials on the chain's state
 the exact formula (`protocol.collusion`).
 
 Each trial is a fresh chain: one cheating host, N = 10 verifier keys of equal stake of which
-A = q·N are accomplices, one outer step of the real module (stake-weighted draws, audit lottery
+A = q·N are accomplices (for the defaults also N = 20 and 100, to reach q = 45% and 49%), one
+outer step of the real module (stake-weighted draws, audit lottery
 from a post-verdict seed, disputes decided by verifier stake, fraud slashes, rewards only for Δs
 that reach the model). The coalition plays its best strategy: an accomplice ACCEPTs only when
 every verifier drawn in its stage (initial, audit) is an accomplice, and REJECTs otherwise or on a
@@ -35,6 +36,7 @@ from chain.state import ChainState, Contribution
 from protocol import merkle
 from protocol.collusion import (
     Defense,
+    every_minority,
     expected_profit,
     expected_profit_keys,
     max_safe_share,
@@ -59,6 +61,8 @@ RESULTS = Path(__file__).parent / "results" / "collusion.json"
 GNK = 10**9
 N_KEYS = 10
 SHARES = [i / N_KEYS for i in range(6)]  # 0 %, 10 %, …, 50 % of the verifier stake
+EXTRA = [(9, 20), (49, 100)]  # (accomplice keys, keys) for the defaults: q = 45 %, 49 %
+PREVIOUS = (4, 5000, 1)  # the defaults before issue 10's last round: ≤ 1 % only up to q = 34.9 %
 DEFAULTS = RunConfig.model_fields
 DEFAULT_STAKE = Stake()
 
@@ -73,7 +77,8 @@ def _h(*parts: object) -> str:
 
 AUTHORITY = _addr("collusion authority")
 CHEATER = _addr("collusion cheater")
-KEYS = [_addr(f"collusion verifier {i}") for i in range(N_KEYS)]
+ALL_KEYS = [_addr(f"collusion verifier {i}") for i in range(max(n for _, n in EXTRA))]
+KEYS = ALL_KEYS[:N_KEYS]
 ENV = EnvFingerprint(torch_version="2.13.0", threads=1)
 
 
@@ -94,8 +99,9 @@ def bench_config(v: int, audit_bps: int, audit_verifiers: int) -> RunConfig:
 class Trial:
     """One outer step of one cheater against N keys, A of them accomplices, on the module itself."""
 
-    def __init__(self, config: RunConfig, accomplices: set[str], seed: str) -> None:
-        funded = dict.fromkeys([AUTHORITY, CHEATER, *KEYS], 1000 * GNK)
+    def __init__(self, config: RunConfig, accomplices: set[str], seed: str, keys: list[str] = KEYS) -> None:
+        self.keys = keys
+        funded = dict.fromkeys([AUTHORITY, CHEATER, *keys], 1000 * GNK)
         self.state: ChainState = genesis_state(
             Genesis(authority=AUTHORITY, accounts=funded, reward_pool=10**6 * GNK)
         )
@@ -156,7 +162,7 @@ class Trial:
         return msgs
 
     def run(self) -> dict[str, Any]:
-        stakes = dict.fromkeys(KEYS, GNK)
+        stakes = dict.fromkeys(self.keys, GNK)
         self.block([MsgCreateRun(creator=AUTHORITY, config=self.config)])
         self.block([MsgJoinRun(creator=CHEATER, run_id=1, role=Role.HOST, endpoint="http://h",
                                stake=self.config.stake.min_host_stake)]
@@ -176,72 +182,136 @@ class Trial:
         }
 
 
-def cell(v: int, p_bps: int, a: int, accomplices: int, trials: int) -> dict[str, Any]:
+def cell(v: int, p_bps: int, a: int, accomplices: int, trials: int, n_keys: int = N_KEYS) -> dict[str, Any]:
     config = bench_config(v, p_bps, a)
     d = Defense(v, p_bps, a, DEFAULT_STAKE.host_slash_bps, DEFAULT_STAKE.fraud_host_slash_bps,
                 DEFAULT_STAKE.fraud_verifier_slash_bps)  # fmt: skip
     reward, bond = config.stake.reward_per_outer_step, config.stake.min_host_stake
-    gang = set(KEYS[:accomplices])
+    keys = ALL_KEYS[:n_keys]
+    gang = set(keys[:accomplices])
     passed = audited = 0
     profit = 0
     for t in range(trials):
-        out = Trial(config, gang, f"{v}:{p_bps}:{a}:{accomplices}:{t}").run()
+        tag = f"{v}:{p_bps}:{a}:{accomplices}" + ("" if n_keys == N_KEYS else f"/{n_keys}")
+        out = Trial(config, gang, f"{tag}:{t}", keys).run()
         passed += out["passed"]
         audited += out["audited"]
         profit += out["profit"]
-    q = accomplices / N_KEYS
-    p_exact = pass_probability_keys(accomplices, N_KEYS - accomplices, d)
+    q = accomplices / n_keys
+    p_exact = pass_probability_keys(accomplices, n_keys - accomplices, d)
     sd = math.sqrt(max(p_exact * (1 - p_exact), 1e-12) / trials)
     return {
-        "v": v, "p": p_bps / 10_000, "a": a, "share": q, "accomplice_keys": accomplices, "trials": trials,
+        "v": v, "p": p_bps / 10_000, "a": a, "share": q, "accomplice_keys": accomplices, "keys": n_keys,
+        "trials": trials,
         "passed": passed / trials, "pass_exact": p_exact, "pass_bound_many_keys": pass_probability(q, d),
         "within_3_sd": abs(passed / trials - p_exact) <= 3 * sd + 1e-12,
         "profit_per_step_R": profit / trials / reward,
-        "profit_exact_R": expected_profit_keys(accomplices, N_KEYS - accomplices, d, reward, bond, GNK)
+        "profit_exact_R": expected_profit_keys(accomplices, n_keys - accomplices, d, reward, bond, GNK)
         / reward,
         "profit_many_keys_R": expected_profit(q, d, reward, bond, GNK) / reward,
         "audited": audited / trials,
     }  # fmt: skip
 
 
-def configs() -> list[tuple[int, int, int]]:
+def defaults() -> tuple[int, int, int]:
+    """(v, p in bps, a): the RunConfig defaults."""
     v, p, a = (DEFAULTS[f].default for f in ("verifiers_per_contribution", "audit_bps", "audit_verifiers"))
-    return [(1, 0, 1), (1, 5000, 1), (2, 5000, 1), (v, p, a), (4, 10_000, 2)]
+    return v, p, a
+
+
+def configs() -> list[tuple[int, int, int]]:
+    return [(1, 0, 1), (1, 5000, 1), (2, 5000, 1), PREVIOUS, defaults()]
+
+
+# The cheapest (v, p, a) meeting both goals for each v ≤ 6 (p the smallest in 1% steps), the
+# no-audit v = 7, and the defaults: how their verification work and deterrence compare.
+ALTERNATIVES = [(6, 7200, 1), (5, 9100, 2), (4, 9700, 3), (7, 0, 1), (4, 10_000, 3)]
+
+
+def max_reward_ratio(d: Defense) -> float:
+    """The largest reward / host bond at which faking still loses money for every q < 1/2 (bisection;
+    accomplice keys bonded at 1 GNK): how far the stake parameters may drift before collusion pays."""
+    bond = DEFAULT_STAKE.min_host_stake
+    lo, hi = 0.0, 1000.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        loses = all(expected_profit(q / 1000, d, round(mid * bond), bond, GNK) < 0 for q in range(1, 500))
+        lo, hi = (mid, hi) if loses else (lo, mid)
+    return lo
+
+
+def alternatives() -> list[dict[str, Any]]:
+    """Per setting: replays per contribution, the worst pass probability over every minority (bound,
+    exact), the chance that a coalition's ACCEPT at q → 1/2 is then audited and overturned, and
+    `max_reward_ratio` (formulas only: each is checked against trials in the table above)."""
+    out = []
+    for v, p, a in ALTERNATIVES:
+        d = Defense(v, p, a, DEFAULT_STAKE.host_slash_bps, DEFAULT_STAKE.fraud_host_slash_bps,
+                    DEFAULT_STAKE.fraud_verifier_slash_bps)  # fmt: skip
+        w = every_minority(d, DEFAULT_STAKE.reward_per_outer_step, DEFAULT_STAKE.min_host_stake, GNK)
+        out.append({
+            "v": v, "p": p / 10_000, "a": a, "replays_per_contribution": round(v + p / 10_000 * a, 2),
+            "pass_bound_sup": w["pass_bound_sup"], "pass_exact_max": w["pass_exact_max"],
+            "accept_overturned_at_half": d.p * (1 - 0.5**a), "max_reward_per_host_bond": max_reward_ratio(d),
+        })  # fmt: skip
+    return out
+
+
+def summary(v: int, p: int, a: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    d = Defense(v, p, a, DEFAULT_STAKE.host_slash_bps, DEFAULT_STAKE.fraud_host_slash_bps,
+                DEFAULT_STAKE.fraud_verifier_slash_bps)  # fmt: skip
+    mine = [r for r in rows if (r["v"], r["p"], r["a"]) == (v, p / 10_000, a)]
+    worst = every_minority(d, DEFAULT_STAKE.reward_per_outer_step, DEFAULT_STAKE.min_host_stake, GNK)
+    return {
+        "v": v, "p": p / 10_000, "a": a, "max_share_fake_below_1pct": max_safe_share(d),
+        "fake_below_1pct_at_shares": [r["share"] for r in mine if r["pass_exact"] <= 0.01],
+        "profit_negative_at_all_shares": all(r["profit_exact_R"] < 0 for r in mine),
+        "every_minority": worst,
+        "fake_below_1pct_every_minority": max(worst["pass_bound_sup"], worst["pass_exact_max"]) <= 0.01,
+        "profit_negative_every_minority": max(worst["profit_bound_max_R"], worst["profit_exact_max_R"]) < 0,
+        "replays_per_contribution": v + p / 10_000 * a,
+    }  # fmt: skip
 
 
 def main(quick: bool = False) -> dict[str, Any]:
     trials = 200 if quick else 2000
     t0 = time.perf_counter()
     rows = [cell(v, p, a, round(q * N_KEYS), trials) for v, p, a in configs() for q in SHARES]
-    v, p, a = configs()[3]
-    d = Defense(v, p, a)
-    default_rows = [r for r in rows if (r["v"], r["p"], r["a"]) == (v, p / 10_000, a)]
+    v, p, a = defaults()
+    rows += [cell(v, p, a, k, trials, n) for k, n in EXTRA]
     result = {
         "quick": quick, "keys": N_KEYS, "trials_per_cell": trials, "rows": rows,
-        "defaults": {"v": v, "p": p / 10_000, "a": a, "min_host_stake": DEFAULT_STAKE.min_host_stake,
+        "defaults": {**summary(v, p, a, rows), "min_host_stake": DEFAULT_STAKE.min_host_stake,
                      "reward_per_outer_step": DEFAULT_STAKE.reward_per_outer_step,
                      "fraud_host_slash_bps": DEFAULT_STAKE.fraud_host_slash_bps,
-                     "fraud_verifier_slash_bps": DEFAULT_STAKE.fraud_verifier_slash_bps,
-                     "max_share_fake_below_1pct": max_safe_share(d),
-                     "fake_below_1pct_at_shares": [r["share"] for r in default_rows
-                                                   if r["pass_exact"] <= 0.01],
-                     "profit_negative_at_all_shares": all(r["profit_exact_R"] < 0 for r in default_rows),
-                     "replays_per_contribution": v + p / 10_000 * a},
+                     "fraud_verifier_slash_bps": DEFAULT_STAKE.fraud_verifier_slash_bps},
+        "previous_defaults": summary(*PREVIOUS, rows),
+        "alternatives": alternatives(),
         "seconds": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
     print(f"collusion: {N_KEYS} equal-stake verifier keys, {trials} trials per cell, smart coalition")
-    head = f"{'v':>2} {'p':>4} {'a':>2} {'share':>6} {'fake passed':>12} {'exact':>8} {'q^v bound':>10} " \
-           f"{'profit/R':>9} {'exact':>8}"  # fmt: skip
+    head = f"{'v':>2} {'p':>4} {'a':>2} {'keys':>4} {'share':>6} {'fake passed':>12} {'exact':>8} " \
+           f"{'q^v bound':>10} {'profit/R':>9} {'exact':>8}"  # fmt: skip
     print(head)
     for r in rows:
-        print(f"{r['v']:>2} {r['p']:>4.2f} {r['a']:>2} {r['share']:>6.0%} {r['passed']:>12.2%} "
-              f"{r['pass_exact']:>8.2%} {r['pass_bound_many_keys']:>10.2%} {r['profit_per_step_R']:>9.3f} "
-              f"{r['profit_exact_R']:>8.3f}")  # fmt: skip
-    dd = result["defaults"]
-    print(f"defaults v={v} p={p / 10_000} a={a}: fake ≤ 1% of steps for accomplice shares up to "
-          f"{dd['max_share_fake_below_1pct']:.1%} (many-keys bound); "
-          f"profit negative at every share ≤ 50%: "
-          f"{dd['profit_negative_at_all_shares']}")  # fmt: skip
+        print(f"{r['v']:>2} {r['p']:>4.2f} {r['a']:>2} {r['keys']:>4} {r['share']:>6.0%} "
+              f"{r['passed']:>12.2%} {r['pass_exact']:>8.2%} {r['pass_bound_many_keys']:>10.2%} "
+              f"{r['profit_per_step_R']:>9.3f} {r['profit_exact_R']:>8.3f}")  # fmt: skip
+    for name in ("previous_defaults", "defaults"):
+        dd = result[name]
+        w = dd["every_minority"]
+        met = dd["fake_below_1pct_every_minority"] and dd["profit_negative_every_minority"]
+        worst_profit = max(w["profit_bound_max_R"], w["profit_exact_max_R"])
+        print(f"{name} v={dd['v']} p={dd['p']} a={dd['a']} ({dd['replays_per_contribution']:g} replays per "
+              f"contribution): fake ≤ 1% up to q = {dd['max_share_fake_below_1pct']:.1%} (bound); over every "
+              f"minority fake ≤ {w['pass_bound_sup']:.2%} (bound) / {w['pass_exact_max']:.2%} (exact, "
+              f"≤ {w['max_keys']} keys), profit ≤ {worst_profit:.3f} R: both goals met = {met}")  # fmt: skip
+    print("alternatives (formulas): v p a, replays, worst pass bound / exact, "
+          "P(accept overturned | q → 1/2), max reward / host bond")  # fmt: skip
+    for x in result["alternatives"]:
+        print(f"  {x['v']} {x['p']:.2f} {x['a']}  {x['replays_per_contribution']:>5}  "
+              f"{x['pass_bound_sup']:.2%} / {x['pass_exact_max']:.2%}  "
+              f"{x['accept_overturned_at_half']:.1%}  {x['max_reward_per_host_bond']:.1f}")  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULTS} ({result['seconds']} s)")

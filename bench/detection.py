@@ -15,7 +15,7 @@ Four tables (all with the real committed loop, store, codec and `verifier.verify
    and by the parameters alone (what the verifier compared before);
 4. verification cost as a fraction of the host's inner loop on the default small GPT.
 
-    .venv/bin/python -m bench.detection [--quick]
+    .venv/bin/python -m bench.detection [--quick] [--only-adversaries]
 
 Prints the tables and writes bench/results/detection.json. A measurement, not a test.
 """
@@ -81,7 +81,12 @@ ADVERSARIES: list[tuple[str, dict[str, Any]]] = [
     ("wrong_data", {}), ("stale", {}), ("copycat", {}), ("bad_tokens", {}),
     ("no_reveal", {"mode": "chain"}), ("no_reveal", {"mode": "serve"}), ("moment_steer", {}),
     *[("malformed", {"kind": k}) for k in MALFORMED_KINDS],
+    ("withhold", {}), ("forge_result", {}), ("silent_after_accept", {}),
 ]  # fmt: skip
+"""The last three train honestly (ACCEPT is the right verdict) and attack what follows: serving
+their Δ and the result vote. Their row also says how often the verifier's accepting check left it
+holding the exact committed Δ payload (what it then serves to every aggregator in the author's
+place); the result vote is judged with real nodes (`tests/test_availability_nodes.py`)."""
 SEEDED = {"noise", "lazy"}  # their contribution depends on a seed: retrained per trial
 
 
@@ -102,6 +107,7 @@ def adversary_table(cfg: RunConfig, trials: int, root: Path) -> list[dict[str, A
         label = name + "".join(f" {k}={v}" for k, v in params.items())
         fixed: HostRun | None = None
         reasons: dict[str, int] = {}
+        holds = 0  # trials after which the verifier holds the committed Δ payload itself
         t0 = time.perf_counter()
         for t in range(trials):
             if name == "stale":
@@ -117,14 +123,19 @@ def adversary_table(cfg: RunConfig, trials: int, root: Path) -> list[dict[str, A
                 run = fixed
             revealed = not (name == "no_reveal" and params.get("mode") == "chain")
             job = lab.job(run, 1, seed_hex("trial", t), revealed=revealed, with_proofs=True)
-            out = verify(job, run.source(), lab.replay_context(g1))
+            ctx = lab.replay_context(g1)
+            derived: list[bytes] = []
+            ctx.on_derived = lambda _final, payload, kept=derived: kept.append(payload)
+            out = verify(job, run.source(), ctx)
             reasons[out.reason.name] = reasons.get(out.reason.name, 0) + 1
+            holds += bool(derived) and codecs.delta_hash(derived[0], cfg.state_chunk_bytes) == job.delta_hash
         expected = getattr(behaviour, "expected", ("ACCEPT",))
         caught = sum(n for r, n in reasons.items() if r != "ACCEPT")
         right = sum(n for r, n in reasons.items() if r in expected)
         rows.append({
             "behaviour": label, "trials": trials, "rejected": caught / trials, "right_reason": right / trials,
-            "expected": list(expected), "reasons": reasons, "seconds": round(time.perf_counter() - t0, 2),
+            "expected": list(expected), "reasons": reasons, "verifier_holds_delta": holds / trials,
+            "seconds": round(time.perf_counter() - t0, 2),
         })  # fmt: skip
     rows.append({"behaviour": "equivocation", "trials": 0, "rejected": None, "right_reason": None,
                  "expected": ["chain: EQUIVOCATED"], "reasons": {}, "seconds": 0.0})  # fmt: skip
@@ -357,9 +368,9 @@ def report(result: dict[str, Any]) -> None:
     d = result["detection_config"]
     table(
         f"1. detection per outer step: tiny GPT, H={d['H']} k={d['k']} s={d['s']} v=1, seeded trials",
-        ["behaviour", "trials", "rejected", "right reason", "reasons seen"],
+        ["behaviour", "trials", "rejected", "right reason", "verifier holds Δ", "reasons seen"],
         [[r["behaviour"], r["trials"], pct(r["rejected"]), pct(r["right_reason"]),
-          r["reasons"] or r["expected"]] for r in result["adversaries"]],
+          pct(r.get("verifier_holds_delta")), r["reasons"] or r["expected"]] for r in result["adversaries"]],
     )  # fmt: skip
     table(
         "2. lazy host faking half of its non-final segments: detection per outer step vs s (tiny GPT)",
@@ -391,7 +402,9 @@ def report(result: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-def main(quick: bool) -> dict[str, Any]:
+def main(quick: bool, only_adversaries: bool = False) -> dict[str, Any]:
+    """`only_adversaries`: recompute table 1 alone (a new adversary's row) and keep the other
+    tables of the last run in the results file (their own `quick` flag and timings stay)."""
     configure_determinism(1)
     trials = 20
     # The adversary table runs at the devnet's short outer step (H=50, k=5, s=2) so 20 trials per
@@ -410,6 +423,18 @@ def main(quick: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"quick": quick, "torch": torch.__version__, "machine": platform.machine(),
                               "detection_config": {"H": det_cfg.inner_steps, "k": det_cfg.segment_len,
                                                     "s": det_cfg.sampled_segments}}  # fmt: skip
+    if only_adversaries:
+        last = json.loads(RESULTS.read_text())
+        if last.get("quick") != quick or last.get("detection_config") != result["detection_config"]:
+            raise SystemExit(f"{RESULTS} was written with another configuration: run it whole")
+        with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
+            t0 = time.perf_counter()
+            last["adversaries"] = adversary_table(det_cfg, trials, Path(tmp) / "adv")
+            last["adversaries_seconds"] = round(time.perf_counter() - t0, 1)
+        report(last)
+        RESULTS.write_text(json.dumps(last, indent=2))
+        print(f"\nwrote {RESULTS} (table 1 recomputed in {last['adversaries_seconds']} s)")
+        return last
     with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
@@ -432,9 +457,14 @@ if __name__ == "__main__":
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--quick", action="store_true", help="smaller H and fewer sweep trials")
+    parser.add_argument(
+        "--only-adversaries",
+        action="store_true",
+        help="recompute table 1 only, keeping the other tables of the last results file",
+    )
     parser.add_argument("--host-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.host_worker:
         host_worker(json.loads(args.host_worker.read_text()))
     else:
-        main(args.quick)
+        main(args.quick, args.only_adversaries)

@@ -50,7 +50,7 @@ from gonka_diloco.plan import (
     plan,
     sweep,
 )
-from gonka_diloco.plan_constants import RESULTS, load_constants
+from gonka_diloco.plan_constants import RESULTS, SCALE_EFFICIENCY_KEYS, load_constants
 
 OUT = RESULTS / "plan.json"
 PLOT = RESULTS / "plan_30b.png"
@@ -391,8 +391,11 @@ def detection_rows(path: Path) -> list[dict[str, Any]]:
         pred = detection_probability(r["n_segments"], r["faked"], r["s"])
         figure = f"lazy host faking {r['faked']}/{r['n_segments']} segments, s = {r['s']}"
         rows.append(row("detection", figure, pred, r["detected"], f"{r['trials']} seeded challenges"))
+    # rows where ACCEPT is a right verdict are left out: honest work (withhold, forge_result, …), a
+    # malformed Δ a bitwise verifier never downloads, a colluding verifier's own verdict
     sure = [a for a in d.get("adversaries", []) if a.get("trials") and a["behaviour"] not in ("honest",)
-            and not a["behaviour"].startswith("lazy")]  # fmt: skip
+            and not a["behaviour"].startswith("lazy")
+            and not any(e.startswith("ACCEPT") for e in a.get("expected", []))]  # fmt: skip
     if sure:
         rows.append(row("detection", f"{len(sure)} adversaries faking Δ, data or the last segment: "
                         "rejection rate (min)", 1.0, min(a["rejected"] for a in sure),
@@ -410,10 +413,11 @@ def detection_rows(path: Path) -> list[dict[str, Any]]:
 
 
 SCALE_KEYS = {
-    "disk_states": ("disk_states", "disk_states_per_step", "disk_per_step_states"),
-    "download_ratio": ("verifier_download_ratio", "download_ratio", "verifier_bytes_ratio"),
-    "hash_efficiency": ("hash_efficiency", "leaf_hash_efficiency", "hashing_efficiency"),
+    "disk_states": ("disk_states", "host_disk_peak_states"),
+    "download_ratio": ("verifier_download_ratio",),
+    "hash_efficiency": SCALE_EFFICIENCY_KEYS,
 }
+"""The keys `bench.scale` writes (older results: `host_disk_peak_states`, `hashing_ratio`)."""
 
 
 SCALE_FIGURES = (

@@ -264,20 +264,43 @@ def collusion(d: dict[str, Any]) -> Lines:
         "",
     ]
     rows = [
-        [r["v"], r["p"], r["a"], f"{100 * r['share']:.0f}%", f"{100 * r['passed']:.2f}%",
-         f"{100 * r['pass_exact']:.2f}%", f"{100 * r['pass_bound_many_keys']:.2f}%",
+        [r["v"], r["p"], r["a"], r.get("keys", d["keys"]), f"{100 * r['share']:.0f}%",
+         f"{100 * r['passed']:.2f}%", f"{100 * r['pass_exact']:.2f}%",
+         f"{100 * r['pass_bound_many_keys']:.2f}%",
          f"{r['profit_per_step_R']:+.3f}", f"{r['profit_exact_R']:+.3f}"]
         for r in d["rows"]
     ]  # fmt: skip
-    head = ["v", "p", "a", "accomplice stake", "fake passed", "exact", "bound", "profit/R", "exact"]
+    head = ["v", "p", "a", "keys", "accomplice stake", "fake passed", "exact", "bound", "profit/R", "exact"]
     out += table(head, rows)
-    out += [
-        f"Defaults v = {dd['v']}, p = {dd['p']}, a = {dd['a']} ({dd['replays_per_contribution']} replays per "
-        f"contribution): fake in ≤ 1% of outer steps up to an accomplice share of "
-        f"{100 * dd['max_share_fake_below_1pct']:.1f}% (bound); expected profit negative at every share up "
-        f"to 50%: {'yes' if dd['profit_negative_at_all_shares'] else 'no'}.",
-        "",
-    ]
+    for label, s in (("Previous defaults", d.get("previous_defaults")), ("Defaults", dd)):
+        if s is None:
+            continue
+        line = (
+            f"{label} v = {s['v']}, p = {s['p']}, a = {s['a']} ({s['replays_per_contribution']:g} replays "
+            f"per contribution): fake in ≤ 1% of outer steps up to an accomplice share of "
+            f"{100 * s['max_share_fake_below_1pct']:.1f}% (bound); expected profit negative at every share "
+            f"up to 50%: {'yes' if s['profit_negative_at_all_shares'] else 'no'}."
+        )
+        if w := s.get("every_minority"):
+            profit = max(w["profit_bound_max_R"], w["profit_exact_max_R"])
+            line += (
+                f" Over every minority q < 1/2: fake ≤ {100 * w['pass_bound_sup']:.2f}% (bound, its "
+                f"supremum) and ≤ {100 * w['pass_exact_max']:.2f}% (exact, every split into ≤ "
+                f"{w['max_keys']} equal keys), profit ≤ {profit:+.3f} R."
+            )
+        out += [line, ""]
+    if alt := d.get("alternatives"):
+        out += [
+            "Other settings meeting both goals, by the formulas (the cheapest for each v, the smallest p in "
+            "1% steps; v = 7 without audits): *overturned* is the chance that a coalition's unanimous ACCEPT "
+            "at q → 1/2 is audited and caught, *max R/B* the largest reward per host bond at which faking "
+            "still loses for every minority.",
+            "",
+        ]
+        rows = [[x["v"], x["p"], x["a"], x["replays_per_contribution"], f"{100 * x['pass_bound_sup']:.2f}%",
+                 f"{100 * x['pass_exact_max']:.2f}%", f"{100 * x['accept_overturned_at_half']:.1f}%",
+                 f"{x['max_reward_per_host_bond']:.1f}"] for x in alt]  # fmt: skip
+        out += table(["v", "p", "a", "replays", "worst bound", "worst exact", "overturned", "max R/B"], rows)
     return out
 
 
@@ -491,7 +514,8 @@ def goals(res: dict[str, Any]) -> Lines:
         size = f"{sc['params'] / 1e6:.0f}M params"
         dl = [p["download_ratio"] for p in sc["per_step"] if p["download_ratio"] is not None]
         out.append(f"- scale ({size}): peak RSS ÷ live state host {sc['host_peak_rss_ratio']}, verifier "
-                   f"{sc['verifier_peak_rss_ratio']} (goal ≤ 2.0); hashing {sc['hashing_ratio']} of all "
+                   f"{sc['verifier_peak_rss_ratio']} (goal ≤ 2.0); hashing "
+                   f"{sc.get('hash_efficiency', sc.get('hashing_ratio'))} of all "
                    f"cores (goal ≥ 0.8); disk {sc['host_disk_peak_states']} states (goal ≤ "
                    f"{sc['disk_goal_states']:g}); verifier download {max(dl) if dl else 0} of what it "
                    f"cannot rebuild (goal ≤ 1.05); training-thread overhead "
@@ -509,11 +533,13 @@ def goals(res: dict[str, Any]) -> Lines:
                    f"{', '.join(parts)}; goal ≤ 3%")  # fmt: skip
     if cl := res.get("collusion"):
         dd = cl["defaults"]
-        share = 100 * dd["max_share_fake_below_1pct"]
-        out.append(f"- collusion, defaults v = {dd['v']}, p = {dd['p']}, a = {dd['a']}: a fake reaches the "
-                   f"model in ≤ 1% of outer steps while the accomplices hold ≤ {share:.1f}% of the verifier "
-                   f"stake; faking has negative expected profit at every share ≤ 50%: "
-                   f"**{'met' if dd['profit_negative_at_all_shares'] else 'NOT met'}**")  # fmt: skip
+        w = dd["every_minority"]
+        both = dd["fake_below_1pct_every_minority"] and dd["profit_negative_every_minority"]
+        out.append(f"- collusion, defaults v = {dd['v']}, p = {dd['p']}, a = {dd['a']}: for accomplices "
+                   f"holding any minority of the verifier stake a fake reaches the model in ≤ 1% of "
+                   f"outer steps (≤ {100 * w['pass_bound_sup']:.2f}% bound, "
+                   f"≤ {100 * w['pass_exact_max']:.2f}% exact) and faking has negative expected profit: "
+                   f"**{'met' if both else 'NOT met'}**")  # fmt: skip
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:
         out.append(f"- chain: {tps['committed_tps']} committed tx/s (goal {tps.get('goal_tps', '?')})")
@@ -531,10 +557,16 @@ def goals(res: dict[str, Any]) -> Lines:
         idle = sim.get("idle_block_after_history_ms", float("nan"))
         kb, persist = sim["persist_bytes_per_block_mean"] / 1e3, sim["persist_ms_mean"]
         old_ms, old_mb = sim["sampled_json_persist_ms_mean"], sim["state_json_bytes"] / 1e6
+        # flat in history: judged on CPU time (immune to the other processes sharing the machine)
+        # over the last five outer steps against the first five, when the run recorded it
+        ratio = sim.get("node_cpu_ms_last5_over_first5_outer_steps", last / first)
+        busy = sim.get("node_cpu_ms_per_busy_block_mean")
+        busy_txt = f"; a busy block (messages or phase work) {busy:.0f} ms CPU on average" if busy else ""
         out.append(f"- chain node at {sim['hosts']} hosts after {sim['outer_steps']} outer steps: "
                    f"{last:.0f} ms per block over the last outer step (goal ≤ 50 ms: "
                    f"**{'met' if last <= 50 else 'NOT met'}**; CPU {cpu:.0f} ms), {first:.0f} ms over the "
-                   f"first (flat in history: **{'met' if last <= 1.2 * first else 'NOT met'}**); an idle "
+                   f"first (flat in history: **{'met' if ratio <= 1.2 else 'NOT met'}**, CPU last 5 / "
+                   f"first 5 outer steps {ratio:.2f}){busy_txt}; an idle "
                    f"block after the whole history {idle:.0f} ms; persistence {persist:.0f} ms and {kb:.0f} "
                    f"kB per block (whole-state JSON: {old_ms:.0f} ms, {old_mb:.0f} MB)")  # fmt: skip
     return [*out, ""]

@@ -191,6 +191,36 @@ def result_weight(step: OuterStep, hosts: Iterable[str]) -> int:
     return sum(step.contributions[h].tokens for h in hosts)
 
 
+_TALLY = "_result_tally_cache"
+_ACCEPTED_WEIGHT = "_accepted_weight_cache"
+"""Derived values kept beside an outer step (instance attributes outside its fields: never hashed,
+persisted or compared), so a result round of n votes costs O(n) rather than O(n²). Both rely on a
+contribution's `tokens` never changing after its commit, and are recomputed on any other change."""
+
+
+def vote_weights(step: OuterStep) -> dict[str, int]:
+    """The result round's weight behind each voted model hash. Votes are only ever added within a
+    round (a new round starts a new `result_votes`), so a vote extends the last count."""
+    votes = tuple(step.result_votes.items())
+    counted, weights = step.__dict__.get(_TALLY, ((), {}))
+    if votes[: len(counted)] != counted:
+        counted, weights = (), {}
+    weights = dict(weights)
+    for host, model_hash in votes[len(counted) :]:
+        weights[model_hash] = weights.get(model_hash, 0) + step.contributions[host].tokens
+    step.__dict__[_TALLY] = (votes, weights)
+    return weights
+
+
+def accepted_weight(step: OuterStep) -> int:
+    """The weight of the result round's accepted set (recomputed when the set changed)."""
+    accepted = tuple(step.accepted)
+    known = step.__dict__.get(_ACCEPTED_WEIGHT)
+    if known is None or known[0] != accepted:
+        known = step.__dict__[_ACCEPTED_WEIGHT] = (accepted, result_weight(step, accepted))
+    return known[1]
+
+
 def _require_run(state: ChainState, run_id: int) -> Run:
     run = state.runs.get(run_id)
     if run is None:
@@ -630,8 +660,7 @@ def process_outer_result(state: ChainState, msg: MsgSubmitOuterResult, ctx: TxCo
     step.result_votes[msg.creator] = msg.model_hash
     step.unavailable.pop(msg.creator, None)  # it computed the result: it had every Δ after all
     events = [_event("outer_result", run_id=run.id, outer_step=step.index, host=msg.creator)]
-    voters = [h for h, v in step.result_votes.items() if v == msg.model_hash]
-    if 2 * result_weight(step, voters) > result_weight(step, step.accepted):
+    if 2 * vote_weights(step)[msg.model_hash] > accepted_weight(step):
         events += _adopt_result(state, run, step, msg.model_hash, ctx.height)
     return events
 
@@ -642,7 +671,8 @@ def process_report_unavailable(state: ChainState, msg: MsgReportUnavailable, ctx
         raise errors.ErrReportAfterVote(f"{msg.creator} voted {step.result_votes[msg.creator]}")
     if msg.creator in step.unavailable:
         raise errors.ErrDuplicateReport(f"{msg.creator} in result round {step.result_round}")
-    missing = [h for h in msg.hosts if h not in step.accepted]
+    accepted = set(step.accepted)
+    missing = [h for h in msg.hosts if h not in accepted]
     if missing:
         raise errors.ErrNotInResultSet(f"{missing[0]} in result round {step.result_round}")
 
@@ -1062,10 +1092,13 @@ def _end_result_round(state: ChainState, run: Run, step: OuterStep, height: int)
     (slashed for withholding), then ask again over the rest, or close the step with G_n."""
     config = run_config(run)
     total = result_weight(step, step.accepted)
+    reporters_of: dict[str, list[str]] = {}  # host -> the reporters that could not fetch its Δ
+    for reporter, hosts in step.unavailable.items():
+        for host in hosts:
+            reporters_of.setdefault(host, []).append(reporter)
     events: list[Event] = []
     for host in list(step.accepted):
-        reporters = [r for r, hosts in step.unavailable.items() if host in hosts]
-        if 2 * result_weight(step, reporters) > total:
+        if 2 * result_weight(step, reporters_of.get(host, [])) > total:
             c = step.contributions[host]
             c.outcome = Outcome.WITHHELD
             amount = _slash(state, run, host, config.stake.host_slash_bps)

@@ -32,10 +32,13 @@ from typing import Any
 from chain.state import (
     ChainState,
     _from_jsonable,
+    adopt_text,
     cached_digest,
-    flat_text,
     forget_texts,
+    hashed_text,
     layout,
+    map_cache,
+    node_digest,
     own_text,
     sealed,
 )
@@ -71,14 +74,17 @@ class RowDelta:
 
 
 class _Shadow:
-    """What was last written for one row and, per child map, for each of its children."""
+    """What was last written for one row: its text, its digest, per child map the map's text
+    (canon {key: D(child)}) and each child's digest (a flat child's) or shadow (another node's)."""
 
-    __slots__ = ("children", "digest", "text")
+    __slots__ = ("children", "digest", "maps", "sealed", "text")
 
     def __init__(self) -> None:
         self.text: str | None = None
         self.digest: str | None = None
-        self.children: dict[str, dict[Any, _Shadow]] = {}
+        self.maps: dict[str, str] = {}
+        self.children: dict[str, dict[Any, Any]] = {}
+        self.sealed = False  # written sealed: what is below is no longer tracked
 
 
 class RowTracker:
@@ -89,51 +95,63 @@ class RowTracker:
 
     def delta(self, state: ChainState) -> RowDelta:
         """Every row that differs from what this tracker last returned, and every deleted subtree.
-        Call after the block's app hash: the digests it caches are what let the walk skip."""
+        Call after the block's app hash: the walk reads the texts and digests that pass computed
+        (a state never hashed is hashed first)."""
+        if hashed_text(state) is None:
+            node_digest(state)
         out = RowDelta()
         self._walk(state, self._root, (), out)
         return out
 
     def prime(self, state: ChainState) -> None:
         """Mark `state` as already persisted (after loading it), so nothing is rewritten."""
-        self.delta(state)
+        if hashed_text(state) is None:
+            node_digest(state)
+        self._walk(state, self._root, (), None)
 
-    def _walk(self, obj: Any, shadow: _Shadow, path: Path, out: RowDelta) -> None:
-        digest = cached_digest(obj)
-        if digest is not None and digest == shadow.digest:
-            return  # the app hash vouches that nothing below changed since it was written
-        text = own_text(obj)  # the app hash's own serialization, reused
+    def _walk(self, obj: Any, shadow: _Shadow, path: Path, out: RowDelta | None) -> None:
+        """Record `obj`'s subtree as written; `out` receives the rows that changed (None: priming)."""
+        if shadow.sealed:  # a sealed node changed: never by the module, but a state rewritten from
+            if out is not None:  # outside could; its untracked subtree is rewritten whole
+                out.deletes.append(path)
+            shadow.__init__()  # type: ignore[misc]
+        text = hashed_text(obj) or own_text(obj)  # the app hash's own serialization, reused
         if text != shadow.text:
-            out.upserts.append((path_key(path), text))
+            if out is not None:
+                out.upserts.append((path_key(path), text))
             shadow.text = text
         for name, _, child_cls in layout(type(obj)).children:
-            current: dict[Any, Any] = getattr(obj, name)
+            cache = map_cache(obj, name)
+            if cache.text == shadow.maps.get(name):
+                continue  # same keys, same digests: nothing below changed since it was written
             known = shadow.children.setdefault(name, {})
-            if len(known) > len(current) or not known.keys() <= current.keys():
-                for key in sorted(known.keys() - current.keys(), key=_sort_key):
-                    out.deletes.append((*path, name, key))
+            if len(known) > len(cache.entries) or not known.keys() <= cache.entries.keys():
+                for key in sorted(known.keys() - cache.entries.keys(), key=_sort_key):
+                    if out is not None:
+                        out.deletes.append((*path, name, key))
                     del known[key]
-            child_lay = layout(child_cls)
-            if child_lay.flat:  # leaves: compare texts (cached with their values), no recursion
-                for key, child in current.items():
+            if layout(child_cls).flat:  # leaves: their texts are in the map's cache, no recursion
+                for key, (_, digest, child_text, _) in cache.entries.items():
+                    if known.get(key) != digest:
+                        if out is not None:
+                            out.upserts.append((path_key((*path, name, key)), child_text))
+                        known[key] = digest
+            else:
+                children = getattr(obj, name)
+                for key, (_, digest, _, _) in cache.entries.items():
                     child_shadow = known.get(key)
                     if child_shadow is None:
                         child_shadow = known[key] = _Shadow()
-                    text = flat_text(child, child_lay)
-                    if text is not child_shadow.text and text != child_shadow.text:
-                        out.upserts.append((path_key((*path, name, key)), text))
-                        child_shadow.text = text
-                continue
-            for key, child in current.items():
-                child_shadow = known.get(key)
-                if child_shadow is None:
-                    child_shadow = known[key] = _Shadow()
-                self._walk(child, child_shadow, (*path, name, key), out)
-        shadow.digest = digest
-        if digest is not None and sealed(obj):  # written for the last time (its digest is kept
-            # for good, so it is skipped from now on): keep neither its texts nor its children's
+                    if child_shadow.digest != digest:
+                        self._walk(children[key], child_shadow, (*path, name, key), out)
+                        child_shadow.digest = digest
+            shadow.maps[name] = cache.text
+        if sealed(obj) and cached_digest(obj) is not None:  # written for the last time (its digest
+            # is kept for good, so it is skipped from now on): keep neither its texts nor its children's
             forget_texts(obj)
             shadow.children.clear()
+            shadow.maps.clear()
+            shadow.sealed = True
 
 
 def _sort_key(key: Any) -> tuple[int, Any]:
@@ -175,8 +193,10 @@ def _resolve(path: Path) -> type:
     return cls
 
 
-def build_state(rows: list[tuple[str, str]]) -> ChainState:
-    """Rows (in any order) back to the state; raises `RowError` when they do not fit together."""
+def build_state(rows: list[tuple[str, str]], adopt_texts: bool = False) -> ChainState:
+    """Rows (in any order) back to the state; raises `RowError` when they do not fit together.
+    `adopt_texts`: each node keeps its row as its own text (`chain.state.adopt_text`), so the
+    app hash that the caller then checks is computed without serializing the state again."""
     parsed = sorted(
         ((tuple(json.loads(key)), key, body) for key, body in rows), key=lambda r: (len(r[0]), r[1])
     )
@@ -192,6 +212,8 @@ def build_state(rows: list[tuple[str, str]]) -> ChainState:
         for name, _, _ in lay.children:
             body[name] = {}
         obj = _from_jsonable(cls, body)
+        if adopt_texts:
+            adopt_text(obj, text)
         if path:
             parent = objects.get(path[:-2])
             if parent is None:

@@ -26,6 +26,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
 from chain.params import MODULE_ACCOUNT, REWARD_POOL_ACCOUNT, ModuleParams, Phase, RunStatus
@@ -263,21 +264,43 @@ def _field_hints(cls: type) -> tuple[tuple[str, Any], ...]:
 
 def _from_jsonable(tp: Any, data: Any) -> Any:
     """Rebuild typed data from its JSON form, driven by the dataclasses' type hints."""
-    origin = typing.get_origin(tp)
+    decode = _decoder(tp)
+    return data if decode is None else decode(data)
+
+
+_DECODERS: dict[Any, Callable[[Any], Any] | None] = {}
+
+
+def _decoder(tp: Any) -> Callable[[Any], Any] | None:
+    """The function rebuilding a `tp` from its JSON form, or None where the JSON form already is
+    the value (scalars, `Any`, lists and str-keyed dicts of those). Built once per type from its
+    hints, so a restart pays no type inspection per object."""
+    if tp in _DECODERS:
+        return _DECODERS[tp]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    decode: Callable[[Any], Any] | None = None
     if origin in (types.UnionType, typing.Union):
-        if data is None:
-            return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _from_jsonable(inner, data)
-    if dataclasses.is_dataclass(tp):
-        return tp(**{name: _from_jsonable(hint, data[name]) for name, hint in _field_hints(tp)})
-    if origin is dict:
-        key_t, val_t = typing.get_args(tp)
-        return {key_t(k): _from_jsonable(val_t, v) for k, v in data.items()}
-    if origin is list:
-        (item_t,) = typing.get_args(tp)
-        return [_from_jsonable(item_t, v) for v in data]
-    return data
+        (inner,) = [a for a in args if a is not type(None)]
+        some = _decoder(inner)
+        if some is not None:
+            decode = lambda data: None if data is None else some(data)  # noqa: E731
+    elif dataclasses.is_dataclass(tp):
+        fields = tuple((name, _decoder(hint)) for name, hint in _field_hints(tp))
+        decode = lambda data: tp(  # noqa: E731
+            **{name: data[name] if f is None else f(data[name]) for name, f in fields}
+        )
+    elif origin is dict:
+        key_t, value = args[0], _decoder(args[1])
+        if key_t is not str or value is not None:
+            decode = lambda data: {  # noqa: E731
+                key_t(k): v if value is None else value(v) for k, v in data.items()
+            }
+    elif origin is list:
+        item = _decoder(args[0])
+        if item is not None:
+            decode = lambda data: [item(v) for v in data]  # noqa: E731
+    _DECODERS[tp] = decode
+    return decode
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
@@ -326,6 +349,8 @@ class Layout:
     children: tuple[tuple[str, type, type], ...]  # (field, key type, value dataclass)
     flat: bool  # every field a scalar: its own text is cached by a tuple of the values
     values: Callable[[Any], Any]  # the inline fields' values, as a tuple (operator.attrgetter)
+    native: tuple[bool, ...]  # per inline field: its value is already its JSON form (`_is_native`)
+    map_prefixes: tuple[tuple[str, str], ...]  # (field, '"field":'), the child maps sorted by name
 
 
 _LAYOUTS: dict[type, Layout] = {}
@@ -347,29 +372,49 @@ def _has_float(hint: Any) -> bool:
     return hint is float
 
 
+def _is_native(hint: Any) -> bool:
+    """Is a value of this type its own JSON form (what `_to_jsonable` would return, equal and
+    encoded alike)? Scalars, and lists and str-keyed dicts of them; not `Any`, not dataclasses,
+    not int-keyed dicts (their keys become strings first, which changes their sorted order)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return all(_is_native(arg) for arg in args)
+    if origin is list:
+        return _is_native(args[0])
+    if origin is dict:
+        return args[0] is str and _is_native(args[1])
+    return hint in _SCALARS
+
+
 def layout(cls: type) -> Layout:
     cached = _LAYOUTS.get(cls)
     if cached is None:
         inline: list[str] = []
+        native: list[bool] = []
         children: list[tuple[str, type, type]] = []
         for name, hint in _field_hints(cls):
             child = _child_map(hint)
             if child is None:
                 inline.append(name)
+                native.append(_is_native(hint))
             else:
                 children.append((name, *child))
         getter = operator.attrgetter(*inline)
         values = getter if len(inline) > 1 else (lambda obj: (getter(obj),))
         # Cached by values only when equal values always print the same: no float fields (1 == 1.0).
         flat = _is_flat(cls) and not any(_has_float(hint) for _, hint in _field_hints(cls))
-        cached = _LAYOUTS[cls] = Layout(tuple(inline), tuple(children), flat, values)
+        prefixes = tuple((name, _quote(name) + ":") for name in sorted(c[0] for c in children))
+        cached = _LAYOUTS[cls] = Layout(tuple(inline), tuple(children), flat, values, tuple(native), prefixes)
     return cached
 
 
 _DIGEST = "_digest_cache"
 """Instance attributes outside the dataclass fields, never serialized, compared or hashed: a node's
-digest (whole subtree), and its own text (`_OWN`: (fingerprint or None, canonical JSON))."""
+digest (whole subtree; kept only where nothing can change it unseen), its own text (`_OWN`: as the
+last hash pass computed it; reused only for touch-tracked nodes), and its child maps' parts of the
+digest (`_MAPS`: a `MapCache` per map)."""
 _OWN = "_own_cache"
+_MAPS = "_maps_cache"
 TOUCH_TRACKED: tuple[type, ...] = (Contribution,)
 """Classes the module calls `touched` on after every write: their texts and digests are cached."""
 
@@ -393,11 +438,16 @@ def own_text(obj: Any, cached: bool = True) -> str:
     lay = layout(type(obj))
     if lay.flat:
         return _flat(obj, cached)[1]
-    entry = obj.__dict__.get(_OWN) if cached else None
+    tracked = cached and isinstance(obj, TOUCH_TRACKED)
+    entry = obj.__dict__.get(_OWN) if tracked else None
     if entry is not None:
         return entry[1]
-    text = _canon({name: _to_jsonable(getattr(obj, name)) for name in lay.inline})
-    if cached and isinstance(obj, TOUCH_TRACKED):
+    if cached:  # fields that already are their JSON form skip the conversion (most of the work)
+        own = zip(lay.inline, lay.values(obj), lay.native, strict=True)
+        text = _canon({name: value if native else _to_jsonable(value) for name, value, native in own})
+    else:
+        text = _canon({name: _to_jsonable(getattr(obj, name)) for name in lay.inline})
+    if tracked:
         obj.__dict__[_OWN] = (None, text)
     return text
 
@@ -414,55 +464,139 @@ def _flat(obj: Any, cached: bool, lay: Layout | None = None) -> list[Any]:
     return entry
 
 
-def flat_text(obj: Any, lay: Layout) -> str:
-    """A flat node's own text, from its cache when its values did not change."""
-    return _flat(obj, True, lay)[1]
-
-
-def flat_digest(obj: Any, lay: Layout, cached: bool = True) -> str:
-    entry = _flat(obj, cached, lay)
-    if entry[2] is None:
-        entry[2] = _digest(type(obj), entry[1], "{}")
-    return entry[2]
-
-
 def _digest(cls: type, own: str, children: str) -> str:
     return hashlib.sha256(_tag(cls) + own.encode() + b"\x00" + children.encode()).hexdigest()
+
+
+@dataclass
+class MapCache:
+    """One child map's part of its parent's digest, canon({key: D(child)}), with what it was
+    computed from: the keys in dict order and, per key, a stamp (a flat child's tuple of values,
+    another node's digest). A hash pass compares the stamps (one C-level pass over the map) and
+    re-hashes only the entries whose stamp changed; an unchanged map costs no hashing at all.
+    `entries[key]` = (stamp, digest, own text of a flat child (its row) or None, `"key":"digest"`)."""
+
+    keys: list[Any]
+    stamps: list[Any]
+    entries: dict[Any, tuple[Any, str, str | None, str]]
+    order: list[Any]  # the keys sorted as canon sorts them (by their string form)
+    text: str
+
+
+def map_cache(obj: Any, name: str) -> MapCache:
+    """The map's cache as the last hash pass left it (computed now if there was none): the row
+    tracker reads the digests and the flat children's texts that the app hash computed."""
+    cache = obj.__dict__.get(_MAPS, {}).get(name)
+    if cache is None:
+        (key_t, child_cls) = next((k, c) for n, k, c in layout(type(obj)).children if n == name)
+        cache = _map_cache(obj, name, key_t, child_cls)
+    return cache
+
+
+def _map_cache(obj: Any, name: str, key_t: type, child_cls: type) -> MapCache:
+    children: dict[Any, Any] = getattr(obj, name)
+    lay = layout(child_cls)
+    keys = list(children)
+    if lay.flat:
+        stamps = list(map(lay.values, children.values()))
+    else:
+        stamps = [c.__dict__.get(_DIGEST) or node_digest(c) for c in children.values()]
+    caches = obj.__dict__.setdefault(_MAPS, {})
+    cache: MapCache | None = caches.get(name)
+    if cache is not None and cache.stamps == stamps and cache.keys == keys:
+        return cache
+    old = cache.entries if cache is not None else {}
+    entries = {}
+    changed = []
+    for key, stamp, child in zip(keys, stamps, children.values(), strict=True):
+        entry = old.get(key)
+        if entry is None or entry[0] != stamp:
+            text = None
+            if lay.flat:  # its own text: the one it carries for these values (a row read back), or new
+                known = child.__dict__.pop(_OWN, None)
+                if known is not None and known[0] == stamp:
+                    text = known[1]
+                else:
+                    text = _ENCODER.encode(dict(zip(lay.inline, stamp, strict=True)))
+                digest = _digest(child_cls, text, "{}")
+            else:
+                digest = stamp
+                changed.append(key)
+            entry = (stamp, digest, text, f'{_quote(str(key))}:"{digest}"')
+        entries[key] = entry
+    if cache is not None and cache.keys == keys:
+        order = cache.order
+    else:
+        order = sorted(keys) if key_t is str else sorted(keys, key=str)
+    if cache is not None and any(sealed(children[key]) for key in changed):
+        _forget_older_seals(children, changed)
+    text = "{" + ",".join([entries[key][3] for key in order]) + "}"
+    cache = caches[name] = MapCache(keys, stamps, entries, order, text)
+    return cache
+
+
+def _forget_older_seals(children: dict[Any, Any], fresh: list[Any]) -> None:
+    """A child was sealed by this pass: drop the cached texts of the siblings sealed before it.
+    The row tracker has written those (and forgets them itself); without one, a run keeps the
+    texts of its latest finished step only. History costs no memory."""
+    for key, child in children.items():
+        if key not in fresh and sealed(child) and (_MAPS in child.__dict__ or _OWN in child.__dict__):
+            forget_texts(child)
 
 
 def node_digest(obj: Any, cached: bool = True) -> str:
     """D(node) = SHA-256(tag(kind) ‖ canon(own fields) ‖ 0x00 ‖ canon({map: {key: D(child)}})), hex.
 
     Kept where nothing can change it unseen: a flat node's with its values, a touch-tracked node's
-    until `touched`, a sealed step's for good (its subtree's cached texts are then dropped: it is
-    never visited again, so history costs no memory here)."""
+    until `touched`, a sealed step's for good. The other nodes (the root, a run, a live step) are
+    re-hashed from their own text and their maps' cached parts (`MapCache`). `cached=False`
+    recomputes everything from the content (the definition, written out; tests compare)."""
     lay = layout(type(obj))
+    if not cached:
+        own = own_text(obj, cached=False)
+        children = {
+            name: {str(key): node_digest(child, cached=False) for key, child in getattr(obj, name).items()}
+            for name, _, _ in lay.children
+        }
+        return _digest(type(obj), own, _canon(children))
     if lay.flat:
-        return flat_digest(obj, lay, cached)
-    digest = obj.__dict__.get(_DIGEST) if cached else None
+        entry = _flat(obj, True, lay)
+        if entry[2] is None:
+            entry[2] = _digest(type(obj), entry[1], "{}")
+        return entry[2]
+    digest = obj.__dict__.get(_DIGEST)
     if digest is not None:
         return digest
-    own = own_text(obj, cached)
-    children: dict[str, dict[str, str]] = {}
-    for name, _, child_cls in lay.children:
-        child_lay = layout(child_cls)
-        items = getattr(obj, name).items()
-        if child_lay.flat:  # the many small nodes (accounts, participants, verdicts): no recursion
-            children[name] = {str(key): flat_digest(child, child_lay, cached) for key, child in items}
-        else:
-            children[name] = {str(key): node_digest(child, cached) for key, child in items}
-    digest = _digest(type(obj), own, _canon(children))
-    if cached and (isinstance(obj, TOUCH_TRACKED) or sealed(obj)):
+    own = own_text(obj)
+    obj.__dict__[_OWN] = (None, own)  # the text this pass hashed: the row tracker writes it
+    maps = {name: _map_cache(obj, name, key_t, cls).text for name, key_t, cls in lay.children}
+    children = "{" + ",".join([prefix + maps[name] for name, prefix in lay.map_prefixes]) + "}"
+    digest = _digest(type(obj), own, children)
+    if isinstance(obj, TOUCH_TRACKED) or sealed(obj):
         obj.__dict__[_DIGEST] = digest
-        if sealed(obj):
-            forget_texts(obj)
     return digest
 
 
+def adopt_text(obj: Any, text: str) -> None:
+    """Take `text` (its row, read back) as the node's own text instead of serializing it again.
+    Only for a state the caller then checks against a known app hash: a matching root digest
+    proves every adopted text is the one that was hashed."""
+    lay = layout(type(obj))
+    obj.__dict__[_OWN] = [lay.values(obj), text, None] if lay.flat else (None, text)
+
+
+def hashed_text(obj: Any) -> str | None:
+    """A node's own text as the last hash pass computed it (its row); None if never hashed."""
+    entry = obj.__dict__.get(_OWN)
+    return entry[1] if entry is not None else None
+
+
 def forget_texts(obj: Any) -> None:
-    """Drop the cached own texts below a sealed node: it is never visited again."""
-    for child in _descendants(obj):
-        child.__dict__.pop(_OWN, None)
+    """Drop the cached texts and map parts of a sealed node and below: it is never visited again
+    (its digest, and its children's, stay)."""
+    for node in (obj, *_descendants(obj)):
+        node.__dict__.pop(_OWN, None)
+        node.__dict__.pop(_MAPS, None)
 
 
 def cached_digest(obj: Any) -> str | None:

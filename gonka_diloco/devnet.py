@@ -66,6 +66,18 @@ class DevnetError(RuntimeError):
     """The devnet could not be set up or did not complete; the message says what and where."""
 
 
+def _honest_work(behaviour: str) -> bool:
+    """Whether a host adversary trains honestly and attacks only what follows (serving, the result
+    vote): the report then accepts its contributions and judges it by the result."""
+    if behaviour == "honest":
+        return False
+    try:
+        from gonka_diloco.adversaries import HOSTS
+    except ImportError:
+        return False
+    return bool(getattr(HOSTS.get(behaviour), "honest_work", False))
+
+
 def check_behaviours(cfg: DevnetConfig) -> None:
     """Every adversary named must exist in the adversary library (a clear error otherwise)."""
     try:
@@ -367,6 +379,7 @@ class Devnet:
             name=name,
             role=role,
             behaviour=behaviour,
+            honest_work=role == "host" and _honest_work(behaviour),
             address=str(test_wallet(index).address()),
             log=str(self._log(name).relative_to(self.folder)),
         )

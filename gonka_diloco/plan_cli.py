@@ -137,7 +137,8 @@ def from_run_config(path: Path) -> tuple[dict[str, Any], Any]:
     ph, st = cfg.phases, cfg.stake
     fields = {
         "H": cfg.inner_steps, "k": cfg.segment_len, "s": cfg.sampled_segments,
-        "v": cfg.verifiers_per_contribution, "codec": cfg.codec, "replay": cfg.replay_mode,
+        "v": cfg.verifiers_per_contribution, "audit_p": cfg.audit_bps / 10_000,
+        "auditors": cfg.audit_verifiers, "codec": cfg.codec, "replay": cfg.replay_mode,
         "tokens_per_step": cfg.batch_size * cfg.seq_len,
         "phases": PhaseBlocks(train=ph.train_blocks, reveal=ph.reveal_blocks, verify=ph.verify_blocks),
         "epoch_blocks": ph.epoch_length, "poc_blocks": ph.poc_window,

@@ -16,8 +16,9 @@ from gonka_diloco.plan import Constants
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 MAX_RESULT_BYTES = 16 << 20
-SCALE_EFFICIENCY_KEYS = ("hash_efficiency", "leaf_hash_efficiency", "hashing_efficiency")
-"""Where `bench.scale` may report parallel leaf hashing ÷ (cores × one core's SHA-256)."""
+SCALE_EFFICIENCY_KEYS = ("hash_efficiency", "hashing_ratio")
+"""Where `bench.scale` reports parallel leaf hashing ÷ (cores × one core's SHA-256)
+(`hashing_ratio` in results written before the key was aligned)."""
 
 
 def _read(folder: Path, name: str) -> tuple[dict[str, Any], str] | None:

@@ -59,6 +59,9 @@ class NodeRow(Model):
     role: str  # chain / host / verifier
     address: str = ""
     behaviour: str = "honest"
+    honest_work: bool = False
+    """An adversary whose contribution is honest work (withhold, forge_result, silent_after_accept):
+    its acceptance is right; it fails if its vote is adopted or the run stalls."""
     url: str = ""
     state: str = ""  # last phase or status the node reported
     alive: bool = True
@@ -138,6 +141,7 @@ def evaluate(snap: Snapshot, *, expect_finished: bool = True, expect_all_honest:
     """Every reason this run counts as failed; empty means it passed."""
     failures: list[str] = []
     behaviour = {n.name: n.behaviour for n in snap.nodes}
+    honest_work = {n.name for n in snap.nodes if n.honest_work}
     for node in snap.nodes:
         if not node.alive:
             failures.append(f"{node.name} crashed")
@@ -160,7 +164,7 @@ def evaluate(snap: Snapshot, *, expect_finished: bool = True, expect_all_honest:
         honest = behaviour[c.host] == "honest"
         if honest and c.outcome != "accepted":
             failures.append(f"honest {c.host} was {c.outcome} at outer step {c.outer_step}")
-        if not honest and c.outcome == "accepted":
+        if not honest and c.outcome == "accepted" and c.host not in honest_work:
             failures.append(
                 f"adversary {c.host} ({behaviour[c.host]}) was accepted at outer step {c.outer_step}"
             )
@@ -179,11 +183,20 @@ def evaluate(snap: Snapshot, *, expect_finished: bool = True, expect_all_honest:
     for step in snap.steps:
         if step.result_hash is None:
             continue
-        disagree = sorted(
-            h for h, v in step.result_votes.items() if h in step.accepted and v != step.result_hash
-        )
+        # an adversary's vote may differ (forge_result votes for a model it made up); an honest one's
+        # may not, and the adopted model must be one an honest host voted for
+        honest_votes = {
+            h: v for h, v in step.result_votes.items() if behaviour.get(h, UNKNOWN) in ("honest", UNKNOWN)
+        }
+        disagree = sorted(h for h, v in honest_votes.items() if h in step.accepted and v != step.result_hash)
         if disagree:
             failures.append(f"outer step {step.index}: accepted hosts computed another model: {disagree}")
+        voters = sorted(h for h, v in step.result_votes.items() if v == step.result_hash)
+        if voters and step.result_hash not in honest_votes.values():
+            failures.append(
+                f"outer step {step.index}: adopted {step.result_hash[:12]}, "
+                f"voted for by adversaries only: {voters}"
+            )
     losses = snap.val_loss()
     if len(losses) < 2:
         failures.append("fewer than two global validation losses were reported")

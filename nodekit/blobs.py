@@ -432,9 +432,9 @@ class BlobClient:
                 if digests is None:
                     continue
                 report.digests = list(digests)
-            self._pull(
-                ref, sink, digests, [b for b in live if b not in invalid], pending, report, invalid, missing
-            )
+            # holders that did not answer the manifest go last: most of a long list may not hold it
+            ready = sorted((b for b in live if b not in invalid), key=lambda b: b in missing)
+            self._pull(ref, sink, digests, ready, pending, report, invalid, missing)
             if not pending:
                 return report
         what = f"{ref.kind}/{ref.hash[:12]}"
@@ -486,20 +486,26 @@ class BlobClient:
         """One round: a worker per holder takes chunks from the shared queue until every chunk is in
         or its holder fails (a bad chunk: never again; a missing one: maybe next round). A chunk a
         failing holder gives back goes to the others still working, so one dead holder never
-        strands a chunk (a one-chunk object included)."""
+        strands a chunk (a one-chunk object included). At most `parallel` holders work at once;
+        the next one in line takes the place of each that fails, so every holder of a long list
+        (author, verifiers, peers) is asked within the round."""
         cond = threading.Condition(threading.Lock())
+        reserve = deque(bases[self.parallel :])
         bases = bases[: self.parallel]
         working = set(bases)
-        in_flight = 0
-        # every holder starts with one chunk of its own, so all of them share the work from the start
+        threads: list[threading.Thread] = []
+        # every holder starts with one chunk of its own, so all of them share the work from the start;
+        # those chunks count as in flight from here, so a holder without one waits for them instead
+        # of leaving before the others have even started (and the chunk with it, if they fail)
         first = {b: pending.popleft() for b in bases if pending}
+        in_flight = len(first)
 
         def worker(base: str) -> None:
             nonlocal in_flight
             while True:
                 with cond:
                     if base in first:
-                        i = first.pop(base)
+                        i = first.pop(base)  # counted in flight already
                     else:
                         # idle: wait while others may still hand a chunk back
                         while not pending and in_flight:
@@ -509,7 +515,7 @@ class BlobClient:
                             cond.notify_all()
                             return
                         i = pending.popleft()
-                    in_flight += 1
+                        in_flight += 1
                 verdict, detail, n = self._chunk(ref, sink, i, digests, base, report, cond)
                 with cond:
                     in_flight -= 1
@@ -526,14 +532,28 @@ class BlobClient:
                     else:
                         missing[base] = detail
                     working.discard(base)
+                    if reserve and pending:  # under the lock: joined below before the list ends
+                        start(reserve.popleft())
                     cond.notify_all()
                     return
 
-        threads = [threading.Thread(target=worker, args=(b,), daemon=True) for b in bases]
-        for t in threads:
+        def start(base: str) -> None:
+            working.add(base)
+            t = threading.Thread(target=worker, args=(base,), daemon=True)
+            threads.append(t)
             t.start()
-        for t in threads:
+
+        with cond:
+            for b in bases:
+                start(b)
+        joined = 0
+        while True:
+            with cond:
+                if joined == len(threads):
+                    break
+                t = threads[joined]
             t.join()
+            joined += 1
 
     def _chunk(
         self,

@@ -18,7 +18,10 @@ from chain.errors import ChainError, ErrDuplicateCommit
 from chain.params import CODESPACE, Outcome, Phase
 from protocol.messages import Role
 
-__all__ = ["ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "StepInfo", "Stopped", "is_chain_error"]
+__all__ = [
+    "ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "ResultRound", "StepInfo", "Stopped",
+    "is_chain_error",
+]  # fmt: skip
 
 
 class Stopped(Exception):
@@ -60,6 +63,11 @@ class StepInfo:
     accepted: list[str] = field(default_factory=list)
     outcomes: dict[str, Outcome | str | None] = field(default_factory=dict)
     result_votes: dict[str, str] = field(default_factory=dict)
+    result_round: int = 0
+    result_deadline: int | None = None
+    dropped: list[str] = field(default_factory=list)
+    unavailable: dict[str, list[str]] = field(default_factory=dict)
+    """Reporter -> the hosts whose Δ it reported it could not fetch, in this result round."""
     apply_to_hash: str | None = None
     """The G the step's accepted Δs are applied to: its base (sequential runs), the previous step's
     result in an overlapped run (None until that is adopted; specs §2.2.1)."""
@@ -111,6 +119,21 @@ class Accepted:
     endpoint: str | None = None
 
 
+@dataclass(frozen=True)
+class ResultRound:
+    """One result round of a finalized step, read in one query: the set a vote must aggregate."""
+
+    base_model_hash: str
+    result_round: int
+    result_deadline: int | None
+    accepted: list[Accepted]
+    dropped: list[str]
+
+    @property
+    def hosts(self) -> list[str]:
+        return [a.host for a in self.accepted]
+
+
 def is_chain_error(e: TxFailed, err: type[ChainError]) -> bool:
     """Whether a refused tx failed on this rule: by codespace and code, never by log text."""
     return e.codespace == CODESPACE and e.code == err.code
@@ -149,6 +172,32 @@ class ChainView:
         """(G_n's hash, the accepted contributions in sorted host order)."""
         acc = self.q("accepted", step=n)
         return acc["base_model_hash"], [_typed(Accepted, a) for a in acc["accepted"]]
+
+    def holders(self, n: int, exclude: str | None = None) -> dict[str, list[str]]:
+        """Per committed host of step n, the endpoints that may serve its objects, likeliest first:
+        the author, the verifiers that checked it (in the order they were drawn: they keep what
+        they fetched or derived), then every other participant (hosts, then verifiers: they keep
+        the Δs they fetched). `exclude` (the asking node) is left out. One query of each kind."""
+        parts = self.participants()
+        endpoint = {p.address: p.endpoint for p in parts if p.endpoint and p.address != exclude}
+        everyone = [p.address for p in parts if p.role == Role.HOST.value] + [
+            p.address for p in parts if p.role == Role.VERIFIER.value
+        ]
+        out: dict[str, list[str]] = {}
+        for c in self.q("challenges", step=n)["challenges"]:
+            rounds: dict[str, int] = c.get("verifier_rounds") or {}
+            checked = sorted(rounds, key=lambda a: (rounds[a], a))
+            order = [c["host"], *checked, *everyone]
+            out[c["host"]] = list(dict.fromkeys(endpoint[a] for a in order if a in endpoint))
+        return out
+
+    def result_round(self, n: int) -> ResultRound:
+        """The current result round of step n (its accepted set shrinks when a round drops Δs)."""
+        acc = self.q("accepted", step=n)
+        return ResultRound(
+            acc["base_model_hash"], int(acc.get("result_round") or 0), acc.get("result_deadline"),
+            [_typed(Accepted, a) for a in acc["accepted"]], list(acc.get("dropped") or []),
+        )  # fmt: skip
 
     def participants(self) -> list[Participant]:
         return [_typed(Participant, p) for p in self.q("participants")["participants"]]

@@ -3,8 +3,10 @@
 Hosts and verifiers both need it: a host trains from G_n and applies the outer step; a verifier
 rebuilds segment 0's start from it. The outer step itself is `protocol.outer`'s (bitwise identical
 everywhere); `next_global` feeds it accepted Δ payloads one at a time, decoded tensor by tensor
-(`protocol.outer.Accumulator`), so aggregation holds G_n, the running sum and one tensor of one Δ.
-G is stored in the node's `ContentStore` under its chunked hash and fetched chunk by chunk.
+(`protocol.outer.Accumulator`), so aggregation holds the running sum, one tensor of one Δ and
+G_{n+1} as it is computed. G is stored in the node's `ContentStore` under its chunked hash and
+fetched chunk by chunk; a G loaded from the store (`GlobalStore.load`) is read tensor by tensor
+from disk when used (`StoredTensors`), so a node does not hold G_n's 8 B/param through a step.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch import Tensor, nn
 
 from nodekit.blobs import BlobClient, fetch_to_store
 from nodekit.objects import Kind, ObjectRef, model_specs
-from nodekit.store import ContentStore, StoreError, TensorSink
+from nodekit.store import ContentStore, StoredTensors, StoreError, TensorSink
 from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.codecs import Layout
 from protocol.config import OuterOptim
@@ -35,12 +37,18 @@ class GlobalModelError(ValueError):
 
 @dataclass(frozen=True)
 class GlobalModel:
-    """G_n: float32 parameters and outer momentum by parameter name, and their hash."""
+    """G_n: float32 parameters and outer momentum by parameter name, and their hash. The tensors
+    are in memory (`create`, `adopt`, a computed G_{n+1}) or read from disk on use (`stored`)."""
 
-    params: dict[str, Tensor]
-    momentum: dict[str, Tensor]
+    params: Mapping[str, Tensor]
+    momentum: Mapping[str, Tensor]
     hash: str
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    @property
+    def stored(self) -> bool:
+        """Whether the tensors are read from disk when used (no 8 B/param held)."""
+        return isinstance(self.params, StoredTensors)
 
     @classmethod
     def create(
@@ -69,10 +77,15 @@ class GlobalModel:
     @property
     def layout(self) -> Layout:
         """Shapes by name: what a Δ payload must match before it is decoded."""
+        if isinstance(self.params, StoredTensors):
+            return self.params.shapes
         return {k: tuple(v.shape) for k, v in self.params.items()}
 
     def numel(self) -> int:
-        return sum(v.numel() for v in self.params.values())
+        n = 0
+        for shape in self.layout.values():
+            n += torch.Size(shape).numel()
+        return n
 
     def to_tensors(self) -> dict[str, Tensor]:
         """The served form's names: `param/<n>` and `momentum/<n>`."""
@@ -104,10 +117,13 @@ class GlobalModel:
             raise GlobalModelError("global model does not match the run's model layout")
 
     def load_into(self, model: nn.Module) -> None:
+        """Copy the parameters into `model`, one tensor at a time in name order (one pass over a
+        stored G's file)."""
         self.check_fits(model)
+        params = dict(model.named_parameters())
         with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(self.params[n])
+            for n in sorted(params):
+                params[n].copy_(self.params[n])
 
     def apply(self, deltas: Sequence[tuple[str, int, Tensors]], outer: OuterOptim) -> GlobalModel:
         """G_{n+1} from the decoded Δs of the *accepted* hosts only: (host, tokens, Δ).
@@ -136,11 +152,11 @@ class GlobalModel:
             return self
         if any(w <= 0 for w in tokens.values()):
             raise GlobalModelError("an accepted Δ with no tokens")
-        acc = Accumulator(self.params, tokens)
+        acc = Accumulator(self.layout, tokens)
         while acc.next_host is not None:
             acc.add(acc.next_host, delta_of(acc.next_host))
         params, momentum = acc.finish(self.params, self.momentum, outer.lr, outer.momentum)
-        del acc  # the running sum goes before G_{n+1} is hashed
+        del acc  # (finish consumed the running sum tensor by tensor)
         return GlobalModel.adopt(params, momentum, self.chunk_bytes)
 
 
@@ -187,11 +203,18 @@ class GlobalStore:
         return self.store.read_bytes(Kind.MODEL, h, GROUP)
 
     def load(self, h: str) -> GlobalModel:
+        """G by hash, its tensors read from disk when used (`StoredTensors`: the digests checked
+        against `h` and the header against the layout now, each chunk on every read). Without a
+        layout (offline tools) it is read whole and checked."""
         if not self.has(h):
             raise GlobalModelError(f"global model {h[:12]} is not on disk")
         try:
-            specs = model_specs(self.layout) if self.layout is not None else None
-            tensors = self.store.load_tensors(Kind.MODEL, h, specs, GROUP)
+            if self.layout is not None:
+                specs = model_specs(self.layout)
+                params = StoredTensors(self.store, Kind.MODEL, h, specs, GROUP, PARAM)
+                momentum = StoredTensors(self.store, Kind.MODEL, h, specs, GROUP, MOMENTUM)
+                return GlobalModel(params, momentum, h, self.chunk_bytes)
+            tensors = self.store.load_tensors(Kind.MODEL, h, None, GROUP)
         except (StoreError, ValueError) as e:
             raise GlobalModelError(f"global model {h[:12]}: {e}") from e
         return GlobalModel.from_tensors(tensors, h, self.chunk_bytes)
@@ -200,6 +223,7 @@ class GlobalStore:
         """From disk if held, else from peers by its on-chain hash (each chunk verified), kept on disk."""
         if self.has(h):
             try:
+                self.store.verify(Kind.MODEL, h, GROUP)  # once, so a corrupted copy is replaced now
                 return self.load(h)
             except (GlobalModelError, ValueError):
                 self.store.delete(Kind.MODEL, h, GROUP)  # corrupted on our disk: fetch a good copy

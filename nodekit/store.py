@@ -19,7 +19,8 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -66,19 +67,38 @@ def _fsync_dir(path: Path) -> None:
 
 def atomic_write_pieces(path: Path, pieces: Iterable[Piece]) -> None:
     """Write-to-temp, fsync, rename, fsync the directory: a crash leaves old or new, never half."""
+    staged_write(path, pieces)()
+
+
+def staged_write(path: Path, pieces: Iterable[Piece]) -> Callable[[], None]:
+    """`atomic_write_pieces` in two halves: the bytes are copied out of `pieces` (into the page
+    cache) now; the returned call makes them durable and visible (fsync, rename, fsync the
+    directory). Between the two the sources may change: a boundary's tensors are free for the
+    next optimizer step as soon as this returns, while the disk catches up off the training path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             for p in pieces:
                 f.write(p)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+
+    def finish() -> None:
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(path.parent)
+
+    return finish
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -267,6 +287,22 @@ class ContentStore:
             atomic_write_pieces(path, pieces)
         return h
 
+    def stage_pieces(
+        self, kind: Kind | str, pieces: Sequence[Piece], group: str, h: str, digests: Sequence[bytes]
+    ) -> Callable[[], None]:
+        """`put_pieces` of an already-hashed object in two halves (`staged_write`): the bytes are
+        copied now, the returned call makes the object durable and visible in the store."""
+        path = self._path(kind, h, group)
+        if self.has(kind, h, group):
+            return lambda: None
+        finish = staged_write(path, pieces)
+
+        def commit() -> None:
+            atomic_write_pieces(path.with_name(path.name + ".chunks"), [b"".join(digests)])
+            finish()
+
+        return commit
+
     def put_tensors(self, kind: Kind | str, tensors: Mapping[str, Tensor], group: str, **kw: object) -> str:
         return self.put_pieces(kind, canonical_pieces(tensors), group, **kw)  # type: ignore[arg-type]
 
@@ -363,6 +399,11 @@ class ContentStore:
                     raise StoreError(f"{_object_path(path).name}: chunk {i} is corrupted on disk")
                 lo, hi = max(a, start) - a, min(b, end) - a
                 yield bytes(buf[lo:hi]) if (lo, hi) != (0, len(buf)) else bytes(buf)
+
+    def verify(self, kind: Kind | str, h: str, group: str | None = None) -> None:
+        """Read every chunk once and check it (O(chunk) memory); `StoreError` if one is corrupted."""
+        for _ in self.read(kind, h, group=group):
+            pass
 
     def read_bytes(self, kind: Kind | str, h: str, group: str | None = None) -> bytes:
         return b"".join(self.read(kind, h, group=group))
@@ -524,6 +565,96 @@ class _SegmentReader:
         return got
 
 
+class StoredTensors(Mapping[str, Tensor]):
+    """The tensors named `prefix…` of a stored canonical tensor set, read one at a time from disk.
+
+    What a node holds of G_n for a whole outer step: the names, shapes and the file, not 8 B/param
+    of tensors. `st[name]` is a fresh tensor filled from the chunks that hold it, each verified
+    against the stored digests (themselves checked against the hash on open); the last verified
+    chunk is kept, so reading in name order (how `items()` and every honest caller read) costs one
+    pass over the file and O(chunk) memory. The header is compared with the node's own layout
+    (`specs`) on open. A deleted or corrupted file is a `StoreError` on the next read.
+    """
+
+    def __init__(
+        self,
+        store: ContentStore,
+        kind: Kind | str,
+        h: str,
+        specs: Sequence[TensorSpec],
+        group: str | None = None,
+        prefix: str = "",
+    ) -> None:
+        self.store, self.kind, self.hash, self.group = store, Kind(kind), h, group
+        found = store._require(kind, h, group)
+        self._path = _object_path(found)
+        self._segments = _Segments.of(found)  # one file, or a sharded host's rank files
+        self._digests = store.digests(kind, h, group)
+        self._length = self._segments.length
+        if canonical_size(specs) != self._length:
+            raise StoreError(f"{self.kind.value} {h[:12]} does not fit this model's layout")
+        offsets = data_offsets(specs)
+        self._spec = {
+            n[len(prefix) :]: (dtype, tuple(shape), offsets[n])
+            for n, dtype, shape in sorted(specs, key=lambda s: s[0].encode())
+            if n.startswith(prefix)
+        }
+        self._lock = threading.Lock()
+        self._cached: tuple[int, bytes] | None = None
+        header = canonical_header(specs)
+        got = bytearray()
+        for i in range(-(-len(header) // store.chunk_bytes)):
+            got += self._chunk(i)
+        if bytes(got[: len(header)]) != header:
+            raise StoreError(f"{self.kind.value} {h[:12]}: header does not match this model's layout")
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: shape for n, (_, shape, _) in self._spec.items()}
+
+    def _chunk(self, i: int) -> bytes:
+        """Chunk i, verified (the caller holds the lock or is the constructor)."""
+        if self._cached is not None and self._cached[0] == i:
+            return self._cached[1]
+        a, b = chunks.chunk_span(i, self._length, self.store.chunk_bytes)
+        buf = bytearray(b - a)
+        try:
+            with self._segments.open() as reader:
+                got = reader.read_into(a, buf)
+        except OSError as e:
+            raise StoreError(f"{self._path.name}: {e}") from e
+        if got != b - a or chunks.chunk_digest(buf) != self._digests[i]:
+            raise StoreError(f"{self._path.name}: chunk {i} is corrupted on disk")
+        data = bytes(buf)
+        self._cached = (i, data)
+        return data
+
+    def __getitem__(self, name: str) -> Tensor:
+        dtype, shape, (a, b) = self._spec[name]
+        t = torch.empty(shape, dtype=dtype)
+        if b == a:
+            return t
+        out = t.view(-1).view(torch.uint8).numpy()
+        c = self.store.chunk_bytes
+        with self._lock:
+            for i in range(a // c, -(-b // c)):
+                lo, hi = max(a, i * c), min(b, (i + 1) * c)
+                data = self._chunk(i)
+                out[lo - a : hi - a] = np.frombuffer(data, np.uint8, hi - lo, lo - i * c)
+        return t
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._spec)
+
+    def __len__(self) -> int:
+        return len(self._spec)
+
+    def release(self) -> None:
+        """Drop the cached chunk (O(chunk) bytes) until the next read."""
+        with self._lock:
+            self._cached = None
+
+
 # ---------------------------------------------------------------- training states by outer step
 
 
@@ -594,6 +725,12 @@ class StateStore:
             self.content.put_pieces(_KIND_OF[kind], pieces, _group(outer_step))
         else:
             self.content.put_pieces(_KIND_OF[kind], pieces, _group(outer_step), h=h, digests=digests)
+
+    def stage_hashed(
+        self, state: Mapping[str, Tensor], outer_step: int, h: str, digests: Sequence[bytes]
+    ) -> Callable[[], None]:
+        """`put_hashed` in two halves (`ContentStore.stage_pieces`): bytes now, durable later."""
+        return self.content.stage_pieces(Kind.STATE, canonical_pieces(state), _group(outer_step), h, digests)
 
     def has(self, h: str, outer_step: int | None = None, kind: StateKind = StateKind.TRAINING) -> bool:
         self.flush()

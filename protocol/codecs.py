@@ -27,7 +27,7 @@ q * scale in float32. For fp32/bf16 the stored block size is 0: it does not affe
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,27 +170,60 @@ def _encode_tensor(x: torch.Tensor, codec: Codec, block: int) -> bytes:
     return head + packed.numpy().tobytes()
 
 
+def _encodable(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+        raise CodecError(f"{name!r}: expected a floating-point tensor")
+    x = t.detach().to("cpu", torch.float32).contiguous()
+    if not torch.isfinite(x).all():
+        raise CodecError(f"{name!r}: NaN or Inf in the pseudo-gradient")
+    return x
+
+
 def encode(tensors: Mapping[str, torch.Tensor], codec: Codec | str, block_size: int) -> bytes:
     """The canonical payload for Δ: same tensors, codec and block size → same bytes, everywhere."""
-    c = _codec(codec)
-    block = _stored_block(c, block_size)
     if not isinstance(tensors, Mapping) or not tensors:
         raise CodecError("expected a non-empty mapping of name -> tensor")
     if len(tensors) > MAX_TENSORS:
         raise CodecError(f"more than {MAX_TENSORS} tensors")
-    items: list[tuple[bytes, torch.Tensor]] = []
+    for name in tensors:
+        _name_bytes(name)
+    layout = {}
     for name, t in tensors.items():
-        raw = _name_bytes(name)
-        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+        if not isinstance(t, torch.Tensor):
             raise CodecError(f"{name!r}: expected a floating-point tensor")
-        x = t.detach().to("cpu", torch.float32).contiguous()
-        if not torch.isfinite(x).all():
-            raise CodecError(f"{name!r}: NaN or Inf in the pseudo-gradient")
-        items.append((raw, x))
-    items.sort(key=lambda e: e[0])
-    body = b"".join(_encode_tensor(x, c, block or 1) for _, x in items)
-    entries = [(raw, tuple(x.shape)) for raw, x in items]
-    return _header(c, block, entries, len(body)) + body
+        layout[name] = tuple(t.shape)
+    ordered = ((n, tensors[n]) for n in sorted(tensors, key=lambda n: n.encode()))
+    return b"".join(encode_pieces(ordered, layout, codec, block_size))
+
+
+def encode_pieces(
+    items: Iterable[tuple[str, torch.Tensor]], layout: Layout, codec: Codec | str, block_size: int
+) -> list[bytes]:
+    """`encode` as its pieces (header, then one body per tensor), from tensors given one at a time
+    in name order: a Δ is encoded with the memory of one fp32 tensor plus the payload (the host
+    computes θ_global − θ_H tensor by tensor, the verifier likewise). Same bytes as `encode`."""
+    c = _codec(codec)
+    block = _stored_block(c, block_size)
+    if not layout:
+        raise CodecError("expected a non-empty mapping of name -> tensor")
+    if len(layout) > MAX_TENSORS:
+        raise CodecError(f"more than {MAX_TENSORS} tensors")
+    entries = sorted((_name_bytes(n), tuple(int(d) for d in s)) for n, s in layout.items())
+    bodies: list[bytes] = []
+    it = iter(items)
+    for raw, shape in entries:
+        name = raw.decode()
+        got = next(it, None)
+        if got is None or got[0] != name:
+            raise CodecError(f"tensors must come in name order; expected {name!r}, got {got and got[0]!r}")
+        x = _encodable(name, got[1])
+        if tuple(x.shape) != shape:
+            raise CodecError(f"{name!r}: shape {tuple(x.shape)}, layout expects {shape}")
+        bodies.append(_encode_tensor(x, c, block or 1))
+        del x, got
+    if next(it, None) is not None:
+        raise CodecError("more tensors than the layout names")
+    return [_header(c, block, entries, sum(len(b) for b in bodies)), *bodies]
 
 
 def delta_hash(payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:

@@ -122,3 +122,21 @@ def max_safe_share(d: Defense, target: float = 0.01) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if pass_probability(mid, d) <= target else (lo, mid)
     return lo
+
+
+def every_minority(
+    d: Defense, reward: int, host_bond: int, key_bond: int, max_keys: int = 200
+) -> dict[str, float]:
+    """The worst case over every accomplice minority q < 1/2: the many-keys bound's supremum (its
+    value at 1/2: it grows with q) and the exact equal-keys formula's maximum over every N ≤
+    max_keys keys with A < N/2 accomplices, for P(pass) and for the profit (in units of reward)."""
+    cases = [(k, n - k) for n in range(d.v, max_keys + 1) for k in range((n + 1) // 2)]
+    bound_profit = max(expected_profit(q / 1000, d, reward, host_bond, key_bond) for q in range(500))
+    exact_profit = max(expected_profit_keys(k, h, d, reward, host_bond, key_bond) for k, h in cases)
+    return {
+        "pass_bound_sup": pass_probability(0.5, d),
+        "pass_exact_max": max(pass_probability_keys(k, h, d) for k, h in cases),
+        "profit_bound_max_R": bound_profit / reward,
+        "profit_exact_max_R": exact_profit / reward,
+        "max_keys": max_keys,
+    }

@@ -171,12 +171,15 @@ class RunConfig(Frozen):
     inner_steps: int = Field(500, ge=1, description="H")
     segment_len: int = Field(5, ge=1, description="k")
     sampled_segments: int = Field(8, ge=1, description="s")
-    # Defaults from protocol.collusion / bench.collusion: v = 4 and an audit of half the accepted
-    # contributions by one more verifier keep a fake out of the model in ≥ 99% of outer steps while
-    # the cheater's accomplices hold < 35% of the verifier stake (4.5 replays per contribution).
+    # Defaults from protocol.collusion / bench.collusion: v = 4 and an audit of every accepted
+    # contribution by a = 3 more verifiers, drawn after the verdicts, keep a fake out of the model in
+    # ≥ 99% of outer steps (≤ 0.5^7 = 0.78%) and make faking lose money for accomplices holding any
+    # minority of the verifier stake: 7 replays per contribution. The cheapest setting meeting both
+    # (v = 6, p = 0.72, a = 1: 6.72) sits on the 1% edge and risks an accept to an audit only 36% of
+    # the time; here 87.5% (README, security model).
     verifiers_per_contribution: int = Field(4, ge=1, description="v")
-    audit_bps: int = Field(5000, ge=0, le=10_000, description="p: share of accepted contributions audited")
-    audit_verifiers: int = Field(1, ge=1, le=64, description="a: auditors per audited contribution")
+    audit_bps: int = Field(10_000, ge=0, le=10_000, description="p: share of accepted contributions audited")
+    audit_verifiers: int = Field(3, ge=1, le=64, description="a: auditors per audited contribution")
     batch_size: int = Field(8, ge=1)
     seq_len: int = Field(64, ge=2)
     data_shards: int = Field(8, ge=1, le=4096)

@@ -93,16 +93,22 @@ def outer_update(
 
 
 def nesterov(
-    params: Tensors, momentum: Tensors, g: Tensors, lr: float, mu: float
+    params: Tensors, momentum: Tensors, g: Tensors, lr: float, mu: float, *, consume: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """b' = μ·b + g;  θ' = θ − lr·(g + μ·b'), element-wise float32, name by name."""
+    """b' = μ·b + g;  θ' = θ − lr·(g + μ·b'), element-wise float32, name by name (sorted, so
+    params/momentum read from disk are read in one pass). With `consume`, each g[name] is dropped
+    from `g` once used: G_{n+1} grows as the mean shrinks (aggregation never holds both whole)."""
     lr32, mu32 = _scalar(f32_nearest(Fraction(lr))), _scalar(f32_nearest(Fraction(mu)))
     new_params, new_momentum = {}, {}
-    for name in sorted(params):
-        buf = torch.add(torch.mul(momentum[name], mu32), g[name])
-        step = torch.add(g[name], torch.mul(buf, mu32))
-        new_params[name] = torch.sub(params[name], torch.mul(step, lr32))
+    for name in sorted(params):  # a stored G's momentum/* and param/* parts: one pass over each
+        gn = g[name]
+        buf = torch.add(torch.mul(momentum[name], mu32), gn)
         new_momentum[name] = buf
+        step = torch.add(gn, torch.mul(buf, mu32))
+        new_params[name] = torch.sub(params[name], torch.mul(step, lr32))
+        del gn, step
+        if consume:
+            del g[name]  # type: ignore[attr-defined]
     return new_params, new_momentum
 
 
@@ -112,10 +118,11 @@ class Accumulator:
     acc = acc + c_i·Δ_i), so the result has the same bits. The weights need every token count
     up front (c_i = w_i / Σw), which the chain's accepted set gives before any Δ is fetched."""
 
-    def __init__(self, like: Tensors, tokens: Mapping[str, int]) -> None:
+    def __init__(self, like: Tensors | Mapping[str, tuple[int, ...]], tokens: Mapping[str, int]) -> None:
+        """`like`: the model's tensors or just their shapes (a layout)."""
         self.hosts = sorted(tokens)
         self.coeffs = [_scalar(c) for c in mean_weights([tokens[h] for h in self.hosts])]
-        self.shapes = {n: tuple(t.shape) for n, t in like.items()}
+        self.shapes = {n: tuple(t.shape if isinstance(t, torch.Tensor) else t) for n, t in like.items()}
         self.acc: dict[str, torch.Tensor] = {}
         self.added = 0
 
@@ -144,11 +151,12 @@ class Accumulator:
     def finish(
         self, params: Tensors, momentum: Tensors, lr: float, mu: float
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """G_{n+1}; every accepted Δ must have been added."""
+        """G_{n+1}; every accepted Δ must have been added. Consumes the running sum."""
         if self.added != len(self.hosts):
             raise OuterError(f"{len(self.hosts) - self.added} accepted Δs were not added")
-        _check(params, momentum, "momentum")
-        return nesterov(params, momentum, self.acc, lr, mu)
+        if set(params) != set(self.shapes) or set(momentum) != set(self.shapes):
+            raise OuterError("params/momentum names differ from the accumulated Δs")
+        return nesterov(params, momentum, self.acc, lr, mu, consume=True)
 
 
 def global_model_hash(params: Tensors, momentum: Tensors, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:

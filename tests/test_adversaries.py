@@ -128,8 +128,11 @@ def test_host_adversaries_change_only_what_they_attack(tmp_path: Path) -> None:
     honest = lab.train(resolve_host("honest"), A, 0, g0).contribution
     scaled = lab.train(resolve_host("scaled"), A, 0, g0).contribution
     assert scaled.leaves == honest.leaves and scaled.delta_hash != honest.delta_hash
-    for n, d in honest.delta.items():
-        assert torch.allclose(scaled.delta[n], 10 * d)
+    assert honest.delta == {}  # the honest host keeps only the payload (no fp32 Δ held)
+    flipped = lab.train(resolve_host("sign_flip"), A, 0, g0).contribution
+    assert flipped.delta and set(flipped.delta) == set(scaled.delta)
+    for n, d in flipped.delta.items():
+        assert torch.allclose(scaled.delta[n], -10 * d)
     zero = lab.train(resolve_host("zero"), A, 0, g0).contribution
     assert len(set(zero.leaves)) == 1 and all(float(d.abs().max()) == 0 for d in zero.delta.values())
     tokens = lab.train(resolve_host("bad_tokens"), A, 0, g0).contribution

@@ -228,6 +228,30 @@ def test_a_dead_first_holder_never_strands_a_chunk() -> None:
         assert all(torch.equal(sink.tensors[k], v) for k, v in state.items())
 
 
+def test_every_holder_of_a_long_list_is_asked_in_one_round() -> None:
+    """Author, verifiers, peers: most of a long list may not hold an object (the author withholds
+    it, peers have not fetched it). With 4 holders at work at once, the ones after them take the
+    place of each that fails, so the one holder at the end of 7 is reached without a retry, for a
+    many-chunk object (manifest) and a one-chunk one alike. A holder without a seeded chunk waits
+    for the seeded ones (it once left when it ran before they had started, and nobody took its
+    place: the one-chunk fetch then missed the holder, in the availability node test)."""
+    objects = [state_object(1024)[1:], state_object(1 << 20)[1:]]
+    holder = BlobCatalog(1024)
+    for data, ref in objects:
+        holder.publish("state", ref.hash, BytesObject(data, ref.chunk_bytes))
+    servers = [ServerThread(build_app(c, dict)).start() for c in [BlobCatalog(), BlobCatalog(), holder]]
+    urls = [dead_url(), dead_url(), dead_url(), servers[0].url, dead_url(), servers[1].url, servers[2].url]
+    try:
+        with BlobClient([], timeout=5, retries=0, parallel=4) as client:
+            for data, ref in [*objects, objects[1], objects[1]]:
+                sink = BytesSink(ref.length)
+                report = client.fetch(ref, sink, urls)
+                assert report.chunks_from == {servers[2].url: ref.n_chunks} and bytes(sink.buf) == data
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def test_deadlines_scale_with_size_and_a_stalled_holder_is_left() -> None:
     policy = TransferPolicy(min_bytes_per_s=1e6, base_s=2.0)
     assert policy.timeout(0) == 2.0 and policy.timeout(360 * 10**9) == 2.0 + 360_000  # 360 GB at 1 MB/s

@@ -78,6 +78,7 @@ def make_config(**overrides: object) -> RunConfig:
         "sampled_segments": 1,
         "verifiers_per_contribution": 1,
         "audit_bps": 0,  # tests of the audit set it
+        "audit_verifiers": 1,
         "batch_size": 2,
         "seq_len": 8,
         "phases": Phases(**phases),
@@ -860,6 +861,31 @@ def test_an_audit_that_accepts_or_is_not_drawn_accepts() -> None:
     sim2, _ = fraud_sim(audit_bps=0)  # no audit: accepted at the end of the verdict round
     to_verify_deadline(sim2)
     assert sim2.step()["phase"] == Phase.AWAITING_RESULT
+
+
+def test_the_default_draws_cap_at_a_pool_smaller_than_v_plus_a() -> None:
+    """The run defaults (v, p, a) on devnet-sized pools: the initial draw takes whoever is bonded,
+    the audit whoever is left (fewer than a, or nobody), and the step still closes accepted."""
+    defaults = {f: RunConfig.model_fields[f].default for f in ("audit_bps", "audit_verifiers")}
+    v = RunConfig.model_fields["verifiers_per_contribution"].default
+    assert v + defaults["audit_verifiers"] > len(VERIFIERS)  # a pool smaller than v + a
+    phases = {"audit_blocks": 3, "confirm_blocks": 3}
+    for v_run, pool, initial, auditors in ((v, 3, 3, 0), (2, 4, 2, 2)):
+        sim = started(make_config(verifiers_per_contribution=v_run, phases=phases, **defaults), [HOSTS[0]],
+                      VERIFIERS[:pool])  # fmt: skip
+        to_reveal(sim, [HOSTS[0]])
+        first = assigned(sim, HOSTS[0])
+        assert len(first) == initial
+        sim.block(reveal_msg(sim, HOSTS[0]), *[verdict_msg(x, HOSTS[0]) for x in first])
+        to_verify_deadline(sim)
+        assert sim.step()["phase"] == Phase.AUDIT  # p = 1: every accepted contribution goes to audit
+        sim.until(sim.step()["audit_height"] + 1)
+        assert sim.step()["audit_seed"] is not None  # the audit was drawn
+        audit = [x for x in panel_of(sim, HOSTS[0]) if x not in first]
+        assert len(audit) == auditors
+        sim.block(*[verdict_msg(x, HOSTS[0]) for x in audit])
+        step = to_finalized(sim)
+        assert step["outcomes"] == {HOSTS[0]: Outcome.ACCEPTED} and step["phase"] == Phase.AWAITING_RESULT
 
 
 def test_equivocator_is_rejected_even_with_an_accepting_verifier() -> None:

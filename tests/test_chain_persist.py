@@ -211,3 +211,37 @@ def test_only_float_free_flat_nodes_are_cached_by_their_values() -> None:
         price: float | None = None
 
     assert layout(Account).flat and not layout(Priced).flat
+
+
+def test_a_tampered_row_is_refused_on_restart_and_a_stale_state_on_commit(tmp_path: Path) -> None:
+    """Restart adopts each row as its node's text without re-serializing it; the header's app hash
+    is what vouches for them, so one edited row (still valid JSON, still a valid state) is refused.
+    And a state that is not the one the header's app hash commits to is never written."""
+    import sqlite3
+
+    from test_chain_app import GENESIS, _tx
+
+    from chain.app import App
+    from chain.genesis import genesis_state
+    from chain.store import Store, StoreError
+
+    app = App(genesis_state(GENESIS))
+    store = Store(tmp_path / "db.sqlite")
+    store.init_genesis(app.state, GENESIS.model_dump_json())
+    store.load_state()
+    store.commit_block(app.deliver_block([_tx(app)], 10**18), app.state)
+    block = app.deliver_block([], 10**18)
+    app.state.accounts[GENESIS.authority].balance += 1  # after the header's app hash was computed
+    with pytest.raises(StoreError, match="app hash"):
+        store.commit_block(block, app.state)
+    store.close()
+    db = sqlite3.connect(tmp_path / "db.sqlite")
+    key = path_key(("accounts", GENESIS.authority))
+    (body,) = db.execute("SELECT body FROM state_rows WHERE path = ?", (key,)).fetchone()
+    row = json.loads(body)
+    row["balance"] += 1
+    db.execute("UPDATE state_rows SET body = ? WHERE path = ?", (json.dumps(row), key))
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="does not match"):
+        Store(tmp_path / "db.sqlite").load_state()

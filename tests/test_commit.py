@@ -9,11 +9,18 @@ import torch
 
 from nodekit.store import StateStore, StoreError, state_from_bytes, state_to_bytes
 from protocol.codecs import decode, delta_hash
-from protocol.config import Codec
+from protocol.config import Codec, ReplayMode
 from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, tensor_hash
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
-from trainer.commit import Contribution, materialize_openings, openings, param_tensors, run_committed
+from trainer.commit import (
+    Boundaries,
+    Contribution,
+    materialize_openings,
+    openings,
+    param_tensors,
+    run_committed,
+)
 from trainer.step import load_training_state, train_segment, training_hash, training_state
 
 CREATOR = HOST
@@ -121,19 +128,34 @@ def test_state_bytes_are_bounded_and_parsed_safely() -> None:
 
 
 def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
-    """Persist every 3rd boundary (and the last two; boundary 0 is G_n + the optimizer), recompute the
-    opened ones after the challenge: the recomputed files are byte for byte the ones a host
-    persisting everything wrote, and every unopened boundary is gone."""
-    cfg = tiny_cfg(inner_steps=12, segment_len=2, sampled_segments=3, state_chunk_bytes=4096)
+    """Persist every 3rd boundary plus what is always opened, recompute the opened ones after the
+    challenge: the recomputed files are byte for byte the ones a host persisting everything wrote,
+    and every unneeded boundary is gone. Tolerance mode keeps both ends of each opened segment
+    (claimed ends are compared); bitwise mode only the starts but segment 0's (verifiers rebuild
+    that one and reproduce every end), and does not even persist θ_H."""
+    tol = {"tolerance": 0.1, "tolerance_exp_avg": 0.1, "tolerance_exp_avg_sq": 0.1}
+    tol["replay_mode"] = ReplayMode.TOLERANCE
+    cfg = tiny_cfg(inner_steps=12, segment_len=2, sampled_segments=3, state_chunk_bytes=4096, **tol)
     full = StateStore(tmp_path / "full", chunk_bytes=4096)
     sparse = StateStore(tmp_path / "sparse", chunk_bytes=4096, checkpoint_every=3)
     model, opt = fresh(cfg)
     g0 = param_tensors(model)
     c_full = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, full)
+    assert len(full.hashes(0)) == 7  # m = 1 and tolerance mode: every boundary
     model, opt = fresh(cfg)
     c = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, sparse)
     assert c.leaves == c_full.leaves and len(c.leaves) == 7
     assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (3, 5, 6)})  # 0 = G_n + optimizer
+    bitwise_cfg = cfg.model_copy(update={"replay_mode": ReplayMode.BITWISE})
+    assert [Boundaries(None, 0, bitwise_cfg, opt, every=3).persisted(j) for j in range(7)] == [
+        False, False, False, True, False, True, False,
+    ]  # fmt: skip
+    bitwise = StateStore(tmp_path / "bitwise", chunk_bytes=4096, checkpoint_every=3)
+    for j in (3, 5):  # what a bitwise host persisted: the same trajectory, fewer files
+        for path in (full.find(c.leaves[j], 0), full.find(c.leaves[j], 0).with_suffix(".state.chunks")):
+            target = bitwise.root / "0" / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
 
     def start() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         m, o = fresh(cfg)
@@ -148,3 +170,10 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
     assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (0, 1, 3, 4, 5, 6)})
     for j in (0, 1, 4):
         assert sparse.find(c.leaves[j], 0).read_bytes() == full.find(c.leaves[j], 0).read_bytes()
+
+    segments = [1, 2, 5]  # bitwise: starts 1, 2 (recomputed from boundary 0) and 5 (persisted)
+    done = materialize_openings(bitwise, 0, c.leaves, segments, start, bitwise_cfg, tiny_corpus(), HOST)
+    assert done == [1, 2]
+    assert sorted(bitwise.hashes(0)) == sorted({c.leaves[j] for j in (1, 2, 5)})  # 3 went
+    for j in (1, 2):
+        assert bitwise.find(c.leaves[j], 0).read_bytes() == full.find(c.leaves[j], 0).read_bytes()

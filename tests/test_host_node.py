@@ -22,7 +22,7 @@ from chain.client import ChainTimeout
 from chain.inprocess import InProcessChain
 from nodekit.blobs import BlobClient, BlobUnavailable
 from nodekit.globalmodel import GlobalModel, GlobalModelError, GlobalStore
-from nodekit.store import ContentStore
+from nodekit.store import ContentStore, StoreError
 from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.codecs import delta_hash
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
@@ -316,8 +316,11 @@ def test_global_store_verifies_on_read_and_fetches_from_peers(tmp_path: Path) ->
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 1
     path.write_bytes(bytes(raw))
-    with pytest.raises(GlobalModelError, match="corrupted"):
-        store.load(g0.hash)
+    lazy = store.load(g0.hash)  # tensors are read (and each chunk checked) when used
+    with pytest.raises(StoreError, match="corrupted"):
+        [lazy.params[n] for n in sorted(lazy.params)]
+    with pytest.raises(StoreError, match="corrupted"):
+        store.store.verify("model", g0.hash, "global")
     with pytest.raises(ValueError, match="64 lower-case hex"):
         store.has("../etc")
 

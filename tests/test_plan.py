@@ -26,7 +26,7 @@ from gonka_diloco.plan import (
 )
 from gonka_diloco.plan_cli import app, parse_bytes, parse_count, parse_rate
 from gonka_diloco.plan_constants import load_constants
-from protocol.config import Codec, ReplayMode
+from protocol.config import Codec, ReplayMode, RunConfig
 
 C = Constants(codec_ratio={"fp32": 1.0, "bf16": 2.0, "int8": 4.0, "int4": 8.0}, sha256_bytes_per_s=2e9)
 """Round constants so every expected value below can be worked by hand."""
@@ -272,6 +272,24 @@ def test_constants_come_from_results_with_their_source(tmp_path: Path) -> None:
     assert load_constants(tmp_path / "absent").sources["codec_ratio"] == "default"
 
 
+def test_scale_figures_are_read_under_the_keys_bench_scale_writes(tmp_path: Path) -> None:
+    from bench import plan as bp
+
+    written = (Path(__file__).resolve().parents[1] / "bench" / "scale.py").read_text()
+    for keys in bp.SCALE_KEYS.values():  # the first name of each is what bench.scale writes today
+        assert f'"{keys[0]}"' in written, keys[0]
+    d = {"hash_efficiency": 0.6, "disk_states": 6.8, "verifier_download_ratio": 1.0}
+    d |= {"H": 6, "k": 2, "s": 2, "m": 2}
+    (tmp_path / "scale.json").write_text(json.dumps(d))
+    c = load_constants(tmp_path)
+    assert c.hash_efficiency == 0.6 and "scale.json (full run" in c.sources["hash_efficiency"]
+    measured = [r["measured"] for r in bp.scale_rows(tmp_path / "scale.json")]
+    assert measured == [6.8, 1.0, 0.6]
+    (tmp_path / "scale.json").write_text(json.dumps({"hashing_ratio": 0.48, "host_disk_peak_states": 6.84}))
+    assert load_constants(tmp_path).hash_efficiency == 0.48  # results written before the keys were aligned
+    assert [r["measured"] for r in bp.scale_rows(tmp_path / "scale.json")] == [6.84, None, 0.48]
+
+
 # ---------------------------------------------------------------- the command
 
 
@@ -316,6 +334,7 @@ def test_cli_reads_a_run_config(tmp_path: Path) -> None:
     toml = tmp_path / "run.toml"
     toml.write_text(
         'inner_steps = 40\nsegment_len = 4\nsampled_segments = 3\nbatch_size = 4\nseq_len = 32\n'
+        "audit_bps = 2500\naudit_verifiers = 2\n"
         '[model]\nfactory = "trainer.model:small_gpt"\nconfig = { n_layer = 1, n_embd = 32, n_head = 2 }\n'
         "[phases]\ntrain_blocks = 30\nreveal_blocks = 5\nverify_blocks = 7\n"
     )
@@ -324,6 +343,8 @@ def test_cli_reads_a_run_config(tmp_path: Path) -> None:
     i = json.loads(r.output)["plan"]["inputs"]
     assert (i["H"], i["k"], i["s"], i["tokens_per_step"]) == (40, 4, 2, 128)  # the flag wins over the file
     assert i["phases"] == {"train": 30, "reveal": 5, "verify": 7}
+    v = RunConfig.model_fields["verifiers_per_contribution"].default
+    assert (i["v"], i["audit_p"], i["auditors"]) == (v, 0.25, 2)  # the run's audit, not the planner's
     assert 10_000 < i["params"] < 100_000  # counted from the model spec
 
 

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gonka_diloco.cli import app
+from gonka_diloco.devnet import _honest_work
 from gonka_diloco.report import (
     SNAPSHOT_FILE,
     ReportError,
@@ -110,6 +111,31 @@ def test_each_failure_is_named(snap: Snapshot) -> None:
     assert any(f.startswith("global validation loss did not fall") for f in failures)
     assert any("accepted hosts computed another model: ['host-1']" in f for f in failures)
     assert any(f.startswith("run did not finish") for f in failures)
+
+
+def test_an_honest_work_adversary_is_judged_by_the_result(snap: Snapshot) -> None:
+    """forge_result trains honestly (accepted, rightly) and votes for a model it made up: the run
+    passes while the honest majority's model is adopted, and fails if the forged one is."""
+    snap.nodes[3].behaviour, snap.nodes[3].honest_work = "forge_result", True
+    forged = "f" * 64
+    for step in snap.steps:
+        step.accepted.append("host-2")
+        step.result_votes["host-2"] = forged
+    for c in snap.contributions:
+        if c.host == "host-2":
+            c.outcome = "accepted"
+    assert evaluate(snap) == []
+    snap.nodes[3].honest_work = False  # the same acceptance of a faking adversary is a failure
+    assert evaluate(snap)[0] == "adversary host-2 (forge_result) was accepted at outer step 0"
+    snap.nodes[3].honest_work = True
+    # the devnet marks exactly the library's honest-work adversaries
+    assert [_honest_work(b) for b in ("forge_result", "withhold", "silent_after_accept")] == [True] * 3
+    assert [_honest_work(b) for b in ("honest", "noise", "moment_steer", "teleport")] == [False] * 4
+    snap.steps[1].result_hash = forged
+    assert evaluate(snap) == [
+        "outer step 1: accepted hosts computed another model: ['host-0', 'host-1']",
+        f"outer step 1: adopted {forged[:12]}, voted for by adversaries only: ['host-2']",
+    ]
 
 
 def test_a_missing_honest_commit_fails_only_when_expected(snap: Snapshot) -> None:

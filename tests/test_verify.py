@@ -116,6 +116,23 @@ def test_lazy_host_is_caught_exactly_when_a_faked_segment_is_sampled(world: Worl
     assert faked and real
     reason, detail = check(world, run, sampled=[min(faked), LAST])
     assert reason is Reason.REPLAY_MISMATCH and f"segment {min(faked)}" in detail and "distance" in detail
+    assert "inf" not in detail  # the claimed end was served: a real distance
+
+    class NoEnds:  # bitwise-mode hosts keep only opened starts: an unserved end is no excuse
+        def __init__(self) -> None:
+            self.inner = run.source()
+
+        def state(self, leaf: str) -> State:
+            if leaf == run.contribution.leaves[min(faked) + 1]:
+                raise MissingData("end not kept")
+            return self.inner.state(leaf)
+
+        def delta(self, h: str) -> bytes:
+            return self.inner.delta(h)
+
+    job = world.lab.job(run, 1, SEED, sampled=[min(faked), LAST])
+    out = verify(job, NoEnds(), world.lab.replay_context(world.g1))
+    assert out.reason is Reason.REPLAY_MISMATCH and "distance inf" in out.detail, out.detail
     assert check(world, run, sampled=[real[0], LAST])[0] is Reason.ACCEPT  # the known escape
 
 
@@ -125,8 +142,11 @@ def test_malformed_blobs_are_rejected_and_the_verifier_keeps_working(world: Worl
     bad = dataclasses.replace(honest, behaviour=resolve_host("malformed", {"kind": kind}))
     tol_cfg = world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": 1e-3})
     tol = dataclasses.replace(world.lab, cfg=tol_cfg)
-    job = tol.job(bad, 1, SEED, sampled=[0, LAST])
-    out = verify(job, bad.source(), tol.replay_context(world.g1))
+    carried, h = carried_optimizer(world.step0[A])  # a tolerance-mode host also keeps its claimed ends
+    tol_run = tol.train(HostBehaviour(), A, 1, world.g1, carried, h)
+    tol_bad = dataclasses.replace(tol_run, behaviour=bad.behaviour)
+    job = tol.job(tol_bad, 1, SEED, sampled=[0, LAST])
+    out = verify(job, tol_bad.source(), tol.replay_context(world.g1))
     assert out.reason is Reason.MALFORMED_BLOB, out.detail  # tolerance mode downloads the Δ
     reason, detail = check(world, bad)
     if kind == "garbage_state":

@@ -1,14 +1,18 @@
 """How a host behaves at the protocol's decision points: honest here, adversarial in subclasses.
 
-The node calls four hooks at fixed points of every outer step and does everything else itself
-(phases, deadlines, serving, aggregation), so an adversary overrides exactly the decision it
-cheats on and nothing else. `OuterContext` gives a hook what any of the adversaries in
+The node calls seven hooks at fixed points of every outer step and does everything else itself
+(phases, deadlines, serving, fetching, aggregation), so an adversary overrides exactly the
+decision it cheats on and nothing else. `OuterContext` gives a hook what any of the adversaries in
 `gonka_diloco/adversaries/hosts.py` needs: the run config, the data, G_n, the host's model and
 carried optimizer, the state store, a blob fetcher (to copy another host's Δ) and the chain.
 
 Hook order in one outer step:
   make_contribution(ctx) -> commit_messages(c, ctx) -> [challenge] -> should_reveal(c, ctx)
-  -> serve_blob(kind, hash, data) on every GET while the step's blobs are published.
+  -> [verification] -> finalized(c, accepted, ctx)
+  -> per result round, while this host is in the round's accepted set and has not voted:
+     result_vote(model_hash, ctx), and if that is None and some Δ could not be fetched,
+     report_unavailable(hosts, ctx)
+  with serve_blob(kind, hash, data) on every GET while the step's blobs are published.
 """
 
 from __future__ import annotations
@@ -77,11 +81,15 @@ class OuterContext:
     extra: dict[str, Any] = field(default_factory=dict)
     team: Team | None = None
 
-    def train(self, *, host: str | None = None, data: Corpus | None = None) -> Contribution:
+    def train(
+        self, *, host: str | None = None, data: Corpus | None = None, keep_delta: bool = True
+    ) -> Contribution:
         """The honest committed loop from G_n; `host`/`data` let a wrong-data adversary lie.
 
         With a team every rank trains a slice of each batch; a substituted corpus cannot be sent
-        to the other ranks, so that one trains in this process alone.
+        to the other ranks, so that one trains in this process alone. `keep_delta=False`: the
+        contribution carries only the Δ payload, not the fp32 Δ (4 B/param the honest host never
+        needs).
         """
         if self.optimizer is None:
             raise BehaviourError("train() is only available in make_contribution")
@@ -91,7 +99,7 @@ class OuterContext:
             return self.team.train(
                 self.model, self.optimizer, self.cfg, self.data, host if host is not None else self.address,
                 self.outer_step, self.global_model.params, self.global_model.hash, self.store,
-                loss_fn=self.loss_fn,
+                loss_fn=self.loss_fn, keep_delta=keep_delta,
             )  # fmt: skip
         return run_committed(
             self.model,
@@ -104,6 +112,7 @@ class OuterContext:
             self.global_model.hash,
             self.store,
             loss_fn=self.loss_fn,
+            keep_delta=keep_delta,
         )
 
     def assemble(
@@ -168,6 +177,9 @@ class HostBehaviour:
 
     name = "honest"
     allowed_params: frozenset[str] = frozenset()
+    keeps_delta = False
+    """Whether `make_contribution`'s contribution carries the fp32 Δ (`Contribution.delta`) for a
+    later hook (an equivocator halves it in `commit_messages`); the honest host needs only the payload."""
 
     def __init__(self, **params: Any) -> None:
         unknown = set(params) - self.allowed_params
@@ -177,7 +189,7 @@ class HostBehaviour:
 
     def make_contribution(self, ctx: OuterContext) -> Contribution:
         """Train H inner steps from G_n with the carried optimizer and commit to the trajectory."""
-        return ctx.train()
+        return ctx.train(keep_delta=self.keeps_delta)
 
     def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
         """What to broadcast before the commit deadline (an equivocator returns two)."""
@@ -190,6 +202,20 @@ class HostBehaviour:
     def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
         """The bytes to answer a GET with, or None to refuse (malformed-blob adversaries tamper)."""
         return data
+
+    def finalized(self, contribution: Contribution | None, accepted: bool, ctx: OuterContext) -> None:
+        """The step's verification is over: `accepted` says whether this host's contribution (None if
+        it made none) is in the result set. A withholder stops serving its Δ from here on."""
+
+    def result_vote(self, model_hash: str | None, ctx: OuterContext) -> str | None:
+        """The G_{n+1} hash to vote for in this result round: `model_hash` is what the node computed
+        over the round's accepted set (None: some Δ could not be fetched). None = no vote."""
+        return model_hash
+
+    def report_unavailable(self, hosts: Sequence[str], ctx: OuterContext) -> list[str]:
+        """The hosts to name in `MsgReportUnavailable`: the node passes the accepted Δs it could not
+        fetch from anyone (with retries, every holder) by the middle of the round. [] = no report."""
+        return list(hosts)
 
 
 BehaviourFactory = Callable[..., HostBehaviour]

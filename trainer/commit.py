@@ -14,7 +14,7 @@ rank's part and saved as per-rank shard files, so the leaves are the unsharded o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nodekit.objects import training_specs
-from nodekit.store import StateStore
-from protocol.codecs import delta_hash, encode
-from protocol.config import Codec, RunConfig
+from nodekit.objects import Kind
+from nodekit.store import StateStore, TensorSink
+from protocol.codecs import delta_hash, encode_pieces
+from protocol.config import Codec, ReplayMode, RunConfig
 from protocol.merkle import merkle_root, pair_proof
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient, SegmentOpening
 from protocol.tensors import StateKind, tensor_hash_and_digests
@@ -37,8 +37,7 @@ from trainer.step import (
     LossFn,
     SliceExchange,
     env_fingerprint,
-    load_training_state,
-    optimizer_hash,
+    optimizer_state,
     snapshot_to_host,
     train_segment,
     training_state,
@@ -63,7 +62,14 @@ class Contribution:
     mean_loss: float
     losses: list[float] = field(repr=False)
     boundary_seconds: float = field(default=0.0, compare=False)
-    """Time the training thread spent on boundaries (snapshot copies, waiting for a free slot)."""
+    """Time the training thread spent on boundaries (snapshots, waiting for the hasher/writer)."""
+    train_seconds: float = field(default=0.0, compare=False)
+    """Time in the inner steps themselves (forward, backward, optimizer; boundary waits excluded)."""
+    protocol_seconds: float = field(default=0.0, compare=False)
+    """Everything else the training thread did for this outer step: loading G_n, boundary waits,
+    encoding and hashing Δ, waiting for the last leaf and the optimizer hash."""
+    optimizer_digests: tuple[bytes, ...] = field(default=(), compare=False, repr=False)
+    """Chunk digests of the final optimizer state (so the node stores it without hashing again)."""
 
     @property
     def leaf_count(self) -> int:
@@ -111,15 +117,20 @@ def host_snapshot(
 
 
 class Boundaries:
-    """Hash every boundary (all cores, `protocol.chunks`), persist every m-th and the last two.
+    """Hash every boundary (all cores, `protocol.chunks`), persist every m-th and what is always
+    opened (the last segment's start; its end, θ_H, only in tolerance mode, where verifiers
+    compare claimed ends).
 
     At most one boundary is in flight, and none is ever copied on the CPU: the worker hashes the
     live state while the training thread runs the next step's forward and backward (which only
     write gradients), and an optimizer pre-step hook makes the training thread wait for the
     boundary before the step that would change it (backpressure, never a queue of snapshots).
     A GPU state is a host copy (`host_snapshot`): the next step waits only for the copy, and the
-    next boundary for this one's hash and write.
+    next boundary for this one's hash and write. A persisted boundary holds the step only until
+    its bytes are in the page cache; fsync and rename follow on the worker (`StateStore.pending`).
     The digests computed here are stored with the state, so it is never hashed again to be served.
+    The last boundary's optimizer state is hashed on the worker too, while the training thread
+    encodes Δ.
     """
 
     def __init__(
@@ -137,25 +148,34 @@ class Boundaries:
         self.sharding = sharding  # every rank submits the same boundaries: their collectives pair up
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary")
         self._futures: list[Future[tuple[str, list[bytes] | None]]] = []
+        self._final_opt: Future[tuple[str, list[bytes] | None]] | None = None
         self._inflight: Future[Any] | None = None
         self._live = True  # the in-flight boundary reads the live state: the next update waits for it
-        self._hook = opt.register_step_pre_hook(lambda *_: self._settle() if self._live else None)
-        self.seconds = 0.0  # the training thread's time waiting on boundaries
+        self._hook = opt.register_step_pre_hook(lambda *_: self._settle(in_step=True) if self._live else None)
+        self.seconds = 0.0  # the training thread's time on boundaries (snapshots, waits)
+        self.step_seconds = 0.0  # the part of it spent inside optimizer steps (the pre-step hook)
 
     def persisted(self, j: int) -> bool:
-        """Boundary j goes to disk: every m-th, and the last segment's two ends (always opened).
-        With m > 1 boundary 0 is not written: it is G_n and the carried optimizer state, both on
-        disk already (`materialize_openings` rebuilds it)."""
-        return (j % self.every == 0 and (j > 0 or self.every == 1)) or j >= self.cfg.n_segments - 1
+        """Boundary j goes to disk: every m-th, the last segment's start (always opened) and, in
+        tolerance mode, its end θ_H (verifiers fetch claimed ends there; in bitwise mode nobody
+        does: the replay reproduces it). With m > 1 boundary 0 is not written: it is G_n and the
+        carried optimizer state, both on disk already (`materialize_openings` rebuilds it)."""
+        n = self.cfg.n_segments
+        if j == n:
+            return self.cfg.replay_mode is ReplayMode.TOLERANCE
+        return j == n - 1 or (j % self.every == 0 and (j > 0 or self.every == 1))
 
-    def _settle(self) -> None:
+    def _settle(self, in_step: bool = False) -> None:
         if self._inflight is not None:
             t0 = time.perf_counter()
             try:
                 self._inflight.result()
             finally:
                 self._inflight = None
-                self.seconds += time.perf_counter() - t0
+                waited = time.perf_counter() - t0
+                self.seconds += waited
+                if in_step:
+                    self.step_seconds += waited
 
     def submit(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         self._settle()
@@ -165,25 +185,45 @@ class Boundaries:
         hashed = self._pool.submit(self._hash, snap)
         self._futures.append(hashed)
         self._inflight = hashed
+        if j == self.cfg.n_segments and self.sharding is None:  # the carried optimizer state's hash,
+            final_opt = optimizer_state(dict(snap))  # on the worker while Δ is encoded
+            self._final_opt = self._pool.submit(self._hash, final_opt, StateKind.OPTIMIZER)
+            self._inflight = self._final_opt
         if self.store is not None and self.persisted(j):
-            written = self._pool.submit(self._write, hashed, snap)  # same worker: after the hash
-            self._inflight = written
-            if j == self.cfg.n_segments:  # the last boundary: nothing writes the live state before
-                self.store.pending.append(written)  # the reveal, which waits for it (store.flush)
+            released: Future[None] = Future()
+            written = self._pool.submit(self._write, hashed, snap, released)  # same worker: after the hash
+            self.store.pending.append(written)  # durable before anyone reads the store (store.flush)
+            self._inflight = released  # the next optimizer step waits for the bytes, not the fsync
         self.seconds += time.perf_counter() - t0
 
-    def _hash(self, snap: Mapping[str, Tensor]) -> tuple[str, list[bytes] | None]:
+    def _hash(
+        self, snap: Mapping[str, Tensor], kind: StateKind = StateKind.TRAINING
+    ) -> tuple[str, list[bytes] | None]:
         if self.sharding is not None:
-            return self.sharding.hash(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
-        return tensor_hash_and_digests(snap, StateKind.TRAINING, self.cfg.state_chunk_bytes)
+            return self.sharding.hash(snap, kind, self.cfg.state_chunk_bytes)
+        return tensor_hash_and_digests(snap, kind, self.cfg.state_chunk_bytes)
 
-    def _write(self, hashed: Future[tuple[str, list[bytes] | None]], snap: Mapping[str, Tensor]) -> None:
+    def _write(
+        self,
+        hashed: Future[tuple[str, list[bytes] | None]],
+        snap: Mapping[str, Tensor],
+        released: Future[None],
+    ) -> None:
         assert self.store is not None
-        h, digests = hashed.result()
-        if self.sharding is not None:
-            self.sharding.save(self.store.content, StateKind.TRAINING, str(self.outer_step), h, digests, snap)
-        else:
-            self.store.put_hashed(snap, self.outer_step, h, digests)
+        durable: Callable[[], None] = lambda: None  # noqa: E731
+        try:
+            h, digests = hashed.result()
+            if self.sharding is not None:
+                group = str(self.outer_step)
+                self.sharding.save(self.store.content, StateKind.TRAINING, group, h, digests, snap)
+            else:
+                assert digests is not None
+                durable = self.store.stage_hashed(snap, self.outer_step, h, digests)
+        except BaseException as e:
+            released.set_exception(e)
+            raise
+        released.set_result(None)
+        durable()
 
     def optimizer(
         self, model: nn.Module, opt: torch.optim.Optimizer, keep: str | None
@@ -203,8 +243,8 @@ class Boundaries:
         return self._pool.submit(run)
 
     def leaves(self) -> list[str]:
-        """The leaves, once hashed: the final boundary's write may still run (off the training
-        thread, before the commit is needed); `StateStore.flush` waits for it."""
+        """The leaves, once hashed: writes may still run (off the training thread, before the
+        commit is needed); `StateStore.flush` waits for them."""
         t0 = time.perf_counter()
         try:
             return [f.result()[0] for f in self._futures]
@@ -213,6 +253,43 @@ class Boundaries:
             self._hook.remove()
             self._pool.shutdown(wait=False)  # queued writes still run
             self.seconds += time.perf_counter() - t0
+
+    def final_optimizer(self) -> tuple[str, list[bytes] | None]:
+        """The last boundary's optimizer state (unsharded): (hash, chunk digests)."""
+        assert self._final_opt is not None, "the last boundary was not submitted"
+        t0 = time.perf_counter()
+        try:
+            return self._final_opt.result()
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+def delta_items(global_params: Mapping[str, Tensor], model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """Δ = θ_global − θ_local (float32) one tensor at a time, in name order: what `encode_pieces`
+    takes, so no fp32 Δ of the whole model is ever held (a stored G_n is read in one pass)."""
+    params = dict(model.named_parameters())
+    for n in sorted(params):
+        g = global_params[n]
+        yield n, (g - params[n].detach().to(g.device)).to(torch.float32)
+
+
+def load_params(model: nn.Module, global_params: Mapping[str, Tensor]) -> None:
+    """G_n's parameters into the model, in name order: one pass over a G_n read from disk."""
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for n in sorted(named):
+            named[n].copy_(global_params[n])
+
+
+@dataclass
+class _Trajectory:
+    leaves: list[str]
+    losses: list[float]
+    boundary_seconds: float
+    train_seconds: float
+    optimizer_hash: str
+    optimizer_digests: list[bytes] | None
+    out: Any
 
 
 def _trajectory(
@@ -230,40 +307,36 @@ def _trajectory(
     sharding: ShardedState | None,
     keep_optimizer: str | None,
     after: Callable[[], Any],
-) -> tuple[list[str], list[float], float, str, Any]:
+) -> _Trajectory:
     """The loop every rank runs: boundaries and segments; then `after()` (rank 0's Δ, encoded
-    while the last boundary is hashed). Returns leaves, losses, boundary seconds, the final
-    optimizer hash and what `after` returned."""
+    while the last boundary and the final optimizer state are hashed)."""
     if store is not None:
         store.flush()  # the previous step's last boundary is written from these very tensors
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(global_params[n])
+    load_params(model, global_params)
     k = cfg.segment_len
     losses: list[float] = []
     every = store.checkpoint_every if store is not None else 1
     boundaries = Boundaries(store, outer_step, cfg, opt, every=every, sharding=sharding)
     final_opt: Future[tuple[str, list[bytes] | None]] | None = None
+    steps_s = 0.0
     try:
         for seg in range(cfg.n_segments + 1):
             boundaries.submit(model, opt)
             if seg < cfg.n_segments:
+                t0 = time.perf_counter()
                 losses += train_segment(
                     model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
                     loss_fn=loss_fn, exchange=exchange,
                 )  # fmt: skip
+                steps_s += time.perf_counter() - t0
         if sharding is not None:
             final_opt = boundaries.optimizer(model, opt, keep_optimizer)
-        else:
-            final = training_state(model, opt)
         out = after()
     finally:
         leaves = boundaries.leaves()
-    if final_opt is not None:
-        opt_hash = final_opt.result()[0]
-    else:
-        opt_hash = optimizer_hash(final, cfg.state_chunk_bytes)
-    return leaves, losses, boundaries.seconds, opt_hash, out
+    opt_hash, opt_digests = final_opt.result() if final_opt is not None else boundaries.final_optimizer()
+    train_s = steps_s - boundaries.step_seconds
+    return _Trajectory(leaves, losses, boundaries.seconds, train_s, opt_hash, opt_digests, out)
 
 
 def run_committed(
@@ -282,37 +355,49 @@ def run_committed(
     exchange: SliceExchange | ShardedStep | None = None,
     sharding: ShardedState | None = None,
     keep_optimizer: str | None = None,
+    keep_delta: bool = True,
 ) -> Contribution:
     """Train one outer step from the global params with the host's carried optimizer state.
 
     The store's `checkpoint_every` (m, a host setting) says which boundaries are persisted; the
     others are recomputed from the nearest persisted one if the challenge opens them
     (`materialize_openings`). With `sharding` (rank 0 of a sharded host; the others run
-    `follow_committed`) the final optimizer state is also saved, in content group `keep_optimizer`."""
+    `follow_committed`) the final optimizer state is also saved, in content group `keep_optimizer`.
+    `global_params` may be read from disk (`StoredTensors`): it is read once at the start and once,
+    tensor by tensor, for Δ. Without `keep_delta` the returned contribution has no fp32 Δ
+    (`delta == {}`), only its payload: the honest node needs nothing else, and Δ is never held whole."""
+    t_start = time.perf_counter()
 
     def delta() -> tuple[dict[str, Tensor], bytes]:
-        d = pseudo_gradient(global_params, model)
-        return d, encode(d, cfg.codec, cfg.codec_block_size)
+        layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        pieces = encode_pieces(delta_items(global_params, model), layout, cfg.codec, cfg.codec_block_size)
+        payload = b"".join(pieces)
+        del pieces
+        return (pseudo_gradient(global_params, model) if keep_delta else {}), payload
 
-    leaves, losses, seconds, opt_hash, (d, payload) = _trajectory(
+    t = _trajectory(
         model, opt, cfg, data, host, outer_step, global_params, store, micro_batches, loss_fn, exchange,
         sharding, keep_optimizer, delta,
     )  # fmt: skip
+    d, payload = t.out
     return Contribution(
         outer_step=outer_step,
         base_model_hash=base_model_hash,
-        leaves=leaves,
-        trajectory_root=merkle_root([bytes.fromhex(h) for h in leaves]).hex(),
+        leaves=t.leaves,
+        trajectory_root=merkle_root([bytes.fromhex(h) for h in t.leaves]).hex(),
         delta=d,
         payload=payload,
         delta_hash=delta_hash(payload, cfg.state_chunk_bytes),
         codec=cfg.codec,
-        final_optimizer_hash=opt_hash,
+        final_optimizer_hash=t.optimizer_hash,
         tokens=cfg.tokens_per_outer_step,
         env=env_fingerprint(micro_batches=micro_batches),
-        mean_loss=sum(losses) / len(losses),
-        losses=losses,
-        boundary_seconds=seconds,
+        mean_loss=sum(t.losses) / len(t.losses),
+        losses=t.losses,
+        boundary_seconds=t.boundary_seconds,
+        train_seconds=t.train_seconds,
+        protocol_seconds=time.perf_counter() - t_start - t.train_seconds,
+        optimizer_digests=tuple(t.optimizer_digests or ()),
     )
 
 
@@ -333,11 +418,10 @@ def follow_committed(
 ) -> list[str]:
     """A rank ≥ 1 of a sharded host in rank 0's `run_committed`: the same boundaries (its part of
     each hash, its shard files) and steps; no Δ. Returns the leaves (every rank learns them)."""
-    leaves, *_ = _trajectory(
+    return _trajectory(
         model, opt, cfg, data, host, outer_step, global_params, store, exchange.world_size, loss_fn,
         exchange, sharding, keep_optimizer, lambda: None,
-    )  # fmt: skip
-    return leaves
+    ).leaves  # fmt: skip
 
 
 def _save_recomputed(
@@ -366,8 +450,26 @@ def _save_recomputed(
         store.put_hashed(snap, outer_step, h, digests)
 
 
-def needed_boundaries(segments: Sequence[int]) -> set[int]:
-    """The boundaries a challenge opens: both ends of every sampled segment."""
+def load_stored_state(
+    store: StateStore, outer_step: int, leaf: str, model: nn.Module, opt: torch.optim.Optimizer
+) -> None:
+    """A persisted boundary read from disk straight into the model's and optimizer's own tensors
+    (each chunk verified on the way, the header compared with the model's layout): no second
+    training state in memory."""
+    store.flush()
+    live = training_state(model, opt)
+    store.content.load_into(Kind.STATE, leaf, TensorSink(tensors=live), str(outer_step))
+    for p in model.parameters():  # every parameter carries its own step counter
+        opt.state[p]["step"].copy_(live["step"])
+
+
+def needed_boundaries(segments: Sequence[int], mode: ReplayMode = ReplayMode.TOLERANCE) -> set[int]:
+    """The boundaries a host keeps after the challenge: what a verifier may fetch. Tolerance mode:
+    both ends of every sampled segment (claimed ends are compared). Bitwise mode: the starts,
+    except segment 0's (G_n + the carried optimizer state, which verifiers rebuild); an end is
+    never fetched there, the replay reproduces it (a mismatch is REPLAY_MISMATCH either way)."""
+    if mode is ReplayMode.BITWISE:
+        return {s for s in segments if s > 0}
     return {j for s in segments for j in (s, s + 1)}
 
 
@@ -390,12 +492,16 @@ class OpeningPlan:
 
 
 def plan_openings(
-    store: StateStore, outer_step: int, leaves: Sequence[str], segments: Sequence[int]
+    store: StateStore,
+    outer_step: int,
+    leaves: Sequence[str],
+    segments: Sequence[int],
+    mode: ReplayMode = ReplayMode.TOLERANCE,
 ) -> OpeningPlan:
-    """Decide what to recompute and delete, at once, every persisted boundary that is neither
-    opened nor the nearest source of an opened one."""
-    store.flush()  # the last boundary may still be being written
-    needed = needed_boundaries(segments)
+    """Decide what to recompute (`needed_boundaries` in the run's replay mode) and delete, at once,
+    every persisted boundary that is neither needed nor the nearest source of a needed one."""
+    store.flush()  # the last boundaries may still be being written
+    needed = needed_boundaries(segments, mode)
     on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
     missing = sorted(needed - on_disk)
     sources = {max((q for q in on_disk if q <= j), default=0) for j in missing}
@@ -433,13 +539,13 @@ def recompute_openings(
     for j in plan.missing:
         src = max((q for q in on_disk | set(done) if q <= j), default=0)  # 0: rebuilt by `start`
         if at is None or at > j or at < src:
-            model, opt = start()  # boundary 0; a persisted source is loaded over it
+            model = opt = None  # the previous optimizer goes before `start` makes the next
+            model, opt = start()  # boundary 0; a persisted source is read over it, in place
             if src in on_disk or src in done:
                 if sharding is not None:
                     sharding.load(store.content, StateKind.TRAINING, leaves[src], str(outer_step), model, opt)
                 else:
-                    specs = training_specs(model)
-                    load_training_state(model, opt, store.get(leaves[src], outer_step, specs=specs))
+                    load_stored_state(store, outer_step, leaves[src], model, opt)
             at = src
         assert model is not None and opt is not None
         while at < j:
@@ -475,14 +581,15 @@ def materialize_openings(
     micro_batches: int = 1,
     loss_fn: LossFn = lm_loss,
 ) -> list[int]:
-    """After the challenge: every opened boundary on disk, nothing else.
+    """After the challenge: every boundary a verifier may fetch on disk (`needed_boundaries`),
+    nothing else.
 
     Persisted boundaries that are neither opened nor the nearest source of an opened one go at
     once; each missing opened boundary is recomputed (`recompute_openings`); then the sources go.
     Returns the boundaries that were recomputed. Raises `ValueError` if a recomputed state does
     not hash to its leaf (the host could not reproduce its own trajectory).
     """
-    plan = plan_openings(store, outer_step, leaves, segments)
+    plan = plan_openings(store, outer_step, leaves, segments, cfg.replay_mode)
     done = recompute_openings(
         plan, store, outer_step, leaves, start, cfg, data, host, micro_batches=micro_batches, loss_fn=loss_fn
     )

@@ -122,12 +122,13 @@ def run_committed_ddp(
     exchange: GatherExchange,
     *,
     loss_fn: LossFn = lm_loss,
+    keep_delta: bool = True,
 ) -> Contribution | None:
     """One outer step on every rank; rank 0 returns the contribution, the others None."""
     if exchange.rank == 0:
         return run_committed(
             model, opt, cfg, data, host, outer_step, global_params, base_model_hash, store,
-            micro_batches=exchange.world_size, loss_fn=loss_fn, exchange=exchange,
+            micro_batches=exchange.world_size, loss_fn=loss_fn, exchange=exchange, keep_delta=keep_delta,
         )  # fmt: skip
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -312,15 +313,17 @@ class Team:
         store: StateStore | None,
         *,
         loss_fn: LossFn = lm_loss,
+        keep_delta: bool = True,
     ) -> Contribution:
         """`run_committed` over all ranks, from the global params and rank 0's carried optimizer."""
         if self.closed:
             raise TeamError("the team was stopped or broke in an earlier call")
         if cfg.batch_size % self.world_size:
             raise ValueError(f"batch_size {cfg.batch_size} does not split over {self.world_size} ranks")
+        named = dict(model.named_parameters())
         with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(global_params[n])
+            for n in sorted(named):  # name order: one pass over a G_n read from disk
+                named[n].copy_(global_params[n])
         job = self._job("train", cfg, host, outer_step, store)
         group = self.exchange.group
         try:
@@ -331,7 +334,7 @@ class Team:
                 c = run_committed(
                     model, opt, cfg, data, host, outer_step, global_params, base_model_hash, store,
                     micro_batches=self.world_size, loss_fn=loss_fn, exchange=rank.step, sharding=rank.state,
-                    keep_optimizer=self._carried[1] if store is not None else None,
+                    keep_optimizer=self._carried[1] if store is not None else None, keep_delta=keep_delta,
                 )  # fmt: skip
             else:
                 state = training_state(model, opt)
@@ -340,7 +343,7 @@ class Team:
                     dist.broadcast(state[name].contiguous(), 0, group=group)
                 c = run_committed_ddp(
                     model, opt, cfg, data, host, outer_step, global_params, base_model_hash, store,
-                    self.exchange, loss_fn=loss_fn,
+                    self.exchange, loss_fn=loss_fn, keep_delta=keep_delta,
                 )  # fmt: skip
         except Exception as e:
             self.closed = True
@@ -368,7 +371,7 @@ class Team:
         persisted ones (or from G_n, which rank 0 broadcasts, and the carried optimizer state)."""
         if self.closed:
             raise TeamError("the team was stopped or broke in an earlier call")
-        plan = plan_openings(store, outer_step, leaves, segments)
+        plan = plan_openings(store, outer_step, leaves, segments, cfg.replay_mode)
         done: list[int] = []
         if plan.missing:
             rank = self._rank(model)

@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +48,28 @@ from nodekit.chainview import (
     Accepted,
     ChainView,
     ErrDuplicateCommit,
+    Outcome,
     Phase,
+    ResultRound,
     StepInfo,
     Stopped,
     is_chain_error,
 )
 from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
-from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
+from nodekit.objects import DOMAINS, Kind, ObjectPolicy, TransferPolicy
 from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write
+from protocol.chunks import verify_manifest
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Codec, Overlap, RunConfig
-from protocol.messages import EnvFingerprint, MsgRevealContribution, MsgSubmitOuterResult, Role
+from protocol.messages import (
+    EnvFingerprint,
+    MsgReportUnavailable,
+    MsgRevealContribution,
+    MsgSubmitOuterResult,
+    Role,
+)
 from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
 from trainer.checkpoint import node_initial_global
 from trainer.commit import Contribution, materialize_openings, openings
@@ -81,8 +92,29 @@ VAL_BATCHES = 4
 OPTIMIZER_GROUP = "optimizer"
 
 
+DELTA_FETCHES = 4
+"""Accepted Δs fetched at once while aggregating (each from all of its holders at once)."""
+
+
 def delta_group(n: int) -> str:
     return f"delta-{n}"
+
+
+@dataclass
+class _Result:
+    """What this host knows of one step's result rounds: the set it last computed G_{n+1} over,
+    that model, and the Δs it could not fetch (or that do not decode) for the current set."""
+
+    hosts: tuple[str, ...] | None = None
+    model: GlobalModel | None = None
+    missing: list[str] = field(default_factory=list)
+    unusable: set[str] = field(default_factory=set)
+
+
+class _BadDelta(Exception):
+    def __init__(self, host: str, error: Exception) -> None:
+        super().__init__(host)
+        self.host, self.error = host, error
 
 
 @dataclass
@@ -181,7 +213,7 @@ class HostNode:
         )  # fmt: skip
         self._gm_cache: dict[str, GlobalModel] = {}
         self._opts: dict[int, torch.optim.Optimizer] = {}  # per outer step, until its reveal
-        self._published_deltas: dict[int, str] = {}
+        self._served_deltas: dict[str, int] = {}  # Δ hash -> outer step: our own and those we fetched
         self._published_states: dict[int, set[str]] = {}
         # Overlapped runs: one step's tail (reveal → aggregate) runs beside the next step's training.
         self._lock = threading.RLock()  # node.json, counters, the optimizer states on disk, pruning
@@ -352,6 +384,7 @@ class HostNode:
     def run(self, max_outer_steps: int | None = None, *, linger: bool = False) -> None:
         """With `linger`, keep serving (the final G, the last Δs) after the run ends, until `stop()`:
         late peers and verifiers still fetch from us, and we keep following blocks meanwhile."""
+        tune_allocator()  # freed tensors go back to the OS: peak RSS is the peak, not the sum of phases
         self.server.start()
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
         done = 0
@@ -482,18 +515,15 @@ class HostNode:
     def _sharded(self) -> bool:
         return self.team is not None and self.team.shard_state
 
-    def _start_optimizer(
-        self, gm: GlobalModel, n: int, model: nn.Module | None = None
-    ) -> torch.optim.Optimizer:
+    def _start_optimizer(self, n: int, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The optimizer state the chain says step n starts from: last accepted, or fresh (overlapped
-        runs: the one accepted in step n − 2, §2.2.1), loaded into `model` (default: the training
-        model) with G. With a sharded team: rank 0's part of it (the others load theirs when the
-        team trains)."""
+        runs: the one accepted in step n − 2, §2.2.1), for `model` (default: the training model;
+        its parameters are G_n's: `run_committed` or the caller loads them). With a sharded team:
+        rank 0's part of it (the others load theirs when the team trains)."""
         model = self.model if model is None else model
         if model is self.model:
             self.store.flush()  # a last boundary still being written reads the live model
         prev = self.view.prev_optimizer_hash(self.address, n)
-        gm.load_into(model)
         if self.team is not None and self.team.shard_state:
             try:
                 self.team.carry(prev or None, OPTIMIZER_GROUP)
@@ -529,7 +559,9 @@ class HostNode:
         contribution = self._load_record(n)
         if contribution is None or contribution.base_model_hash != gm.hash:
             self._set(phase="TRAINING")
-            opt = self._opts[n] = self._start_optimizer(gm, n)
+            for m in [m for m in self._opts if m < n - (1 if self.overlapped else 0)]:
+                del self._opts[m]  # a step that was never revealed still held its optimizer: 8 B/param
+            opt = self._opts[n] = self._start_optimizer(n)
             ctx = self._context(n, gm, opt)
             t0 = time.perf_counter()
             contribution = self.behaviour.make_contribution(ctx)
@@ -539,9 +571,7 @@ class HostNode:
             self.metrics.trained(self.cfg.inner_steps, contribution.tokens, seconds, contribution.mean_loss)
             with self._lock:  # the tail's pruning keeps what a record on disk names
                 if not self._sharded:  # a sharded team's ranks saved their parts of it as they trained
-                    self.content.put_tensors(
-                        Kind.OPTIMIZER, optimizer_state(training_state(self.model, opt)), OPTIMIZER_GROUP
-                    )
+                    self._save_optimizer(contribution, opt)
                 self._save_record(contribution)
             self.board.update("training_seconds", lambda x: round((x or 0.0) + seconds, 3))
             self._set(loss=contribution.mean_loss)
@@ -551,6 +581,8 @@ class HostNode:
                 loss=round(contribution.mean_loss, 4),
                 seconds=round(seconds, 3),
                 boundary_seconds=round(contribution.boundary_seconds, 3),
+                step_seconds=round(contribution.train_seconds, 3),
+                protocol_seconds=round(contribution.protocol_seconds, 3),
                 tokens_per_s=round(contribution.tokens / max(seconds, 1e-9)),
             )
         ctx = self._context(n, gm, self._opts.get(n))
@@ -568,6 +600,20 @@ class HostNode:
         self._set(phase="COMMITTED")
         self.log("committed", outer_step=n, root=contribution.trajectory_root, delta=contribution.delta_hash)
         return contribution
+
+    def _save_optimizer(self, c: Contribution, opt: torch.optim.Optimizer) -> None:
+        """The carried optimizer state, written from the live tensors; with the digests the
+        boundary worker computed when they match the committed hash (no second hashing pass)."""
+        state = optimizer_state(training_state(self.model, opt))
+        length = self.objects.length(Kind.OPTIMIZER)
+        digests, h = list(c.optimizer_digests), c.final_optimizer_hash
+        domain, c_bytes = DOMAINS[Kind.OPTIMIZER], self.cfg.state_chunk_bytes
+        if digests and verify_manifest(h, domain, c_bytes, length, digests):
+            self.content.put_tensors(
+                Kind.OPTIMIZER, state, OPTIMIZER_GROUP, h=c.final_optimizer_hash, digests=digests
+            )
+        else:
+            self.content.put_tensors(Kind.OPTIMIZER, state, OPTIMIZER_GROUP)
 
     def _recover(self, n: int, mine: dict[str, Any]) -> Contribution | None:
         """Restarted after committing: pick the contribution back up from disk."""
@@ -653,7 +699,9 @@ class HostNode:
         model = self._replica_model() if beside else self.model
 
         def start() -> tuple[nn.Module, torch.optim.Optimizer]:
-            return model, self._start_optimizer(gm, n, model)
+            opt = self._start_optimizer(n, model)
+            gm.load_into(model)
+            return model, opt
 
         with self._replica_lock if beside else contextlib.nullcontext():
             self._recompute(n, c, segments, gm, start)
@@ -698,7 +746,7 @@ class HostNode:
             self.catalog.publish(Kind.DELTA, c.delta_hash, obj)
         else:  # a payload that does not hash to what was committed (an adversary's): as it is
             self.catalog.publish(Kind.DELTA, c.delta_hash, lambda: c.payload)
-        self._published_deltas[n] = c.delta_hash
+        self._served_deltas[c.delta_hash] = n
 
     def _start_optimizers(self) -> set[str]:
         """The optimizer states the chain names as this host's start states: of the current step
@@ -723,6 +771,11 @@ class HostNode:
     # ---------------------------------------------------------------- aggregate
 
     def _aggregate(self, n: int, mine: Contribution | None) -> None:
+        """Follow step n's result rounds to its end. In every round whose accepted set holds this
+        host: fetch each Δ of the set from every holder, compute G_{n+1} over it and vote; what
+        cannot be fetched by the middle of the round (retried every block) is reported
+        unavailable, and a later vote withdraws the report. Then adopt what the chain adopted: the
+        majority's G_{n+1}, or G_n when the step closed unchanged."""
         info = self.view.step(n)
         # overlapped runs: the Δs apply to the previous step's result, known once that is adopted
         info = self.view.wait_step(
@@ -730,73 +783,183 @@ class HostNode:
         )
         if not self.overlapped:
             self._set(phase="AGGREGATING")
-        _, accepted = self.view.accepted(n)
-        base = info.apply_to_hash
-        ok = any(a.host == self.address for a in accepted)
+        outcome = info.outcomes.get(self.address)
+        ok = outcome in (Outcome.ACCEPTED, Outcome.WITHHELD)  # verified; dropped later or not
         if mine is not None:
             self._count("accepted" if ok else "rejected")
             (self.metrics.accepted if ok else self.metrics.rejected).inc()
-            self.log("outcome", outer_step=n, outcome=info.outcomes.get(self.address))
-        try:
-            new = self._apply(n, self._global(base), accepted, mine)
+            self.log("outcome", outer_step=n, outcome=outcome)
+        try:  # G_n: the step's base, or in an overlapped run the previous step's result (§2.2.1)
+            gm = self._global(info.apply_to_hash or info.base_model_hash)
         except (BlobError, ValueError, OSError) as e:  # G_n itself unavailable: take the chain's G_{n+1}
             self.log("outer_step_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
-            new = None
-        voted = self.address in info.result_votes
-        if new is not None:
-            self._adopt(n, new)
-            if ok and not voted and info.phase is not Phase.DONE:
-                msg = MsgSubmitOuterResult(
-                    creator=self.address, run_id=self.config.run_id, outer_step=n, model_hash=new.hash
-                )
-                try:
-                    self._broadcast([msg])
-                except TxFailed as e:
-                    self.log("result_refused", outer_step=n, error=e.log)
+            gm = None
+        ctx = self._context(n, gm, None) if gm is not None else None
+        if ctx is not None:
+            self.behaviour.finalized(mine, ok, ctx)
+        result = _Result()
+        sent: set[tuple[str, int]] = set()  # (vote | report, round) already broadcast by this process
+        while info.phase is Phase.AWAITING_RESULT and gm is not None and ctx is not None:
+            rr = self.view.result_round(n)
+            if rr.result_round == info.result_round and self.address in rr.hosts:
+                self._result_round(n, gm, rr, info, result, ctx, sent)
+            info = self.view.wait_step(n, lambda i: True, info.height + 1)
         done = self.view.wait_step(n, lambda i: i.phase is Phase.DONE)
-        if done.result_hash and (new is None or new.hash != done.result_hash):
-            self.log("result_differs", outer_step=n, chain=done.result_hash, mine=new.hash if new else None)
-            self._adopt(n, self._global(done.result_hash))
+        self._follow_result(n, done, gm, result)
         self._prune(n)
 
-    def _apply(
-        self, n: int, gm: GlobalModel, accepted: list[Accepted], mine: Contribution | None
+    def _result_round(
+        self, n: int, gm: GlobalModel, rr: ResultRound, info: StepInfo, result: _Result,
+        ctx: OuterContext, sent: set[tuple[str, int]],
+    ) -> None:  # fmt: skip
+        """One block of one result round (called again every block until the step is done)."""
+        key = tuple(rr.hosts)
+        if result.hosts != key:
+            fetched = self._fetch_deltas(n, rr.accepted)
+            result.missing = sorted({*fetched, *(result.unusable & set(key))})
+            if not result.missing:
+                new = self._compute(n, gm, rr.accepted, result.unusable)
+                if new is not None:
+                    self._keep_candidate(result, key, new)
+                    self.log("outer_step_computed", outer_step=n, round=rr.result_round, model_hash=new.hash)
+        if self.address in info.result_votes or ("vote", rr.result_round) in sent:
+            return
+        computed = result.model.hash if result.model is not None and result.hosts == key else None
+        vote = self.behaviour.result_vote(computed, ctx)
+        if vote is not None:
+            sent.add(("vote", rr.result_round))
+            msg = MsgSubmitOuterResult(
+                creator=self.address, run_id=self.config.run_id, outer_step=n, model_hash=vote
+            )
+            self._send(n, "result", msg, round=rr.result_round, model_hash=vote)
+            return
+        blocks = self.cfg.phases.result_blocks
+        deadline = rr.result_deadline if rr.result_deadline is not None else info.height
+        report_from = deadline - blocks + blocks // 2  # half the round is grace for a holder's outage
+        if not result.missing or info.height < report_from or self.address in info.unavailable:
+            return
+        if ("report", rr.result_round) in sent:
+            return
+        hosts = self.behaviour.report_unavailable(result.missing, ctx)
+        if hosts:
+            sent.add(("report", rr.result_round))
+            msg = MsgReportUnavailable(
+                creator=self.address, run_id=self.config.run_id, outer_step=n, hosts=hosts
+            )
+            self._send(n, "report_unavailable", msg, round=rr.result_round, hosts=hosts)
+
+    def _send(self, n: int, what: str, msg: Any, **fields: Any) -> None:
+        try:
+            self._broadcast([msg])
+        except TxFailed as e:
+            self.log(f"{what}_refused", outer_step=n, error=e.log)
+            return
+        self.log(what, outer_step=n, **fields)
+
+    def _fetch_deltas(self, n: int, accepted: list[Accepted]) -> list[str]:
+        """Every accepted Δ not yet on disk, fetched from its author, the verifiers that checked it
+        and every other participant (a few Δs at once, each from all its holders; every chunk
+        checked); returns the hosts whose Δ nobody served, after the fetcher's retries."""
+        todo = [a for a in accepted if not self.content.has(Kind.DELTA, a.delta_hash)]
+        if not todo:
+            return []
+        holders = self.view.holders(n, exclude=self.address)
+
+        def one(a: Accepted) -> str | None:
+            try:
+                self._fetch_delta(n, a, holders.get(a.host, []))
+            except BlobError as e:
+                self.log("delta_unavailable", outer_step=n, host=a.host, error=f"{type(e).__name__}: {e}")
+                return a.host
+            return None
+
+        with ThreadPoolExecutor(
+            min(DELTA_FETCHES, len(todo)), thread_name_prefix=f"{self.name}-fetch"
+        ) as pool:
+            return sorted(h for h in pool.map(one, todo) if h is not None)
+
+    def _fetch_delta(self, n: int, a: Accepted, holders: list[str]) -> None:
+        group = delta_group(n)
+        if not self.content.has(Kind.DELTA, a.delta_hash):
+            endpoints = [e for e in [a.endpoint, *holders] if e and e != self.url]
+            ref = self.objects.ref(Kind.DELTA, a.delta_hash)
+            report = fetch_to_store(self.blobs, self.content, ref, group, endpoints)
+            self.log("fetched", outer_step=n, host=a.host, **self.board.fetched(report))
+        if a.delta_hash not in self._served_deltas and self.content.has(Kind.DELTA, a.delta_hash, group):
+            obj = StoredObject(self.content, Kind.DELTA, a.delta_hash, group)
+            self.catalog.publish(Kind.DELTA, a.delta_hash, obj)  # a peer serves what it fetched
+            self._served_deltas[a.delta_hash] = n
+
+    def _compute(
+        self, n: int, gm: GlobalModel, accepted: list[Accepted], unusable: set[str] | None = None
     ) -> GlobalModel | None:
-        """G_{n+1} from the accepted Δs only, one Δ at a time in sorted host order, each fetched
-        (chunk-verified) into the store and decoded tensor by tensor."""
+        """G_{n+1} from the given accepted Δs (all on disk), one Δ at a time in sorted host order,
+        each decoded tensor by tensor; None (the host added to `unusable`) if one does not decode."""
         by_host = {a.host: a for a in accepted}
 
         def delta_of(host: str) -> Iterator[tuple[str, Tensor]]:
-            a = by_host[host]
-            own = mine is not None and host == self.address and a.delta_hash == mine.delta_hash
-            if not own or not self.content.has(Kind.DELTA, a.delta_hash):
-                self._fetch_delta(n, a)
-            payload = self.content.read_bytes(Kind.DELTA, a.delta_hash)
-            return iter_decode(payload, gm.layout)
+            try:
+                yield from iter_decode(
+                    self.content.read_bytes(Kind.DELTA, by_host[host].delta_hash), gm.layout
+                )
+            except (CodecError, StoreError) as e:
+                raise _BadDelta(host, e) from e
 
         try:
             return gm.apply_streamed({a.host: a.tokens for a in accepted}, delta_of, self.cfg.outer)
-        except (BlobError, CodecError, StoreError) as e:
-            self.log("delta_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
+        except _BadDelta as e:
+            self.log(
+                "delta_unusable", outer_step=n, host=e.host, error=f"{type(e.error).__name__}: {e.error}"
+            )
+            if isinstance(e.error, StoreError):  # corrupted on our disk: fetch it again
+                self.content.delete(Kind.DELTA, by_host[e.host].delta_hash)
+            elif unusable is not None:  # it hashes right and still does not decode: nobody can use it
+                unusable.add(e.host)
             return None
 
-    def _fetch_delta(self, n: int, a: Accepted) -> None:
-        if self.content.has(Kind.DELTA, a.delta_hash):
-            return
-        endpoints = [e for e in [a.endpoint, *self._peers()] if e and e != self.url]
-        report = fetch_to_store(
-            self.blobs, self.content, self.objects.ref(Kind.DELTA, a.delta_hash), delta_group(n), endpoints
-        )
-        self.log("fetched", outer_step=n, **self.board.fetched(report))
+    def _keep_candidate(self, result: _Result, hosts: tuple[str, ...], new: GlobalModel) -> None:
+        """Our G_{n+1} over a round's set: on disk and served at once (a peer that could not compute
+        it fetches it by hash once it is adopted); the previous round's candidate leaves memory."""
+        if result.model is not None and result.model.hash != new.hash:
+            self._gm_cache.pop(result.model.hash, None)
+        result.hosts, result.model = hosts, new
+        self.globals.save(new)
+        self._gm_cache[new.hash] = new
+        self.catalog.publish(Kind.MODEL, new.hash, StoredObject(self.content, Kind.MODEL, new.hash))
+
+    def _follow_result(self, n: int, done: StepInfo, gm: GlobalModel | None, result: _Result) -> None:
+        """Adopt what the chain adopted: our own G_{n+1} if it is the one, G_n if the step closed
+        unchanged, else computed over the final set or fetched by its hash from the holders."""
+        target = done.result_hash or done.apply_to_hash or done.base_model_hash
+        voted = done.result_votes.get(self.address)
+        if voted is not None and voted != target:
+            self.log("result_differs", outer_step=n, chain=target, mine=voted)
+        if result.model is not None and result.model.hash == target:
+            new = result.model
+        elif gm is not None and target == gm.hash:
+            new = gm  # no majority in any round: G_{n+1} = G_n
+            self.log("outer_step_unchanged", outer_step=n, model_hash=target, dropped=done.dropped)
+        else:
+            new = None
+            if gm is not None:
+                rr = self.view.result_round(n)
+                if not self._fetch_deltas(n, rr.accepted):
+                    new = self._compute(n, gm, rr.accepted)
+            if new is None or new.hash != target:
+                new = self._global(target)
+        self._adopt(n, new)
 
     def _adopt(self, n: int, gm: GlobalModel) -> None:
         self.globals.save(gm)
-        self._gm_cache[gm.hash] = gm
-        self.catalog.publish(Kind.MODEL, gm.hash, StoredObject(self.content, Kind.MODEL, gm.hash))
         beside = self.overlapped  # the training model is busy with the next step: evaluate on the replica
         with self._replica_lock if beside else contextlib.nullcontext():
             model = self._replica_model() if beside else self.model
             gm.load_into(model)
+            if not gm.stored:  # from here on read from disk when used: G_{n+1}'s 8 B/param go now
+                gm = self.globals.load(gm.hash)
+                release()
+            self._gm_cache[gm.hash] = gm
+            self.catalog.publish(Kind.MODEL, gm.hash, StoredObject(self.content, Kind.MODEL, gm.hash))
             loss = eval_loss(
                 model,
                 self.corpus.val,
@@ -838,10 +1001,10 @@ class HostNode:
             for _, h in self.catalog.served(Kind.STATE):
                 self.catalog.withdraw(Kind.STATE, h)
         self.store.prune(n + 1)
-        for m, h in list(self._published_deltas.items()):
+        for h, m in list(self._served_deltas.items()):
             if m < n:
                 self.catalog.withdraw(Kind.DELTA, h)
-                del self._published_deltas[m]
+                del self._served_deltas[h]
         for group in self.content.groups():
             if group.startswith("delta-") and int(group.removeprefix("delta-")) < n:
                 self.content.drop_group(group)

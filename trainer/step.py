@@ -67,6 +67,12 @@ def make_optimizer(model: nn.Module | Iterable[nn.Parameter], inner: InnerOptim)
     PyTorch creates moments lazily on the first step; creating them here means a fresh optimizer
     and one loaded from an all-zero state are the same object, bit for bit, for hashing and replay.
     Given parameters instead of a model it covers only those (a rank's shard, `trainer.sharded`).
+
+    On the CPU `foreach=False`: the per-tensor update runs the same kernels in the same order as
+    the multi-tensor one (there `_foreach_*` loops over those kernels), so the bits are the same
+    (`tests/test_step_replay.py::test_foreach_and_per_tensor_adamw_agree`), but its temporaries
+    (√v̂ + ε) are one tensor's, not the whole model's: 4 B/param less at every step's peak. On an
+    accelerator the multi-tensor kernels stay (launch count; a replay class pins the device kind).
     """
     params = list(model.parameters()) if isinstance(model, nn.Module) else list(model)
     groups = [
@@ -78,7 +84,7 @@ def make_optimizer(model: nn.Module | Iterable[nn.Parameter], inner: InnerOptim)
         lr=inner.lr,
         betas=(inner.beta1, inner.beta2),
         eps=inner.eps,
-        foreach=True,
+        foreach=bool(params) and params[0].device.type != "cpu",
     )
     for p in params:
         opt.state[p] = {
@@ -290,6 +296,7 @@ def train_steps(
         losses.append(_compute_grads(model, loss_fn, x, y, micro_batches, exchange, precision))
         torch.nn.utils.clip_grad_norm_(params, inner.grad_clip)
         opt.step()
+    opt.zero_grad(set_to_none=True)  # the next step sets them anew: 4 B/param free between segments
     return torch.stack(losses).tolist() if losses else []  # one device sync per call, not per step
 
 

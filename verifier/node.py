@@ -16,7 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -38,6 +38,7 @@ from nodekit.blobs import (
 from nodekit.board import Board
 from nodekit.chainview import Accepted, ChainView, Phase, StepInfo, Stopped
 from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
 from nodekit.store import BytesSink, ContentStore, TensorSink
@@ -75,23 +76,55 @@ class _Retry(Exception):
     """Data not served yet, before the reveal deadline: judge this host again after a block."""
 
 
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(store: ContentStore, h: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault((str(store.root), h), threading.Lock())
+
+
+class _Tee:
+    """A sink writing every verified byte twice: into the replay's tensors and into a store file,
+    so a fetched state is kept (and served to audit and dispute voters) without being read again."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = sinks
+        self.length = sinks[0].length
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        for sink in self.sinks:
+            sink.write_at(offset, data)
+
+
 class HttpSource:
-    """`BlobSource` over a host's endpoint: each object fetched chunk by chunk (Range, resumable,
-    every chunk checked against its hash as it arrives) straight into fresh tensors, so a state
-    is hashed once and never buffered; errors become reasons. Optimizer states (segment 0's
-    start) come from the node's store when it holds them, else are fetched once and kept."""
+    """`BlobSource` over the holders of a contribution's objects (its author first, then the
+    verifiers that checked it, then the rest): each object fetched chunk by chunk (Range,
+    resumable, every chunk checked against its hash as it arrives) straight into fresh tensors, so
+    a state is hashed once and never buffered; errors become reasons.
+
+    With a `store`, what is fetched is also kept there and handed to `keep` (the node serves it):
+    opened states under `group` (written as they stream into the replay's tensors), optimizer
+    states (segment 0's start, fetched at most once per host) under `optimizer`. A state already
+    in the store is read from it, not fetched again."""
 
     def __init__(
         self,
         client: BlobClient,
-        endpoint: str,
+        endpoints: str | Sequence[str],
         objects: ObjectPolicy,
         store: ContentStore | None = None,
         on_fetched: Callable[[Any], None] | None = None,
+        *,
+        group: str | None = None,
+        keep: Callable[[Kind, str, str], None] | None = None,
     ):
-        self.client, self.endpoints = client, [endpoint]
-        self.objects, self.store = objects, store
+        self.client = client
+        self.endpoints = [endpoints] if isinstance(endpoints, str) else [e for e in endpoints if e]
+        self.objects, self.store, self.group = objects, store, group
         self.on_fetched = on_fetched or (lambda _r: None)
+        self.keep = keep or (lambda _k, _h, _g: None)
 
     def _fetch(self, kind: Kind, h: str, sink: Any) -> None:
         try:
@@ -108,7 +141,34 @@ class HttpSource:
 
     def state(self, leaf_hash: str, into: State | None = None) -> State:
         """Fetched into `into` (the replay model's own tensors) when given: no buffer state."""
-        return self._tensors(Kind.STATE, leaf_hash, into)
+        if self.store is None or self.group is None:
+            return self._tensors(Kind.STATE, leaf_hash, into)
+        sink = TensorSink(self.objects.specs[Kind.STATE]) if into is None else TensorSink.into(into)
+        with _lock(self.store, leaf_hash):  # two jobs may open one state (e.g. two zero-Δ hosts)
+            if self.store.has(Kind.STATE, leaf_hash, self.group):  # fetched before: verified on read
+                self.store.load_into(Kind.STATE, leaf_hash, sink, self.group)
+                return sink.tensors
+            return self._fetch_kept(leaf_hash, sink)
+
+    def _fetch_kept(self, leaf_hash: str, sink: TensorSink) -> State:
+        assert self.store is not None and self.group is not None
+        ref = self.objects.ref(Kind.STATE, leaf_hash)
+        part = self.store.begin(Kind.STATE, leaf_hash, self.group, ref.length)
+        try:
+            report = self.client.fetch(ref, _Tee(sink, part), self.endpoints)
+        except BlobUnavailable as e:
+            self.store.abort(part)
+            raise MissingData(str(e)) from e
+        except (BlobInvalid, ValueError) as e:
+            self.store.abort(part)
+            raise MalformedBlob(str(e)) from e
+        except BaseException:
+            self.store.abort(part)
+            raise
+        self.store.commit(Kind.STATE, leaf_hash, self.group, part, report.digests)
+        self.on_fetched(report)
+        self.keep(Kind.STATE, leaf_hash, self.group)
+        return sink.tensors
 
     def optimizer(self, optimizer_hash: str, into: State | None = None) -> State:
         if self.store is None:
@@ -121,6 +181,7 @@ class HttpSource:
                 raise MissingData(str(e)) from e
             except BlobInvalid as e:
                 raise MalformedBlob(str(e)) from e
+            self.keep(Kind.OPTIMIZER, optimizer_hash, OPTIMIZER_GROUP)
         sink = TensorSink(self.objects.specs[Kind.OPTIMIZER]) if into is None else TensorSink.into(into)
         self.store.load_into(Kind.OPTIMIZER, optimizer_hash, sink, OPTIMIZER_GROUP)
         return sink.tensors
@@ -174,7 +235,8 @@ class VerifierNode:
             policy=policy,
         )  # fmt: skip
         self._gm: dict[str, GlobalModel] = {}
-        self._derived: dict[str, int] = {}  # Δ hash -> outer step of the Δs we derived and serve
+        self._deltas: dict[str, int] = {}  # Δ hash -> outer step of the Δs we hold and serve
+        self._states: dict[str, int] = {}  # leaf -> outer step of the opened states we fetched and serve
         self._taken: set[int] = set()  # overlapped runs: steps handed to a worker
         self._workers: list[threading.Thread] = []  # ... one per step in flight
         self._lock = threading.Lock()  # pruning and following, between the loop and the follower
@@ -220,11 +282,15 @@ class VerifierNode:
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(f"local dataset {self.corpus.manifest_hash[:12]} is not the run's")
         workers = self.config.workers
+        # Replay models are built when a worker first needs one (at most `workers`): a verifier
+        # judging one host at a time holds one model, not `max_concurrent` of them.
         self._contexts: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        for _ in range(workers):
-            built = build(self.cfg.model, self._allow_list)
-            self._contexts.put((built.module.to(device), built.loss_fn))
-        model = self._contexts.queue[0][0]
+        self._device = device
+        self._built = 1
+        self._build_lock = threading.Lock()
+        first = self._replay_model()
+        self._contexts.put(first)
+        model = first[0]
         c = self.cfg.state_chunk_bytes
         self.objects = ObjectPolicy.of(model, self.cfg)  # exact sizes of everything we fetch
         self.content = ContentStore(self.dir / "store", c)
@@ -233,7 +299,46 @@ class VerifierNode:
         g0 = node_initial_global(self.cfg.initial_model_hash, model, self.config.init_checkpoint_source, c)
         if g0.hash == self.cfg.initial_model_hash:
             self.globals.save(g0)
+        self._serve_held()
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")
+
+    def _replay_model(self) -> tuple[Any, Any]:
+        built = build(self.cfg.model, self._allow_list)
+        return built.module.to(self._device), built.loss_fn
+
+    def _take_model(self) -> tuple[Any, Any]:
+        """An idle replay model, or a new one while fewer than `workers` exist (else wait)."""
+        try:
+            return self._contexts.get_nowait()
+        except queue.Empty:
+            pass
+        with self._build_lock:
+            room = self._built < self.config.workers
+            self._built += room
+        return self._replay_model() if room else self._contexts.get()
+
+    def _serve_held(self) -> None:
+        """After a restart: serve again what is on disk (carried optimizer states, the opened states
+        and Δs of steps not yet pruned); `_prune` and `_drop_states` withdraw them in time."""
+        for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
+            self._serve(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
+        for group in self.content.groups():
+            if group.isdigit():
+                for h in self.content.hashes(Kind.STATE, group):
+                    self._serve(Kind.STATE, h, group)
+            elif group.startswith("delta-"):
+                for h in self.content.hashes(Kind.DELTA, group):
+                    self._serve(Kind.DELTA, h, group)
+
+    def _serve(self, kind: Kind, h: str, group: str) -> None:
+        """Serve what we hold of a contribution (its author may go silent): opened states until the
+        step is finalized (audit and dispute voters fetch them), Δs until the step after it is done,
+        optimizer states while the chain names them."""
+        self.catalog.publish(kind, h, StoredObject(self.content, kind, h, group))
+        if kind is Kind.STATE:
+            self._states[h] = int(group)
+        elif kind is Kind.DELTA:
+            self._deltas[h] = int(group.removeprefix("delta-"))
 
     def _join(self) -> None:
         mine = self.behaviour.declared_class(self.env)
@@ -253,6 +358,7 @@ class VerifierNode:
 
     def run(self, max_outer_steps: int | None = None) -> None:
         """Survives the chain or a host going away: the step is re-read and resumed when it is back."""
+        tune_allocator()  # freed tensors go back to the OS: peak RSS is the peak, not the sum of phases
         self.server.start()
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
         done = failures = 0
@@ -348,6 +454,7 @@ class VerifierNode:
         if self.behaviour.online() and not info.phase.finalized:
             self._set(phase="VERIFYING")
             self._verify_step(n, info)
+            self._drop_states(n)  # finalized: no audit or dispute can ask for them any more
 
     def _verify_step(self, n: int, info: StepInfo) -> None:
         gm = self._global(info.base_model_hash)
@@ -408,14 +515,17 @@ class VerifierNode:
 
     def _judge(self, job: Job, gm: GlobalModel) -> Outcome | None:
         """Runs on a pool worker with that worker's own model; the behaviour decides what to report."""
-        model, loss_fn = self._contexts.get()
+        model, loss_fn = self._take_model()
         try:
-            author = self.view.participant(job.host)
+            holders = self.view.holders(job.outer_step, exclude=self.address).get(job.host, [])
+
             def fetched(report: Any) -> None:
                 self.log("fetched", outer_step=job.outer_step, host=job.host, **self.board.fetched(report))
 
-            source = HttpSource(self.blobs, author.endpoint if author else "", self.objects, self.content,
-                                on_fetched=fetched)  # fmt: skip
+            # the author first, then the verifiers that checked it before us: a host that goes silent
+            # after its first verdicts cannot keep its auditors and dispute panel from the data
+            source = HttpSource(self.blobs, holders, self.objects, self.content, on_fetched=fetched,
+                                group=str(job.outer_step), keep=self._serve)  # fmt: skip
 
             def derived(final: State, payload: bytes) -> None:
                 self._keep_derived(job, final, payload)
@@ -434,12 +544,14 @@ class VerifierNode:
             self._contexts.put((model, loss_fn))
 
     def _keep_derived(self, job: Job, final: State, payload: bytes) -> None:
-        """What a bitwise replay gave us for free: the host's next start optimizer state (so next
-        step we need not fetch it) and its Δ payload, which we serve to everyone who aggregates."""
-        self.content.put_tensors(Kind.OPTIMIZER, optimizer_state(final), OPTIMIZER_GROUP)
-        h = self.content.put_bytes(Kind.DELTA, payload, f"delta-{job.outer_step}")
-        self.catalog.publish(Kind.DELTA, h, StoredObject(self.content, Kind.DELTA, h))
-        self._derived[h] = job.outer_step
+        """What an accepting check leaves us (bitwise: our own replay; tolerance: the claimed end and
+        the Δ we downloaded, both checked): the host's next start optimizer state (so next step we
+        need not fetch it, and anyone rebuilding its segment 0 can fetch it from us) and its Δ
+        payload, which we serve to everyone who aggregates, whatever its author does."""
+        o = self.content.put_tensors(Kind.OPTIMIZER, optimizer_state(final), OPTIMIZER_GROUP)
+        self._serve(Kind.OPTIMIZER, o, OPTIMIZER_GROUP)
+        group = f"delta-{job.outer_step}"
+        self._serve(Kind.DELTA, self.content.put_bytes(Kind.DELTA, payload, group), group)
 
     def _outcome(self, n: int, host: str, fut: Pending, info: StepInfo) -> Outcome | None:
         """A finished verification's verdict, None if there is nothing to submit; raises `_Retry`
@@ -520,19 +632,22 @@ class VerifierNode:
                 gm = self._global(base)
                 _, accepted = self.view.accepted(n)
                 by_host = {a.host: a for a in accepted}
+                holders = self.view.holders(n, exclude=self.address)
 
                 def delta_of(host: str) -> Iterator[tuple[str, Tensor]]:
                     a = by_host[host]
-                    self._fetch_delta(n, a)
+                    self._fetch_delta(n, a, holders.get(host, []))
                     return iter_decode(self.content.read_bytes(Kind.DELTA, a.delta_hash), gm.layout)
 
                 new = gm.apply_streamed({a.host: a.tokens for a in accepted}, delta_of, self.cfg.outer)
                 if new.hash == target:
                     self.globals.save(new)
-                    self._gm[new.hash] = new
-                    obj = StoredObject(self.content, Kind.MODEL, new.hash)
-                    self.catalog.publish(Kind.MODEL, new.hash, obj)
-                    self.log("outer_step_applied", outer_step=n, model_hash=new.hash)
+                    g = new.hash
+                    self._gm[g] = self.globals.load(g)  # read from disk when used
+                    del new  # G_{n+1}'s 8 B/param go now
+                    release()
+                    self.catalog.publish(Kind.MODEL, g, StoredObject(self.content, Kind.MODEL, g))
+                    self.log("outer_step_applied", outer_step=n, model_hash=g)
                 else:
                     self.log("outer_step_differs", outer_step=n, mine=new.hash, chain=target)
                     self._global(target)
@@ -542,21 +657,36 @@ class VerifierNode:
         with self._lock:
             self._prune(n)
 
-    def _fetch_delta(self, n: int, a: Accepted) -> None:
-        if self.content.has(Kind.DELTA, a.delta_hash):
-            return
-        endpoints = [e for e in [a.endpoint, *self._holders()] if e]
-        ref = self.objects.ref(Kind.DELTA, a.delta_hash)
-        report = fetch_to_store(self.blobs, self.content, ref, f"delta-{n}", endpoints)
-        self.log("fetched", outer_step=n, **self.board.fetched(report))
+    def _fetch_delta(self, n: int, a: Accepted, holders: Sequence[str]) -> None:
+        """An accepted Δ from its author, the verifiers that checked it and everyone else at once
+        (every chunk checked), kept and served on to the others."""
+        group = f"delta-{n}"
+        if not self.content.has(Kind.DELTA, a.delta_hash):
+            endpoints = [e for e in [a.endpoint, *holders] if e and e != self.url]
+            ref = self.objects.ref(Kind.DELTA, a.delta_hash)
+            report = fetch_to_store(self.blobs, self.content, ref, group, endpoints)
+            self.log("fetched", outer_step=n, **self.board.fetched(report))
+        if a.delta_hash not in self._deltas and self.content.has(Kind.DELTA, a.delta_hash, group):
+            self._serve(Kind.DELTA, a.delta_hash, group)
+
+    def _drop_states(self, before: int) -> None:
+        """The opened states of finalized steps (< `before` + 1) go: only audits and disputes need them."""
+        for h, m in list(self._states.items()):
+            if m <= before:
+                self.catalog.withdraw(Kind.STATE, h)
+                del self._states[h]
+        for group in self.content.groups():
+            if group.isdigit() and int(group) <= before:
+                self.content.drop_group(group)
 
     def _prune(self, n: int) -> None:
         """Keep the Δs of steps n and n−1 (late aggregators fetch them from us), the optimizer states
-        the chain still names, and the last two global models."""
-        for h, m in list(self._derived.items()):
+        the chain still names, and the last two global models; no opened state of step n or before."""
+        self._drop_states(n)
+        for h, m in list(self._deltas.items()):
             if m < n - 1:
                 self.catalog.withdraw(Kind.DELTA, h)
-                del self._derived[h]
+                del self._deltas[h]
         for group in self.content.groups():
             if group.startswith("delta-") and int(group.removeprefix("delta-")) < n - 1:
                 self.content.drop_group(group)
@@ -568,6 +698,7 @@ class VerifierNode:
             named = {self.view.prev_optimizer_hash(a) for a in hosts}
         for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
             if h not in named:
+                self.catalog.withdraw(Kind.OPTIMIZER, h)
                 self.content.delete(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
         keep = [self.view.step(n).base_model_hash, run.global_model_hash]
         keep += [self.view.step(m).base_model_hash for m in run.steps_in_flight]

@@ -17,7 +17,7 @@ import hashlib
 import inspect
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -124,9 +124,11 @@ class ReplayContext:
     global_params: Mapping[str, Tensor]  # G_n, keyed by the model's parameter names
     on_replay_steps: Callable[[int], None] = field(default=lambda n: None)
     on_derived: Callable[[State, bytes], None] | None = None
-    """Bitwise mode, all checks passed: the host's final state (our replay, bit for bit) and the Δ
-    payload we derived from it. The node keeps both: the optimizer state is the host's next start
-    (no fetch next time) and the Δ is served to everyone who aggregates."""
+    """All checks passed: the host's final state (bitwise mode: our replay, bit for bit; tolerance
+    mode: the claimed end state, checked) and the Δ payload (derived from it; in tolerance mode the
+    downloaded one, equal to it). The node keeps both: the optimizer state is the host's next
+    start (no fetch next time, and others rebuild segment 0 from it) and the Δ is served to everyone
+    who aggregates, so neither depends on the author staying online."""
     opt: torch.optim.Optimizer | None = field(default=None, repr=False)
     """The replay optimizer, made once: starts are written into it and the model in place."""
 
@@ -239,9 +241,15 @@ def fresh_optimizer_state(model: nn.Module, job: Job) -> State:
     return optimizer_state(training_state(model, opt, copy=True))
 
 
+def _layout(params: Mapping[str, Tensor]) -> dict[str, tuple[int, ...]]:
+    """Shapes by name without reading tensors a `StoredTensors` G_n would load from disk."""
+    shapes = getattr(params, "shapes", None)
+    return dict(shapes) if shapes is not None else {n: tuple(t.shape) for n, t in params.items()}
+
+
 def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
     """Leaf 0 must be G_n's params with the host's previous committed optimizer state (or fresh)."""
-    names = [n for n, _ in ctx.model.named_parameters()]
+    names = sorted(n for n, _ in ctx.model.named_parameters())  # name order: one pass over G_n
     for name in names:
         got = start.get(PARAM + name)
         want = ctx.global_params.get(name)
@@ -386,7 +394,6 @@ def rebuild_start(
     to the committed leaf 0 is the host's claimed start fetched, to say what is wrong with it
     (WRONG_START either way)."""
     c = job.cfg.state_chunk_bytes
-    params = {PARAM + n: t for n, t in ctx.global_params.items()}
     opt_into = None if into is None else {k: t for k, t in into.items() if not k.startswith(PARAM)}
     if job.prev_optimizer_hash is None:
         opt_state: State | None = fresh_optimizer_state(ctx.model, job)
@@ -395,10 +402,18 @@ def rebuild_start(
     else:
         opt_state = None
     if opt_state is not None:
-        rebuilt = {**params, **opt_state}
-        if into is not None:
-            fill_live(ctx, into, rebuilt)
+        if into is not None:  # G_n's params straight into the live ones, one tensor at a time
+            live_params = {k: t for k, t in into.items() if k.startswith(PARAM)}
+            shapes = {k[len(PARAM) :]: tuple(t.shape) for k, t in live_params.items()}
+            if _layout(ctx.global_params) != shapes:  # our own G_n: not the host's fault
+                raise StateError("G_n does not fit the replay model")
+            with torch.no_grad():
+                for k in sorted(live_params):
+                    live_params[k].copy_(ctx.global_params[k[len(PARAM) :]])
+            fill_live(ctx, into, {**live_params, **opt_state})
             rebuilt = into
+        else:
+            rebuilt = {**{PARAM + n: t for n, t in ctx.global_params.items()}, **opt_state}
         if training_hash(rebuilt, c) == leaf:
             return rebuilt
     claimed = _checked_state(source, leaf)
@@ -406,6 +421,14 @@ def rebuild_start(
     if opt_state is not None:
         raise _Reject(Reason.WRONG_START, "start leaf is not G_n with the carried optimizer state")
     return claimed
+
+
+def _claim_if_served(source: BlobSource, leaf: str) -> State | None:
+    """A claimed end state, or None if nobody serves it (a mismatch stays a REPLAY_MISMATCH)."""
+    try:
+        return _checked_state(source, leaf)
+    except (MissingData, MalformedBlob):
+        return None
 
 
 def _start_again(job: Job, ctx: ReplayContext, source: BlobSource, o: OpeningData) -> State | None:
@@ -425,22 +448,25 @@ def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource |
     With `source` None (bitwise mode: `final` is our own replay, bit for bit the host's θ_H) the Δ
     is not downloaded at all. Returns the payload we derived."""
     cfg = job.cfg
-    delta: dict[str, Tensor] = {}
-    for name, want in ctx.global_params.items():
-        theta = final.get(PARAM + name)
-        if theta is None or theta.shape != want.shape:
-            raise _Reject(Reason.DELTA_MISMATCH, f"final state lacks param {name}")
-        d = want - theta
-        if not bool(torch.isfinite(d).all()):
-            raise _Reject(Reason.DELTA_MISMATCH, f"Δ of {name} is not finite")
-        delta[name] = d
-    payload = codecs.encode(delta, cfg.codec, cfg.codec_block_size)
+    layout = _layout(ctx.global_params)
+
+    def delta() -> Iterator[tuple[str, Tensor]]:  # tensor by tensor: no fp32 Δ of the whole model
+        for name in sorted(layout):
+            want = ctx.global_params[name]
+            theta = final.get(PARAM + name)
+            if theta is None or theta.shape != want.shape:
+                raise _Reject(Reason.DELTA_MISMATCH, f"final state lacks param {name}")
+            d = want - theta
+            if not bool(torch.isfinite(d).all()):
+                raise _Reject(Reason.DELTA_MISMATCH, f"Δ of {name} is not finite")
+            yield name, d
+
+    payload = b"".join(codecs.encode_pieces(delta(), layout, cfg.codec, cfg.codec_block_size))
     mine = codecs.delta_hash(payload, cfg.state_chunk_bytes)
     if mine != job.delta_hash:
         raise _Reject(Reason.DELTA_MISMATCH, f"committed Δ {job.delta_hash[:12]} != θ_global−θ_H {mine[:12]}")
     if source is None:
         return payload
-    layout = {n: tuple(t.shape) for n, t in delta.items()}
     served = source.delta(job.delta_hash)  # the source checked every chunk against the hash
     try:
         codecs.decode(served, layout)  # what every host will do with it: must not fail
@@ -499,8 +525,10 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
             leaf = training_hash(end, chunk)
             replayed.append(leaf)
             claim = None
-            if job.cfg.replay_mode is ReplayMode.TOLERANCE or leaf != o.end_leaf:
+            if job.cfg.replay_mode is ReplayMode.TOLERANCE:
                 claim = _checked_state(source, o.end_leaf)
+            elif leaf != o.end_leaf:  # only for the distance in the verdict's detail: in bitwise
+                claim = _claim_if_served(source, o.end_leaf)  # mode hosts need not keep ends
             if leaf != o.end_leaf:
                 start = start if start is not None else _start_again(job, ctx, source, o)
                 known = claim is not None and start is not None
@@ -523,7 +551,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
         if optimizer_hash(final, chunk) != job.final_optimizer_hash:
             raise _Reject(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
         payload = check_delta(job, ctx, final, None if bitwise else source)
-        if bitwise and ctx.on_derived is not None:
+        if ctx.on_derived is not None:  # tolerance mode: the checked claim and the downloaded Δ
             ctx.on_derived(final, payload)
         reason, detail = Reason.ACCEPT, ""
     except _Reject as r:

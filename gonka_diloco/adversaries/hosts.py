@@ -1,7 +1,8 @@
 """Dishonest hosts: every way we know to get paid without doing (or while sabotaging) the work.
 
 Each adversary is a `trainer.behaviour.HostBehaviour` that overrides the hook its attack needs
-(`make_contribution`, `commit_messages`, `should_reveal`, `serve_blob`). Forging uses the host's
+(`make_contribution`, `commit_messages`, `should_reveal`, `serve_blob`, `finalized`,
+`result_vote`, `report_unavailable`). Forging uses the host's
 own building blocks (the same step, store, codec and Merkle tree), so a forged contribution is
 exactly as well-formed as an honest one except where the attack lies — which is what the verifier
 must find.
@@ -22,12 +23,22 @@ must find.
 | bad_tokens    | trains honestly, claims more tokens than H × batch × seq_len  | BAD_TOKENS           |
 | forged_env    | free rider claiming a GPU class no verifier has               | abstain (unverified) |
 | moment_steer  | params exact, AdamW moments rewritten at every boundary       | REPLAY_MISMATCH      |
-| eager         | overlapped runs: starts from its base − its own unverified Δ  | DELTA_MISMATCH (2)   |
+| withhold      | trains honestly, serves its verifiers, then refuses its Δ     | (2)                  |
+| forge_result  | withholds its Δ and votes for a G_{n+1} it made up            | (2), vote never wins |
+| silent_after_accept | honest until accepted, then serves, votes, commits nothing | (2)            |
+| eager         | overlapped runs: starts from its base − its own unverified Δ  | DELTA_MISMATCH (3)   |
 
 (1) a bad Δ only in tolerance mode: a bitwise verifier derives Δ from its own replay, never
 downloads the author's, and serves its copy to the aggregators (an availability attack then).
 
-(2) its Δ is measured from where it started, not from the base: a bitwise verifier derives
+(2) honest work, accepted by its verifiers; the attack is on availability and the result vote. The
+verifiers that checked it keep and serve its Δ, so hosts fetch it from them and the withholding
+hurts nobody: the step's result is adopted by the honest majority, the forged vote never (a lone
+vote is a minority). Only where nobody else holds the Δ (e.g. its only verifier was lazy and
+never derived it) do the honest hosts report it unavailable: it is dropped (`withheld`) and
+slashed, and the result is asked again over the rest.
+
+(3) its Δ is measured from where it started, not from the base: a bitwise verifier derives
 G_base − θ_H and finds another hash; WRONG_START when segment 0 is opened. Measuring Δ from the base
 instead makes it a one-segment fake (segment 0's start), caught when segment 0 is sampled: the
 lazy host's bound, (s − 1)/(n − 1) per step.
@@ -44,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -53,7 +64,7 @@ from torch import Tensor
 
 from nodekit.store import clone_state
 from protocol import codecs
-from protocol.config import RunConfig
+from protocol.config import ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
 from trainer.behaviour import HostBehaviour, OuterContext, register
 from trainer.commit import Contribution, run_committed
@@ -113,6 +124,9 @@ class HostAdversary(HostBehaviour):
     name = "honest"
     expected: tuple[str, ...] = ("ACCEPT",)  # Reason names a verifier answers (tests, bench)
     chain_outcome = "accepted"  # chain.params.Outcome once finalized
+    honest_work = False
+    """True: the contribution is honest work, so verifiers rightly accept it; the attack is on
+    what comes after (serving, the result vote). The devnet report judges these by the result."""
 
     def __init__(self, **params: Any) -> None:
         super().__init__()  # params are explicit keyword arguments of each subclass instead
@@ -360,6 +374,7 @@ class Equivocation(HostAdversary):
     name = "equivocation"
     expected = ("ACCEPT",)  # each commit alone is honest work: the chain, not replay, catches this
     chain_outcome = "equivocated"
+    keeps_delta = True  # halves its Δ in commit_messages
 
     def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
         other = ctx.with_delta(contribution, {n: t * 0.5 for n, t in contribution.delta.items()})
@@ -485,6 +500,76 @@ class EagerStart(HostAdversary):
             )  # fmt: skip
         self.history[ctx.outer_step] = c.payload
         return c
+class Withhold(HostAdversary):
+    """Trains honestly and serves its verifiers, then refuses its Δ to everyone (still voting for
+    the G_{n+1} it can compute, to be paid): from its reveal in bitwise mode (its verifiers derive
+    the Δ from their replay and never ask for it), once verification is over in tolerance mode
+    (they download it). So no aggregator ever gets it from its author, however fast it asks."""
+
+    name = "withhold"
+    honest_work = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.withheld: set[str] = set()
+
+    def should_reveal(self, contribution: Contribution, ctx: OuterContext) -> bool:
+        if ctx.cfg.replay_mode is ReplayMode.BITWISE:
+            self.withheld.add(contribution.delta_hash)
+        return True
+
+    def finalized(self, contribution: Contribution | None, accepted: bool, ctx: OuterContext) -> None:
+        if contribution is not None:
+            self.withheld.add(contribution.delta_hash)
+
+    def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
+        return None if kind == "delta" and blob_hash in self.withheld else data
+
+
+class ForgeResult(Withhold):
+    """Withholds its accepted Δ and votes for a G_{n+1} hash it made up, in every result round: if
+    the honest hosts could not fetch its Δ they could not compute the real result, and its lone
+    vote would be the only one (what a plurality rule adopted)."""
+
+    name = "forge_result"
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.seed = seed
+
+    def result_vote(self, model_hash: str | None, ctx: OuterContext) -> str | None:
+        return hashlib.sha256(f"forged:{self.seed}:{ctx.address}:{ctx.outer_step}".encode()).hexdigest()
+
+    def report_unavailable(self, hosts: Sequence[str], ctx: OuterContext) -> list[str]:
+        return []
+
+
+class SilentAfterAccept(HostAdversary):
+    """Honest until its contribution is accepted; from then on it serves nothing, votes nothing,
+    reports nothing and commits nothing (a host that vanishes once it has been verified, hoping
+    the step waits for it)."""
+
+    name = "silent_after_accept"
+    honest_work = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.silent = False
+
+    def finalized(self, contribution: Contribution | None, accepted: bool, ctx: OuterContext) -> None:
+        self.silent = self.silent or accepted
+
+    def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
+        return None if self.silent else data
+
+    def result_vote(self, model_hash: str | None, ctx: OuterContext) -> str | None:
+        return None if self.silent else model_hash
+
+    def report_unavailable(self, hosts: Sequence[str], ctx: OuterContext) -> list[str]:
+        return [] if self.silent else list(hosts)
+
+    def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
+        return [] if self.silent else super().commit_messages(contribution, ctx)
 
 
 HOSTS: dict[str, Callable[..., HostAdversary]] = {
@@ -503,6 +588,9 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "bad_tokens": BadTokens,
     "forged_env": ForgedEnvironment,
     "moment_steer": MomentSteer,
+    "withhold": Withhold,
+    "forge_result": ForgeResult,
+    "silent_after_accept": SilentAfterAccept,
     "eager": EagerStart,
 }
 

@@ -25,7 +25,7 @@ from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, openings
 from trainer.data import Corpus
 from trainer.spec import build
-from trainer.step import State, load_training_state, make_optimizer, optimizer_hash
+from trainer.step import State, load_training_state, make_optimizer, optimizer_hash, training_state
 from verifier.verify import Job, MalformedBlob, MissingData, OpeningData, ReplayContext
 
 TINY_GPT = ModelSpec(
@@ -128,7 +128,10 @@ class Lab:
             blobs=None, chain=None, extra=dict(extra or {}),  # type: ignore[arg-type]
         )  # fmt: skip
         c = behaviour.make_contribution(ctx)
-        final = store.get(c.leaves[-1])
+        # hand-made trajectories save every boundary; a bitwise-mode host does not persist θ_H,
+        # which is then the model's live state
+        stored = store.has(c.leaves[-1])
+        final = store.get(c.leaves[-1]) if stored else training_state(model, opt, copy=True)
         blobs = {c.delta_hash: c.payload}  # nodes serve the committed payload itself
         return HostRun(address, behaviour, c, store, blobs, prev_optimizer_hash, final)
 
