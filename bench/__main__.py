@@ -19,6 +19,7 @@ BENCHES = [
     "bench.codecs",
     "bench.host_overhead",
     "bench.convergence",
+    "bench.overlap_convergence",  # issue 16: overlap none vs delayed on the convergence setting
     "bench.communication",
     "bench.attack",
     "bench.detection",

@@ -98,7 +98,7 @@ def step_seconds(cfg: Any) -> tuple[float, float]:
 
 def sized(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
     """The devnet config with phases sized to the measured compute: the train phase fits H steps
-    at the contended step time with a 25% margin plus a second to see the step open and commit;
+    at the contended step time with a 25% margin plus the commit's slack blocks (phase_sizing);
     reveal and verify fit the host's recomputation and the verifier's replays."""
     from gonka_diloco.devnet_config import AdversarySpec, DevnetConfig, PhaseSeconds
 
@@ -108,9 +108,12 @@ def sized(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
         live=False, timeout=400.0, checkpoint_every=CHECKPOINT_EVERY, outer_lr=OUTER_LR,
         outer_momentum=OUTER_MOMENTUM,
     )  # fmt: skip
+    from gonka_diloco.phase_sizing import COMMIT_SLACK_BLOCKS, train_phase_seconds
+
     alone, t = step_seconds(base)
     k, s = base.segment_len, base.sampled_segments
-    train = args.inner_steps * t * MARGIN + 1.0  # + seeing the step open and the commit tx
+    # the devnet's own sizing rule (gonka_diloco.phase_sizing) at the contended step time
+    train = train_phase_seconds(args.inner_steps, t, margin=MARGIN) + COMMIT_SLACK_BLOCKS * BLOCK_S
     recompute = s * (CHECKPOINT_EVERY - 1) * k * t  # opened boundaries rebuilt from sparse checkpoints
     replay = HOSTS * s * k * t  # the verifier replays every opened segment (v = 1)
     phases = PhaseSeconds(
@@ -184,8 +187,8 @@ def render(d: dict[str, Any]) -> list[str]:
     out = [
         f"Devnet: {st['hosts']} hosts (one `{st['adversary']}`), {st['verifiers']} verifier, H = "
         f"{st['inner_steps']}, blocks of {st['block_s']} s, train phase {st['train_s']:.1f} s (H × "
-        f"{st['step_s_contended']:.3f} s contended step × {st['margin']} + 1 s), outer lr {st['outer_lr']}, "
-        f"momentum {st['outer_momentum']}; {st['cores']} cores shared by every node. "
+        f"{st['step_s_contended']:.3f} s contended step × {st['margin']} + 2 blocks), outer lr "
+        f"{st['outer_lr']}, momentum {st['outer_momentum']}; {st['cores']} cores shared by every node. "
         f"`{d['command']}`.",
         "",
         "| overlap | outer steps | s / outer step | utilization (span) | utilization (run) "

@@ -14,6 +14,7 @@
    8×H100 at 1 Gbit/s, and a plot of 30B utilization against H and link speed.
 
     .venv/bin/python -m bench.plan [--quick]
+    .venv/bin/python -m bench.plan --published-only   # part 4 alone, into the existing results
 
 Writes bench/results/plan.json (and plan_30b.png). The machine is shared by several engineers
 and its 2 cores are oversubscribed during a devnet: timings are noisy, and said so in RESULTS.md.
@@ -507,6 +508,39 @@ def plot_30b(c: Constants, rec: dict[str, Any] | None) -> list[dict[str, Any]]:
     return points
 
 
+def overlap_summary(p: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The delayed schedule (specs §2.2.1) at a published setting: two steps in flight, the next
+    step's GPU work against the previous step's commit … result path, and what hosts wait."""
+    if p is None:
+        return None
+    tl, u = p["timeline"], p["utilization"]
+    gpu = tl.get("gpu", tl["train"] + tl["stall"] + tl["recompute"])
+    after = tl.get("after_training", tl["sequential"] - tl["train"] - tl["stall"] - tl["poc_wait"])
+    return {
+        "params": p["inputs"]["params"], "H": p["inputs"]["H"], "train_s": tl["train"], "gpu_s": gpu,
+        "after_training_s": after, "fits": after <= gpu, "host_wait_s": max(0.0, after - gpu),
+        "period_overlapped_s": tl["overlapped"], "period_sequential_s": tl["sequential"],
+        "utilization_overlapped": u["overlapped"], "utilization_sequential": u["sequential"],
+    }  # fmt: skip
+
+
+def overlap_line(o: dict[str, Any]) -> str:
+    from gonka_diloco.plan_cli import fmt_pct, fmt_seconds
+
+    fits = ("fits: hosts never wait" if o["fits"]
+            else f"does not quite fit: hosts wait {fmt_seconds(o['host_wait_s'])} per step")  # fmt: skip
+    return (
+        f"**Overlap (`overlap = \"delayed\"`, two steps in flight) at {o['params'] / 1e9:g}B**: step n+1 "
+        f"trains ({fmt_seconds(o['gpu_s'])} of GPU work, H = {o['H']}) while step n is committed, "
+        f"challenged, revealed, verified, finalized and aggregated ({fmt_seconds(o['after_training_s'])}): "
+        f"{fits}. Outer step {fmt_seconds(o['period_overlapped_s'])} instead of "
+        f"{fmt_seconds(o['period_sequential_s'])}; predicted host utilization "
+        f"**{fmt_pct(o['utilization_overlapped'])}** with the delayed schedule, "
+        f"{fmt_pct(o['utilization_sequential'])} without (goal ≥ 90%: "
+        f"**{'met' if o['utilization_overlapped'] >= 0.9 else 'NOT met'}**)."
+    )
+
+
 # ---------------------------------------------------------------- RESULTS.md
 
 
@@ -612,6 +646,8 @@ def markdown(d: dict[str, Any]) -> list[str]:
         "![30B utilization vs H and link speed](results/plan_30b.png)",
         "",
     ]
+    if o := d.get("overlap_30b"):
+        out += [overlap_line(o), ""]
     return out
 
 
@@ -628,6 +664,28 @@ EXPLAINED = (
 # ---------------------------------------------------------------- main
 
 
+def refresh_published(result: dict[str, Any], c: Constants) -> None:
+    """The published plan, the 30B plot and the 30B overlap figure (no devnet needed)."""
+    result["published"] = published(c)
+    rec30 = next((x["plan"] for x in result["published"] if x["params"] == 30e9), None)
+    result["plot_30b"] = plot_30b(c, rec30)
+    result["overlap_30b"] = overlap_summary(rec30)
+    if result["overlap_30b"]:
+        print(overlap_line(result["overlap_30b"]))
+
+
+def published_only() -> None:
+    """Recompute the published part of the existing results (plan.json, plan.full.json) in place,
+    keeping their devnet and validation rows: the planner changed, the measurements did not."""
+    c = load_constants()
+    for path in (OUT, RESULTS / "plan.full.json"):
+        if path.exists():
+            result = json.loads(path.read_text())
+            refresh_published(result, c)
+            path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+            print(f"wrote {path}")
+
+
 def main(quick: bool = False) -> dict[str, Any]:
     c = load_constants()
     result: dict[str, Any] = {"quick": quick, "constants_sources": c.sources}
@@ -638,9 +696,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         *detection_rows(RESULTS / "detection.json"),
         *scale_rows(RESULTS / "scale.json"),
     ]
-    result["published"] = published(c)
-    rec30 = next((x["plan"] for x in result["published"] if x["params"] == 30e9), None)
-    result["plot_30b"] = plot_30b(c, rec30)
+    refresh_published(result, c)
     for r in result["rows"]:
         pred, meas = r["predicted"], r["measured"]
         err = "" if r["error"] is None else f"{100 * r['error']:+.1f}%"
@@ -656,4 +712,10 @@ def main(quick: bool = False) -> dict[str, Any]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    main(quick=ap.parse_args().quick)
+    ap.add_argument("--published-only", action="store_true",
+                    help="only the published plan and 30B figures, into the existing results")  # fmt: skip
+    args = ap.parse_args()
+    if args.published_only:
+        published_only()
+    else:
+        main(quick=args.quick)

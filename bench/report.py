@@ -423,11 +423,61 @@ def scale(d: dict[str, Any]) -> Lines:
     return [*render(d), "", *generic({k: v for k, v in d.items() if k in ("per_step", "rss", "hashing")})]
 
 
+# ---------------------------------------------------------------- overlap (issue 16)
+
+
+def overlap_convergence(d: dict[str, Any]) -> Lines:
+    """Overlap none vs delayed at equal compute; the wall-clock time model and its inputs."""
+    st = d["setup"]
+    out = [
+        f"**M = {st['hosts']} hosts, H = {st['inner_steps']}, T = {st['outer_steps']} outer steps** "
+        f"(the convergence benchmark's setting: same model, data, int8 Δs; every contender does "
+        f"M·H·T = {st['hosts'] * st['inner_steps'] * st['outer_steps']:,} inner steps). *none*: step n+1 "
+        "starts from G_{n+1}. *delayed* (`overlap = \"delayed\"`, specs §2.2.1): step n+1 starts from G_n "
+        "with the optimizer state its host committed in step n − 1 (if accepted, else fresh) while step n "
+        "is verified; its accepted Δs update G_{n+1}. *delayed_carry*: the same with the latest optimizer "
+        "state (what `trainer.diloco.DiLoCo(outer_delay=1)` does). *verified*: every contribution "
+        "replay-verified against the base it trained from.",
+        "",
+    ]
+    rows = []
+    for r in d["rows"]:
+        if "error" in r:
+            rows.append([r["contender"], r["outer_delay"], "", "", "error: " + r["error"][-200:], "", ""])
+            continue
+        vs = f"{r['loss_vs_none_pct']:+.2f}%" if "loss_vs_none_pct" in r else ""
+        rows.append([r["contender"], r["outer_delay"], f"{r['outer_lr']:g} / {r['outer_momentum']:g}",
+                     "yes" if r["verified"] else "no", r["final_val_loss"], vs,
+                     _verdicts(r.get("verdicts"))])  # fmt: skip
+    out += table(["contender", "outer delay", "outer lr / μ", "verified", "final val loss", "vs none",
+                  "verdicts"], rows)  # fmt: skip
+    ti = d["time_model_inputs"]
+    out += [
+        f"**Wall-clock to the same loss** (a per-step time model; inputs: training {ti['train_s']:g} s and "
+        f"commit … result {ti['post_s']:g} s per outer step, the devnet as issue 16 measured it: "
+        f"{ti['devnet_train_s']:g} s of training in a {ti['devnet_step_s']:g} s step). Without overlap the G "
+        "after n steps exists after n·(train + post); with the delayed schedule after "
+        "(n − 1)·max(train, post) + train + post. The target is the larger of the two final losses; the "
+        "steps each needs come from its own curve.",
+        "",
+    ]
+    trows = [[t["contender"], t["scenario"], t["train_s"], t["post_s"], t["target_loss"],
+              f"{t['steps_none']:.2f} / {t['steps_delayed']:.2f}",
+              f"{t['wall_none_s']:.0f} / {t['wall_delayed_s']:.0f}", f"{t['speedup']:.2f}×",
+              f"{100 * t['utilization_none']:.0f}% / {100 * t['utilization_delayed']:.0f}%"]
+             for t in d.get("time_model", [])]  # fmt: skip
+    out += table(["contender", "scenario", "train s", "post s", "target loss", "steps none / delayed",
+                  "wall s none / delayed", "speedup", "utilization none / delayed"], trows)  # fmt: skip
+    return out
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("convergence", "1. Convergence: data-parallel vs ours (verified) vs torchft DiLoCo", "bench.convergence",
      convergence),
     ("convergence_sweep", "1b. Convergence, tuned: data-parallel vs DiLoCo on a Llama-style model",
      ".venv/bin/python -m bench.convergence --only sweep [--quick]", convergence_sweep),
+    ("overlap_convergence", "1d. Overlap: convergence cost of the delayed schedule (issue 16)",
+     "bench.overlap_convergence", overlap_convergence),
     ("attack", "2. Under attack: robust aggregation vs replay verification", "bench.attack", attack),
     ("communication", "3. Communication: bytes per host per outer step vs data-parallel",
      "bench.communication",
@@ -502,6 +552,27 @@ def goals(res: dict[str, Any]) -> Lines:
                        f"{b['ratio_at_equal_loss']:,.0f}×{bound} "
                        f"fewer than data-parallel (goal ≥ 1000×: "
                        f"**{'met' if b['ratio_at_equal_loss'] >= 1000 else 'NOT met'}**)")  # fmt: skip
+    if (ov := res.get("overlap_convergence")) and "goal" in ov:
+        st = ov["setup"]
+        by = {r["contender"]: r for r in ov["rows"]}
+        plain = by.get("delayed", {})
+        gap = plain.get("loss_vs_none_pct")
+        fixes = [c for c in ov["goal"]["delayed_variants_within_1pct"] if c != "delayed"]
+        speed = [t for t in ov.get("time_model", []) if t["contender"] == "delayed"]
+        sp = "; ".join(f"{t['speedup']:.2f}× to the same loss ({t['scenario']}: train {t['train_s']:g} s, "
+                       f"post {t['post_s']:g} s)" for t in speed)  # fmt: skip
+        met = "met" if ov["goal"]["plain_delayed_within_1pct"] else "NOT met"
+        ranked = sorted((r for r in ov["rows"] if r["contender"] != "none" and "loss_vs_none_pct" in r),
+                        key=lambda r: r["loss_vs_none_pct"])  # fmt: skip
+        if ranked and not fixes:
+            best = ranked[0]
+            fixes_note = (f"; best remedy tried: {best['contender']} (outer lr {best['outer_lr']:g}, "
+                          f"μ {best['outer_momentum']:g}) {best['loss_vs_none_pct']:+.2f}%")  # fmt: skip
+        else:
+            fixes_note = f"; within 1% with {', '.join(fixes)}" if fixes else ""
+        out.append(f"- overlap, delayed vs none at equal compute (M = {st['hosts']}, "
+                   f"H = {st['inner_steps']}, T = {st['outer_steps']}): final loss {gap:+.2f}% (goal ≤ 1%: "
+                   f"**{met}**" + fixes_note + f"); time model (plain delayed): {sp}")  # fmt: skip
     h = res.get("host_overhead") or {}
     if "overhead" in h:
         crit = 100 * h.get("critical_path_overhead", float("nan"))

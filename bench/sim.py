@@ -13,6 +13,7 @@ JSON, never pickle.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ from trainer.step import (
     lr_at,
     make_optimizer,
     training_hash,
+    training_state,
 )
 
 Params = dict[str, Tensor]
@@ -161,12 +164,27 @@ class MemStore:
     Disk I/O is what `bench.host_overhead` measures; here it would only slow the runs down.
     """
 
+    checkpoint_every = 1  # every boundary kept (the host setting m of `StateStore`)
+
     def __init__(self) -> None:
         self.states: dict[str, State] = {}
         self.blobs: dict[str, bytes] = {}
+        self.pending: list[Any] = []  # the last boundary's background write (`StateStore.pending`)
 
-    def put_hashed(self, state: Mapping[str, Tensor], outer_step: int, h: str) -> None:
-        self.states[h] = dict(state)
+    def flush(self) -> None:
+        while self.pending:
+            self.pending.pop().result()
+
+    def put_hashed(self, state: Mapping[str, Tensor], outer_step: int, h: str, digests: Any = None) -> None:
+        """A copy: on CPU a boundary snapshot may be the live tensors, which training moves on."""
+        self.states[h] = {k: v.clone() for k, v in state.items()}
+
+    def stage_hashed(
+        self, state: Mapping[str, Tensor], outer_step: int, h: str, digests: Any
+    ) -> Callable[[], None]:
+        """`StateStore.stage_hashed`: the copy now (the snapshot is released after it), nothing later."""
+        self.put_hashed(state, outer_step, h, digests)
+        return lambda: None
 
     def state(self, leaf_hash: str) -> State:
         return {k: v.clone() for k, v in self.states[leaf_hash].items()}
@@ -187,6 +205,22 @@ class Host:
     model: nn.Module
     opt: torch.optim.Optimizer
     prev_optimizer_hash: str | None = None
+    kept: dict[int, tuple[dict[str, Any], str]] = dataclasses.field(default_factory=dict)
+    """Final optimizer states of recent accepted contributions, by outer step (delayed schedule)."""
+
+    def keep_optimizer(self, n: int, opt_hash: str, accepted: bool, delay: int) -> None:
+        if accepted:
+            self.kept[n] = (copy.deepcopy(self.opt.state_dict()), opt_hash)
+        for old in [m for m in self.kept if m <= n - 1 - delay]:
+            del self.kept[old]
+
+    def restore_optimizer(self, env: Env, n: int) -> None:
+        """Start from step n's accepted final optimizer state, or fresh if there is none."""
+        if n in self.kept:
+            state, self.prev_optimizer_hash = self.kept[n]
+            self.opt.load_state_dict(copy.deepcopy(state))
+        else:
+            self.opt, self.prev_optimizer_hash = make_optimizer(self.model, env.cfg.inner), None
 
     @classmethod
     def new(cls, env: Env, name: str) -> Host:
@@ -197,12 +231,15 @@ class Host:
         return run_committed(self.model, self.opt, env.cfg, env.corpus, self.name, n, g, g_hash, store)  # type: ignore[arg-type]
 
 
-def forge(env: Env, c: Contribution, bad: Mapping[str, Tensor], g: Params, store: MemStore) -> Contribution:
+def forge(
+    env: Env, c: Contribution, bad: Mapping[str, Tensor], g: Params, store: MemStore, host: Host
+) -> Contribution:
     """A consistent liar: the last leaf claims θ_H = G − Δ_bad, so root, Δ hash and Δ all agree.
 
-    Only the replay of the (always sampled) last segment can expose it.
+    Only the replay of the (always sampled) last segment can expose it. The honest end state is
+    the host's live one (bitwise mode persists no θ_H: the replay reproduces it).
     """
-    final = store.state(c.leaves[-1])
+    final = training_state(host.model, host.opt, copy=True)
     for n, t in bad.items():
         final[f"param/{n}"] = g[n] - t
     leaf = training_hash(final)
@@ -258,8 +295,16 @@ def run_diloco(
     verify: bool = False,
     exclude_adversaries: bool = False,
     save_params: str | None = None,
+    outer_delay: int = 0,
+    carry_optimizer: bool = False,
 ) -> dict[str, Any]:
     """T outer steps of M hosts; the last `adversaries` hosts (sorted order) lie with `attack`.
+
+    `outer_delay` d: the overlapped schedule (specs §2.2.1; d = 1 is `Overlap.DELAYED`): step n
+    trains from, and is verified against, G_{max(0, n−d)}; its accepted Δs update the latest G_n.
+    Its inner optimizer state is the one the host committed in step n − 1 − d if that contribution
+    was accepted, else a fresh one (the chain's rule: a start state is made of finalized data only);
+    `carry_optimizer` keeps the latest state instead (what `trainer.diloco.DiLoCo` does).
 
     aggregator "protocol": `outer_update` over the Δs that enter (all, or the verified ones).
     Other names: a robust rule from `bench.aggregators` over all decoded Δs, then Nesterov.
@@ -283,17 +328,24 @@ def run_diloco(
     t_train = t_verify = 0.0
     replay_steps = 0
     store = MemStore() if (verify or attack) else None  # boundary states only when someone reads them
+    history = deque([(g, mom)], maxlen=outer_delay + 1)  # G_{n−d} … G_n: the oldest is the base
     for n in range(setup.outer_steps):
-        g_hash = global_model_hash(g, mom)
+        base, base_mom = history[0]
+        g_hash = global_model_hash(base, base_mom)
+        if outer_delay and not carry_optimizer:
+            for h in active:
+                hosts[h].restore_optimizer(env, n - 1 - outer_delay)
         t0 = time.perf_counter()
-        contribs = {h: hosts[h].contribute(env, n, g, g_hash, store) for h in active}
+        contribs = {h: hosts[h].contribute(env, n, base, g_hash, store) for h in active}
+        if store is not None:
+            store.flush()  # the last boundaries are written in the background: wait before reading them
         t_train += time.perf_counter() - t0
         if attack is not None and bad_hosts:
             honest = [contribs[h].delta for h in active if h not in bad_hosts]
             for h in sorted(bad_hosts & set(active)):
                 bad = ATTACKS[attack](contribs[h].delta, honest, len(bad_hosts), rng)
                 assert store is not None
-                contribs[h] = forge(env, contribs[h], bad, g, store)
+                contribs[h] = forge(env, contribs[h], bad, base, store, hosts[h])
         entering = list(active)
         if verify:
             assert verifier is not None and store is not None
@@ -301,7 +353,7 @@ def run_diloco(
             entering = []
             for h in active:
                 ok, reason, steps = verify_contribution(
-                    env, contribs[h], h, hosts[h].prev_optimizer_hash, g, store, verifier
+                    env, contribs[h], h, hosts[h].prev_optimizer_hash, base, store, verifier
                 )
                 replay_steps += steps
                 key = f"{'adversary' if h in bad_hosts else 'honest'}:{reason}"
@@ -311,6 +363,8 @@ def run_diloco(
             t_verify += time.perf_counter() - t0
         for h in active:
             hosts[h].prev_optimizer_hash = contribs[h].final_optimizer_hash
+            if outer_delay and not carry_optimizer:
+                hosts[h].keep_optimizer(n, contribs[h].final_optimizer_hash, h in entering, outer_delay)
         decoded: dict[str, Params] = {}
         sizes = []
         for h in entering:
@@ -323,6 +377,7 @@ def run_diloco(
         else:
             agg = AGGREGATORS[aggregator]([decoded[h] for h in sorted(decoded)], len(bad_hosts))
             g, mom = outer_update(g, mom, [("aggregate", 1, agg)], cfg.outer.lr, cfg.outer.momentum)
+        history.append((g, mom))
         if store is not None:
             store.clear()
         curve.append({

@@ -9,7 +9,9 @@ to train. Bad input raises `DevnetConfigError` with one readable line per proble
 from __future__ import annotations
 
 import math
+import os
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -107,6 +109,9 @@ class DevnetConfig(Strict):
     )
     overlap: Overlap = Field(
         Overlap.NONE, description="none, or delayed: train step n+1 while step n is verified (specs §2.2.1)"
+    )
+    step_seconds: float | None = Field(
+        None, gt=0, description="seconds per inner step: size phases.train when it is not set (else measured)"
     )
     engine: Literal["embedded", "cometbft"] = Field(
         "embedded", description="embedded: one chain process; cometbft: a network of CometBFT validators"
@@ -234,8 +239,44 @@ def _scalar(text: str) -> ParamValue:
     return text
 
 
-def load_config(path: Path | None, overrides: dict[str, Any]) -> DevnetConfig:
-    """TOML file (if any) first, then every flag the user actually set on top of it."""
+def size_train_phase(
+    cfg: DevnetConfig, measure: Callable[[DevnetConfig], float] | None = None
+) -> DevnetConfig:
+    """`cfg` with `phases.train` derived from compute when neither the TOML nor a flag set it:
+    H × (seconds per inner step) × margin + the commit's slack blocks
+    (`gonka_diloco.phase_sizing`). The step time is `step_seconds` if declared, else measured
+    (`measure`, default: a few inner steps of the devnet's model here), times the hosts that
+    share this machine's cores while they train (hosts × threads ÷ cores, at least 1)."""
+    from gonka_diloco.phase_sizing import COMMIT_SLACK_BLOCKS, train_phase_seconds
+
+    if "train" in cfg.phases.model_fields_set:
+        return cfg
+    step = cfg.step_seconds if cfg.step_seconds is not None else (measure or measure_devnet_step)(cfg)
+    contention = max(1.0, cfg.hosts * cfg.threads / (os.cpu_count() or 1))
+    train = train_phase_seconds(cfg.inner_steps, step * contention)
+    train += COMMIT_SLACK_BLOCKS * cfg.block_interval
+    return cfg.model_copy(update={"phases": cfg.phases.model_copy(update={"train": train})})
+
+
+def measure_devnet_step(cfg: DevnetConfig) -> float:
+    """A few inner steps of the devnet's own model, batch shape and thread count, timed here."""
+    from gonka_diloco.devnet import model_spec
+    from gonka_diloco.phase_sizing import measure_step_seconds
+    from protocol.config import RunConfig
+
+    run = RunConfig(
+        model=model_spec(cfg), dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
+        inner_steps=cfg.inner_steps, segment_len=cfg.segment_len, sampled_segments=cfg.sampled_segments,
+        batch_size=cfg.batch_size, seq_len=cfg.seq_len, threads=cfg.threads,
+    )  # fmt: skip
+    return measure_step_seconds(run)
+
+
+def load_config(
+    path: Path | None, overrides: dict[str, Any], measure: Callable[[DevnetConfig], float] | None = None
+) -> DevnetConfig:
+    """TOML file (if any) first, then every flag the user actually set on top of it; then the train
+    phase sized from compute if neither set it (`size_train_phase`)."""
     data: dict[str, Any] = load_toml(path) if path is not None else {}
     for key, value in overrides.items():
         if value is None:
@@ -244,4 +285,4 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> DevnetConfig:
             data["phases"] = {**data.get("phases", {}), **value}
         else:
             data[key] = value
-    return make_config(data)
+    return size_train_phase(make_config(data), measure)

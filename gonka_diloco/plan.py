@@ -477,9 +477,18 @@ class Timeline:
 
     @property
     def overlapped(self) -> float:
-        """Period when step n+1 trains while step n is verified and aggregated (issue 16): the GPU
-        work or the post-training path, whichever is longer."""
+        """Period of the delayed schedule (`overlap = "delayed"`, specs §2.2.1): two steps in
+        flight, step n+1 training (with step n's opening recompute on the same GPUs) while step n
+        is committed, challenged, revealed, verified, finalized and aggregated. Step n+2 opens
+        once step n+1's training is over and step n's result is adopted (it trains from it), so
+        the period is the GPU work or the post-training path, whichever is longer: training never
+        waits exactly when the verification fits inside one train phase (`overlap_fits`)."""
         return max(self.gpu, self.after_training) + self.poc_wait
+
+    @property
+    def overlap_fits(self) -> bool:
+        """Step n's post-training path fits inside step n+1's GPU work: hosts never wait."""
+        return self.after_training <= self.gpu
 
 
 def verify_seconds(i: Inputs, c: Constants, t_step: float) -> dict[str, float]:
@@ -565,6 +574,14 @@ def configured_period(phases: PhaseBlocks, block_seconds: float, aggregate: floa
     return (phases.train + 1 + phases.reveal + phases.verify + result + 1) * block_seconds
 
 
+def configured_overlapped_period(phases: PhaseBlocks, block_seconds: float, aggregate: float) -> float:
+    """The delayed schedule with fixed phases (specs §2.2.1): step n opens at
+    max(commit_deadline(n−1) + 1, done(n−2) + 1), i.e. P ≥ train + 1 blocks after step n − 1 and
+    2P ≥ one whole sequential step after step n − 2: the mean period is the larger of the two."""
+    sequential = configured_period(phases, block_seconds, aggregate)
+    return max((phases.train + 1) * block_seconds, sequential / 2)
+
+
 def recommended_phases(tl: Timeline, block_seconds: float, margin: float = 0.2) -> PhaseBlocks:
     """Phase lengths (blocks) that fit the work with a margin: train covers training, reveal the
     recompute of the openings, verify the verification window."""
@@ -626,8 +643,10 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         "sequential": utilization(tl.train, tl.sequential, poc_share),
         "overlapped": utilization(tl.train, tl.overlapped, poc_share),
     }
-    if configured is not None:
+    if configured is not None and i.phases is not None:
         util["configured"] = utilization(tl.train, configured, poc_share)
+        overlapped = configured_overlapped_period(i.phases, i.block_seconds, tl.aggregate)
+        util["configured_overlapped"] = utilization(tl.train, overlapped, poc_share)
     replay_share = checks_per_contribution(i) * i.s * i.k / i.H * t_gpu / t
     cost = run_cost(util["overlapped" if overlap else "sequential"], replay_share)
 
@@ -706,6 +725,8 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
             **asdict(tl),
             "sequential": tl.sequential,
             "overlapped": tl.overlapped,
+            "gpu": tl.gpu,
+            "after_training": tl.after_training,
             **({"configured": configured} if configured is not None else {}),
         },
         utilization=util,

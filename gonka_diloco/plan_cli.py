@@ -261,9 +261,13 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
          f"+ replicated {fmt_bytes(mem['replicated'])} + activations {fmt_bytes(mem['activations'])}"),
         ("time", "outer step", f"{fmt_seconds(tl['sequential'])} sequential, {fmt_seconds(tl['overlapped'])} "
          "overlapped"),
+        ("time", "overlap (delayed)", f"step n+1's GPU work {fmt_seconds(tl['gpu'])} vs step n's "
+         f"commit … result {fmt_seconds(tl['after_training'])}: "
+         + ("fits: training never waits" if tl["after_training"] <= tl["gpu"] else "too long: hosts wait")),
         ("utilization", "compute ÷ wall", f"{fmt_pct(u['sequential'])} sequential, "
          f"{fmt_pct(u['overlapped'])} with overlap"
-         + (f", {fmt_pct(u['configured'])} with the configured phases" if "configured" in u else "")),
+         + (f", {fmt_pct(u['configured'])} / {fmt_pct(u['configured_overlapped'])} with the configured "
+            "phases" if "configured" in u else "")),
         ("security", f"detection (fakes {fmt_pct(i['fake_fraction'])} of segments)",
          f"{fmt_pct(sec['detection'])} (1−(1−f)^s: {fmt_pct(sec['detection_naive'])})"),
         ("security", "lazy host: success, profit", f"{fmt_pct(sec['lazy_success'])}, "

@@ -93,6 +93,30 @@ def load_run_config(
     return cfg
 
 
+def size_train_phase(
+    cfg: Any, step_seconds: float, block_seconds: float, margin: float
+) -> tuple[Any, dict[str, float | int]]:
+    """`cfg` with `phases.train_blocks` derived from the seconds one inner step takes
+    (`gonka_diloco.phase_sizing`), and the figures that sized it. A TOML that sets
+    `train_blocks` itself is an error: one of the two would be silently ignored."""
+    from gonka_diloco.phase_sizing import PhaseSizingError, train_phase_blocks
+    from protocol.config import RunConfig
+
+    if "train_blocks" in cfg.phases.model_fields_set:
+        raise RunConfigFileError(
+            "the config sets phases.train_blocks and a flag asks to size it: give one of the two"
+        )
+    try:
+        blocks = train_phase_blocks(cfg.inner_steps, step_seconds, block_seconds, margin=margin)
+    except PhaseSizingError as e:
+        raise RunConfigFileError(f"phase sizing: {e}") from None
+    data = cfg.model_dump()
+    data["phases"] = {**data["phases"], "train_blocks": blocks}
+    info = {"step_seconds": step_seconds, "inner_steps": cfg.inner_steps, "margin": margin,
+            "block_seconds": block_seconds, "train_blocks": blocks}  # fmt: skip
+    return RunConfig.model_validate(data), info
+
+
 def dataset_manifest_hash(source: str) -> str:
     """The manifest hash of a prepared dataset (folder, manifest.json or URL; '' = Shakespeare)."""
     from trainer.data import DataError, open_dataset, shakespeare_manifest
@@ -240,6 +264,24 @@ def create(
     checkpoint_out: Annotated[
         Path, typer.Option("--checkpoint-out", help="Where --init-from-run saves that model.")
     ] = Path("."),
+    step_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--step-seconds", help="Seconds one inner step takes on a host: sizes phases.train_blocks."
+        ),
+    ] = None,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure", help="Time a few inner steps of the run's model here to size phases.train_blocks."
+        ),
+    ] = False,
+    block_seconds: Annotated[
+        float, typer.Option("--block-seconds", help="The chain's block interval, for phase sizing.")
+    ] = 5.0,
+    margin: Annotated[
+        float, typer.Option("--margin", help="Phase sizing: training time × this (≥ 1).")
+    ] = 1.5,
 ) -> None:
     """Create a run from a TOML run config with MsgCreateRun, and print its run id."""
     try:
@@ -248,10 +290,25 @@ def create(
                 _fail("give --init-checkpoint or --init-from-run, not both")
             init_checkpoint = fetch_final_model(chain_url, init_from_run, checkpoint_out)
         cfg = load_run_config(config, dataset=dataset, init_checkpoint=init_checkpoint)
+        sizing: dict[str, Any] = {}
+        if step_seconds is not None and measure:
+            _fail("give --step-seconds or --measure, not both")
+        if measure:
+            from gonka_diloco.phase_sizing import measure_step_seconds
+
+            try:
+                step_seconds = measure_step_seconds(cfg)
+            except (ValueError, RuntimeError) as e:  # the model cannot run this config's batches
+                raise RunConfigFileError(f"cannot time the run's inner step: {e}") from None
+        if step_seconds is not None:
+            cfg, sizing = size_train_phase(cfg, step_seconds, block_seconds, margin)
+            sizing["measured"] = measure
     except RunConfigFileError as e:
         _fail(str(e))
         return
-    extra = {"init_checkpoint": str(init_checkpoint)} if init_checkpoint is not None else {}
+    extra: dict[str, Any] = {"init_checkpoint": str(init_checkpoint)} if init_checkpoint is not None else {}
+    if sizing:
+        extra["phase_sizing"] = sizing
     if dry_run:
         typer.echo(
             json.dumps(

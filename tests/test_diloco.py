@@ -83,3 +83,105 @@ def test_solo_diloco_counts_and_rejects_bad_interval() -> None:
     dl.close()
     opt.step()
     assert dl.inner_steps == 3
+
+
+# ---------------------------------------------------------------- the overlapped schedule (issue 16)
+
+H, T = 3, 4
+POISON = 1e3  # a rejected Δ this large would show in any global model or start it reached
+
+
+def _delayed_reference(delay: int, accept: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]], list]:
+    """The recurrence written out by hand: step n trains from base_n = G_{max(0, n − d)},
+    Δ_n = base_n − θ_{n,H}, G_{n+1} = Nesterov(G_n, mean of the accepted Δ_n), inner state carried."""
+    model = _toy(3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = _data(0)
+    lr, mu = 0.7, 0.9
+    globals_ = [{n: p.detach().clone() for n, p in model.named_parameters()}]
+    buf = {n: torch.zeros_like(t) for n, t in globals_[0].items()}
+    starts = []
+    for n in range(T):
+        base = globals_[max(0, n - delay)]
+        starts.append(base)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(base[name])
+        for i in range(H):
+            opt.zero_grad()
+            ((model(x[i * 32 : i * 32 + 32]) - y[i * 32 : i * 32 + 32]) ** 2).mean().backward()
+            opt.step()
+        own = {name: base[name] - p.detach() for name, p in model.named_parameters()}
+        entering = [own if who == "me" else {k: torch.full_like(v, 0.01) for k, v in own.items()}
+                    for who in accept[n]]  # fmt: skip
+        g = globals_[n]
+        if entering:
+            mean = {k: sum(d[k] for d in entering) / len(entering) for k in g}
+            buf = {k: mu * buf[k] + mean[k] for k in g}
+            g = {k: g[k] - lr * (mean[k] + mu * buf[k]) for k in g}
+        globals_.append(g)
+    return globals_, starts
+
+
+def _delayed_wrapper(delay: int, accept: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]], list]:
+    """The same run through `DiLoCo(outer_delay=delay)`; the aggregation hands back only the
+    accepted Δs of each step (ours and/or a peer's), never the rejected poisoned one."""
+    model = _toy(3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = _data(0)
+    step = [0]
+
+    def aggregate(name: str, tokens: int, delta: dict) -> list:
+        rejected = {k: torch.full_like(v, POISON) for k, v in delta.items()}  # submitted, rejected
+        peer = {k: torch.full_like(v, 0.01) for k, v in delta.items()}
+        offered = {
+            "me": (name, tokens, delta),
+            "peer": ("peer", tokens, peer),
+            "liar": ("liar", tokens, rejected),
+        }
+        out = [offered[who] for who in accept[step[0]]]
+        step[0] += 1
+        return out
+
+    dl = DiLoCo(model, opt, sync_every=H, aggregate=aggregate, outer_delay=delay)
+    globals_ = [dict(dl.global_params)]
+    starts = [{n: p.detach().clone() for n, p in model.named_parameters()}]
+    for i in range(H * T):
+        opt.zero_grad()
+        j = i % H
+        ((model(x[j * 32 : j * 32 + 32]) - y[j * 32 : j * 32 + 32]) ** 2).mean().backward()
+        opt.step()
+        if dl.inner_steps % H == 0:
+            globals_.append(dict(dl.global_params))
+            starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
+            assert all(torch.equal(starts[-1][n], dl.base_params[n]) for n in starts[-1])
+    dl.close()
+    return globals_, starts[:T]
+
+
+# step 1: our own Δ rejected (only the peer's enters); step 2: nothing accepted at all
+ACCEPT = [["me", "peer"], ["peer"], [], ["me"]]
+
+
+@pytest.mark.parametrize("delay", [0, 1])
+def test_outer_delay_matches_the_hand_written_recurrence(delay: int) -> None:
+    got_g, got_starts = _delayed_wrapper(delay, ACCEPT)
+    want_g, want_starts = _delayed_reference(delay, ACCEPT)
+    for got, want in zip(got_g, want_g, strict=True):
+        assert all(torch.allclose(got[n], want[n], atol=1e-5, rtol=1e-5) for n in want)
+    for got, want in zip(got_starts, want_starts, strict=True):
+        assert all(torch.allclose(got[n], want[n], atol=1e-5, rtol=1e-5) for n in want)
+    # only accepted Δs: the liar's 1e3 entries reached no global model and no start state
+    assert max(float(t.abs().max()) for g in got_g for t in g.values()) < 10
+
+
+def test_outer_delay_one_differs_from_zero_and_starts_from_the_previous_global() -> None:
+    g0, s0 = _delayed_wrapper(0, ACCEPT)
+    g1, s1 = _delayed_wrapper(1, ACCEPT)
+    assert not all(torch.equal(g0[-1][n], g1[-1][n]) for n in g0[-1])
+    # delayed: step n starts from G_{n−1} (G_0 for steps 0 and 1); undelayed from G_n
+    for n in range(T):
+        assert all(torch.equal(s1[n][k], g1[max(0, n - 1)][k]) for k in s1[n])
+        assert all(torch.equal(s0[n][k], g0[n][k]) for k in s0[n])
+    with pytest.raises(ValueError, match="outer_delay"):
+        DiLoCo(_toy(0), torch.optim.SGD(_toy(0).parameters(), lr=0.1), sync_every=1, outer_delay=-1)

@@ -192,6 +192,23 @@ def test_timeline_schedules() -> None:
     assert pm.run_cost(0.5, 0.1) == pytest.approx(2.1)
 
 
+def test_overlapped_period_is_the_delayed_schedule_with_two_steps_in_flight() -> None:
+    tl = Timeline(train=100, stall=0, commit=3, recompute=10, reveal=1, verify=50, finalize=1, aggregate=20,
+                  result=1, poc_wait=0)  # fmt: skip
+    # step n+1's GPU work (its training + step n's opening recompute) hides step n's 86 s tail
+    assert tl.overlap_fits and tl.overlapped == tl.gpu == 110
+    slow = replace(tl, verify=150)  # the tail outlasts a train phase: hosts wait for step n's result
+    assert not slow.overlap_fits and slow.overlapped == slow.after_training == 186
+    # fixed phases (the chain's opening rule, specs §2.2.1): P ≥ train + 1 blocks, 2P ≥ a whole step
+    ph = PhaseBlocks(16, 8, 12)
+    assert pm.configured_overlapped_period(ph, 0.5, aggregate=0.2) == pytest.approx(19.5 / 2)  # 2P ≥ 39
+    long_train = PhaseBlocks(40, 8, 12)
+    assert pm.configured_overlapped_period(long_train, 0.5, aggregate=0.2) == pytest.approx(41 * 0.5)
+    p = pm.plan(Inputs(params=1e9, phases=ph, block_seconds=5.0), Constants())
+    assert p.utilization["configured_overlapped"] >= p.utilization["configured"]
+    assert p.timeline["gpu"] >= p.timeline["train"] and p.timeline["after_training"] > 0
+
+
 def test_configured_period_matches_the_devnet_phase_arithmetic() -> None:
     # train 16 + 1 + reveal 8 + verify 12 blocks to finalization, a result block, a block to open:
     # 39 blocks, as a 0.5 s devnet measures (open heights 51, 90).

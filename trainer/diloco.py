@@ -4,11 +4,20 @@ It hooks the inner optimizer: every `sync_every` inner steps it computes Δ = θ
 hands it to a pluggable aggregation (in-process for a simulation, the verified network path in
 the node), applies the outer Nesterov step with `protocol.outer.outer_update` (bitwise identical
 on every worker), and resets the local parameters to the new global ones.
+
+`outer_delay` = d > 0 simulates the overlapped schedule (specs §2.2.1, `Overlap.DELAYED` for
+d = 1): while step n is verified and aggregated, step n+1 already trains, so it cannot start from
+G_{n+1}. Step n trains from base_n = G_{n−d} (G_0 for the first d steps), Δ_n = base_n − θ_{n,H}
+is measured against that base, and the outer step applies the accepted Δ_n to the LATEST global
+model: G_{n+1} = Nesterov(G_n, mean Δ_n) — one-step-delayed outer gradients (Streaming DiLoCo's
+overlapped communication with τ = d; Kale et al. 2025). The inner optimizer state carries on.
+A step's start is a finalized global model, never a Δ of its own or anyone's that was not accepted.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -58,9 +67,12 @@ class DiLoCo:
         outer_momentum: float = 0.9,
         name: str = "local",
         tokens_per_step: int = 1,
+        outer_delay: int = 0,
     ) -> None:
         if sync_every < 1:
             raise ValueError("sync_every must be >= 1")
+        if outer_delay < 0:
+            raise ValueError("outer_delay must be >= 0")
         self.model, self.sync_every, self.aggregate = model, sync_every, aggregate
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.name, self.tokens_per_step = name, tokens_per_step
@@ -68,6 +80,9 @@ class DiLoCo:
         self.outer_steps = 0
         self.global_params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
         self.momentum = {n: torch.zeros_like(t) for n, t in self.global_params.items()}
+        self.outer_delay = outer_delay
+        # G_{n−d} … G_n; the oldest is the base the next step trains from (G_0 until d steps closed)
+        self._history: deque[dict[str, Tensor]] = deque([self.global_params], maxlen=outer_delay + 1)
         self._hook = inner_optimizer.register_step_post_hook(lambda *_: self._after_inner_step())
 
     def _after_inner_step(self) -> None:
@@ -75,16 +90,25 @@ class DiLoCo:
         if self.inner_steps % self.sync_every == 0:
             self.sync()
 
+    @property
+    def base_params(self) -> dict[str, Tensor]:
+        """The global model the current step trains from: G_n, or G_{n−d} with an outer delay."""
+        return self._history[0]
+
     @torch.no_grad()
     def sync(self) -> None:
-        """One outer step: aggregate Δs, Nesterov, and restart local training from the new global."""
-        delta = {n: self.global_params[n] - p.detach().float() for n, p in self.model.named_parameters()}
+        """One outer step: aggregate Δs against this step's base, Nesterov on the latest global,
+        and restart local training from the next step's base."""
+        base = self.base_params
+        delta = {n: base[n] - p.detach().float() for n, p in self.model.named_parameters()}
         deltas = self.aggregate(self.name, self.tokens_per_step * self.sync_every, delta)
         self.global_params, self.momentum = outer_update(
             self.global_params, self.momentum, deltas, self.outer_lr, self.outer_momentum
         )
+        self._history.append(self.global_params)
+        start = self.base_params
         for n, p in self.model.named_parameters():
-            p.copy_(self.global_params[n])
+            p.copy_(start[n])
         self.outer_steps += 1
 
     def close(self) -> None:

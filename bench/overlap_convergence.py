@@ -1,0 +1,257 @@
+"""Convergence cost of the overlapped schedule (issue 16): overlap "none" vs "delayed" at equal compute.
+
+On the convergence benchmark's settings (`bench.convergence`: the same model, data, hosts, H,
+int8 Δs, every contribution replay-verified), the same `bench.sim.run_diloco` runs twice:
+`outer_delay=0` (today: step n+1 starts from G_{n+1}) and `outer_delay=1` (`Overlap.DELAYED`:
+step n+1 starts from G_n while step n is verified and aggregated; its accepted Δs then update
+G_{n+1}). Both do the same M·H·T inner steps. Reported: the final validation loss of each and
+their relative difference (goal ≤ 1%), plus the delayed schedule with the literature's remedy for
+a stale outer gradient — a lower outer momentum / learning rate — where the plain one misses.
+
+Wall-clock to the same loss comes from a per-step time model whose inputs are printed: a step
+trains `train_s` seconds and then spends `post_s` seconds in commit, challenge, reveal,
+verification, finalization and the result vote. Without overlap the G after n steps exists after
+n·(train + post); with the delayed schedule one step trains while the previous is checked, so the
+period is max(train, post) and the G after n steps exists after (n − 1)·max(train, post) + train +
+post. The steps each schedule needs come from its own loss curve (linear between outer steps).
+
+Run: `.venv/bin/python -m bench.overlap_convergence [--quick] [--train-s 1.6 --post-s 17.9]`
+→ bench/results/overlap_convergence.json; `--only delayed_mu0.6,...` runs just those contenders
+and merges them into the existing results of the same setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.convergence import setting_tag
+from bench.sim import RESULTS_DIR, Setup, run_jobs, write_result
+
+DEVNET_TRAIN_S = 1.6
+"""Seconds a devnet host trains per outer step (issue 16's measurement in `make devnet`)."""
+DEVNET_STEP_S = 19.5
+"""Seconds of one whole devnet outer step without overlap (the same measurement)."""
+
+
+def setup_for(quick: bool) -> Setup:
+    """The convergence benchmark's first setting (its quick one with --quick)."""
+    if quick:
+        return Setup(hosts=4, inner_steps=10, outer_steps=6, eval_batches=8)
+    return Setup(hosts=8, inner_steps=50, outer_steps=24)
+
+
+Contender = tuple[str, int, float, float, bool, bool]
+
+
+def contenders(quick: bool) -> list[Contender]:
+    """(name, outer delay, outer lr, outer momentum, verified, carry optimizer).
+
+    `delayed` is the chain's schedule (specs §2.2.1): step n starts from G_{n−1} with the inner
+    optimizer state the host committed in step n − 2 if it was accepted (else fresh), so a start
+    is made of finalized data only. `delayed_carry` keeps the latest optimizer state instead (what
+    `trainer.diloco.DiLoCo(outer_delay=1)` does). Remedies for a stale outer gradient: a lower
+    outer momentum (asynchrony acts as implicit momentum, Mitliagkas et al. 2016) and a lower outer
+    lr. The extra runs are unverified: honest contributions replay bitwise and are all accepted
+    (the verified runs show it), so verification changes no loss and only lengthens the benchmark."""
+    rows: list[Contender] = [("none", 0, 0.7, 0.9, True, False), ("delayed", 1, 0.7, 0.9, True, False),
+                             ("delayed_carry", 1, 0.7, 0.9, False, True)]  # fmt: skip
+    if quick:
+        return rows
+    return [*rows, *(r for r in REMEDIES if r[0] in FULL_REMEDIES)]
+
+
+REMEDIES: list[Contender] = [
+    ("delayed_mu0.8", 1, 0.7, 0.8, False, False),
+    ("delayed_lr0.5", 1, 0.5, 0.9, False, False),
+    ("delayed_mu0.6", 1, 0.7, 0.6, False, False),
+    ("delayed_mu0.5", 1, 0.7, 0.5, False, False),
+    ("delayed_mu0.3", 1, 0.7, 0.3, False, False),
+    ("delayed_lr1_mu0", 1, 1.0, 0.0, False, False),  # plain outer SGD, lr 1: G_{n+1} = G_n − mean Δ_n
+]
+"""Every remedy `--only` may name; the full run's default list is `FULL_REMEDIES`."""
+FULL_REMEDIES = ("delayed_mu0.8", "delayed_lr0.5")
+
+
+def steps_to_reach(curve: list[dict[str, Any]], target: float) -> float | None:
+    """Fractional outer steps until the validation loss first reaches `target` (linear between
+    evaluated steps); None if it never does."""
+    prev = None
+    for point in curve:
+        step, loss = point["outer_step"], point["val_loss"]
+        if loss <= target:
+            if prev is None or prev[1] == loss:
+                return float(step)
+            s0, l0 = prev
+            return s0 + (l0 - target) / (l0 - loss) * (step - s0)
+        prev = (step, loss)
+    return None
+
+
+def wall_seconds(steps: float, train_s: float, post_s: float, overlapped: bool) -> float:
+    """When the global model after `steps` outer steps exists, by the per-step time model above."""
+    if steps <= 0:
+        return 0.0
+    if not overlapped:
+        return steps * (train_s + post_s)
+    return (steps - 1) * max(train_s, post_s) + train_s + post_s
+
+
+def time_model(
+    curves: dict[str, list[dict[str, Any]]],
+    finals: dict[str, float],
+    name: str,
+    train_s: float,
+    post_s: float,
+) -> dict[str, Any]:
+    """Wall time for `none` and for the delayed contender `name` to reach the loss both reach."""
+    target = max(finals["none"], finals[name])
+    s_none, s_del = steps_to_reach(curves["none"], target), steps_to_reach(curves[name], target)
+    assert s_none is not None and s_del is not None  # both end at or below the larger final loss
+    t_none = wall_seconds(s_none, train_s, post_s, overlapped=False)
+    t_del = wall_seconds(s_del, train_s, post_s, overlapped=True)
+    return {
+        "train_s": train_s, "post_s": post_s, "target_loss": target,
+        "steps_none": s_none, "steps_delayed": s_del, "wall_none_s": t_none, "wall_delayed_s": t_del,
+        "speedup": t_none / t_del if t_del else None,
+        "utilization_none": train_s / (train_s + post_s),
+        "utilization_delayed": train_s / max(train_s, post_s),
+    }  # fmt: skip
+
+
+def scenarios(train_s: float, post_s: float) -> list[tuple[str, float, float]]:
+    """The time model's inputs: as given (default: the devnet as issue 16 measured it), and the
+    same post-training phases with the train phase sized to cover them (phases sized to compute)."""
+    return [
+        ("given", train_s, post_s),
+        ("train phase = post-training phases", post_s, post_s),
+    ]
+
+
+def main(
+    quick: bool = False,
+    train_s: float = DEVNET_TRAIN_S,
+    post_s: float = DEVNET_STEP_S - DEVNET_TRAIN_S,
+    only: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run every contender, or with `only` just those named, merged into the existing results of
+    the same setting (so a remedy can be added without rerunning the rest)."""
+    setup = setup_for(quick)
+    tag = setting_tag(setup)
+    table = {c[0]: c for c in [*contenders(quick), *REMEDIES]}
+    chosen = [table[n] for n in only] if only else contenders(quick)
+    jobs = []
+    for name, delay, olr, mu, verify, carry in chosen:
+        s = {**setup.to_json(), "outer_lr": olr, "outer_momentum": mu}
+        jobs.append({"label": f"{tag}/{name}", "kind": "diloco", "setup": s, "verify": verify,
+                     "outer_delay": delay, "carry_optimizer": carry})  # fmt: skip
+    fresh = {c[0]: r for c, r in zip(chosen, run_jobs(jobs, per_child=1), strict=True)}
+    named = {}
+    if only:  # read after the runs: another invocation may have written its results meanwhile
+        path = RESULTS_DIR / ("overlap_convergence.json" if quick else "overlap_convergence.full.json")
+        old = json.loads(path.read_text()) if path.exists() else {}
+        if old.get("setup") == setup.to_json():
+            named = {r["label"].split("/", 1)[1]: r for r in old.get("runs", [])}
+    named.update(fresh)
+    order = [c for c in table.values() if c[0] in named]
+    return summarize(setup, quick, [(c, named[c[0]]) for c in order], train_s, post_s)
+
+
+def merge(paths: list[str], quick: bool, train_s: float, post_s: float) -> dict[str, Any]:
+    """The current results with the runs of other results files of the same setting added (an
+    `--only` run that finished while another invocation was still writing)."""
+    setup = setup_for(quick)
+    table = {c[0]: c for c in [*contenders(quick), *REMEDIES]}
+    current = RESULTS_DIR / ("overlap_convergence.json" if quick else "overlap_convergence.full.json")
+    named: dict[str, dict[str, Any]] = {}
+    for path in [str(current), *paths]:
+        d = json.loads(Path(path).read_text())
+        if d.get("setup") != setup.to_json():
+            raise SystemExit(f"{path}: another setting ({d.get('setup')}), not merged")
+        named.update({r["label"].split("/", 1)[1]: r for r in d.get("runs", [])})
+    order = [c for c in table.values() if c[0] in named]
+    return summarize(setup, quick, [(c, named[c[0]]) for c in order], train_s, post_s)
+
+
+def summarize(
+    setup: Setup, quick: bool, done: list[tuple[Contender, dict[str, Any]]], train_s: float, post_s: float
+) -> dict[str, Any]:
+    """Rows, the loss gap to `none`, the time model; written to overlap_convergence(.full).json."""
+    runs = [r for _, r in done]
+    rows, curves, finals = [], {}, {}
+    for (name, delay, olr, mu, verify, carry), r in done:
+        row: dict[str, Any] = {"contender": name, "outer_delay": delay, "outer_lr": olr, "outer_momentum": mu,
+                               "verified": verify, "carry_optimizer": carry}  # fmt: skip
+        if "error" in r:
+            rows.append({**row, "error": r["error"][-600:]})
+            continue
+        curves[name], finals[name] = r["curve"], r["final_val_loss"]
+        rows.append({**row, "final_val_loss": r["final_val_loss"], "verdicts": r.get("verdicts"),
+                     "wall_s": r.get("wall_s")})  # fmt: skip
+    result: dict[str, Any] = {"quick": quick, "setup": setup.to_json(), "rows": rows, "runs": runs,
+                              "time_model_inputs": {"train_s": train_s, "post_s": post_s,
+                                                    "devnet_train_s": DEVNET_TRAIN_S,
+                                                    "devnet_step_s": DEVNET_STEP_S}}  # fmt: skip
+    if "none" in finals:
+        for row in rows:
+            if "final_val_loss" in row:
+                row["loss_vs_none_pct"] = 100 * (row["final_val_loss"] / finals["none"] - 1)
+                row["within_1pct"] = (
+                    abs(row["loss_vs_none_pct"]) <= 1.0 or row["final_val_loss"] < finals["none"]
+                )
+        delayed = [n for n in finals if n != "none"]
+        result["time_model"] = [
+            {"contender": n, "scenario": label, **time_model(curves, finals, n, tr, po)}
+            for n in delayed
+            for label, tr, po in scenarios(train_s, post_s)
+        ]
+        plain = next((r for r in rows if r["contender"] == "delayed" and "final_val_loss" in r), None)
+        passing = [r["contender"] for r in rows if r["contender"] != "none" and r.get("within_1pct")]
+        result["goal"] = {
+            "plain_delayed_within_1pct": bool(plain and plain["within_1pct"]),
+            "delayed_variants_within_1pct": passing,
+        }
+    write_result("overlap_convergence", result)
+    print_result(result)
+    return result
+
+
+def print_result(result: dict[str, Any]) -> None:
+    st = result["setup"]
+    print(f"\nM={st['hosts']} H={st['inner_steps']} T={st['outer_steps']}, same inner-step compute per host")
+    print("| contender | delay | outer lr/μ | final val loss | vs none |\n|---|---|---|---|---|")
+    for r in result["rows"]:
+        if "error" in r:
+            print(f"| {r['contender']} | {r['outer_delay']} | | error: {r['error'][:80]} | |")
+            continue
+        vs = f"{r['loss_vs_none_pct']:+.2f}%" if "loss_vs_none_pct" in r else ""
+        print(f"| {r['contender']} | {r['outer_delay']} | {r['outer_lr']:g}/{r['outer_momentum']:g} "
+              f"| {r['final_val_loss']:.4f} | {vs} |")  # fmt: skip
+    ti = result["time_model_inputs"]
+    print(f"time model inputs: train_s={ti['train_s']:g} post_s={ti['post_s']:g} (devnet per issue 16: "
+          f"{ti['devnet_train_s']:g} s training of a {ti['devnet_step_s']:g} s step)")  # fmt: skip
+    print("| contender | scenario | train s | post s | target loss | steps none / delayed "
+          "| wall none / delayed | speedup |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for t in result.get("time_model", []):
+        print(f"| {t['contender']} | {t['scenario']} | {t['train_s']:g} | {t['post_s']:g} "
+              f"| {t['target_loss']:.4f} | {t['steps_none']:.2f} / {t['steps_delayed']:.2f} "
+              f"| {t['wall_none_s']:.0f} s / {t['wall_delayed_s']:.0f} s "
+              f"| {t['speedup']:.2f}× |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--train-s", type=float, default=DEVNET_TRAIN_S, help="time model: training s per step")
+    ap.add_argument("--post-s", type=float, default=DEVNET_STEP_S - DEVNET_TRAIN_S,
+                    help="time model: commit..result s per step (after training)")  # fmt: skip
+    ap.add_argument("--only", default="", help="comma-separated contenders, merged into the existing results")
+    ap.add_argument("--merge", action="append", default=[], help="add the runs of this results file")
+    args = ap.parse_args()
+    only = [n for n in args.only.split(",") if n] or None
+    if args.merge:
+        merge(args.merge, args.quick, args.train_s, args.post_s)
+    else:
+        main(quick=args.quick, train_s=args.train_s, post_s=args.post_s, only=only)

@@ -1,0 +1,96 @@
+"""Phase sizing from measured compute (issue 16): a train phase as long as the work, no longer.
+
+The chain closes the train phase at a fixed height (`commit_deadline = open + train_blocks`), so
+a phase longer than the training leaves every host idle until the deadline, and a shorter one
+makes hosts miss it. The train phase is therefore derived from the seconds one inner step takes,
+declared by the run's creator or measured here by timing a few inner steps of the run's own model:
+
+    train_blocks = ⌈(H · t_step · margin + slack_seconds) / block_seconds⌉ + COMMIT_SLACK_BLOCKS
+
+`margin` covers step-time noise and the boundary hashing that shares the host (≈ 2% measured by
+`bench.host_overhead`); the slack blocks cover seeing the step open and the commit's inclusion.
+With `overlap = "delayed"` the train phase is also the period in which the previous step must be
+verified and aggregated (`gonka-diloco plan` says whether it fits: its `phases` row and warnings).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+COMMIT_SLACK_BLOCKS = 2
+"""One block to see the step open (hosts poll the chain), one for the commit tx's inclusion."""
+DEFAULT_MARGIN = 1.5
+"""Step time × 1.5: tens of percent of noise on a shared machine, the boundary hashing beside it."""
+
+
+class PhaseSizingError(ValueError):
+    """The inputs cannot size a phase (a non-positive time, step count or margin)."""
+
+
+def train_phase_seconds(
+    inner_steps: int, step_seconds: float, *, margin: float = DEFAULT_MARGIN, slack_seconds: float = 0.0
+) -> float:
+    """Seconds of training to cover: H · t_step · margin + slack (before rounding to blocks)."""
+    if inner_steps < 1:
+        raise PhaseSizingError(f"inner_steps must be >= 1, got {inner_steps}")
+    if not step_seconds > 0 or not math.isfinite(step_seconds):
+        raise PhaseSizingError(f"step seconds must be a positive number, got {step_seconds}")
+    if margin < 1:
+        raise PhaseSizingError(f"margin must be >= 1 (a phase shorter than the work is missed), got {margin}")
+    if slack_seconds < 0:
+        raise PhaseSizingError(f"slack seconds must be >= 0, got {slack_seconds}")
+    return inner_steps * step_seconds * margin + slack_seconds
+
+
+def train_phase_blocks(
+    inner_steps: int,
+    step_seconds: float,
+    block_seconds: float,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    slack_seconds: float = 0.0,
+    slack_blocks: int = COMMIT_SLACK_BLOCKS,
+) -> int:
+    """Train-phase blocks for H inner steps of `step_seconds` each (the formula above)."""
+    if not block_seconds > 0 or not math.isfinite(block_seconds):
+        raise PhaseSizingError(f"block seconds must be a positive number, got {block_seconds}")
+    if slack_blocks < 0:
+        raise PhaseSizingError(f"slack blocks must be >= 0, got {slack_blocks}")
+    seconds = train_phase_seconds(inner_steps, step_seconds, margin=margin, slack_seconds=slack_seconds)
+    return max(1, math.ceil(seconds / block_seconds)) + slack_blocks
+
+
+def measure_step_seconds(cfg: Any, *, steps: int = 3, warmup: int = 1, device: str = "cpu") -> float:
+    """Median seconds of one inner step of `cfg`'s model (a `RunConfig`) on this machine: its
+    optimizer, batch shape, numerics and thread count, random tokens (the time does not depend on
+    them). The first `warmup` steps (allocation, lazy init) are not counted; each step ends with
+    its loss read back, so a GPU step is timed to completion."""
+    import torch
+
+    from trainer.data import model_vocab
+    from trainer.spec import build_model
+    from trainer.step import make_optimizer, train_steps
+
+    if steps < 1 or warmup < 0:
+        raise PhaseSizingError(f"measure at least one step (got steps={steps}, warmup={warmup})")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        model = build_model(cfg.model).to(device)
+        opt = make_optimizer(model, cfg.inner)
+        g = torch.Generator().manual_seed(0)
+        vocab = model_vocab(cfg) or 256
+        seconds = []
+        for i in range(warmup + steps):
+            x = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=g)
+            y = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=g)
+            t0 = time.perf_counter()
+            train_steps(model, opt, cfg.inner, cfg.numerics, [(x, y)])
+            if i >= warmup:
+                seconds.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(seconds)
