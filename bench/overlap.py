@@ -215,6 +215,7 @@ def render(d: dict[str, Any]) -> list[str]:
         f"{ps:.2f}× fewer with overlap; wall-clock to the same loss: {same} (goal ≥ 1.5×: "
         f"**{goals['speedup_ge_1.5']}**); utilization with overlap ≥ 80%: "
         f"**{goals['utilization_delayed_ge_0.8']}**.",
+        "",
     ]
     return out
 
