@@ -28,6 +28,7 @@ BENCHES = [
     "bench.chain_sim",
     "bench.scale",
     "bench.chain_bft",
+    "bench.overlap",  # devnets with and without the overlapped schedule (~5 min)
     "bench.gpu_check",  # the full check on a GPU machine; tiny sizes on CPU (results/gpu_check_cpu.json)
     "bench.plan",  # last: it reads detection.json (and scale.json) and the constants the others wrote
 ]

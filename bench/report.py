@@ -411,6 +411,12 @@ def gpu_check(d: dict[str, Any]) -> Lines:
     return out
 
 
+def overlap(d: dict[str, Any]) -> Lines:
+    from bench.overlap import render
+
+    return render(d)
+
+
 def scale(d: dict[str, Any]) -> Lines:
     from bench.scale import render
 
@@ -481,6 +487,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("collusion", "5b. Collusion: colluding verifiers vs stake-weighted draws, audits and disputes",
      "bench.collusion", collusion),
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
+    ("overlap", "6b. Overlap: host utilization and time to the same loss (devnet, issue 16)", "bench.overlap",
+     overlap),
     ("chain_tps", "7a. Chain: signed transactions per second over HTTP", "bench.chain_tps", generic),
     ("chain_sim", "7b. Chain: state machine with many hosts and verifiers", "bench.chain_sim", generic),
     ("chain_bft", "7c. Chain on CometBFT: 4 validators beside the embedded node", "bench.chain_bft",

@@ -298,6 +298,21 @@ class ErrNotInResultSet(ChainError):
     code = 55
 
 
+# --- overlapped schedule (specs/protocol.md §2.2.1)
+
+
+class ErrStepNotInFlight(ChainError):
+    """Overlapped run: the named outer step is not open (not yet opened, or already done)."""
+
+    code = 60
+
+
+class ErrPreviousResultPending(ChainError):
+    """Overlapped run: the step's Δs apply to the previous step's result, which is not adopted yet."""
+
+    code = 61
+
+
 ERRORS: dict[int, type[ChainError]] = {cls.code: cls for cls in ChainError.__subclasses__()}
 """Every named error by code (the app and the client map codes back to names with it)."""
 assert len(ERRORS) == len(ChainError.__subclasses__()), "error codes must be unique"

@@ -45,7 +45,7 @@ from chain.state import (
     transfer,
 )
 from protocol import merkle, prf
-from protocol.config import Phases, ReplayMode, RunConfig
+from protocol.config import Overlap, Phases, ReplayMode, RunConfig
 from protocol.messages import (
     MsgCommitPseudoGradient,
     MsgCreateRun,
@@ -228,24 +228,92 @@ def _require_run(state: ChainState, run_id: int) -> Run:
     return run
 
 
-def _require_current_step(run: Run, outer_step: int) -> OuterStep:
-    if outer_step != run.current_step:
-        raise errors.ErrWrongOuterStep(f"outer step {outer_step}, current is {run.current_step}")
-    return run.steps[run.current_step]
+def overlapped(run: Run) -> bool:
+    """Does the run train step n+1 while step n is verified and aggregated (§2.2.1)?"""
+    return run_config(run).overlap is Overlap.DELAYED
 
 
-def _is_pending(run: Run, address: str) -> bool:
-    """Does the current outer step still need this participant (its commit, its verdicts, or, while
-    results are asked for, its accepted Δ)? A pending participant unbonds only after the step's
-    slashes: nobody escapes one by leaving."""
-    if run.status != RunStatus.ACTIVE:
-        return False
-    step = run.steps[run.current_step]
+def steps_in_flight(run: Run) -> list[OuterStep]:
+    """The open (not DONE) outer steps, oldest first: the current one, and under the overlapped
+    schedule possibly the one before it (never more: a step opens only once the one two before it
+    is done)."""
+    indices = (run.current_step - 1, run.current_step)
+    return [run.steps[i] for i in indices if i in run.steps and run.steps[i].phase != Phase.DONE]
+
+
+def _predecessor_done(run: Run, step: OuterStep) -> bool:
+    """Is the result this step's Δs are applied to known (the previous step done, or none)?"""
+    before = run.steps.get(step.index - 1)
+    return before is None or before.phase == Phase.DONE
+
+
+def _require_step(run: Run, outer_step: int) -> OuterStep:
+    """The step a message names. Sequential runs: the current step (ErrWrongOuterStep otherwise);
+    overlapped runs: any step in flight (ErrStepNotInFlight otherwise). The phase checks of each
+    message then apply to that step alone."""
+    if not overlapped(run):
+        if outer_step != run.current_step:
+            raise errors.ErrWrongOuterStep(f"outer step {outer_step}, current is {run.current_step}")
+        return run.steps[run.current_step]
+    step = run.steps.get(outer_step)
+    if step is None or step.phase == Phase.DONE or outer_step < run.current_step - 1:
+        flying = [s.index for s in steps_in_flight(run)]
+        raise errors.ErrStepNotInFlight(f"outer step {outer_step}; in flight {flying}")
+    return step
+
+
+def _pending_in(step: OuterStep, address: str) -> bool:
+    """Does this step still need the participant (its commit, its verdicts, or, while results are
+    asked for, its accepted Δ)?"""
     if step.phase in (Phase.PENDING, Phase.DONE):
         return False
     if step.phase == Phase.AWAITING_RESULT:
         return address in step.accepted
     return any(address == c.host or address in c.verifier_rounds for c in step.contributions.values())
+
+
+def start_optimizer(run: Run, host: str, outer_step: int | None = None) -> str | None:
+    """The optimizer hash a host's start state of `outer_step` carries (None: fresh zeros).
+
+    Sequential runs: the host's last accepted optimizer state (`prev_optimizer`, for the current
+    step). Overlapped runs: the one the host committed in the step whose result is this step's
+    base (two steps before) if it was accepted there, else fresh: the start state is the base
+    model plus an optimizer state from the same verified step, so a Δ or an optimizer state that
+    was not accepted never enters a later start (§2.2.1)."""
+    if not overlapped(run):
+        return run.prev_optimizer.get(host)
+    index = run.current_step if outer_step is None else outer_step
+    base = run.steps.get(index - 2)
+    c = base.contributions.get(host) if base is not None else None
+    return c.final_optimizer_hash if c is not None and c.outcome == Outcome.ACCEPTED else None
+
+
+def apply_to_hash(run: Run, step: OuterStep) -> str | None:
+    """The global model G the step's accepted Δs are applied to by the outer optimizer: the step's
+    base (sequential runs, and step 0), or the previous step's result (overlapped runs: a
+    one-step-delayed outer gradient), None while that result is not adopted yet."""
+    if not overlapped(run) or step.index == 0:
+        return step.base_model_hash
+    before = run.steps[step.index - 1]
+    return before.result_hash if before.phase == Phase.DONE else None
+
+
+def _is_pending(run: Run, address: str) -> bool:
+    """Does a step in flight still need this participant? A pending participant unbonds only after
+    the step's slashes: nobody escapes one by leaving."""
+    if run.status != RunStatus.ACTIVE:
+        return False
+    return any(_pending_in(step, address) for step in steps_in_flight(run))
+
+
+def _pending_elsewhere(run: Run, step: OuterStep) -> list[str]:
+    """Leaving participants that another step in flight still needs (overlapped runs only)."""
+    others = [s for s in steps_in_flight(run) if s.index != step.index]
+    return [
+        a
+        for a in sorted(run.participants)
+        if run.participants[a].leaving and any(_pending_in(s, a) for s in others)
+    ]
 
 
 # ---------------------------------------------------------------- bank
@@ -365,7 +433,7 @@ def process_commit(state: ChainState, msg: MsgCommitPseudoGradient, ctx: TxConte
     run = _require_run(state, msg.run_id)
     if run.status != RunStatus.ACTIVE:
         raise errors.ErrRunFinished(f"run {run.id}")
-    step = _require_current_step(run, msg.outer_step)
+    step = _require_step(run, msg.outer_step)
     if ctx.height > step.commit_deadline:
         raise errors.ErrLateCommit(f"height {ctx.height} > commit deadline {step.commit_deadline}")
     if step.phase != Phase.TRAIN:
@@ -373,8 +441,8 @@ def process_commit(state: ChainState, msg: MsgCommitPseudoGradient, ctx: TxConte
     participant = run.participants.get(msg.creator)
     if participant is None or participant.role != Role.HOST.value or participant.leaving:
         raise errors.ErrNotHost(f"{msg.creator} in run {run.id}")
-    if msg.base_model_hash != run.global_model_hash:
-        raise errors.ErrBaseModelMismatch(f"global model hash is {run.global_model_hash}")
+    if msg.base_model_hash != step.base_model_hash:  # sequential runs: the run's global model hash
+        raise errors.ErrBaseModelMismatch(f"the step's base model hash is {step.base_model_hash}")
     config = run_config(run)
     if msg.codec is not config.codec:
         raise errors.ErrCodecMismatch(f"{msg.codec.value} != {config.codec.value}")
@@ -408,7 +476,7 @@ def process_commit(state: ChainState, msg: MsgCommitPseudoGradient, ctx: TxConte
 
 def process_reveal(state: ChainState, msg: MsgRevealContribution, ctx: TxContext) -> list[Event]:
     run = _require_run(state, msg.run_id)
-    step = _require_current_step(run, msg.outer_step)
+    step = _require_step(run, msg.outer_step)
     contribution = step.contributions.get(msg.creator)
     if contribution is None:
         raise errors.ErrNoCommitment(f"{msg.creator} in outer step {step.index}")
@@ -441,7 +509,7 @@ _VERDICT_PHASES = (Phase.REVEAL, Phase.VERIFY, Phase.ESCALATION, Phase.AUDIT, Ph
 
 def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) -> list[Event]:
     run = _require_run(state, msg.run_id)
-    step = _require_current_step(run, msg.outer_step)
+    step = _require_step(run, msg.outer_step)
     if step.phase in (Phase.PENDING, Phase.TRAIN, Phase.CHALLENGE):
         raise errors.ErrNotVerdictPhase(f"phase {step.phase}")
     if step.phase not in _VERDICT_PHASES or ctx.height > step.round_deadline:
@@ -478,6 +546,33 @@ def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) ->
 
 
 # ---------------------------------------------------------------- outer result
+
+
+def _open_overlapped(run: Run, open_height: int) -> list[Event]:
+    """Overlapped runs: open the next step at `open_height` once the newest step's training has
+    closed (its commit deadline passed) and no older step is in flight; its base is the run's
+    global model now (the result of the step two before it)."""
+    newest = run.steps[run.current_step]
+    config = run_config(run)
+    if run.status != RunStatus.ACTIVE or newest.phase in (Phase.PENDING, Phase.TRAIN):
+        return []
+    if not _predecessor_done(run, newest):
+        return []
+    if config.max_outer_steps and newest.index + 1 >= config.max_outer_steps:
+        return []
+    nxt = new_outer_step(newest.index + 1, open_height, config, run.global_model_hash)
+    run.steps[nxt.index] = nxt
+    run.current_step = nxt.index
+    return [_event("outer_step_opened", run_id=run.id, outer_step=nxt.index, train_start=nxt.train_start)]
+
+
+def _start_results(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
+    """Overlapped runs: the previous step just closed, so this finalized step's Δs can be applied to
+    its result: result round 0 starts now (or, with nothing accepted, the step closes unchanged)."""
+    if not step.accepted:
+        return _close_step(state, run, step, run.global_model_hash, height)
+    step.result_deadline = height + run_config(run).phases.result_blocks
+    return [_event("result_round", run_id=run.id, outer_step=step.index, round=step.result_round)]
 
 
 def _open_next_step(run: Run, step: OuterStep, open_height: int) -> list[Event]:
@@ -517,8 +612,22 @@ def _close_step(state: ChainState, run: Run, step: OuterStep, model_hash: str, h
     step.phase = Phase.DONE
     step.done_height = height
     run.global_model_hash = model_hash
-    events = _release_leavers(state, run, [])
-    return events + _open_next_step(run, step, height + 1)
+    if not overlapped(run):
+        events = _release_leavers(state, run, [])
+        return events + _open_next_step(run, step, height + 1)
+    events = _release_leavers(state, run, _pending_elsewhere(run, step))
+    config = run_config(run)
+    if config.max_outer_steps and step.index + 1 >= config.max_outer_steps:
+        run.status = RunStatus.FINISHED
+        return [*events, _event("run_finished", run_id=run.id, outer_steps=step.index + 1)]
+    successor = run.steps.get(step.index + 1)
+    if (
+        successor is not None
+        and successor.phase == Phase.AWAITING_RESULT
+        and successor.result_deadline is None
+    ):
+        events += _start_results(state, run, successor, height)
+    return events + _open_overlapped(run, height + 1)
 
 
 def _adopt_result(state: ChainState, run: Run, step: OuterStep, model_hash: str, height: int) -> list[Event]:
@@ -533,9 +642,11 @@ def _require_result_round(
 ) -> tuple[Run, OuterStep]:
     """The checks a result vote and an unavailability report share: run, step, phase, sender."""
     run = _require_run(state, msg.run_id)
-    step = _require_current_step(run, msg.outer_step)
+    step = _require_step(run, msg.outer_step)
     if step.phase != Phase.AWAITING_RESULT:
         raise errors.ErrNotResultPhase(f"phase {step.phase}")
+    if not _predecessor_done(run, step):
+        raise errors.ErrPreviousResultPending(f"outer step {step.index - 1} is not done")
     if msg.creator not in step.accepted:
         raise errors.ErrNotAcceptedHost(f"{msg.creator} in outer step {step.index}")
     return run, step
@@ -716,30 +827,41 @@ def begin_block(state: ChainState, ctx: BlockContext) -> list[Event]:
         run = state.runs[run_id]
         if run.status != RunStatus.ACTIVE:
             continue
-        step = run.steps[run.current_step]
-        if step.phase == Phase.PENDING and h >= step.train_start and not _quorum_joined(run):
-            events += _postpone_first_step(run, step, h)
-            step = run.steps[run.current_step]
-        if step.phase == Phase.PENDING and h >= step.train_start:
-            step.phase = Phase.TRAIN
-            events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
-        if step.phase == Phase.TRAIN and h > step.commit_deadline:
-            step.phase = Phase.CHALLENGE
-            events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
-        if step.phase == Phase.CHALLENGE and h >= step.commit_deadline + CHALLENGE_DELAY:
-            step.phase = Phase.REVEAL
-            events += _derive_challenge(run, step, block_seed(state), h)
-            events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
-        if step.phase == Phase.REVEAL and h > step.reveal_deadline:
-            step.phase = Phase.VERIFY
-            events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
-        if (
-            step.phase == Phase.AUDIT
-            and step.audit_seed is None
-            and step.audit_height is not None
-            and h >= step.audit_height
-        ):
-            events += _draw_audits(run, step, block_seed(state), h)
+        for step in steps_in_flight(run):
+            events += _advance(state, run, step, h)
+        if overlapped(run):
+            opened = _open_overlapped(run, h)  # the newest step's training just closed
+            if opened:
+                events += opened + _advance(state, run, run.steps[run.current_step], h)
+    return events
+
+
+def _advance(state: ChainState, run: Run, step: OuterStep, h: int) -> list[Event]:
+    """The begin-block transitions of one step in flight (§2.3), each possibly enabled by the last."""
+    events: list[Event] = []
+    if step.phase == Phase.PENDING and h >= step.train_start and not _quorum_joined(run):
+        events += _postpone_first_step(run, step, h)
+        step = run.steps[step.index]
+    if step.phase == Phase.PENDING and h >= step.train_start:
+        step.phase = Phase.TRAIN
+        events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
+    if step.phase == Phase.TRAIN and h > step.commit_deadline:
+        step.phase = Phase.CHALLENGE
+        events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
+    if step.phase == Phase.CHALLENGE and h >= step.commit_deadline + CHALLENGE_DELAY:
+        step.phase = Phase.REVEAL
+        events += _derive_challenge(run, step, block_seed(state), h)
+        events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
+    if step.phase == Phase.REVEAL and h > step.reveal_deadline:
+        step.phase = Phase.VERIFY
+        events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
+    if (
+        step.phase == Phase.AUDIT
+        and step.audit_seed is None
+        and step.audit_height is not None
+        and h >= step.audit_height
+    ):
+        events += _draw_audits(run, step, block_seed(state), h)
     return events
 
 
@@ -840,11 +962,16 @@ def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) ->
                 slashed=c.slashed,
             )
         )
-    events += _release_leavers(state, run, step.accepted)
+    events += _release_leavers(state, run, [*step.accepted, *_pending_elsewhere(run, step)])
     step.finalized_height = height
     events.append(
         _event("outer_step_finalized", run_id=run.id, outer_step=step.index, accepted=",".join(step.accepted))
     )
+    if overlapped(run):
+        step.phase = Phase.AWAITING_RESULT
+        if not _predecessor_done(run, step):  # result rounds start when the previous step closes
+            return events
+        return events + _start_results(state, run, step, height)
     if not step.accepted:  # nothing to aggregate: the global model stays, the next step opens at once
         step.phase = Phase.DONE
         step.done_height = height
@@ -988,10 +1115,12 @@ def _end_result_round(state: ChainState, run: Run, step: OuterStep, height: int)
         step.result_deadline = height + config.phases.result_blocks
         again = _event("result_round", run_id=run.id, outer_step=step.index, round=step.result_round)
         return [*events, again]
+    # G_{n+1} = the latest global model (sequential runs: the step's base; overlapped runs: the
+    # previous step's result, to which this step's Δs would have been applied)
     events.append(
-        _event("result_failed", run_id=run.id, outer_step=step.index, model_hash=step.base_model_hash)
+        _event("result_failed", run_id=run.id, outer_step=step.index, model_hash=run.global_model_hash)
     )
-    return events + _close_step(state, run, step, step.base_model_hash, height)
+    return events + _close_step(state, run, step, run.global_model_hash, height)
 
 
 def end_block(state: ChainState, ctx: BlockContext) -> list[Event]:
@@ -1000,17 +1129,19 @@ def end_block(state: ChainState, ctx: BlockContext) -> list[Event]:
     h = ctx.height
     for run_id in sorted(state.runs):
         run = state.runs[run_id]
-        if run.status != RunStatus.ACTIVE:
-            continue
-        step = run.steps[run.current_step]
-        if step.phase in (Phase.VERIFY, Phase.ESCALATION) and h >= step.round_deadline:
-            events += _end_round(state, run, step, h)
-        elif step.phase in (Phase.AUDIT, Phase.CONFIRM) and h >= step.round_deadline:
-            events += _end_review(state, run, step, h)
-        if (
-            step.phase == Phase.AWAITING_RESULT
-            and step.result_deadline is not None
-            and h >= step.result_deadline
-        ):
-            events += _end_result_round(state, run, step, h)
+        for step in steps_in_flight(run):  # oldest first: its close may start the next one's results
+            if run.status == RunStatus.ACTIVE and step.phase != Phase.DONE:
+                events += _end_step_block(state, run, step, h)
+    return events
+
+
+def _end_step_block(state: ChainState, run: Run, step: OuterStep, h: int) -> list[Event]:
+    """The end-block transitions of one step in flight (§2.6)."""
+    events: list[Event] = []
+    if step.phase in (Phase.VERIFY, Phase.ESCALATION) and h >= step.round_deadline:
+        events += _end_round(state, run, step, h)
+    elif step.phase in (Phase.AUDIT, Phase.CONFIRM) and h >= step.round_deadline:
+        events += _end_review(state, run, step, h)
+    if step.phase == Phase.AWAITING_RESULT and step.result_deadline is not None and h >= step.result_deadline:
+        events += _end_result_round(state, run, step, h)
     return events

@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 from chain import errors
+from chain.module import apply_to_hash, start_optimizer, steps_in_flight
 from chain.params import DENOM, MODULE_ACCOUNT, REWARD_POOL_ACCOUNT
 from chain.state import ChainState, Contribution, OuterStep, Run, app_hash, total_supply
 
@@ -60,6 +61,8 @@ def _run_summary(run: Run) -> dict[str, Any]:
         "global_model_hash": run.global_model_hash,
         "current_step": run.current_step,
         "phase": step.phase,
+        "overlap": run.config.get("overlap", "none"),
+        "steps_in_flight": [s.index for s in steps_in_flight(run)],
         "hosts": sum(1 for p in run.participants.values() if p.role == "host"),
         "verifiers": sum(1 for p in run.participants.values() if p.role == "verifier"),
     }
@@ -96,6 +99,7 @@ def outer_step(state: ChainState, run_id: int, step: int | None = None) -> dict[
         "result_deadline": s.result_deadline,
         "result_round": s.result_round,
         "base_model_hash": s.base_model_hash,
+        "apply_to_hash": apply_to_hash(r, s),
         "challenge_seed": s.challenge_seed,
         "audit_seed": s.audit_seed,
         "committed": sorted(s.contributions),
@@ -231,6 +235,7 @@ def accepted(state: ChainState, run_id: int, step: int | None = None) -> dict[st
         "outer_step": s.index,
         "finalized_height": s.finalized_height,
         "base_model_hash": s.base_model_hash,
+        "apply_to_hash": apply_to_hash(r, s),
         "result_round": s.result_round,
         "result_deadline": s.result_deadline,
         "dropped": list(s.dropped),
@@ -246,9 +251,10 @@ def participants(state: ChainState, run_id: int) -> dict[str, Any]:
     }
 
 
-def prev_optimizer_hash(state: ChainState, run_id: int, host: str) -> str | None:
-    """The optimizer hash the host's next start state must carry; None = fresh optimizer."""
-    return _run(state, run_id).prev_optimizer.get(host)
+def prev_optimizer_hash(state: ChainState, run_id: int, host: str, step: int | None = None) -> str | None:
+    """The optimizer hash the host's start state of outer step `step` (default: the current one)
+    must carry; None = fresh optimizer (specs §2.2.1, §2.6)."""
+    return start_optimizer(_run(state, run_id), host, step)
 
 
 def account(state: ChainState, address: str) -> dict[str, Any] | None:

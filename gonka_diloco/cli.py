@@ -164,6 +164,12 @@ def devnet(
         str | None,
         typer.Option("--replay-mode", help=f"bitwise or tolerance (default {D.replay_mode.value})."),
     ] = None,
+    overlap: Annotated[
+        str | None,
+        typer.Option(
+            help=f"none, or delayed: train step n+1 while step n is verified (default {D.overlap.value})."
+        ),
+    ] = None,
     tolerance: Annotated[
         float | None, typer.Option(help="Tolerance-mode threshold on the parameters.")
     ] = None,
@@ -220,6 +226,7 @@ def devnet(
         "dataset": dataset,
         "block_interval": block_interval,
         "replay_mode": replay_mode,
+        "overlap": overlap,
         "tolerance": tolerance,
         "tolerance_exp_avg": tolerance_exp_avg,
         "tolerance_exp_avg_sq": tolerance_exp_avg_sq,

@@ -33,7 +33,7 @@ from gonka_diloco.devnet_config import HF_MODELS, MODEL_SIZES, DevnetConfig, Dev
 from gonka_diloco.live import LiveState, NodeView, render
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
 from gonka_diloco.report import NodeRow, Snapshot, evaluate, write_report
-from protocol.config import ModelSpec, Phases, RunConfig, Stake
+from protocol.config import ModelSpec, OuterOptim, Phases, RunConfig, Stake
 
 if TYPE_CHECKING:
     from chain.abci.cometbft import Localnet
@@ -118,6 +118,8 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         verify_blocks=cfg.blocks(cfg.phases.verify),
         escalation_blocks=cfg.blocks(cfg.phases.escalation),
         result_blocks=cfg.blocks(cfg.phases.result),
+        audit_blocks=cfg.blocks(cfg.phases.audit),
+        confirm_blocks=cfg.blocks(cfg.phases.confirm),
         epoch_length=1_000_000,
         poc_window=0,
     )
@@ -142,6 +144,8 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         tolerance_exp_avg_sq=cfg.tolerance_exp_avg_sq,
         threads=cfg.threads,
         max_outer_steps=cfg.outer_steps,
+        overlap=cfg.overlap,
+        outer=OuterOptim(lr=cfg.outer_lr, momentum=cfg.outer_momentum),
     )
 
 
@@ -356,6 +360,8 @@ class Devnet:
             "behaviour": behaviour,
             "behaviour_params": params,
         }
+        if role == "host" and self.cfg.checkpoint_every != 4:  # 4: host.toml's own default
+            fields["checkpoint_every"] = self.cfg.checkpoint_every
         if self.cfg.dataset:
             ds = self.cfg.dataset
             fields["dataset"] = ds if "://" in ds else str(Path(ds).resolve())
@@ -425,7 +431,8 @@ class Devnet:
         """One look at the chain and every node; updates the live view; returns the run summary."""
         run = self.chain.query("run", run_id=self.run_id)
         step = self.chain.query("outer_step", run_id=self.run_id, step=run["current_step"])
-        self._measure_deltas(run["current_step"])
+        for n in run.get("steps_in_flight") or [run["current_step"]]:  # overlapped: two steps
+            self._measure_deltas(n)
         names = {r.address: r.name for r in self.rows.values() if r.address}
         for view in self.live.nodes:
             proc = self.procs[view.name]

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from protocol.config import Codec, ReplayMode
+from protocol.config import Codec, Overlap, ReplayMode
 
 ParamValue = int | float | str | bool
 
@@ -67,6 +67,8 @@ class PhaseSeconds(Strict):
     verify: float = Field(6.0, gt=0)
     escalation: float = Field(4.0, gt=0)
     result: float = Field(6.0, gt=0)
+    audit: float = Field(5.0, gt=0, description="verdict window of the audit round")
+    confirm: float = Field(5.0, gt=0, description="verdict window of a dispute's confirmation")
 
 
 class DevnetConfig(Strict):
@@ -98,6 +100,16 @@ class DevnetConfig(Strict):
     seed: int = Field(0, ge=0, lt=2**63)
     threads: int = Field(1, ge=1, le=64)
     phases: PhaseSeconds = PhaseSeconds()
+    outer_lr: float = Field(0.7, gt=0, description="outer SGD learning rate (DiLoCo's 0.7)")
+    outer_momentum: float = Field(
+        0.9, ge=0, lt=1, description="outer Nesterov momentum (DiLoCo's 0.9; bench.overlap: 0 with overlap)"
+    )
+    checkpoint_every: int = Field(
+        4, ge=1, le=1_000_000, description="hosts persist every m-th boundary (host.toml checkpoint_every)"
+    )
+    overlap: Overlap = Field(
+        Overlap.NONE, description="none, or delayed: train step n+1 while step n is verified (specs §2.2.1)"
+    )
     step_seconds: float | None = Field(
         None, gt=0, description="seconds per inner step: size phases.train when it is not set (else measured)"
     )

@@ -68,6 +68,9 @@ class StepInfo:
     dropped: list[str] = field(default_factory=list)
     unavailable: dict[str, list[str]] = field(default_factory=dict)
     """Reporter -> the hosts whose Δ it reported it could not fetch, in this result round."""
+    apply_to_hash: str | None = None
+    """The G the step's accepted Δs are applied to: its base (sequential runs), the previous step's
+    result in an overlapped run (None until that is adopted; specs §2.2.1)."""
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> StepInfo:
@@ -83,10 +86,17 @@ class RunInfo:
     current_step: int
     global_model_hash: str
     config: dict[str, Any] = field(default_factory=dict)
+    overlap: str = "none"
+    steps_in_flight: list[int] = field(default_factory=list)
 
     @property
     def active(self) -> bool:
         return self.status == "active"
+
+    @property
+    def overlapped(self) -> bool:
+        """Step n+1 trains while step n is verified and aggregated (specs §2.2.1)."""
+        return self.overlap == "delayed"
 
 
 @dataclass(frozen=True)
@@ -203,8 +213,11 @@ class ChainView:
             if (role is None or p.role == role.value) and p.address != exclude and p.endpoint
         ]
 
-    def prev_optimizer_hash(self, host: str) -> str | None:
-        return self.q("prev_optimizer_hash", host=host)
+    def prev_optimizer_hash(self, host: str, n: int | None = None) -> str | None:
+        """The optimizer state the host's start of outer step n carries (None: fresh)."""
+        if n is None:
+            return self.q("prev_optimizer_hash", host=host)
+        return self.q("prev_optimizer_hash", host=host, step=n)
 
     def assignments(self, verifier: str, n: int) -> list[str]:
         return list(self.q("assignments", verifier=verifier, step=n)["hosts"])
@@ -229,6 +242,15 @@ class ChainView:
             h = self.next_block(h)
         self.check_stop()
         return h
+
+    def wait_run(self, done: Callable[[RunInfo], bool]) -> RunInfo:
+        """Re-read the run after every block until `done` holds."""
+        h = self.chain.height()
+        while True:
+            info = self.run()
+            if done(info):
+                return info
+            h = self.wait_height(h + 1)
 
     def wait_step(self, n: int, done: Callable[[StepInfo], bool], from_height: int = 0) -> StepInfo:
         """Re-read outer step n after every block until `done` holds."""

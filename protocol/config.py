@@ -11,7 +11,7 @@ import json
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from protocol.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
 
@@ -49,6 +49,18 @@ class Attention(StrEnum):
     FLASH = "flash"
     EFFICIENT = "efficient"
     CUDNN = "cudnn"
+
+
+class Overlap(StrEnum):
+    """The outer-loop schedule of a run (specs/protocol.md §2.2.1).
+
+    NONE: step n+1 opens once step n is done, from its result. DELAYED: step n+1 trains while step
+    n is verified and aggregated (one-step-delayed outer gradients, as Streaming DiLoCo's
+    overlapped communication with τ = 1 and Kale et al. 2025's eager updates): its base is the
+    latest adopted model when it opens, its accepted Δs are applied to the latest one."""
+
+    NONE = "none"
+    DELAYED = "delayed"
 
 
 class Frozen(BaseModel):
@@ -190,6 +202,22 @@ class RunConfig(Frozen):
         le=MAX_CHUNK_BYTES,
         description="c: chunk size of every content hash (states, models, Δs); see protocol.chunks",
     )
+    overlap: Overlap = Field(Overlap.NONE, description="outer-loop schedule (specs §2.2.1)")
+
+    @field_validator("overlap", mode="before")
+    @classmethod
+    def _overlap_unset(cls, value: Any) -> Any:
+        """An unset proto3 string reads as "": the default schedule."""
+        return Overlap.NONE if value == "" else value
+
+    @model_serializer(mode="wrap")
+    def _omit_default_overlap(self, handler: Any) -> dict[str, Any]:
+        """`overlap` appears in the dump (and so in the config hash, the wire bytes and the chain
+        state) only when it is not NONE: runs with today's schedule keep their hashes bit for bit."""
+        data = handler(self)
+        if self.overlap is Overlap.NONE:
+            data.pop("overlap", None)
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

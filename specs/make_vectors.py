@@ -20,7 +20,7 @@ from chain.genesis import Genesis, genesis_state
 from chain.module import BlockContext, TxContext, begin_block, end_block, process_msg
 from chain.state import ChainState, app_hash
 from protocol import chunks, codecs, merkle, prf
-from protocol.config import Codec, ModelSpec, Numerics, Phases, RunConfig, Stake
+from protocol.config import Codec, ModelSpec, Numerics, Overlap, Phases, RunConfig, Stake
 from protocol.envclass import CLASS_DOMAIN, class_fields, class_pair, replay_decision
 from protocol.messages import (
     Coin,
@@ -320,6 +320,8 @@ def wire_vectors() -> list[dict[str, Any]]:
         ),
         MsgSend(from_address=HOST, to_address=HOST, amount=[Coin(amount=10**9)]),
         MsgReportUnavailable(creator=HOST, run_id=1, outer_step=3, hosts=[VERIFIER_ADDRESSES[0]]),
+        # §2.2.1: an overlapped run carries `overlap` (field 29); a sequential one leaves it unset
+        MsgCreateRun(creator=HOST, config=cfg.model_copy(update={"overlap": Overlap.DELAYED})),
     ]
     return [
         {
@@ -446,11 +448,14 @@ class _Scenario:
                    for v, s in zip(VERIFIER_ADDRESSES, stakes, strict=True)])  # fmt: skip
 
     def add(self, height: int, *msgs: Any) -> None:
+        """Append the messages to block `height` (created in height order if new)."""
         txs = [{"type_url": m.type_url(), "json": m.model_dump(mode="json")} for m in msgs]
-        if self.blocks and self.blocks[-1]["height"] == height:
-            self.blocks[-1]["txs"] += txs
-        else:
-            self.blocks.append({"height": height, "txs": txs})
+        for block in self.blocks:
+            if block["height"] == height:
+                block["txs"] += txs
+                return
+        self.blocks.append({"height": height, "txs": txs})
+        self.blocks.sort(key=lambda b: b["height"])
 
     def state(self) -> ChainState:
         return replay_blocks(self.blocks)
@@ -465,6 +470,34 @@ class _Scenario:
 
     def leaves(self, host: str) -> list[bytes]:
         return [hashlib.sha256(f"{host}:{i}".encode()).digest() for i in range(self.config.n_segments + 1)]
+
+    def commit(self, index: int, hosts: list[str]) -> None:
+        """`hosts` commit to outer step `index` at its training start (the step must be open)."""
+        step = queries.outer_step(self.state(), 1, index)
+        self.add(step["train_start"], *[MsgCommitPseudoGradient(
+            creator=h, run_id=1, outer_step=index, base_model_hash=step["base_model_hash"],
+            trajectory_root=merkle.merkle_root(self.leaves(h)).hex(), leaf_count=self.config.n_segments + 1,
+            delta_hash=hashlib.sha256(f"delta {h} {index}".encode()).hexdigest(),
+            final_optimizer_hash=hashlib.sha256(f"opt {h} {index}".encode()).hexdigest(),
+            codec=self.config.codec, tokens=self.config.tokens_per_outer_step,
+            env=EnvFingerprint(torch_version="2.13.0", threads=1),
+        ) for h in hosts])  # fmt: skip
+
+    def reveal(self, index: int, hosts: list[str]) -> None:
+        """`hosts` reveal their openings of outer step `index` at its challenge height."""
+        height = queries.outer_step(self.state(), 1, index)["challenge_height"]
+        state = self.peek(height)
+        reveals = []
+        for c in queries.challenges(state, 1, index)["challenges"]:
+            if c["host"] not in hosts:
+                continue
+            lv = self.leaves(c["host"])
+            openings = [SegmentOpening(segment=j, start_leaf=lv[j].hex(), end_leaf=lv[j + 1].hex(),
+                                       proof=[x.hex() for x in merkle.pair_proof(lv, j)])
+                        for j in c["segments"]]
+            reveals.append(MsgRevealContribution(creator=c["host"], run_id=1, outer_step=index,
+                                                 openings=openings))
+        self.add(height, *reveals)  # fmt: skip
 
     def commit_and_reveal(self) -> None:
         step = self.step()
@@ -490,16 +523,25 @@ class _Scenario:
         state = self.peek(height)
         return {c["host"]: sorted(c["verifier_rounds"]) for c in queries.challenges(state, 1)["challenges"]}
 
-    def verdicts(self, height: int, bad: str | None = None, colluders: tuple[str, ...] = ()) -> None:
-        """Every assigned verifier without a verdict judges: REPLAY_MISMATCH for `bad`, unless it
-        colludes; ACCEPT otherwise."""
+    def verdicts(
+        self,
+        height: int,
+        bad: str | None = None,
+        colluders: tuple[str, ...] = (),
+        index: int = 0,
+        only: tuple[str, ...] | None = None,
+    ) -> None:
+        """Every assigned verifier without a verdict judges (the hosts in `only`, if given):
+        REPLAY_MISMATCH for `bad`, unless it colludes; ACCEPT otherwise."""
         state = self.peek(height)
         msgs = []
         for v in VERIFIER_ADDRESSES:
-            for host in queries.assignments(state, 1, v)["hosts"]:
+            for host in queries.assignments(state, 1, v, index)["hosts"]:
+                if only is not None and host not in only:
+                    continue
                 reason = Reason.REPLAY_MISMATCH if host == bad and v not in colluders else Reason.ACCEPT
                 ev = hashlib.sha256(f"evidence {v} {host}".encode()).hexdigest()
-                msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
+                msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=index, host=host, reason=reason,
                                              evidence_hash=ev))  # fmt: skip
         self.add(height, *msgs)
 
@@ -527,9 +569,9 @@ def _vector_config(**kw: Any) -> RunConfig:
     return RunConfig(**{**base, **kw})
 
 
-def _vote(host: str, model: str) -> MsgSubmitOuterResult:
+def _vote(host: str, model: str, index: int = 0) -> MsgSubmitOuterResult:
     return MsgSubmitOuterResult(
-        creator=host, run_id=1, outer_step=0, model_hash=hashlib.sha256(model.encode()).hexdigest()
+        creator=host, run_id=1, outer_step=index, model_hash=hashlib.sha256(model.encode()).hexdigest()
     )
 
 
@@ -593,6 +635,25 @@ def chain_vectors() -> list[dict[str, Any]]:
     sc.verdicts(step["verify_deadline"] + 1)  # the panel
     sc.add(sc.finalized_at() + 1, *[_vote(h, "g1") for h in HOST_ADDRESSES[:2]])
     out.append({"label": "malicious_reject_outvoted", "blocks": sc.blocks})
+
+    # 5. the overlapped schedule (§2.2.1): step 1 trains while step 0 is verified and voted on; step 2
+    # opens the block after step 0 closes, on its result; step 1's Δs (one host missed its reveal:
+    # slashed, out of the model) are applied to step 0's result once it is adopted.
+    sc = _Scenario(_vector_config(overlap=Overlap.DELAYED))
+    sc.commit(0, HOST_ADDRESSES)
+    s0 = sc.step()
+    sc.run_to(s0["commit_deadline"] + 1)  # step 1 opens here
+    sc.commit(1, HOST_ADDRESSES)
+    sc.reveal(0, HOST_ADDRESSES)
+    sc.verdicts(s0["challenge_height"] + 1, index=0)
+    s1 = queries.outer_step(sc.state(), 1, 1)
+    sc.reveal(1, HOST_ADDRESSES[:2])
+    sc.verdicts(s1["challenge_height"] + 1, index=1, only=tuple(HOST_ADDRESSES[:2]))
+    sc.add(s0["verify_deadline"] + 1, *[_vote(h, "g1", 0) for h in HOST_ADDRESSES[:2]])  # 2 of 3: adopted
+    sc.commit(2, HOST_ADDRESSES)  # on g1
+    sc.add(s1["verify_deadline"] + 1, *[_vote(h, "g2 = g1 + step 1", 1) for h in HOST_ADDRESSES[:2]])
+    sc.run_to(s1["verify_deadline"] + 2)
+    out.append({"label": "overlapped_schedule", "blocks": sc.blocks})
 
     for v in out:
         v["genesis"] = vector_genesis().model_dump(mode="json")

@@ -22,6 +22,9 @@ class HostMetrics:
         )
         self.tokens_per_s = Gauge("gonka_host_tokens_per_second", "last outer step's tokens/s", registry=r)
         self.loss = Gauge("gonka_host_train_loss", "mean inner loss of the last outer step", registry=r)
+        self.training_seconds = Counter(
+            "gonka_host_training_seconds", "seconds spent training (÷ wall seconds = utilization)", registry=r
+        )
         self.val_loss = Gauge("gonka_host_val_loss", "global validation loss, last G", registry=r)
         self.outer_step = Gauge("gonka_host_outer_step", "outer step being worked on", registry=r)
         self.phase = Enum("gonka_host_phase", "what the node is doing", states=PHASES, registry=r)
@@ -35,6 +38,7 @@ class HostMetrics:
     def trained(self, steps: int, tokens: int, seconds: float, mean_loss: float) -> None:
         self.inner_steps.inc(steps)
         self.tokens.inc(tokens)
+        self.training_seconds.inc(seconds)
         if seconds > 0:
             self.steps_per_s.set(steps / seconds)
             self.tokens_per_s.set(tokens / seconds)

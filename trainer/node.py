@@ -6,7 +6,10 @@ any point and restarted on the same `data_dir` re-derives where it stands: it ne
 second, different contribution for one outer step, reveals what it committed, and sits out an
 outer step whose deadline it missed. Only Δs the chain finalized as accepted reach the model.
 
-The node is its protocol script (`outer_step`: train → commit → reveal → aggregate); the parts
+The node is its protocol script (`outer_step`: train → commit → reveal → aggregate); in a run with
+the overlapped schedule (specs §2.2.1) the same script runs with its tail (reveal → aggregate) on a
+thread of its own, so the node trains step n+1, as soon as the chain opens it, while step n is
+revealed, verified and aggregated. The parts
 it is built from are `nodekit`'s (chain view, store, fetcher, server, board), shared with the
 verifier. Under torchrun this is rank 0, the only rank that talks to the chain, serves and
 writes `data_dir`; its `team` (`trainer.ddp.Team`) makes the other ranks train each batch with it.
@@ -14,9 +17,11 @@ writes `data_dir`; its `team` (`trainer.ddp.Team`) makes the other ranks train e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from chain.client import ChainClient, TxFailed
+from chain.client import ChainClient, ChainTimeout, TxFailed
 from nodekit.blobs import (
     BlobCatalog,
     BlobClient,
@@ -57,7 +62,7 @@ from nodekit.objects import DOMAINS, Kind, ObjectPolicy, TransferPolicy
 from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write
 from protocol.chunks import verify_manifest
 from protocol.codecs import CodecError, iter_decode
-from protocol.config import Codec, RunConfig
+from protocol.config import Codec, Overlap, RunConfig
 from protocol.messages import (
     EnvFingerprint,
     MsgReportUnavailable,
@@ -207,8 +212,15 @@ class HostNode:
             policy=policy,
         )  # fmt: skip
         self._gm_cache: dict[str, GlobalModel] = {}
-        self._opt: torch.optim.Optimizer | None = None
+        self._opts: dict[int, torch.optim.Optimizer] = {}  # per outer step, until its reveal
         self._served_deltas: dict[str, int] = {}  # Δ hash -> outer step: our own and those we fetched
+        self._published_states: dict[int, set[str]] = {}
+        # Overlapped runs: one step's tail (reveal → aggregate) runs beside the next step's training.
+        self._lock = threading.RLock()  # node.json, counters, the optimizer states on disk, pruning
+        self._replica_lock = threading.Lock()  # the second model: recomputed openings, evaluation
+        self._replica: nn.Module | None = None
+        self._tails: dict[int, threading.Thread] = {}
+        self.overlapped = False
         self.server = self._bind_server()
 
     @property
@@ -230,7 +242,9 @@ class HostNode:
         return state
 
     def _save_state(self) -> None:
-        atomic_write(self.dir / "node.json", json.dumps(self.state, sort_keys=True, indent=1).encode())
+        with self._lock:
+            text = json.dumps(self.state, sort_keys=True, indent=1).encode()
+            atomic_write(self.dir / "node.json", text)
 
     def _record_path(self, n: int) -> Path:
         return self.dir / "commits" / f"{n}.json"
@@ -323,6 +337,8 @@ class HostNode:
             raise NodeError(str(e)) from e
         built = build(self.cfg.model, self._allow_list)
         self.model: nn.Module = built.module.to(device)
+        self.device = device
+        self.overlapped = self.cfg.overlap is Overlap.DELAYED
         self.loss_fn = built.loss_fn
         self.corpus = self._corpus if self._corpus is not None else node_corpus(
             self.cfg, self.config.dataset_source, self.dir, self.address
@@ -380,14 +396,16 @@ class HostNode:
                 if not run.active:
                     self.log("run_finished", outer_step=run.current_step)
                     break
+                if self.overlapped:
+                    done += self._overlapped_step(run)
+                    continue
                 try:
                     self.outer_step(run.current_step)
                 except (BlobError, ValueError, OSError) as e:  # peers down, a bad G on offer, disk trouble
-                    self.log(
-                        "outer_step_failed", outer_step=run.current_step, error=f"{type(e).__name__}: {e}"
-                    )
-                    self.view.wait_step(run.current_step, lambda i: i.phase is Phase.DONE)
+                    self._failed(run.current_step, e)
                 done += 1
+            for tail in list(self._tails.values()):
+                tail.join()
             self._set(phase="DONE")
             if self.team is not None:
                 self.team.close()  # no more training: the other ranks exit
@@ -397,19 +415,90 @@ class HostNode:
         except Stopped:
             self.log("stopped")
         finally:
+            self.view.stop.set()  # tails still running leave at their next wait (a tx being
+            for tail in list(self._tails.values()):  # confirmed may hold one a while: not waited for)
+                tail.join(timeout=2 * self.view.poll_timeout)
             self.server.stop()
             self.blobs.close()
+
+    def _failed(self, n: int, e: Exception) -> None:
+        """Peers down, a bad G on offer, disk trouble: log, and wait for the step to close."""
+        self.log("outer_step_failed", outer_step=n, error=f"{type(e).__name__}: {e}")
+        self.view.wait_step(n, lambda i: i.phase is Phase.DONE)
 
     def outer_step(self, n: int) -> None:
         """The protocol script, resumable at every point from the chain and the disk:
         train → commit → reveal → aggregate."""
+        contribution = self._train_phase(n)
+        self._tail(n, contribution)
+
+    def _train_phase(self, n: int) -> Contribution | None:
+        """Train and commit, or pick the commitment back up after a restart."""
         self._set(outer_step=n, phase="WAITING")
         info = self.view.step(n)
         mine = self.view.commitment(self.address, n)
-        contribution = self._train_and_commit(n, info) if mine is None else self._recover(n, mine)
+        return self._train_and_commit(n, info) if mine is None else self._recover(n, mine)
+
+    def _tail(self, n: int, contribution: Contribution | None) -> None:
+        """After the commit: reveal what was committed, then aggregate the accepted Δs."""
         if contribution is not None:
             self._reveal(n, contribution)
         self._aggregate(n, contribution)
+
+    # ---------------------------------------------------------------- the overlapped schedule
+
+    def _overlapped_step(self, run: Any) -> int:
+        """Take the next step the chain has in flight that this node has not taken yet: train it
+        (the chain opened it when the previous step's training closed) and hand its tail to a
+        thread; a step committed before a restart, or whose training already closed, only gets
+        its tail. Returns 1 if a step was taken; otherwise waits for the next one to open."""
+        for n in run.steps_in_flight:
+            if n in self._tails:
+                continue
+            info = self.view.step(n)
+            committed = self.view.commitment(self.address, n) is not None
+            if not committed and info.phase not in (Phase.PENDING, Phase.TRAIN):
+                contribution = None  # its training closed before we got to it: follow its result
+                self.log("sitting_out", outer_step=n, reason="training closed before we got to it")
+            else:
+                try:
+                    contribution = self._train_phase(n)
+                except (BlobError, ValueError, OSError) as e:
+                    contribution = None
+                    self.log("outer_step_failed", outer_step=n, error=f"{type(e).__name__}: {e}")
+            self._spawn_tail(n, contribution)
+            return 1
+        newest = max(self._tails, default=-1)
+        self.view.wait_run(lambda r: not r.active or r.current_step > newest)
+        return 0
+
+    def _spawn_tail(self, n: int, contribution: Contribution | None) -> None:
+        def tail() -> None:
+            try:
+                self._tail(n, contribution)
+            except Stopped:
+                pass
+            except (BlobError, ValueError, OSError, ChainTimeout) as e:  # the training loop goes on
+                with contextlib.suppress(Stopped, ChainTimeout):
+                    self._failed(n, e)
+
+        self._tails[n] = self._spawn(f"{self.name}-tail-{n}", tail)
+        for m in [m for m, t in self._tails.items() if m < n - 1 and not t.is_alive()]:
+            del self._tails[m]  # keep the recent ones: they mark steps already taken
+
+    def _spawn(self, name: str, fn: Callable[[], None]) -> threading.Thread:
+        """Start a worker thread of this node (one place, so a test harness can count it)."""
+        thread = threading.Thread(target=fn, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _replica_model(self) -> nn.Module:
+        """A second copy of the model for work beside training (overlapped runs): recomputing opened
+        boundaries and evaluating adopted models. Built on first use, on the training device."""
+        if self._replica is None:
+            self._replica = build(self.cfg.model, self._allow_list).module.to(self.device)
+        return self._replica
+
 
     # ---------------------------------------------------------------- train and commit
 
@@ -426,21 +515,24 @@ class HostNode:
     def _sharded(self) -> bool:
         return self.team is not None and self.team.shard_state
 
-    def _start_optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer state the chain says this step starts from: last accepted, or fresh
-        (the parameters are G_n's: `run_committed` or the caller loads them). With a sharded
-        team: rank 0's part of it (the others load theirs when the team trains)."""
-        self.store.flush()  # a last boundary still being written reads the live model
-        prev = self.view.prev_optimizer_hash(self.address)
+    def _start_optimizer(self, n: int, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The optimizer state the chain says step n starts from: last accepted, or fresh (overlapped
+        runs: the one accepted in step n − 2, §2.2.1), for `model` (default: the training model;
+        its parameters are G_n's: `run_committed` or the caller loads them). With a sharded team:
+        rank 0's part of it (the others load theirs when the team trains)."""
+        model = self.model if model is None else model
+        if model is self.model:
+            self.store.flush()  # a last boundary still being written reads the live model
+        prev = self.view.prev_optimizer_hash(self.address, n)
         if self.team is not None and self.team.shard_state:
             try:
                 self.team.carry(prev or None, OPTIMIZER_GROUP)
                 return self.team.shard_optimizer(self.model, self.cfg, self.content)
             except (ValueError, RuntimeError) as e:
                 raise NodeError(f"own optimizer state {prev[:12]} is lost ({e}); leave and rejoin") from e
-        opt = make_optimizer(self.model, self.cfg.inner)
+        opt = make_optimizer(model, self.cfg.inner)
         if prev:  # read from disk straight into the new optimizer's own tensors (no second copy)
-            into = optimizer_state(training_state(self.model, opt))
+            into = optimizer_state(training_state(model, opt))
             sink = TensorSink.into(into)  # a GPU model's moments: via host tensors, then copied
             try:
                 self.content.load_into(Kind.OPTIMIZER, prev, sink, OPTIMIZER_GROUP)
@@ -450,7 +542,7 @@ class HostNode:
                 for k, t in into.items():
                     if sink.tensors[k] is not t:
                         t.copy_(sink.tensors[k])
-            for p in self.model.parameters():  # every parameter carries its own step counter
+            for p in model.parameters():  # every parameter carries its own step counter
                 opt.state[p]["step"].copy_(into["step"])
         return opt
 
@@ -460,14 +552,16 @@ class HostNode:
         if info.phase is not Phase.TRAIN or info.height > info.commit_deadline:
             return self._sit_out(n, "commit deadline passed before training")
         gm = self._global(info.base_model_hash)
-        for h in self.globals.prune([gm.hash]):  # G_{n-1}: nobody needs it once G_n is the base
-            self.catalog.withdraw(Kind.MODEL, h)
-            self._gm_cache.pop(h, None)
+        with self._lock:  # G_{n-1}: nobody needs it once G_n is the base (overlapped: §2.2.1 keeps more)
+            for h in self.globals.prune(self._models_to_keep([gm.hash])):
+                self.catalog.withdraw(Kind.MODEL, h)
+                self._gm_cache.pop(h, None)
         contribution = self._load_record(n)
         if contribution is None or contribution.base_model_hash != gm.hash:
             self._set(phase="TRAINING")
-            self._opt = None  # a step that was never revealed still held its optimizer: 8 B/param
-            opt = self._opt = self._start_optimizer()
+            for m in [m for m in self._opts if m < n - (1 if self.overlapped else 0)]:
+                del self._opts[m]  # a step that was never revealed still held its optimizer: 8 B/param
+            opt = self._opts[n] = self._start_optimizer(n)
             ctx = self._context(n, gm, opt)
             t0 = time.perf_counter()
             contribution = self.behaviour.make_contribution(ctx)
@@ -475,9 +569,11 @@ class HostNode:
             for p in self.model.parameters():  # no more backward passes this step: free 4 B/param
                 p.grad = None
             self.metrics.trained(self.cfg.inner_steps, contribution.tokens, seconds, contribution.mean_loss)
-            if not self._sharded:  # a sharded team's ranks saved their parts of it as they trained
-                self._save_optimizer(contribution, opt)
-            self._save_record(contribution)
+            with self._lock:  # the tail's pruning keeps what a record on disk names
+                if not self._sharded:  # a sharded team's ranks saved their parts of it as they trained
+                    self._save_optimizer(contribution, opt)
+                self._save_record(contribution)
+            self.board.update("training_seconds", lambda x: round((x or 0.0) + seconds, 3))
             self._set(loss=contribution.mean_loss)
             self.log(
                 "trained",
@@ -489,7 +585,7 @@ class HostNode:
                 protocol_seconds=round(contribution.protocol_seconds, 3),
                 tokens_per_s=round(contribution.tokens / max(seconds, 1e-9)),
             )
-        ctx = self._context(n, gm, self._opt)
+        ctx = self._context(n, gm, self._opts.get(n))
         try:
             for msg in self.behaviour.commit_messages(contribution, ctx):
                 self._broadcast([msg])
@@ -557,9 +653,10 @@ class HostNode:
         )
 
     def _count(self, key: str) -> None:
-        self.state[key] = self.state.get(key, 0) + 1
-        self._save_state()
-        self._set(**{key: self.state[key]})
+        with self._lock:
+            self.state[key] = self.state.get(key, 0) + 1
+            self._save_state()
+            self._set(**{key: self.state[key]})
 
     # ---------------------------------------------------------------- reveal
 
@@ -571,12 +668,12 @@ class HostNode:
         if segments is None:
             return
         already = self.view.reveal(self.address, n) is not None
-        ctx = self._context(n, self._global(c.base_model_hash), self._opt)
+        ctx = self._context(n, self._global(c.base_model_hash), self._opts.get(n))
         if not already and not self.behaviour.should_reveal(c, ctx):
             self.log("not_revealing", outer_step=n)
             return
         del ctx
-        self._opt = None  # the last hook that sees it: its moments (8 B/param) go now
+        self._opts.pop(n, None)  # the last hook that sees it: its moments (8 B/param) go now
         self._materialize(n, c, segments)
         # The commit deadline is past, so serving now lets nobody copy; verifiers need it at once.
         self._publish(n, c, segments)
@@ -596,15 +693,30 @@ class HostNode:
         """Opened boundaries that were not persisted are recomputed from the nearest persisted one
         (sparse checkpoints, host.toml `checkpoint_every`); every other boundary goes at once."""
         gm = self._global(c.base_model_hash)
+        # Overlapped runs recompute on the replica while the training model trains the next step
+        # (a sharded team has no replica: it recomputes between that step's training and commit).
+        beside = self.overlapped and self.team is None
+        model = self._replica_model() if beside else self.model
 
         def start() -> tuple[nn.Module, torch.optim.Optimizer]:
-            opt = self._start_optimizer()
-            gm.load_into(self.model)
-            return self.model, opt
+            opt = self._start_optimizer(n, model)
+            gm.load_into(model)
+            return model, opt
 
+        with self._replica_lock if beside else contextlib.nullcontext():
+            self._recompute(n, c, segments, gm, start)
+
+    def _recompute(
+        self,
+        n: int,
+        c: Contribution,
+        segments: list[int],
+        gm: GlobalModel,
+        start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
+    ) -> None:
         try:
             if self.team is not None and self.team.shard_state:
-                self.team.carry(self.view.prev_optimizer_hash(self.address) or None, OPTIMIZER_GROUP)
+                self.team.carry(self.view.prev_optimizer_hash(self.address, n) or None, OPTIMIZER_GROUP)
                 done = self.team.materialize(
                     self.store, n, c.leaves, segments, self.model, self.cfg, self.corpus, self.address,
                     gm.params, loss_fn=self.loss_fn,
@@ -628,6 +740,7 @@ class HostNode:
                     self.catalog.publish(
                         Kind.STATE, leaf, StoredObject(self.content, Kind.STATE, leaf, group)
                     )
+                    self._published_states.setdefault(n, set()).add(leaf)
         if self.content.has(Kind.DELTA, c.delta_hash, delta_group(n)):
             obj = StoredObject(self.content, Kind.DELTA, c.delta_hash, delta_group(n))
             self.catalog.publish(Kind.DELTA, c.delta_hash, obj)
@@ -635,12 +748,21 @@ class HostNode:
             self.catalog.publish(Kind.DELTA, c.delta_hash, lambda: c.payload)
         self._served_deltas[c.delta_hash] = n
 
+    def _start_optimizers(self) -> set[str]:
+        """The optimizer states the chain names as this host's start states: of the current step
+        (overlapped runs: of every step in flight, and of the next one)."""
+        if not self.overlapped:
+            return {h for h in [self.view.prev_optimizer_hash(self.address)] if h}
+        run = self.view.run()
+        steps = {*run.steps_in_flight, run.current_step + 1}
+        return {h for n in steps if (h := self.view.prev_optimizer_hash(self.address, n))}
+
     def _publish_optimizer(self) -> None:
         """Serve the optimizer state the chain names as this host's start state: verifiers rebuild
         segment 0 from it and G_n instead of downloading a whole training state."""
-        prev = self.view.prev_optimizer_hash(self.address)
+        named = self._start_optimizers()
         for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
-            if h == prev:
+            if h in named:
                 obj = StoredObject(self.content, Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
                 self.catalog.publish(Kind.OPTIMIZER, h, obj)
             else:
@@ -655,16 +777,20 @@ class HostNode:
         unavailable, and a later vote withdraws the report. Then adopt what the chain adopted: the
         majority's G_{n+1}, or G_n when the step closed unchanged."""
         info = self.view.step(n)
-        info = self.view.wait_step(n, lambda i: i.finalized_height is not None, info.verify_deadline)
-        self._set(phase="AGGREGATING")
+        # overlapped runs: the Δs apply to the previous step's result, known once that is adopted
+        info = self.view.wait_step(
+            n, lambda i: i.finalized_height is not None and i.apply_to_hash is not None, info.verify_deadline
+        )
+        if not self.overlapped:
+            self._set(phase="AGGREGATING")
         outcome = info.outcomes.get(self.address)
         ok = outcome in (Outcome.ACCEPTED, Outcome.WITHHELD)  # verified; dropped later or not
         if mine is not None:
             self._count("accepted" if ok else "rejected")
             (self.metrics.accepted if ok else self.metrics.rejected).inc()
             self.log("outcome", outer_step=n, outcome=outcome)
-        try:
-            gm = self._global(info.base_model_hash)
+        try:  # G_n: the step's base, or in an overlapped run the previous step's result (§2.2.1)
+            gm = self._global(info.apply_to_hash or info.base_model_hash)
         except (BlobError, ValueError, OSError) as e:  # G_n itself unavailable: take the chain's G_{n+1}
             self.log("outer_step_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
             gm = None
@@ -804,13 +930,13 @@ class HostNode:
     def _follow_result(self, n: int, done: StepInfo, gm: GlobalModel | None, result: _Result) -> None:
         """Adopt what the chain adopted: our own G_{n+1} if it is the one, G_n if the step closed
         unchanged, else computed over the final set or fetched by its hash from the holders."""
-        target = done.result_hash or done.base_model_hash
+        target = done.result_hash or done.apply_to_hash or done.base_model_hash
         voted = done.result_votes.get(self.address)
         if voted is not None and voted != target:
             self.log("result_differs", outer_step=n, chain=target, mine=voted)
         if result.model is not None and result.model.hash == target:
             new = result.model
-        elif target == done.base_model_hash and gm is not None:
+        elif gm is not None and target == gm.hash:
             new = gm  # no majority in any round: G_{n+1} = G_n
             self.log("outer_step_unchanged", outer_step=n, model_hash=target, dropped=done.dropped)
         else:
@@ -825,32 +951,55 @@ class HostNode:
 
     def _adopt(self, n: int, gm: GlobalModel) -> None:
         self.globals.save(gm)
-        gm.load_into(self.model)
-        if not gm.stored:  # from here on read from disk when used: G_{n+1}'s 8 B/param go now
-            gm = self.globals.load(gm.hash)
-            release()
-        self._gm_cache[gm.hash] = gm
-        self.catalog.publish(Kind.MODEL, gm.hash, StoredObject(self.content, Kind.MODEL, gm.hash))
-        loss = eval_loss(
-            self.model,
-            self.corpus.val,
-            VAL_BATCHES,
-            self.cfg.seed,
-            batch_size=self.cfg.batch_size,
-            seq_len=self.cfg.seq_len,
-            loss_fn=self.loss_fn,
-        )
-        self.state.setdefault("val_loss", {})[str(n)] = loss
-        self._save_state()
+        beside = self.overlapped  # the training model is busy with the next step: evaluate on the replica
+        with self._replica_lock if beside else contextlib.nullcontext():
+            model = self._replica_model() if beside else self.model
+            gm.load_into(model)
+            if not gm.stored:  # from here on read from disk when used: G_{n+1}'s 8 B/param go now
+                gm = self.globals.load(gm.hash)
+                release()
+            self._gm_cache[gm.hash] = gm
+            self.catalog.publish(Kind.MODEL, gm.hash, StoredObject(self.content, Kind.MODEL, gm.hash))
+            loss = eval_loss(
+                model,
+                self.corpus.val,
+                VAL_BATCHES,
+                self.cfg.seed,
+                batch_size=self.cfg.batch_size,
+                seq_len=self.cfg.seq_len,
+                loss_fn=self.loss_fn,
+            )
+        with self._lock:
+            self.state.setdefault("val_loss", {})[str(n)] = loss
+            self._save_state()
         self.metrics.val_loss.set(loss)
         self.board.set(val_loss=dict(self.state["val_loss"]))
         self.log("outer_step_applied", outer_step=n, model_hash=gm.hash, val_loss=round(loss, 4))
 
+    def _models_to_keep(self, keep: list[str]) -> list[str]:
+        """Overlapped runs also keep the bases of the steps in flight and the latest G (the next
+        step's Δs apply to it); sequential runs keep just `keep`."""
+        if not self.overlapped:
+            return keep
+        run = self.view.run()
+        bases = [self.view.step(m).base_model_hash for m in run.steps_in_flight]
+        return [*keep, run.global_model_hash, *bases]
+
     def _prune(self, n: int) -> None:
         """Finalized states go; Δs stay one step longer (late peers, copycats download them like
-        anyone); only the optimizer state the chain chains on and the last two models stay."""
-        for _, h in self.catalog.served(Kind.STATE):
-            self.catalog.withdraw(Kind.STATE, h)
+        anyone); only the optimizer state the chain chains on and the last two models stay
+        (overlapped runs: what the steps still in flight need as well)."""
+        with self._lock:
+            self._prune_locked(n)
+
+    def _prune_locked(self, n: int) -> None:
+        if self.overlapped:  # the next step's openings are being served to its verifiers
+            for m in [m for m in self._published_states if m <= n]:
+                for h in self._published_states.pop(m):
+                    self.catalog.withdraw(Kind.STATE, h)
+        else:
+            for _, h in self.catalog.served(Kind.STATE):
+                self.catalog.withdraw(Kind.STATE, h)
         self.store.prune(n + 1)
         for h, m in list(self._served_deltas.items()):
             if m < n:
@@ -860,13 +1009,26 @@ class HostNode:
             if group.startswith("delta-") and int(group.removeprefix("delta-")) < n:
                 self.content.drop_group(group)
                 self._record_path(int(group.removeprefix("delta-"))).unlink(missing_ok=True)
-        keep = self.view.prev_optimizer_hash(self.address)
+        keep = self._start_optimizers() | self._own_pending_optimizers(n)
         for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
-            if h != keep:
+            if h not in keep:
                 self.content.delete(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
         self._publish_optimizer()
         base = self.view.step(n).base_model_hash
         current = self.view.run().global_model_hash
-        for h in self.globals.prune([base, current]):
+        for h in self.globals.prune(self._models_to_keep([base, current])):
             self.catalog.withdraw(Kind.MODEL, h)
             self._gm_cache.pop(h, None)
+
+    def _own_pending_optimizers(self, n: int) -> set[str]:
+        """Overlapped runs: the final optimizer states of this host's later steps (records on disk),
+        not yet finalized: each becomes a start state two steps on if it is accepted."""
+        if not self.overlapped:
+            return set()
+        out = set()
+        for m in range(n + 1, self.view.run().current_step + 1):
+            try:  # the record alone (not its Δ payload): it names the optimizer state
+                out.add(json.loads(self._record_path(m).read_bytes())["final_optimizer_hash"])
+            except (OSError, ValueError, KeyError):
+                continue
+        return out

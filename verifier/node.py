@@ -237,6 +237,9 @@ class VerifierNode:
         self._gm: dict[str, GlobalModel] = {}
         self._deltas: dict[str, int] = {}  # Δ hash -> outer step of the Δs we hold and serve
         self._states: dict[str, int] = {}  # leaf -> outer step of the opened states we fetched and serve
+        self._taken: set[int] = set()  # overlapped runs: steps handed to a worker
+        self._workers: list[threading.Thread] = []  # ... one per step in flight
+        self._lock = threading.Lock()  # pruning and following, between the loop and the follower
         app = build_app(self.catalog, self.snapshot, self.board.registry)
         self.server = ServerThread(app, config.listen)
 
@@ -371,6 +374,9 @@ class VerifierNode:
                     if not run.active:
                         self.log("run_finished", outer_step=run.current_step)
                         break
+                    if run.overlapped:
+                        done, failures = done + self._overlapped_step(run), 0
+                        continue
                     self.outer_step(run.current_step)
                     done, failures = done + 1, 0
                 except RECOVERABLE as e:  # resumable: assignments already judged are not listed again
@@ -379,9 +385,14 @@ class VerifierNode:
                     if self.view.stop.wait(min(self.retry_backoff * 2 ** (failures - 1), 10.0)):
                         raise Stopped from None
             self._set(phase="DONE")
+            for worker in self._workers:
+                worker.join()
         except Stopped:
             self.log("stopped")
         finally:
+            self.view.stop.set()
+            for worker in self._workers:
+                worker.join()
             if hasattr(self, "pool"):
                 self.pool.shutdown(wait=True, cancel_futures=True)
             self.server.stop()
@@ -390,6 +401,50 @@ class VerifierNode:
     def outer_step(self, n: int) -> None:
         """The protocol script for outer step n: (fetch → check → replay → verdict) for every
         contribution assigned to us, then follow G to G_{n+1}."""
+        self._verify_phase(n)
+        self._set(phase="FOLLOWING")
+        self._follow(n)
+
+    def _overlapped_step(self, run: Any) -> int:
+        """Overlapped runs (specs §2.2.1): each step in flight gets a worker of its own that verifies
+        it (as soon as it is challenged) and follows its result, so step n+1's reveals are judged
+        while step n is still in its escalation, audit or result rounds. Returns 1 once a step was
+        taken, 0 after waiting for the next one to open."""
+        for n in run.steps_in_flight:
+            if n in self._taken:
+                continue
+            self._taken.add(n)
+
+            def work(n: int = n) -> None:
+                failures = 0
+                while True:
+                    try:
+                        self.outer_step(n)
+                        return
+                    except Stopped:
+                        return
+                    except RECOVERABLE as e:  # as the sequential loop: wait, then resume the step
+                        failures += 1
+                        error = f"{type(e).__name__}: {e}"
+                        self.log("interrupted", outer_step=n, error=error, retry=failures)
+                        if self.view.stop.wait(min(self.retry_backoff * 2 ** (failures - 1), 10.0)):
+                            return
+
+            self._workers = [t for t in self._workers if t.is_alive()]
+            self._workers.append(self._spawn(f"{self.name}-step-{n}", work))
+            return 1
+        newest = max(self._taken, default=-1)
+        self.view.wait_run(lambda r: not r.active or r.current_step > newest)
+        return 0
+
+    def _spawn(self, name: str, fn: Callable[[], None]) -> threading.Thread:
+        """Start a worker thread of this node (one place, so a test harness can count it)."""
+        thread = threading.Thread(target=fn, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _verify_phase(self, n: int) -> None:
+        """Wait for step n's challenge, then judge every contribution assigned to us."""
         self._set(outer_step=n, phase="WAITING")
         info = self.view.step(n)
         h = self.chain.height()
@@ -400,8 +455,6 @@ class VerifierNode:
             self._set(phase="VERIFYING")
             self._verify_step(n, info)
             self._drop_states(n)  # finalized: no audit or dispute can ask for them any more
-        self._set(phase="FOLLOWING")
-        self._follow(n)
 
     def _verify_step(self, n: int, info: StepInfo) -> None:
         gm = self._global(info.base_model_hash)
@@ -457,7 +510,7 @@ class VerifierNode:
             trajectory_root=c["trajectory_root"], leaf_count=c["leaf_count"], delta_hash=c["delta_hash"],
             final_optimizer_hash=c["final_optimizer_hash"], tokens=c["tokens"],
             env=EnvFingerprint.model_validate(c["env"]), sampled=tuple(segments), openings=opened,
-            prev_optimizer_hash=self.view.prev_optimizer_hash(host),
+            prev_optimizer_hash=self.view.prev_optimizer_hash(host, n),
         )  # fmt: skip
 
     def _judge(self, job: Job, gm: GlobalModel) -> Outcome | None:
@@ -572,10 +625,11 @@ class VerifierNode:
         while info.phase is not Phase.DONE:
             h = self.view.next_block(max(h, info.height))
             info = self.view.step(n)
-        target = info.result_hash or info.base_model_hash
+        base = info.apply_to_hash or info.base_model_hash  # overlapped runs: the previous result
+        target = info.result_hash or base
         if target not in self._gm and not self.globals.has(target):
             try:
-                gm = self._global(info.base_model_hash)
+                gm = self._global(base)
                 _, accepted = self.view.accepted(n)
                 by_host = {a.host: a for a in accepted}
                 holders = self.view.holders(n, exclude=self.address)
@@ -600,7 +654,8 @@ class VerifierNode:
             except (BlobUnavailable, BlobInvalid, CodecError, ValueError, OSError) as e:
                 self.log("outer_step_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
                 self._global(target)
-        self._prune(n)
+        with self._lock:
+            self._prune(n)
 
     def _fetch_delta(self, n: int, a: Accepted, holders: Sequence[str]) -> None:
         """An accepted Δ from its author, the verifiers that checked it and everyone else at once
@@ -636,12 +691,17 @@ class VerifierNode:
             if group.startswith("delta-") and int(group.removeprefix("delta-")) < n - 1:
                 self.content.drop_group(group)
         hosts = [p.address for p in self.view.participants() if p.role == Role.HOST.value]
-        named = {self.view.prev_optimizer_hash(a) for a in hosts}
+        run = self.view.run()
+        if run.overlapped:  # the start states of the steps still to be verified (§2.2.1)
+            named = {self.view.prev_optimizer_hash(a, m) for a in hosts for m in (n + 1, n + 2)}
+        else:
+            named = {self.view.prev_optimizer_hash(a) for a in hosts}
         for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
             if h not in named:
                 self.catalog.withdraw(Kind.OPTIMIZER, h)
                 self.content.delete(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
-        keep = [self.view.step(n).base_model_hash, self.view.run().global_model_hash]
+        keep = [self.view.step(n).base_model_hash, run.global_model_hash]
+        keep += [self.view.step(m).base_model_hash for m in run.steps_in_flight]
         for h in self.globals.prune(keep):
             self.catalog.withdraw(Kind.MODEL, h)
             self._gm.pop(h, None)

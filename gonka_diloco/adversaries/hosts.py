@@ -26,6 +26,7 @@ must find.
 | withhold      | trains honestly, serves its verifiers, then refuses its Δ     | (2)                  |
 | forge_result  | withholds its Δ and votes for a G_{n+1} it made up            | (2), vote never wins |
 | silent_after_accept | honest until accepted, then serves, votes, commits nothing | (2)            |
+| eager         | overlapped runs: starts from its base − its own unverified Δ  | DELTA_MISMATCH (3)   |
 
 (1) a bad Δ only in tolerance mode: a bitwise verifier derives Δ from its own replay, never
 downloads the author's, and serves its copy to the aggregators (an availability attack then).
@@ -36,6 +37,11 @@ hurts nobody: the step's result is adopted by the honest majority, the forged vo
 vote is a minority). Only where nobody else holds the Δ (e.g. its only verifier was lazy and
 never derived it) do the honest hosts report it unavailable: it is dropped (`withheld`) and
 slashed, and the result is asked again over the rest.
+
+(3) its Δ is measured from where it started, not from the base: a bitwise verifier derives
+G_base − θ_H and finds another hash; WRONG_START when segment 0 is opened. Measuring Δ from the base
+instead makes it a one-segment fake (segment 0's start), caught when segment 0 is sampled: the
+lazy host's bound, (s − 1)/(n − 1) per step.
 
 `forged_env` is contained rather than caught in bitwise mode (no verifier of its claimed class,
 so no verdict: `unverified`, never in the model, never paid); in tolerance mode: REPLAY_MISMATCH.
@@ -61,7 +67,7 @@ from protocol import codecs
 from protocol.config import ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
 from trainer.behaviour import HostBehaviour, OuterContext, register
-from trainer.commit import Contribution
+from trainer.commit import Contribution, run_committed
 from trainer.step import State, load_training_state, train_segment, training_hash, training_state
 
 PARAM = "param/"
@@ -465,6 +471,35 @@ class MomentSteer(HostAdversary):
         return assemble(ctx, states, losses)
 
 
+class EagerStart(HostAdversary):
+    """Overlapped runs: trains step n from its base minus its own step n−1 Δ, not yet verified (the
+    'eager update' of Kale et al. 2025), while claiming the base: a start that finalized chain data
+    does not fix, so a Δ later rejected would already be inside it. Honest until it has a Δ.
+
+    Caught by the Δ check (its Δ is not G_base − θ_H) or, when segment 0 is opened, by the start
+    check (boundary 0 is not the base plus the chain-named optimizer state)."""
+
+    name = "eager"
+    expected = ("DELTA_MISMATCH", "WRONG_START")
+    chain_outcome = "rejected"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: dict[int, bytes] = {}
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        previous = self.history.get(ctx.outer_step - 1)
+        if previous is None or ctx.optimizer is None:
+            c = ctx.train()
+        else:
+            own = codecs.decode(previous, ctx.global_model.layout)
+            eager = {n: ctx.global_model.params[n] - own[n] for n in ctx.global_model.params}
+            c = run_committed(
+                ctx.model, ctx.optimizer, ctx.cfg, ctx.data, ctx.address, ctx.outer_step, eager,
+                ctx.global_model.hash, ctx.store, loss_fn=ctx.loss_fn,
+            )  # fmt: skip
+        self.history[ctx.outer_step] = c.payload
+        return c
 class Withhold(HostAdversary):
     """Trains honestly and serves its verifiers, then refuses its Δ to everyone (still voting for
     the G_{n+1} it can compute, to be paid): from its reveal in bitwise mode (its verifiers derive
@@ -556,6 +591,7 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "withhold": Withhold,
     "forge_result": ForgeResult,
     "silent_after_accept": SilentAfterAccept,
+    "eager": EagerStart,
 }
 
 
