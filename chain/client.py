@@ -9,6 +9,8 @@ Cosmos chain carrying the module.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import threading
 import time
@@ -36,6 +38,8 @@ GAS_ADJUSTMENT = 1.3
 ERR_WRONG_SEQUENCE = 32
 ERR_TX_IN_CACHE = 19
 ERR_MEMPOOL_FULL = 20
+RESUBMIT_SECONDS = 5.0
+"""A broadcast tx not in a block after this long is broadcast again (a restarted node's mempool is empty)."""
 
 
 class ChainClientError(RuntimeError):
@@ -260,12 +264,28 @@ class ChainClient(ABC):
                 raise TxFailed(tx_hash, code, codespace, log)
         if not wait:
             return TxResult(hash=tx_hash, height=0, code=0, codespace="", log="", gas_wanted=gas, gas_used=0)
-        result = self.wait_for_tx(tx_hash, timeout)
+        result = self._wait_resubmitting(raw, tx_hash, timeout)
         if not result.ok:
             with self._lock_for(address):
                 self._accounts.pop(address, None)  # an ante failure in the block leaves the sequence
             raise TxFailed(result.hash, result.code, result.codespace, result.log, result.height)
         return result
+
+    def _wait_resubmitting(self, raw: bytes, tx_hash: str, timeout: float) -> TxResult:
+        """Wait for the tx; every `RESUBMIT_SECONDS` without it, broadcast the same signed bytes
+        again: a node killed after admitting it lost its mempool on restart. The same bytes are the
+        same tx (same hash, same sequence), so a copy still pending or already committed is refused
+        by the ante and nothing runs twice."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return self.wait_for_tx(tx_hash, min(remaining, RESUBMIT_SECONDS))
+            except ChainTimeout:
+                if remaining <= RESUBMIT_SECONDS:
+                    raise ChainTimeout(f"tx {tx_hash} not committed within {timeout}s") from None
+            with contextlib.suppress(RuntimeError, OSError):  # still down: resubmit at the next slice
+                self._submit(raw)
 
     def follow(self, from_height: int, timeout: float = 30.0) -> Callable[[], Block]:
         """A cursor: each call returns the next block after `from_height`."""
