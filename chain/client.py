@@ -10,7 +10,6 @@ Cosmos chain carrying the module.
 from __future__ import annotations
 
 import contextlib
-
 import math
 import threading
 import time
