@@ -64,6 +64,9 @@ def contenders(quick: bool) -> list[Contender]:
 
 
 REMEDIES: list[Contender] = [
+    ("eager", 1, 0.7, 0.9, True, True),  # Overlap.EAGER: own Δ_{n−1} stands in for the aggregate
+    ("eager_mu0.8", 1, 0.7, 0.8, False, True),
+    ("lookahead", 1, 0.7, 0.9, False, False),  # start from G_{n−1} moved by its momentum's forecast
     ("delayed_mu0.8", 1, 0.7, 0.8, False, False),
     ("delayed_lr0.5", 1, 0.5, 0.9, False, False),
     ("delayed_mu0.6", 1, 0.7, 0.6, False, False),
@@ -146,7 +149,9 @@ def main(
     for name, delay, olr, mu, verify, carry in chosen:
         s = {**setup.to_json(), "outer_lr": olr, "outer_momentum": mu}
         jobs.append({"label": f"{tag}/{name}", "kind": "diloco", "setup": s, "verify": verify,
-                     "outer_delay": delay, "carry_optimizer": carry})  # fmt: skip
+                     "outer_delay": delay, "carry_optimizer": carry,
+                     "eager": name.startswith("eager"),
+                     "lookahead": name.startswith("lookahead")})  # fmt: skip
     fresh = {c[0]: r for c, r in zip(chosen, run_jobs(jobs, per_child=1), strict=True)}
     named = {}
     if only:  # read after the runs: another invocation may have written its results meanwhile

@@ -297,6 +297,8 @@ def run_diloco(
     save_params: str | None = None,
     outer_delay: int = 0,
     carry_optimizer: bool = False,
+    eager: bool = False,
+    lookahead: bool = False,
 ) -> dict[str, Any]:
     """T outer steps of M hosts; the last `adversaries` hosts (sorted order) lie with `attack`.
 
@@ -305,6 +307,10 @@ def run_diloco(
     Its inner optimizer state is the one the host committed in step n − 1 − d if that contribution
     was accepted, else a fresh one (the chain's rule: a start state is made of finalized data only);
     `carry_optimizer` keeps the latest state instead (what `trainer.diloco.DiLoCo` does).
+    `eager` (with d = 1, `Overlap.EAGER`): a host whose step n − 1 contribution exists starts step
+    n from Nesterov(G_{n−1}, its own decoded Δ_{n−1}) — its own Δ standing in for the aggregate
+    not yet known (Kale et al. 2025) — with the optimizer state committed with that Δ; its step n
+    contribution enters only if the step n − 1 one was accepted (the parent rule).
 
     aggregator "protocol": `outer_update` over the Δs that enter (all, or the verified ones).
     Other names: a robust rule from `bench.aggregators` over all decoded Δs, then Nesterov.
@@ -329,14 +335,25 @@ def run_diloco(
     replay_steps = 0
     store = MemStore() if (verify or attack) else None  # boundary states only when someone reads them
     history = deque([(g, mom)], maxlen=outer_delay + 1)  # G_{n−d} … G_n: the oldest is the base
+    own: dict[str, tuple[Params, bool]] = {}  # eager: each host's last decoded Δ and its verdict
     for n in range(setup.outer_steps):
         base, base_mom = history[0]
         g_hash = global_model_hash(base, base_mom)
-        if outer_delay and not carry_optimizer:
+        if outer_delay and not carry_optimizer and not eager:
             for h in active:
                 hosts[h].restore_optimizer(env, n - 1 - outer_delay)
+        starts = {h: (base, g_hash) for h in active}
+        if lookahead:  # the outer momentum's own forecast of the update not yet known: g ≈ (1 − μ)·b
+            guess = {k: torch.mul(b, 1.0 - cfg.outer.momentum) for k, b in base_mom.items()}
+            lr, mu = cfg.outer.lr, cfg.outer.momentum
+            e, e_mom = outer_update(base, base_mom, [("lookahead", 1, guess)], lr, mu)
+            starts = {h: (e, global_model_hash(e, e_mom)) for h in active}
+        if eager:
+            for h, (d, _) in own.items():
+                e, e_mom = outer_update(base, base_mom, [(h, 1, d)], cfg.outer.lr, cfg.outer.momentum)
+                starts[h] = (e, global_model_hash(e, e_mom))
         t0 = time.perf_counter()
-        contribs = {h: hosts[h].contribute(env, n, base, g_hash, store) for h in active}
+        contribs = {h: hosts[h].contribute(env, n, starts[h][0], starts[h][1], store) for h in active}
         if store is not None:
             store.flush()  # the last boundaries are written in the background: wait before reading them
         t_train += time.perf_counter() - t0
@@ -353,8 +370,10 @@ def run_diloco(
             entering = []
             for h in active:
                 ok, reason, steps = verify_contribution(
-                    env, contribs[h], h, hosts[h].prev_optimizer_hash, base, store, verifier
+                    env, contribs[h], h, hosts[h].prev_optimizer_hash, starts[h][0], store, verifier
                 )
+                if ok and eager and h in own and not own[h][1]:
+                    ok, reason = False, "PARENT_NOT_ACCEPTED"
                 replay_steps += steps
                 key = f"{'adversary' if h in bad_hosts else 'honest'}:{reason}"
                 verdicts[key] = verdicts.get(key, 0) + 1
@@ -365,11 +384,16 @@ def run_diloco(
             hosts[h].prev_optimizer_hash = contribs[h].final_optimizer_hash
             if outer_delay and not carry_optimizer:
                 hosts[h].keep_optimizer(n, contribs[h].final_optimizer_hash, h in entering, outer_delay)
+        if eager:
+            entering = [h for h in entering if h not in own or own[h][1]]
         decoded: dict[str, Params] = {}
         sizes = []
-        for h in entering:
+        for h in (active if eager else entering):
             decoded[h], size = roundtrip(contribs[h].delta, cfg.codec, cfg.codec_block_size)
-            sizes.append(size)
+            if h in entering:
+                sizes.append(size)
+        if eager:
+            own = {h: (decoded[h], h in entering) for h in active}
         sent += sum(sizes) / max(1, len(sizes))
         if aggregator == "protocol":
             accepted = [(h, contribs[h].tokens, decoded[h]) for h in entering]
