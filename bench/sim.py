@@ -388,7 +388,7 @@ def run_diloco(
             entering = [h for h in entering if h not in own or own[h][1]]
         decoded: dict[str, Params] = {}
         sizes = []
-        for h in (active if eager else entering):
+        for h in active if eager else entering:
             decoded[h], size = roundtrip(contribs[h].delta, cfg.codec, cfg.codec_block_size)
             if h in entering:
                 sizes.append(size)
