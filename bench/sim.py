@@ -299,6 +299,7 @@ def run_diloco(
     carry_optimizer: bool = False,
     eager: bool = False,
     lookahead: bool = False,
+    eager_scale: float = 1.0,
 ) -> dict[str, Any]:
     """T outer steps of M hosts; the last `adversaries` hosts (sorted order) lie with `attack`.
 
@@ -350,7 +351,8 @@ def run_diloco(
             starts = {h: (e, global_model_hash(e, e_mom)) for h in active}
         if eager:
             for h, (d, _) in own.items():
-                e, e_mom = outer_update(base, base_mom, [(h, 1, d)], cfg.outer.lr, cfg.outer.momentum)
+                stand_in = d if eager_scale == 1.0 else {k: torch.mul(t, eager_scale) for k, t in d.items()}
+                e, e_mom = outer_update(base, base_mom, [(h, 1, stand_in)], cfg.outer.lr, cfg.outer.momentum)
                 starts[h] = (e, global_model_hash(e, e_mom))
         t0 = time.perf_counter()
         contribs = {h: hosts[h].contribute(env, n, starts[h][0], starts[h][1], store) for h in active}
