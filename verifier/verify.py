@@ -425,7 +425,14 @@ def rebuild_start(
             rebuilt = {**{PARAM + n: t for n, t in ctx.global_params.items()}, **opt_state}
         if training_hash(rebuilt, c) == leaf:
             return rebuilt
-    claimed = _checked_state(source, leaf)
+    try:
+        claimed = _checked_state(source, leaf)
+    except MissingData:
+        if opt_state is None:
+            raise
+        # the start is fixed by chain data alone: a leaf 0 that is not it is wrong, served or not
+        # (an honest host need not serve segment 0's start, so a wrong one is rarely served)
+        raise _Reject(Reason.WRONG_START, "start leaf is not the rule's start (and is not served)") from None
     check_start(job, ctx, claimed)
     if opt_state is not None:
         raise _Reject(Reason.WRONG_START, "start leaf is not G_n with the carried optimizer state")
