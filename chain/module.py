@@ -230,7 +230,32 @@ def _require_run(state: ChainState, run_id: int) -> Run:
 
 def overlapped(run: Run) -> bool:
     """Does the run train step n+1 while step n is verified and aggregated (§2.2.1)?"""
-    return run_config(run).overlap is Overlap.DELAYED
+    return run_config(run).overlap in (Overlap.DELAYED, Overlap.EAGER)
+
+
+def entered(step: OuterStep) -> list[str]:
+    """The hosts whose Δs are in the step's result: its accepted set if a majority adopted the
+    result, nobody if it closed unchanged (or is not closed yet)."""
+    return step.accepted if step.adopted else []
+
+
+def eager_parent(run: Run, host: str, outer_step: int) -> Contribution | None:
+    """Eager runs (§2.2.1): the host's step n − 1 contribution its step n starts from, if any.
+
+    It is the parent when it was committed without equivocation and is *eligible*: it has no
+    parent itself, or its parent's Δ entered step n − 2's result (step n − 2 is done whenever
+    step n is open, so the parent is fixed when step n opens and never changes after)."""
+    if run_config(run).overlap is not Overlap.EAGER or outer_step < 1:
+        return None
+    before = run.steps.get(outer_step - 1)
+    c = before.contributions.get(host) if before is not None else None
+    if c is None or c.equivocation_tx is not None:
+        return None
+    if c.parent_delta_hash is not None:
+        grand = run.steps.get(outer_step - 2)
+        if grand is None or grand.phase != Phase.DONE or host not in entered(grand):
+            return None
+    return c
 
 
 def steps_in_flight(run: Run) -> list[OuterStep]:
@@ -283,6 +308,9 @@ def start_optimizer(run: Run, host: str, outer_step: int | None = None) -> str |
     if not overlapped(run):
         return run.prev_optimizer.get(host)
     index = run.current_step if outer_step is None else outer_step
+    parent = eager_parent(run, host, index)
+    if parent is not None:  # eager: the state the host ended its parent step with
+        return parent.final_optimizer_hash
     base = run.steps.get(index - 2)
     c = base.contributions.get(host) if base is not None else None
     return c.final_optimizer_hash if c is not None and c.outcome == Outcome.ACCEPTED else None
@@ -463,9 +491,11 @@ def process_commit(state: ChainState, msg: MsgCommitPseudoGradient, ctx: TxConte
         return [
             _event("equivocation", run_id=run.id, outer_step=step.index, host=msg.creator, tx=ctx.tx_hash)
         ]
+    parent = eager_parent(run, msg.creator, step.index)
     step.contributions[msg.creator] = Contribution(
-        host=msg.creator, height=ctx.height, tx_hash=ctx.tx_hash, **fields
-    )
+        host=msg.creator, height=ctx.height, tx_hash=ctx.tx_hash, **fields,
+        parent_delta_hash=None if parent is None else parent.delta_hash,
+    )  # fmt: skip
     return [
         _event("commit", run_id=run.id, outer_step=step.index, host=msg.creator, delta_hash=msg.delta_hash)
     ]
@@ -568,11 +598,24 @@ def _open_overlapped(run: Run, open_height: int) -> list[Event]:
 
 def _start_results(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
     """Overlapped runs: the previous step just closed, so this finalized step's Δs can be applied to
-    its result: result round 0 starts now (or, with nothing accepted, the step closes unchanged)."""
+    its result: result round 0 starts now (or, with nothing accepted, the step closes unchanged).
+    Eager runs first drop every accepted Δ whose start was built on a parent Δ that is not in that
+    result (§2.2.1): nothing that did not enter the model reaches it through a child."""
+    events: list[Event] = []
+    if run_config(run).overlap is Overlap.EAGER and step.index > 0:
+        in_model = set(entered(run.steps[step.index - 1]))
+        for host in list(step.accepted):
+            c = step.contributions[host]
+            if c.parent_delta_hash is not None and host not in in_model:
+                c.outcome = Outcome.PARENT_NOT_ACCEPTED
+                touched(c)
+                run.prev_optimizer.pop(host, None)
+                step.accepted.remove(host)
+                events.append(_event("parent_not_accepted", run_id=run.id, outer_step=step.index, host=host))
     if not step.accepted:
-        return _close_step(state, run, step, run.global_model_hash, height)
+        return events + _close_step(state, run, step, run.global_model_hash, height)
     step.result_deadline = height + run_config(run).phases.result_blocks
-    return [_event("result_round", run_id=run.id, outer_step=step.index, round=step.result_round)]
+    return [*events, _event("result_round", run_id=run.id, outer_step=step.index, round=step.result_round)]
 
 
 def _open_next_step(run: Run, step: OuterStep, open_height: int) -> list[Event]:
@@ -632,6 +675,7 @@ def _close_step(state: ChainState, run: Run, step: OuterStep, model_hash: str, h
 
 def _adopt_result(state: ChainState, run: Run, step: OuterStep, model_hash: str, height: int) -> list[Event]:
     """A strict majority of the round's accepted weight agreed: G_{n+1}; the Δs in it are paid."""
+    step.adopted = True
     events = _pay_rewards(state, run, step)
     events.append(_event("global_model", run_id=run.id, outer_step=step.index, model_hash=model_hash))
     return events + _close_step(state, run, step, model_hash, height)

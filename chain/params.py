@@ -68,6 +68,7 @@ class Outcome(StrEnum):
     EQUIVOCATED = "equivocated"  # a reject: slashed like one
     UNVERIFIED = "unverified"  # no verdict decided it: excluded, nobody slashed
     WITHHELD = "withheld"  # accepted, then reported unavailable by a majority: dropped and slashed
+    PARENT_NOT_ACCEPTED = "parent_not_accepted"  # eager: its start used a Δ that did not enter; not slashed
 
 
 SLASHED_OUTCOMES = (Outcome.REJECTED, Outcome.MISSING_REVEAL, Outcome.EQUIVOCATED, Outcome.WITHHELD)

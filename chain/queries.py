@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from chain import errors
-from chain.module import apply_to_hash, start_optimizer, steps_in_flight
+from chain.module import apply_to_hash, eager_parent, start_optimizer, steps_in_flight
 from chain.params import DENOM, MODULE_ACCOUNT, REWARD_POOL_ACCOUNT
 from chain.state import ChainState, Contribution, OuterStep, Run, app_hash, total_supply
 
@@ -255,6 +255,22 @@ def prev_optimizer_hash(state: ChainState, run_id: int, host: str, step: int | N
     """The optimizer hash the host's start state of outer step `step` (default: the current one)
     must carry; None = fresh optimizer (specs §2.2.1, §2.6)."""
     return start_optimizer(_run(state, run_id), host, step)
+
+
+def start_state(state: ChainState, run_id: int, host: str, step: int | None = None) -> dict[str, Any]:
+    """What the host's start state of outer step `step` (default: the current one) is made of
+    (specs §2.2.1): the base model, the eager parent (the host's own step n − 1 Δ the outer step
+    is applied with, or null) and the optimizer state (null = fresh)."""
+    run = _run(state, run_id)
+    s = _step(run, step)
+    parent = eager_parent(run, host, s.index)
+    return {
+        "base_model_hash": s.base_model_hash,
+        "parent_delta_hash": None if parent is None else parent.delta_hash,
+        "parent_codec": None if parent is None else parent.codec,
+        "parent_outer_step": None if parent is None else s.index - 1,
+        "optimizer_hash": start_optimizer(run, host, s.index),
+    }
 
 
 def account(state: ChainState, address: str) -> dict[str, Any] | None:

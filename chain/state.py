@@ -102,6 +102,7 @@ class Contribution:
     outcome: str | None = None  # chain.params.Outcome
     reward: int = 0  # paid when the step's result is adopted (never for a Δ that was dropped)
     slashed: int = 0
+    parent_delta_hash: str | None = None  # eager runs: the own previous Δ the start was built on (§2.2.1)
 
 
 @dataclass
@@ -132,6 +133,7 @@ class OuterStep:
     unavailable: dict[str, list[str]] = field(default_factory=dict)  # reporter -> hosts (this round)
     result_hash: str | None = None
     done_height: int | None = None
+    adopted: bool = False  # closed with a majority result: its accepted Δs are in `result_hash`
 
 
 @dataclass

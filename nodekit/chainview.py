@@ -19,7 +19,7 @@ from chain.params import CODESPACE, Outcome, Phase
 from protocol.messages import Role
 
 __all__ = [
-    "ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "ResultRound", "StepInfo", "Stopped",
+    "ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "ResultRound", "StartState", "StepInfo", "Stopped",
     "is_chain_error",
 ]  # fmt: skip
 
@@ -96,7 +96,25 @@ class RunInfo:
     @property
     def overlapped(self) -> bool:
         """Step n+1 trains while step n is verified and aggregated (specs §2.2.1)."""
-        return self.overlap == "delayed"
+        return self.overlap in ("delayed", "eager")
+
+    @property
+    def eager(self) -> bool:
+        """Overlapped, and a host's own previous Δ stands in for the aggregate (specs §2.2.1)."""
+        return self.overlap == "eager"
+
+
+@dataclass(frozen=True)
+class StartState:
+    """What a host's start state of one outer step is made of (the chain's `start_state`)."""
+
+    base_model_hash: str
+    parent_delta_hash: str | None = None
+    """Eager runs: the host's own step n − 1 Δ, applied to the base by the outer step; else None."""
+    parent_codec: str | None = None
+    parent_outer_step: int | None = None
+    optimizer_hash: str | None = None
+    """None: a fresh optimizer."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +236,10 @@ class ChainView:
         if n is None:
             return self.q("prev_optimizer_hash", host=host)
         return self.q("prev_optimizer_hash", host=host, step=n)
+
+    def start_state(self, host: str, n: int) -> StartState:
+        """The base, eager parent and optimizer of the host's start of outer step n (§2.2.1)."""
+        return _typed(StartState, self.q("start_state", host=host, step=n))
 
     def assignments(self, verifier: str, n: int) -> list[str]:
         return list(self.q("assignments", verifier=verifier, step=n)["hosts"])

@@ -159,6 +159,21 @@ class Accumulator:
         return nesterov(params, momentum, self.acc, lr, mu, consume=True)
 
 
+EAGER_STAND_IN_SCALE = 1.0
+"""α of the eager schedule (specs §2.2.1): the host's own Δ, times α, stands in for the aggregate."""
+
+
+def eager_start(
+    params: Tensors, momentum: Tensors, own_delta: Tensors, lr: float, mu: float
+) -> dict[str, torch.Tensor]:
+    """The params of an eager start (specs §2.2.1): the outer step applied to G_{n−1} (params and
+    momentum) with the host's own decoded step n − 1 Δ, scaled by α, as the only Δ (weight 1).
+    Host, verifiers and the host's recomputation all call this, so the start has the same bits."""
+    alpha = _scalar(f32_nearest(Fraction(EAGER_STAND_IN_SCALE)))
+    stand_in = {n: torch.mul(t, alpha) for n, t in own_delta.items()}
+    return outer_update(params, momentum, [("own", 1, stand_in)], lr, mu)[0]
+
+
 def global_model_hash(params: Tensors, momentum: Tensors, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:
     """Hash of G = {"param/<n>": θ, "momentum/<n>": b} with kind GLOBAL: what the chain records."""
     _check(params, momentum, "momentum")

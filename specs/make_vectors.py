@@ -322,6 +322,7 @@ def wire_vectors() -> list[dict[str, Any]]:
         MsgReportUnavailable(creator=HOST, run_id=1, outer_step=3, hosts=[VERIFIER_ADDRESSES[0]]),
         # §2.2.1: an overlapped run carries `overlap` (field 29); a sequential one leaves it unset
         MsgCreateRun(creator=HOST, config=cfg.model_copy(update={"overlap": Overlap.DELAYED})),
+        MsgCreateRun(creator=HOST, config=cfg.model_copy(update={"overlap": Overlap.EAGER})),
     ]
     return [
         {
@@ -421,7 +422,12 @@ def replay_blocks(blocks: list[dict[str, Any]]) -> ChainState:
 
 def scenario_summary(state: ChainState) -> dict[str, Any]:
     run = state.runs[1]
+    eager = {}  # §2.2.1: which own Δ each contribution's start was built on
+    if run.config.get("overlap") == "eager":
+        eager["parents"] = {str(i): {h: c.parent_delta_hash for h, c in sorted(s.contributions.items())}
+                            for i, s in sorted(run.steps.items())}  # fmt: skip
     return {
+        **eager,
         "app_hash": app_hash(state).hex(),
         "global_model_hash": run.global_model_hash,
         "steps": {
@@ -654,6 +660,25 @@ def chain_vectors() -> list[dict[str, Any]]:
     sc.add(s1["verify_deadline"] + 1, *[_vote(h, "g2 = g1 + step 1", 1) for h in HOST_ADDRESSES[:2]])
     sc.run_to(s1["verify_deadline"] + 2)
     out.append({"label": "overlapped_schedule", "blocks": sc.blocks})
+
+    # 6. the eager schedule (§2.2.1): each host's step 1 starts from its own step 0 Δ (its parent).
+    # Host 2 misses its step 0 reveal: its step 1 Δ, accepted by its verifiers, is dropped as
+    # parent_not_accepted when step 1's result round starts, unslashed; step 2's start has no parent.
+    sc = _Scenario(_vector_config(overlap=Overlap.EAGER))
+    sc.commit(0, HOST_ADDRESSES)
+    s0 = sc.step()
+    sc.run_to(s0["commit_deadline"] + 1)  # step 1 opens here
+    sc.commit(1, HOST_ADDRESSES)
+    sc.reveal(0, HOST_ADDRESSES[:2])
+    sc.verdicts(s0["challenge_height"] + 1, index=0, only=tuple(HOST_ADDRESSES[:2]))
+    s1 = queries.outer_step(sc.state(), 1, 1)
+    sc.reveal(1, HOST_ADDRESSES)
+    sc.verdicts(s1["challenge_height"] + 1, index=1)
+    sc.add(s0["verify_deadline"] + 1, *[_vote(h, "g1", 0) for h in HOST_ADDRESSES[:2]])
+    sc.commit(2, HOST_ADDRESSES)  # on g1; hosts 0 and 1 with their step 1 Δ as parent, host 2 without
+    sc.add(s1["verify_deadline"] + 1, *[_vote(h, "g2 = g1 + step 1", 1) for h in HOST_ADDRESSES[:2]])
+    sc.run_to(s1["verify_deadline"] + 2)
+    out.append({"label": "eager_schedule", "blocks": sc.blocks})
 
     for v in out:
         v["genesis"] = vector_genesis().model_dump(mode="json")
