@@ -1,5 +1,5 @@
 """The eager start (specs §2.2.1, `nodekit.eager.EagerStart`): computed tensor by tensor on access,
-it has exactly the bits of the whole-model outer_update over [(host, 1, decoded parent Δ)], from
+it has exactly the bits of the whole-model `protocol.outer.eager_start` on the decoded parent Δ, from
 a G read from disk as well as from memory, and a parent payload that does not fit is refused."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.store import ContentStore
 from protocol.codecs import CodecError, decode, encode
 from protocol.config import Codec, OuterOptim
-from protocol.outer import outer_update
+from protocol.outer import EAGER_STAND_IN_SCALE, outer_update
+from protocol.outer import eager_start as start_params
 
 
 def _g() -> GlobalModel:
@@ -32,11 +33,14 @@ def test_eager_start_is_bitwise_the_whole_model_outer_update(tmp_path: Path, cod
     delta = {k: torch.randn(t.shape, generator=gen) * 0.01 for k, t in gm.params.items()}
     payload = encode(delta, codec, 64)
     outer = OuterOptim(lr=0.7, momentum=0.9)
-    want, _ = outer_update(gm.params, gm.momentum, [("h", 1, decode(payload, gm.layout))], 0.7, 0.9)
+    want = start_params(gm.params, gm.momentum, decode(payload, gm.layout), 0.7, 0.9)
+    plain, _ = outer_update(gm.params, gm.momentum, [("h", 1, decode(payload, gm.layout))], 0.7, 0.9)
+    if EAGER_STAND_IN_SCALE == 1.0:  # α = 1: exactly the outer step with the own Δ as the aggregate
+        assert all(torch.equal(plain[k], want[k]) for k in want)
     store = GlobalStore(ContentStore(tmp_path), gm.layout)
     store.save(gm)
     for g in (gm, store.load(gm.hash)):  # in memory, and read from disk tensor by tensor
-        start = eager_start(g, payload, outer, "h")
+        start = eager_start(g, payload, outer)
         assert list(start) == sorted(want) and start.shapes == dict(gm.layout)
         for name in [*sorted(want), "c", "a.weight"]:  # in order, then backwards: the cursor restarts
             assert torch.equal(start[name], want[name]), name
@@ -47,6 +51,6 @@ def test_eager_start_refuses_a_parent_that_does_not_fit() -> None:
     gm = _g()
     other = encode({"a.weight": torch.zeros(7, 5)}, Codec.INT8, 64)
     with pytest.raises(CodecError, match="layout"):
-        eager_start(gm, other, OuterOptim(), "h")
+        eager_start(gm, other, OuterOptim())
     with pytest.raises(CodecError):
-        eager_start(gm, b"not a payload", OuterOptim(), "h")
+        eager_start(gm, b"not a payload", OuterOptim())

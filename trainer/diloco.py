@@ -15,7 +15,8 @@ A step's start is a finalized global model, never a Δ of its own or anyone's th
 
 `eager=True` (with d = 1; `Overlap.EAGER`, specs §2.2.1) changes only the start: a worker whose
 step n − 1 Δ is a *parent* (step n − 1 exists, and its own parent, if any, was accepted) starts
-step n from the params half of outer_update(G_{n−1}, b_{n−1}, [(own, 1, own Δ_{n−1})]) — its own
+step n from `protocol.outer.eager_start(G_{n−1}, b_{n−1}, own Δ_{n−1})` (the outer step with α·Δ
+as the only Δ; α = 1 today) — its own
 Δ standing in for the aggregate not yet known (Kale et al. 2025) — and Δ_n is measured against
 that start. The `aggregate` callback plays the chain and must apply the parent rule itself (a Δ
 whose parent was not accepted does not enter); the wrapper applies it to the starts.
@@ -30,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from protocol.outer import outer_update
+from protocol.outer import eager_start, outer_update
 
 Delta = Mapping[str, Tensor]
 Aggregate = Callable[[str, int, Delta], Sequence[tuple[str, int, Delta]]]
@@ -137,10 +138,7 @@ class DiLoCo:
         self._parent_accepted = accepted if is_parent else None
         if not is_parent:
             return base
-        params, _ = outer_update(
-            base, self._momenta[0], [(self.name, 1, own)], self.outer_lr, self.outer_momentum
-        )
-        return params
+        return eager_start(base, self._momenta[0], own, self.outer_lr, self.outer_momentum)
 
     def close(self) -> None:
         """Detach from the optimizer (the model keeps its current parameters)."""

@@ -518,7 +518,7 @@ class HostNode:
         m = s.parent_outer_step if s.parent_outer_step is not None else n - 1
         payload = self._parent_payload(m, s.parent_delta_hash)
         try:
-            return eager_start(gm, payload, self.cfg.outer, self.address)
+            return eager_start(gm, payload, self.cfg.outer)
         except CodecError as e:  # our own committed Δ does not decode: the chain's start cannot be built
             raise NodeError(f"own step {m} Δ {s.parent_delta_hash[:12]} does not decode: {e}") from e
 

@@ -504,7 +504,7 @@ def eager_context(job: Job, ctx: ReplayContext, source: BlobSource) -> ReplayCon
         raise ValueError("a job with a parent Δ needs G's momentum in the replay context")
     payload = source.delta(job.parent_delta_hash)
     try:
-        start = EagerStart(ctx.global_params, ctx.global_momentum, payload, job.cfg.outer, job.host)
+        start = EagerStart(ctx.global_params, ctx.global_momentum, payload, job.cfg.outer)
     except CodecError as e:
         raise MalformedBlob(f"parent Δ {job.parent_delta_hash[:12]}: {e}") from e
     return dataclasses.replace(ctx, global_params=start)

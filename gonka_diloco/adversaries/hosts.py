@@ -547,11 +547,11 @@ class WrongEagerStart(HostAdversary):
             forged = codecs.encode(
                 {n: t * self.factor for n, t in d.items()}, ctx.cfg.codec, ctx.cfg.codec_block_size
             )
-            ctx.start_params = eager_start(ctx.global_model, forged, outer, ctx.address)
+            ctx.start_params = eager_start(ctx.global_model, forged, outer)
         elif ctx.start_params is not None and self.mode == "no_parent":
             ctx.start_params = None
         elif ctx.start_params is None and self.mode == "own_always" and own is not None:
-            ctx.start_params = eager_start(ctx.global_model, own, outer, ctx.address)
+            ctx.start_params = eager_start(ctx.global_model, own, outer)
         c = ctx.train()
         self.history[ctx.outer_step] = c.payload
         return c
