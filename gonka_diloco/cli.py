@@ -167,7 +167,8 @@ def devnet(
     overlap: Annotated[
         str | None,
         typer.Option(
-            help=f"none, or delayed: train step n+1 while step n is verified (default {D.overlap.value})."
+            help="none; delayed: train step n+1 while step n is verified; eager: delayed, starting "
+            f"from G_(n-1) moved by the host's own step n-1 Δ (default {D.overlap.value})."
         ),
     ] = None,
     tolerance: Annotated[

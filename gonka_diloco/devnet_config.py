@@ -108,7 +108,9 @@ class DevnetConfig(Strict):
         4, ge=1, le=1_000_000, description="hosts persist every m-th boundary (host.toml checkpoint_every)"
     )
     overlap: Overlap = Field(
-        Overlap.NONE, description="none, or delayed: train step n+1 while step n is verified (specs §2.2.1)"
+        Overlap.NONE,
+        description="none; delayed: train step n+1 while step n is verified; eager: delayed, each host "
+        "starting from G_{n-1} moved by its own step n-1 Δ (specs §2.2.1)",
     )
     step_seconds: float | None = Field(
         None, gt=0, description="seconds per inner step: size phases.train when it is not set (else measured)"

@@ -33,6 +33,19 @@ class RunConfigFileError(ValueError):
     """The run config TOML is missing, malformed or invalid; the message says where."""
 
 
+def with_overlap(cfg: Any, overlap: str) -> Any:  # RunConfig -> RunConfig
+    """The config with another schedule, validated like the TOML's own `overlap`."""
+    from pydantic import ValidationError
+
+    from protocol.config import Overlap, RunConfig
+
+    try:
+        return RunConfig.model_validate({**cfg.model_dump(), "overlap": Overlap(overlap)})
+    except (ValueError, ValidationError):
+        choices = ", ".join(o.value for o in Overlap)
+        raise RunConfigFileError(f"--overlap {overlap!r}: expected one of {choices}") from None
+
+
 def load_run_config(
     path: Path, *, dataset: str | None = None, init_checkpoint: Path | None = None
 ) -> Any:  # -> protocol.config.RunConfig
@@ -282,6 +295,13 @@ def create(
     margin: Annotated[
         float, typer.Option("--margin", help="Phase sizing: training time × this (≥ 1).")
     ] = 1.5,
+    overlap: Annotated[
+        str | None,
+        typer.Option(
+            "--overlap",
+            help="Outer-loop schedule, overriding the TOML's: none, delayed, or eager (specs §2.2.1).",
+        ),
+    ] = None,
 ) -> None:
     """Create a run from a TOML run config with MsgCreateRun, and print its run id."""
     try:
@@ -290,6 +310,8 @@ def create(
                 _fail("give --init-checkpoint or --init-from-run, not both")
             init_checkpoint = fetch_final_model(chain_url, init_from_run, checkpoint_out)
         cfg = load_run_config(config, dataset=dataset, init_checkpoint=init_checkpoint)
+        if overlap is not None:
+            cfg = with_overlap(cfg, overlap)
         sizing: dict[str, Any] = {}
         if step_seconds is not None and measure:
             _fail("give --step-seconds or --measure, not both")

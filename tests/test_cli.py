@@ -163,6 +163,16 @@ def test_run_create_bad_config(tmp_path: Path, text: str, message: str) -> None:
     assert "Traceback" not in result.output
 
 
+def test_run_create_overlap_option_sets_the_schedule(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(TINY_RUN)
+    result = invoke("run", "create", str(path), "--dry-run", "--overlap", "eager")
+    assert result.exit_code == 0, result.output
+    assert '"overlap": "eager"' in result.output
+    bad = invoke("run", "create", str(path), "--dry-run", "--overlap", "eagre")
+    assert bad.exit_code == 2 and "expected one of none, delayed, eager" in bad.output
+
+
 def test_run_create_missing_file(tmp_path: Path) -> None:
     result = invoke("run", "create", str(tmp_path / "none.toml"), "--dry-run")
     assert result.exit_code == 2 and "run config not found" in result.output

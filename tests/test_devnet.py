@@ -267,8 +267,10 @@ def leftover_processes(marker: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path) -> None:
-    """The whole `gonka-diloco devnet --config devnet.toml` command, as `make devnet` runs it."""
+@pytest.mark.parametrize("overlap", ["none", "eager"])
+def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path, overlap: str) -> None:
+    """The whole `gonka-diloco devnet --config devnet.toml` command, as `make devnet` runs it;
+    `--overlap eager`: the eager schedule (specs §2.2.1), two steps in flight."""
     from typer.testing import CliRunner
 
     from gonka_diloco.cli import app
@@ -279,7 +281,8 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path) -> None:
     toml.write_text(QUICK_TOML)
     cfg = load_config(toml, {})
     assert cfg.model_dump() == make_config(QUICK).model_dump()  # the TOML says what QUICK says
-    result = CliRunner().invoke(app, ["devnet", "--config", str(toml), "--out-dir", str(tmp_path / "runs")])
+    args = ["devnet", "--config", str(toml), "--out-dir", str(tmp_path / "runs"), "--overlap", overlap]
+    result = CliRunner().invoke(app, args)
     [folder] = (tmp_path / "runs").iterdir()
     assert leftover_processes(str(folder)) == []
     assert result.exit_code == 0, result.output + (folder / "logs").as_posix()
@@ -303,7 +306,8 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path) -> None:
     for step in snap.steps:
         assert step.phase == "DONE" and step.accepted == ["host-0", "host-1"]
         assert step.result_votes == dict.fromkeys(step.accepted, step.result_hash)
-    for prev, nxt in zip(snap.steps, snap.steps[1:], strict=False):
+    lag = 2 if overlap == "eager" else 1  # overlapped: step n builds on step n − 2's result
+    for prev, nxt in zip(snap.steps, snap.steps[lag:], strict=False):
         assert nxt.base_model_hash == prev.result_hash
 
     assert snap.chain.txs and snap.chain.rewards > 0 and snap.chain.host_slashed > 0

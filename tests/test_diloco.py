@@ -123,7 +123,9 @@ def _delayed_reference(delay: int, accept: list[list[str]]) -> tuple[list[dict[s
     return globals_, starts
 
 
-def _delayed_wrapper(delay: int, accept: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]], list]:
+def _delayed_wrapper(
+    delay: int, accept: list[list[str]], eager: bool = False
+) -> tuple[list[dict[str, torch.Tensor]], list]:
     """The same run through `DiLoCo(outer_delay=delay)`; the aggregation hands back only the
     accepted Δs of each step (ours and/or a peer's), never the rejected poisoned one."""
     model = _toy(3)
@@ -143,7 +145,7 @@ def _delayed_wrapper(delay: int, accept: list[list[str]]) -> tuple[list[dict[str
         step[0] += 1
         return out
 
-    dl = DiLoCo(model, opt, sync_every=H, aggregate=aggregate, outer_delay=delay)
+    dl = DiLoCo(model, opt, sync_every=H, aggregate=aggregate, outer_delay=delay, eager=eager)
     globals_ = [dict(dl.global_params)]
     starts = [{n: p.detach().clone() for n, p in model.named_parameters()}]
     for i in range(H * T):
@@ -185,3 +187,65 @@ def test_outer_delay_one_differs_from_zero_and_starts_from_the_previous_global()
         assert all(torch.equal(s0[n][k], g0[n][k]) for k in s0[n])
     with pytest.raises(ValueError, match="outer_delay"):
         DiLoCo(_toy(0), torch.optim.SGD(_toy(0).parameters(), lr=0.1), sync_every=1, outer_delay=-1)
+
+
+# ---------------------------------------------------------------- the eager schedule (issue 16)
+
+
+def _eager_reference(accept: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]], list]:
+    """Eager by hand: step n starts from Nesterov(G_{n−1}, b_{n−1}, own Δ_{n−1}) (weight 1) when its
+    step n − 1 contribution is a parent (its own parent, if any, accepted), else from G_{n−1};
+    Δ_n = start_n − θ_{n,H}; G_{n+1} = Nesterov(G_n, mean of the accepted Δ_n); optimizer carried."""
+    model = _toy(3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = _data(0)
+    lr, mu = 0.7, 0.9
+    globals_ = [{n: p.detach().clone() for n, p in model.named_parameters()}]
+    moms = [{n: torch.zeros_like(t) for n, t in globals_[0].items()}]
+    starts: list[dict[str, torch.Tensor]] = []
+    eligible: list[bool] = []
+    own: dict[str, torch.Tensor] = {}
+    for n in range(T):
+        base, bmom = globals_[max(0, n - 1)], moms[max(0, n - 1)]
+        if n >= 1 and eligible[n - 1]:
+            start = {k: base[k] - lr * (own[k] + mu * (mu * bmom[k] + own[k])) for k in base}
+        else:
+            start = base
+        eligible.append(not (n >= 1 and eligible[n - 1]) or "me" in accept[n - 1])
+        starts.append(start)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(start[name])
+        for i in range(H):
+            opt.zero_grad()
+            ((model(x[i * 32 : i * 32 + 32]) - y[i * 32 : i * 32 + 32]) ** 2).mean().backward()
+            opt.step()
+        own = {name: start[name] - p.detach() for name, p in model.named_parameters()}
+        entering = [own if who == "me" else {k: torch.full_like(v, 0.01) for k, v in own.items()}
+                    for who in accept[n]]  # fmt: skip
+        g, b = globals_[n], moms[n]
+        if entering:
+            mean = {k: sum(d[k] for d in entering) / len(entering) for k in g}
+            b = {k: mu * b[k] + mean[k] for k in g}
+            g = {k: g[k] - lr * (mean[k] + mu * b[k]) for k in g}
+        globals_.append(g)
+        moms.append(b)
+    return globals_, starts
+
+
+def test_eager_matches_the_hand_written_recurrence_and_keeps_rejected_deltas_out() -> None:
+    """Step 1's own Δ is rejected: it is step 2's stand-in (its verdict is not known when step 2
+    opens) but never reaches a global model, and step 3 (whose parent would be step 2, a child of
+    the rejected Δ) starts from G_2 without it, exactly as delayed."""
+    got_g, got_starts = _delayed_wrapper(1, ACCEPT, eager=True)
+    want_g, want_starts = _eager_reference(ACCEPT)
+    for got, want in zip(got_g, want_g, strict=True):
+        assert all(torch.allclose(got[n], want[n], atol=1e-5, rtol=1e-5) for n in want)
+    for got, want in zip(got_starts, want_starts, strict=True):
+        assert all(torch.allclose(got[n], want[n], atol=1e-5, rtol=1e-5) for n in want)
+    assert max(float(t.abs().max()) for g in got_g for t in g.values()) < 10
+    _, delayed_starts = _delayed_wrapper(1, ACCEPT)
+    assert not all(torch.equal(got_starts[1][k], delayed_starts[1][k]) for k in got_starts[1])
+    assert all(torch.equal(got_starts[3][k], got_g[2][k]) for k in got_starts[3])  # no parent: G_2
+    with pytest.raises(ValueError, match="eager"):
+        DiLoCo(_toy(0), torch.optim.SGD(_toy(0).parameters(), lr=0.1), sync_every=1, eager=True)

@@ -80,11 +80,20 @@ class OuterContext:
     peers: Sequence[str] = ()  # blob endpoints of the run's other hosts
     extra: dict[str, Any] = field(default_factory=dict)
     team: Team | None = None
+    start_params: Mapping[str, Tensor] | None = None
+    """The params this step trains from when they are not G_n's: an eager run's start (specs
+    §2.2.1, `nodekit.eager`), computed on read. None: G_n (`global_model.params`)."""
+
+    @property
+    def start(self) -> Mapping[str, Tensor]:
+        """The params the chain's rule says this step starts from, and Δ is measured against."""
+        return self.global_model.params if self.start_params is None else self.start_params
 
     def train(
         self, *, host: str | None = None, data: Corpus | None = None, keep_delta: bool = True
     ) -> Contribution:
-        """The honest committed loop from G_n; `host`/`data` let a wrong-data adversary lie.
+        """The honest committed loop from this step's start (G_n, or an eager run's start);
+        `host`/`data` let a wrong-data adversary lie.
 
         With a team every rank trains a slice of each batch; a substituted corpus cannot be sent
         to the other ranks, so that one trains in this process alone. `keep_delta=False`: the
@@ -98,7 +107,7 @@ class OuterContext:
         if self.team is not None and data is None:
             return self.team.train(
                 self.model, self.optimizer, self.cfg, self.data, host if host is not None else self.address,
-                self.outer_step, self.global_model.params, self.global_model.hash, self.store,
+                self.outer_step, self.start, self.global_model.hash, self.store,
                 loss_fn=self.loss_fn, keep_delta=keep_delta,
             )  # fmt: skip
         return run_committed(
@@ -108,7 +117,7 @@ class OuterContext:
             data if data is not None else self.data,
             host if host is not None else self.address,
             self.outer_step,
-            self.global_model.params,
+            self.start,
             self.global_model.hash,
             self.store,
             loss_fn=self.loss_fn,
@@ -121,7 +130,7 @@ class OuterContext:
         """A contribution from a hand-made trajectory: leaves already saved in `store`, and the
         final training state whose params define Δ (the lazy adversary fakes boundaries this way)."""
         params = {k.removeprefix("param/"): v for k, v in final_state.items() if k.startswith("param/")}
-        g = self.global_model.params
+        g = self.start
         delta = {n: (g[n] - params[n]).to(torch.float32) for n in g}
         payload = encode(delta, self.cfg.codec, self.cfg.codec_block_size)
         return Contribution(
@@ -154,8 +163,8 @@ class OuterContext:
         return dataclasses.replace(contribution, payload=payload, delta_hash=h, delta=kept)
 
     def honest_delta(self) -> dict[str, Tensor]:
-        """Δ of the model as it stands now against G_n."""
-        return pseudo_gradient(self.global_model.params, self.model)
+        """Δ of the model as it stands now against this step's start (G_n, or the eager start)."""
+        return pseudo_gradient(self.start, self.model)
 
     def fetch_delta(self, entry: AcceptedDelta, max_payload_bytes: int | None = None) -> bytes:
         """Download another host's accepted Δ payload (as any node may), every chunk verified

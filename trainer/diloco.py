@@ -12,6 +12,14 @@ is measured against that base, and the outer step applies the accepted Δ_n to t
 model: G_{n+1} = Nesterov(G_n, mean Δ_n) — one-step-delayed outer gradients (Streaming DiLoCo's
 overlapped communication with τ = d; Kale et al. 2025). The inner optimizer state carries on.
 A step's start is a finalized global model, never a Δ of its own or anyone's that was not accepted.
+
+`eager=True` (with d = 1; `Overlap.EAGER`, specs §2.2.1) changes only the start: a worker whose
+step n − 1 Δ is a *parent* (step n − 1 exists, and its own parent, if any, was accepted) starts
+step n from `protocol.outer.eager_start(G_{n−1}, b_{n−1}, own Δ_{n−1})` (the outer step with α·Δ
+as the only Δ; α = 1 today) — its own
+Δ standing in for the aggregate not yet known (Kale et al. 2025) — and Δ_n is measured against
+that start. The `aggregate` callback plays the chain and must apply the parent rule itself (a Δ
+whose parent was not accepted does not enter); the wrapper applies it to the starts.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from protocol.outer import outer_update
+from protocol.outer import eager_start, outer_update
 
 Delta = Mapping[str, Tensor]
 Aggregate = Callable[[str, int, Delta], Sequence[tuple[str, int, Delta]]]
@@ -68,11 +76,14 @@ class DiLoCo:
         name: str = "local",
         tokens_per_step: int = 1,
         outer_delay: int = 0,
+        eager: bool = False,
     ) -> None:
         if sync_every < 1:
             raise ValueError("sync_every must be >= 1")
         if outer_delay < 0:
             raise ValueError("outer_delay must be >= 0")
+        if eager and outer_delay != 1:
+            raise ValueError("eager needs outer_delay=1 (one step in flight beside training)")
         self.model, self.sync_every, self.aggregate = model, sync_every, aggregate
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.name, self.tokens_per_step = name, tokens_per_step
@@ -83,6 +94,10 @@ class DiLoCo:
         self.outer_delay = outer_delay
         # G_{n−d} … G_n; the oldest is the base the next step trains from (G_0 until d steps closed)
         self._history: deque[dict[str, Tensor]] = deque([self.global_params], maxlen=outer_delay + 1)
+        self._momenta: deque[dict[str, Tensor]] = deque([self.momentum], maxlen=outer_delay + 1)
+        self.eager = eager
+        self._start = self._history[0]  # what the current step trains from and measures Δ against
+        self._parent_accepted: bool | None = None  # eager: whether this step's own parent entered
         self._hook = inner_optimizer.register_step_post_hook(lambda *_: self._after_inner_step())
 
     def _after_inner_step(self) -> None:
@@ -92,24 +107,38 @@ class DiLoCo:
 
     @property
     def base_params(self) -> dict[str, Tensor]:
-        """The global model the current step trains from: G_n, or G_{n−d} with an outer delay."""
-        return self._history[0]
+        """The params the current step trains from: G_n, or G_{n−d} with an outer delay, or with
+        `eager` the eager start built on G_{n−1}."""
+        return self._start
 
     @torch.no_grad()
     def sync(self) -> None:
-        """One outer step: aggregate Δs against this step's base, Nesterov on the latest global,
-        and restart local training from the next step's base."""
-        base = self.base_params
+        """One outer step: aggregate Δs against this step's start, Nesterov on the latest global,
+        and restart local training from the next step's start."""
+        base = self._start
         delta = {n: base[n] - p.detach().float() for n, p in self.model.named_parameters()}
         deltas = self.aggregate(self.name, self.tokens_per_step * self.sync_every, delta)
         self.global_params, self.momentum = outer_update(
             self.global_params, self.momentum, deltas, self.outer_lr, self.outer_momentum
         )
         self._history.append(self.global_params)
-        start = self.base_params
+        self._momenta.append(self.momentum)
+        self._start = self._next_start(delta, accepted=any(d[0] == self.name for d in deltas))
         for n, p in self.model.named_parameters():
-            p.copy_(start[n])
+            p.copy_(self._start[n])
         self.outer_steps += 1
+
+    def _next_start(self, own: dict[str, Tensor], accepted: bool) -> dict[str, Tensor]:
+        """Delayed: G_{n−d}. Eager: the step just synced is the next step's parent unless its own
+        parent was rejected (then the start is G_{n−1}, exactly as delayed)."""
+        base = self._history[0]
+        if not self.eager:
+            return base
+        is_parent = self._parent_accepted is not False
+        self._parent_accepted = accepted if is_parent else None
+        if not is_parent:
+            return base
+        return eager_start(base, self._momenta[0], own, self.outer_lr, self.outer_momentum)
 
     def close(self) -> None:
         """Detach from the optimizer (the model keeps its current parameters)."""

@@ -55,6 +55,7 @@ from nodekit.chainview import (
     Stopped,
     is_chain_error,
 )
+from nodekit.eager import EagerStart, eager_start
 from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
@@ -72,7 +73,7 @@ from protocol.messages import (
 )
 from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
 from trainer.checkpoint import node_initial_global
-from trainer.commit import Contribution, materialize_openings, openings
+from trainer.commit import Contribution, load_params, materialize_openings, openings
 from trainer.data import Corpus, eval_loss, node_corpus
 from trainer.ddp import Team
 from trainer.metrics import HostMetrics
@@ -221,6 +222,7 @@ class HostNode:
         self._replica: nn.Module | None = None
         self._tails: dict[int, threading.Thread] = {}
         self.overlapped = False
+        self.eager = False
         self.server = self._bind_server()
 
     @property
@@ -338,7 +340,8 @@ class HostNode:
         built = build(self.cfg.model, self._allow_list)
         self.model: nn.Module = built.module.to(device)
         self.device = device
-        self.overlapped = self.cfg.overlap is Overlap.DELAYED
+        self.overlapped = self.cfg.overlap in (Overlap.DELAYED, Overlap.EAGER)
+        self.eager = self.cfg.overlap is Overlap.EAGER
         self.loss_fn = built.loss_fn
         self.corpus = self._corpus if self._corpus is not None else node_corpus(
             self.cfg, self.config.dataset_source, self.dir, self.address
@@ -499,6 +502,39 @@ class HostNode:
             self._replica = build(self.cfg.model, self._allow_list).module.to(self.device)
         return self._replica
 
+    def _eager_start(self, n: int, gm: GlobalModel) -> EagerStart | None:
+        """An eager run's start params of step n (specs §2.2.1), None where the start is G_{n−1}
+        (not eager, or no parent: exactly as delayed). The chain names the parent (`start_state`):
+        this host's own step n − 1 Δ, decoded from exactly the bytes whose hash it committed (read
+        from disk, every chunk checked; fetched by hash from step n − 1's holders if lost), on
+        G_{n−1} = `gm`; the start's tensors are computed when read, never held whole."""
+        if not self.eager:
+            return None
+        s = self.view.start_state(self.address, n)
+        if s.parent_delta_hash is None:
+            return None
+        if s.base_model_hash != gm.hash:
+            raise ValueError(f"step {n} start builds on {s.base_model_hash[:12]}, not {gm.hash[:12]}")
+        m = s.parent_outer_step if s.parent_outer_step is not None else n - 1
+        payload = self._parent_payload(m, s.parent_delta_hash)
+        try:
+            return eager_start(gm, payload, self.cfg.outer)
+        except CodecError as e:  # our own committed Δ does not decode: the chain's start cannot be built
+            raise NodeError(f"own step {m} Δ {s.parent_delta_hash[:12]} does not decode: {e}") from e
+
+    def _parent_payload(self, m: int, h: str) -> bytes:
+        """Our step m Δ payload by its committed hash: from disk (verified on read), else from the
+        verifiers and peers that hold it (verified chunk by chunk), kept and served again."""
+        if not self.content.has(Kind.DELTA, h):
+            self.log("fetching_parent_delta", outer_step=m, delta=h)
+            endpoints = self.view.holders(m, exclude=self.address).get(self.address, [])
+            self._fetch_delta(m, Accepted(self.address, h, 1, None), endpoints)
+        try:
+            return self.content.read_bytes(Kind.DELTA, h)
+        except (StoreError, ValueError) as e:
+            self.content.delete(Kind.DELTA, h)  # corrupted on our disk: fetched again next time
+            raise OSError(f"own step {m} Δ {h[:12]} unreadable: {e}") from e
+
 
     # ---------------------------------------------------------------- train and commit
 
@@ -563,6 +599,7 @@ class HostNode:
                 del self._opts[m]  # a step that was never revealed still held its optimizer: 8 B/param
             opt = self._opts[n] = self._start_optimizer(n)
             ctx = self._context(n, gm, opt)
+            ctx.start_params = self._eager_start(n, gm)
             t0 = time.perf_counter()
             contribution = self.behaviour.make_contribution(ctx)
             seconds = time.perf_counter() - t0
@@ -698,20 +735,24 @@ class HostNode:
         beside = self.overlapped and self.team is None
         model = self._replica_model() if beside else self.model
 
+        eager = self._eager_start(n, gm)  # the same start the step trained from
+        params = gm.params if eager is None else eager
+
         def start() -> tuple[nn.Module, torch.optim.Optimizer]:
             opt = self._start_optimizer(n, model)
-            gm.load_into(model)
+            gm.check_fits(model)
+            load_params(model, params)
             return model, opt
 
         with self._replica_lock if beside else contextlib.nullcontext():
-            self._recompute(n, c, segments, gm, start)
+            self._recompute(n, c, segments, params, start)
 
     def _recompute(
         self,
         n: int,
         c: Contribution,
         segments: list[int],
-        gm: GlobalModel,
+        params: Mapping[str, Tensor],
         start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
     ) -> None:
         try:
@@ -719,7 +760,7 @@ class HostNode:
                 self.team.carry(self.view.prev_optimizer_hash(self.address, n) or None, OPTIMIZER_GROUP)
                 done = self.team.materialize(
                     self.store, n, c.leaves, segments, self.model, self.cfg, self.corpus, self.address,
-                    gm.params, loss_fn=self.loss_fn,
+                    params, loss_fn=self.loss_fn,
                 )  # fmt: skip
             else:
                 done = materialize_openings(

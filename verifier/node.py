@@ -41,9 +41,9 @@ from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
-from nodekit.store import BytesSink, ContentStore, TensorSink
+from nodekit.store import BytesSink, ContentStore, StoreError, TensorSink
 from protocol.codecs import CodecError, iter_decode
-from protocol.config import RunConfig
+from protocol.config import Overlap, RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
 from trainer.checkpoint import node_initial_global
 from trainer.data import Corpus, node_corpus
@@ -119,12 +119,14 @@ class HttpSource:
         *,
         group: str | None = None,
         keep: Callable[[Kind, str, str], None] | None = None,
+        keep_deltas: Mapping[str, str] | None = None,
     ):
         self.client = client
         self.endpoints = [endpoints] if isinstance(endpoints, str) else [e for e in endpoints if e]
         self.objects, self.store, self.group = objects, store, group
         self.on_fetched = on_fetched or (lambda _r: None)
         self.keep = keep or (lambda _k, _h, _g: None)
+        self.keep_deltas = dict(keep_deltas or {})  # Δ hash -> group: fetched Δs kept and served
 
     def _fetch(self, kind: Kind, h: str, sink: Any) -> None:
         try:
@@ -187,9 +189,21 @@ class HttpSource:
         return sink.tensors
 
     def delta(self, delta_hash: str) -> bytes:
+        """A Δ we hold (derived or fetched before: verified on read), else fetched. With a store, a
+        Δ named in `keep_deltas` (an eager run's parent Δ, under its step's group) is kept there and
+        served on: the next verifier of the child fetches it from us too."""
+        if self.store is not None and self.store.has(Kind.DELTA, delta_hash):
+            try:
+                return self.store.read_bytes(Kind.DELTA, delta_hash)
+            except (StoreError, ValueError, OSError):
+                self.store.delete(Kind.DELTA, delta_hash)  # corrupted on our disk: fetch it again
         sink = BytesSink(self.objects.length(Kind.DELTA))
         self._fetch(Kind.DELTA, delta_hash, sink)
-        return bytes(sink.buf)
+        payload = bytes(sink.buf)
+        group = self.keep_deltas.get(delta_hash)
+        if self.store is not None and group is not None:
+            self.keep(Kind.DELTA, self.store.put_bytes(Kind.DELTA, payload, group), group)
+        return payload
 
 
 class VerifierNode:
@@ -505,13 +519,22 @@ class VerifierNode:
             OpeningData(o["segment"], o["start_leaf"], o["end_leaf"], tuple(o.get("proof") or ()) or None)
             for o in (reveal["openings"] if reveal else [])
         )
+        start = self._start_state(host, n)
         return Job(
             run_id=self.config.run_id, outer_step=n, host=host, cfg=self.cfg,
             trajectory_root=c["trajectory_root"], leaf_count=c["leaf_count"], delta_hash=c["delta_hash"],
             final_optimizer_hash=c["final_optimizer_hash"], tokens=c["tokens"],
             env=EnvFingerprint.model_validate(c["env"]), sampled=tuple(segments), openings=opened,
-            prev_optimizer_hash=self.view.prev_optimizer_hash(host, n),
+            prev_optimizer_hash=start[0], parent_delta_hash=start[1],
         )  # fmt: skip
+
+    def _start_state(self, host: str, n: int) -> tuple[str | None, str | None]:
+        """(optimizer hash, parent Δ hash) of the host's step n start, as the chain rules it: an
+        eager run's `start_state` (specs §2.2.1), else the previous optimizer and no parent."""
+        if self.cfg.overlap is not Overlap.EAGER:
+            return self.view.prev_optimizer_hash(host, n), None
+        s = self.view.start_state(host, n)
+        return s.optimizer_hash, s.parent_delta_hash
 
     def _judge(self, job: Job, gm: GlobalModel) -> Outcome | None:
         """Runs on a pool worker with that worker's own model; the behaviour decides what to report."""
@@ -524,15 +547,22 @@ class VerifierNode:
 
             # the author first, then the verifiers that checked it before us: a host that goes silent
             # after its first verdicts cannot keep its auditors and dispute panel from the data
+            keep_deltas = {}
+            if job.parent_delta_hash is not None:  # eager: the parent Δ's holders are step n − 1's
+                parents = self.view.holders(job.outer_step - 1, exclude=self.address).get(job.host, [])
+                holders = list(dict.fromkeys([*holders, *parents]))
+                keep_deltas[job.parent_delta_hash] = f"delta-{job.outer_step - 1}"
             source = HttpSource(self.blobs, holders, self.objects, self.content, on_fetched=fetched,
-                                group=str(job.outer_step), keep=self._serve)  # fmt: skip
+                                group=str(job.outer_step), keep=self._serve,
+                                keep_deltas=keep_deltas)  # fmt: skip
 
             def derived(final: State, payload: bytes) -> None:
                 self._keep_derived(job, final, payload)
 
             ctx = ReplayContext(
-                model, loss_fn, self.corpus, gm.params, self.metrics.replay_steps.inc, on_derived=derived
-            )
+                model, loss_fn, self.corpus, gm.params, self.metrics.replay_steps.inc, on_derived=derived,
+                global_momentum=gm.momentum,
+            )  # fmt: skip
 
             def check() -> Outcome:
                 check_verifier_env(job, self.env)

@@ -13,6 +13,7 @@ and, in tolerance mode or on a mismatch, the claimed end); the node sizes its po
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import math
@@ -24,7 +25,9 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from nodekit.eager import EagerStart
 from protocol import codecs
+from protocol.codecs import CodecError
 from protocol.config import ReplayMode, RunConfig, canonical_json
 from protocol.envclass import ReplayDecision, replay_decision
 from protocol.merkle import verify_pair
@@ -71,7 +74,8 @@ class BlobSource(Protocol):
         ...
 
     def delta(self, delta_hash: str) -> bytes:
-        """The Δ payload whose chunked hash is `delta_hash` (fetched only in tolerance mode)."""
+        """The Δ payload whose chunked hash is `delta_hash` (the committed one in tolerance mode; in
+        an eager run the parent Δ a start is built on)."""
         ...
 
 
@@ -112,6 +116,9 @@ class Job:
     sampled: tuple[int, ...]
     openings: tuple[OpeningData, ...]
     prev_optimizer_hash: str | None  # None: the host's first accepted outer step, start fresh
+    parent_delta_hash: str | None = None
+    """Eager runs (specs §2.2.1): the host's step n − 1 Δ its start is built on (the chain's
+    `start_state`); segment 0 starts from Nesterov(G_{n−1}, decoded parent Δ), not G_{n−1}."""
 
 
 @dataclass
@@ -131,6 +138,8 @@ class ReplayContext:
     who aggregates, so neither depends on the author staying online."""
     opt: torch.optim.Optimizer | None = field(default=None, repr=False)
     """The replay optimizer, made once: starts are written into it and the model in place."""
+    global_momentum: Mapping[str, Tensor] | None = None
+    """G_n's outer momentum: needed only for a job with a parent Δ (the eager start)."""
 
     def live(self, job: Job) -> State:
         """The replay model's and optimizer's own tensors as a training state (no copies)."""
@@ -416,7 +425,14 @@ def rebuild_start(
             rebuilt = {**{PARAM + n: t for n, t in ctx.global_params.items()}, **opt_state}
         if training_hash(rebuilt, c) == leaf:
             return rebuilt
-    claimed = _checked_state(source, leaf)
+    try:
+        claimed = _checked_state(source, leaf)
+    except MissingData:
+        if opt_state is None:
+            raise
+        # the start is fixed by chain data alone: a leaf 0 that is not it is wrong, served or not
+        # (an honest host need not serve segment 0's start, so a wrong one is rarely served)
+        raise _Reject(Reason.WRONG_START, "start leaf is not the rule's start (and is not served)") from None
     check_start(job, ctx, claimed)
     if opt_state is not None:
         raise _Reject(Reason.WRONG_START, "start leaf is not G_n with the carried optimizer state")
@@ -477,6 +493,23 @@ def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource |
     return payload
 
 
+def eager_context(job: Job, ctx: ReplayContext, source: BlobSource) -> ReplayContext:
+    """For a job with a parent Δ: the context whose `global_params` are the eager start, the params
+    half of Nesterov(G_{n−1}, decoded parent Δ) computed tensor by tensor when read (never held
+    whole). The parent payload comes from the source by its hash (every chunk checked); one that
+    hashes right and does not decode is the host's own committed Δ: no start can be built from it."""
+    if job.parent_delta_hash is None:
+        return ctx
+    if ctx.global_momentum is None:  # our own set-up, not the host's fault
+        raise ValueError("a job with a parent Δ needs G's momentum in the replay context")
+    payload = source.delta(job.parent_delta_hash)
+    try:
+        start = EagerStart(ctx.global_params, ctx.global_momentum, payload, job.cfg.outer)
+    except CodecError as e:
+        raise MalformedBlob(f"parent Δ {job.parent_delta_hash[:12]}: {e}") from e
+    return dataclasses.replace(ctx, global_params=start)
+
+
 # ---------------------------------------------------------------- the whole verification
 
 
@@ -492,6 +525,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
     try:
         check_proofs(job)
         check_claims(job)
+        ctx = eager_context(job, ctx, source)
         final: State | None = None
         last = job.cfg.n_segments - 1
         bitwise = job.cfg.replay_mode is ReplayMode.BITWISE

@@ -27,6 +27,8 @@ must find.
 | forge_result  | withholds its Δ and votes for a G_{n+1} it made up            | (2), vote never wins |
 | silent_after_accept | honest until accepted, then serves, votes, commits nothing | (2)            |
 | eager         | overlapped runs: starts from its base − its own unverified Δ  | DELTA_MISMATCH (3)   |
+| wrong_start   | eager runs: a start other than the rule's (forged stand-in Δ, | WRONG_START /        |
+|               | parent ignored, or own Δ used without a parent)               | DELTA_MISMATCH       |
 
 (1) a bad Δ only in tolerance mode: a bitwise verifier derives Δ from its own replay, never
 downloads the author's, and serves its copy to the aggregators (an availability attack then).
@@ -74,10 +76,12 @@ PARAM = "param/"
 
 
 def start_state(ctx: OuterContext) -> State:
-    """G_n's params with the host's carried optimizer state: where every honest trajectory starts."""
+    """The step's start params (G_n; an eager run's start) with the host's carried optimizer state:
+    where every honest trajectory starts."""
+    start = ctx.start
     with torch.no_grad():
         for n, p in ctx.model.named_parameters():
-            p.copy_(ctx.global_model.params[n])
+            p.copy_(start[n])
     return clone_state(training_state(ctx.model, ctx.optimizer))
 
 
@@ -180,14 +184,21 @@ class ScaledDelta(HostAdversary):
 
 
 class SignFlipDelta(HostAdversary):
-    """Trains honestly, commits −Δ (undoes everyone else's progress)."""
+    """Trains honestly, commits −Δ (undoes everyone else's progress). `steps`: only in these outer
+    steps (honest in the others); None = every step."""
 
     name = "sign_flip"
     expected = ("DELTA_MISMATCH",)
     chain_outcome = "rejected"
 
+    def __init__(self, steps: Sequence[int] | None = None) -> None:
+        super().__init__()
+        self.steps = None if steps is None else {int(n) for n in steps}
+
     def make_contribution(self, ctx: OuterContext) -> Contribution:
         c = ctx.train()
+        if self.steps is not None and ctx.outer_step not in self.steps:
+            return c
         return ctx.with_delta(c, {n: -t for n, t in c.delta.items()})
 
 
@@ -500,6 +511,52 @@ class EagerStart(HostAdversary):
             )  # fmt: skip
         self.history[ctx.outer_step] = c.payload
         return c
+
+
+class WrongEagerStart(HostAdversary):
+    """Eager runs: starts a step from a start other than the chain's rule names (specs §2.2.1).
+    `mode` "forged": where the rule names its parent Δ, builds the eager start from a forged
+    stand-in Δ instead (its own scaled by `factor`, a Δ that was never committed); "no_parent":
+    where the rule names a parent, starts from G_{n−1} as if it had none; "own_always": where the
+    rule names none (its previous contribution's parent was rejected), uses its own last Δ anyway.
+    Its trajectory is consistent from the start it chose, so only the start gives it away.
+
+    Caught by the start check (segment 0's rebuilt start does not hash to its leaf 0: WRONG_START)
+    when segment 0 is opened, else by the Δ check (Δ is measured from the rule's start:
+    DELTA_MISMATCH). Honest where the rule and its choice agree (step 0)."""
+
+    name = "wrong_start"
+    expected = ("WRONG_START", "DELTA_MISMATCH")
+    chain_outcome = "rejected"
+    MODES = ("forged", "no_parent", "own_always")
+
+    def __init__(self, mode: str = "forged", factor: float = 2.0) -> None:
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {self.MODES}")
+        self.mode, self.factor = mode, float(factor)
+        self.history: dict[int, bytes] = {}
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        from nodekit.eager import eager_start
+
+        own = self.history.get(ctx.outer_step - 1)
+        outer = ctx.cfg.outer
+        if ctx.start_params is not None and self.mode == "forged" and own is not None:
+            d = codecs.decode(own, ctx.global_model.layout)
+            forged = codecs.encode(
+                {n: t * self.factor for n, t in d.items()}, ctx.cfg.codec, ctx.cfg.codec_block_size
+            )
+            ctx.start_params = eager_start(ctx.global_model, forged, outer)
+        elif ctx.start_params is not None and self.mode == "no_parent":
+            ctx.start_params = None
+        elif ctx.start_params is None and self.mode == "own_always" and own is not None:
+            ctx.start_params = eager_start(ctx.global_model, own, outer)
+        c = ctx.train()
+        self.history[ctx.outer_step] = c.payload
+        return c
+
+
 class Withhold(HostAdversary):
     """Trains honestly and serves its verifiers, then refuses its Δ to everyone (still voting for
     the G_{n+1} it can compute, to be paid): from its reveal in bitwise mode (its verifiers derive
@@ -592,6 +649,7 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "forge_result": ForgeResult,
     "silent_after_accept": SilentAfterAccept,
     "eager": EagerStart,
+    "wrong_start": WrongEagerStart,
 }
 
 
