@@ -10,7 +10,13 @@ declared by the run's creator or measured here by timing a few inner steps of th
 `margin` covers step-time noise and the boundary hashing that shares the host (≈ 2% measured by
 `bench.host_overhead`); the slack blocks cover seeing the step open and the commit's inclusion.
 With `overlap = "delayed"` the train phase is also the period in which the previous step must be
-verified and aggregated (`gonka-diloco plan` says whether it fits: its `phases` row and warnings).
+verified and aggregated (`gonka-diloco plan` says whether it fits: its `phases` row and warnings):
+the overlapped period is `T + 1` blocks only when the post-training blocks `D ≤ T + 1`
+(specs/protocol.md §2.2.1), else `(T + 1 + D) / 2` and hosts wait for the next step to open.
+
+The margin should cover the noise actually measured, not a guess: `noise_margin` turns repeated
+timings of the same work under the contention it will see into the factor that covers their
+spread (the slowest sample seen, and three standard deviations above the median).
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ COMMIT_SLACK_BLOCKS = 2
 """One block to see the step open (hosts poll the chain), one for the commit tx's inclusion."""
 DEFAULT_MARGIN = 1.5
 """Step time × 1.5: tens of percent of noise on a shared machine, the boundary hashing beside it."""
+
+
+NOISE_SIGMAS = 3.0
+"""`noise_margin`: the phase covers the median plus this many standard deviations of the samples."""
+MIN_MARGIN = 1.05
+"""`noise_margin` never goes below this: a handful of samples can look quieter than the run is."""
+POST_TRAIN_EXTRA_BLOCKS = 2
+"""Blocks of a step's post-training span besides reveal, verify and result: the challenge block
+after the commit deadline and the finalizing block (D = reveal + verify + result + 2 when no
+escalation, audit or second result round is needed; measured by `bench.overlap`)."""
 
 
 class PhaseSizingError(ValueError):
@@ -94,3 +110,38 @@ def measure_step_seconds(cfg: Any, *, steps: int = 3, warmup: int = 1, device: s
     finally:
         torch.set_num_threads(threads)
     return statistics.median(seconds)
+
+
+def noise_margin(samples: list[float], *, sigmas: float = NOISE_SIGMAS, floor: float = MIN_MARGIN) -> float:
+    """The factor over the median of `samples` (repeated timings of the same work under the same
+    contention) that covers their measured noise: the larger of the slowest sample ÷ median and
+    1 + `sigmas` standard deviations ÷ median, at least `floor`. One sample measures no noise: an
+    error (time the work at least twice)."""
+    if len(samples) < 2:
+        raise PhaseSizingError(
+            f"the noise of one sample is unknown: time the work at least twice (got {len(samples)})"
+        )
+    if not all(x > 0 and math.isfinite(x) for x in samples):
+        raise PhaseSizingError(f"timings must be positive numbers, got {samples}")
+    if floor < 1:
+        raise PhaseSizingError(f"the margin floor must be >= 1, got {floor}")
+    median = statistics.median(samples)
+    return max(floor, max(samples) / median, 1 + sigmas * statistics.stdev(samples) / median)
+
+
+def post_training_blocks(reveal: int, verify: int, result: int) -> int:
+    """D: blocks from a step's commit deadline to its close when nothing escalates (the spec's D)."""
+    if min(reveal, verify, result) < 1:
+        raise PhaseSizingError(
+            f"phases are at least one block, got reveal={reveal} verify={verify} result={result}"
+        )
+    return reveal + verify + result + POST_TRAIN_EXTRA_BLOCKS
+
+
+def overlapped_period_blocks(train: int, post: int) -> float:
+    """Blocks per outer step of an overlapped run with `train` = T and `post` = D (§2.2.1): T + 1
+    when the post-training phases fit in the next train phase (D ≤ T + 1), else (T + 1 + D) / 2 —
+    every other step then waits for its predecessor's predecessor to close."""
+    if train < 1 or post < 0:
+        raise PhaseSizingError(f"train must be >= 1 block and post >= 0, got {train}, {post}")
+    return float(train + 1) if post <= train + 1 else (train + 1 + post) / 2

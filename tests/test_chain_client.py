@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import threading
 
+import httpx
 import pytest
 
-from chain.client import ChainTimeout, TxFailed, sign_tx
+from chain.client import (
+    ERR_TX_IN_CACHE,
+    RESUBMIT_SECONDS,
+    ChainTimeout,
+    HttpChainClient,
+    TxFailed,
+    TxResult,
+    sign_tx,
+)
 from chain.inprocess import InProcessChain
 from chain.node import DEV_BALANCE
 from chain.params import MODULE_ACCOUNT
@@ -146,3 +155,44 @@ def test_same_blocks_give_same_app_hash() -> None:
         chain.advance(2)
     assert [x.hash for x in a.blocks] == [x.hash for x in b.blocks]
     assert [x.app_hash for x in a.blocks] == [x.app_hash for x in b.blocks]
+
+
+class _RestartingNode(HttpChainClient):
+    """A client whose node is down for the first wait, then back with an empty mempool: the tx is
+    found only once it was submitted again."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:9")
+        self.waits: list[float] = []
+        self.submits = 0
+
+    def wait_for_tx(self, tx_hash: str, timeout: float = 30.0) -> TxResult:
+        self.waits.append(timeout)
+        if len(self.waits) == 1:
+            raise httpx.ConnectError("connection refused")  # down through the client's own retries
+        if self.submits == 0:
+            raise ChainTimeout("not in a block")  # back, but the tx was lost with the mempool
+        return TxResult(hash=tx_hash, height=7, code=0, codespace="", log="", gas_wanted=1, gas_used=1)
+
+    def _submit(self, tx_bytes: bytes) -> tuple[str, int, str, str]:
+        self.submits += 1
+        return "h", ERR_TX_IN_CACHE, "sdk", ""
+
+
+def test_a_tx_lost_in_a_chain_restart_is_resubmitted_within_a_second() -> None:
+    client = _RestartingNode()
+    try:
+        result = client._wait_resubmitting(b"tx", "h", timeout=30.0)
+    finally:
+        client.close()
+    assert result.height == 7 and client.submits >= 1
+    assert max(client.waits) <= RESUBMIT_SECONDS == 1.0  # every slice ends in a resubmission
+
+    class Broken(_RestartingNode):
+        def wait_for_tx(self, tx_hash: str, timeout: float = 30.0) -> TxResult:
+            raise ValueError("not a transport failure")
+
+    broken = Broken()
+    with pytest.raises(ValueError, match="not a transport failure"):
+        broken._wait_resubmitting(b"tx", "h", timeout=30.0)
+    broken.close()

@@ -13,8 +13,12 @@ from gonka_diloco.cli import app
 from gonka_diloco.devnet_config import PhaseSeconds, load_config
 from gonka_diloco.phase_sizing import (
     COMMIT_SLACK_BLOCKS,
+    MIN_MARGIN,
     PhaseSizingError,
     measure_step_seconds,
+    noise_margin,
+    overlapped_period_blocks,
+    post_training_blocks,
     train_phase_blocks,
     train_phase_seconds,
 )
@@ -134,3 +138,31 @@ def test_devnet_sizes_train_from_compute_unless_set(monkeypatch: pytest.MonkeyPa
     # an explicit phases.train (flag or TOML) is never overridden, and nothing is measured
     explicit = load_config(None, {"phases": {"train": 8.0}}, measure=fake_measure)
     assert explicit.phases.train == 8.0 and calls == [1, 1]
+
+
+def test_noise_margin_covers_the_slowest_sample_and_three_sigmas() -> None:
+    # quiet: five equal timings measure no noise, the floor stays
+    assert noise_margin([0.1] * 5) == MIN_MARGIN
+    # one slow round out of six: the slowest sample ÷ median (1.5) is below median + 3σ (≈ 1.61)
+    samples = [0.1, 0.1, 0.1, 0.1, 0.1, 0.15]
+    assert noise_margin(samples) == pytest.approx(1 + 3 * 0.0204124 / 0.1, rel=1e-4)
+    assert noise_margin(samples) >= max(samples) / 0.1
+    # the slowest sample dominates when the spread is lopsided and σ small
+    assert noise_margin([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.3], sigmas=1.0) == pytest.approx(1.3)
+    for bad in ([0.1], [], [0.1, 0.0], [0.1, float("nan")]):
+        with pytest.raises(PhaseSizingError):
+            noise_margin(bad)
+    with pytest.raises(PhaseSizingError):
+        noise_margin([0.1, 0.2], floor=0.9)
+
+
+def test_overlapped_period_is_t_plus_one_only_while_post_training_fits() -> None:
+    assert post_training_blocks(8, 29, 8) == 47  # the devnet's D measured by bench.overlap
+    assert overlapped_period_blocks(43, 44) == 44.0  # D ≤ T + 1: hosts train all but one block
+    assert overlapped_period_blocks(43, 47) == 45.5  # D > T + 1: every other step waits to open
+    # 30B (bench.plan's setting): 500 steps × 59.6 s × 1.2 in 5 s blocks; D hours of verification
+    t = train_phase_blocks(500, 59.6, 5.0, margin=1.2)
+    assert overlapped_period_blocks(t, 4000) == t + 1 and overlapped_period_blocks(t, 2 * t) > t + 1
+    for bad in (lambda: post_training_blocks(0, 1, 1), lambda: overlapped_period_blocks(0, 1)):
+        with pytest.raises(PhaseSizingError):
+            bad()
