@@ -1175,8 +1175,64 @@ def end_block(state: ChainState, ctx: BlockContext) -> list[Event]:
         run = state.runs[run_id]
         for step in steps_in_flight(run):  # oldest first: its close may start the next one's results
             if run.status == RunStatus.ACTIVE and step.phase != Phase.DONE:
+                if run_config(run).phases.early_close:
+                    events += _close_early(run, step, h)
                 events += _end_step_block(state, run, step, h)
     return events
+
+
+def _shift_deadlines(step: OuterStep, by: int) -> None:
+    """Move every deadline after the one that closed early `by` blocks earlier (the windows keep
+    their lengths)."""
+    step.reveal_deadline -= by
+    step.verify_deadline -= by
+    step.round_deadline -= by
+
+
+def _waiting_for_commits(run: Run, step: OuterStep) -> bool:
+    hosts = [a for a, p in run.participants.items() if p.role == Role.HOST.value and not p.leaving]
+    return not step.contributions or any(a not in step.contributions for a in hosts)
+
+
+def _waiting_for_reveals(step: OuterStep) -> bool:
+    return any(c.outcome is None and c.reveal_height is None for c in step.contributions.values())
+
+
+def _waiting_for_verdicts(step: OuterStep) -> bool:
+    """Does a verifier of the current round still owe a verdict on an undecided contribution?"""
+    if step.phase == Phase.AUDIT and step.audit_seed is None:
+        return True  # the auditors are not drawn yet
+    return any(
+        v not in c.verdicts and r == step.round
+        for c in step.contributions.values()
+        if c.outcome is None
+        for v, r in c.verifier_rounds.items()
+    )
+
+
+def _close_early(run: Run, step: OuterStep, h: int) -> list[Event]:
+    """`phases.early_close` (§2.3.1): a window whose every awaited message is in by the end of block
+    h closes at h, and the later deadlines move up by as much. Only the last honest message can
+    close a window early, so no participant can shorten one for the others; one that stays silent
+    only leaves the window at its full length."""
+    closed = None
+    if step.phase == Phase.TRAIN and h < step.commit_deadline and not _waiting_for_commits(run, step):
+        _shift_deadlines(step, step.commit_deadline - h)
+        step.commit_deadline, closed = h, Phase.TRAIN
+    elif step.phase == Phase.REVEAL and h < step.reveal_deadline and not _waiting_for_reveals(step):
+        _shift_deadlines(step, step.reveal_deadline - h)
+        step.reveal_deadline, closed = h, Phase.REVEAL
+    elif (
+        step.phase in (Phase.VERIFY, Phase.ESCALATION, Phase.AUDIT, Phase.CONFIRM)
+        and h < step.round_deadline
+        and not _waiting_for_verdicts(step)
+    ):
+        if step.phase == Phase.VERIFY:
+            step.verify_deadline = h
+        step.round_deadline, closed = h, step.phase
+    if closed is None:
+        return []
+    return [_event("closed_early", run_id=run.id, outer_step=step.index, phase=closed, height=h)]
 
 
 def _end_step_block(state: ChainState, run: Run, step: OuterStep, h: int) -> list[Event]:

@@ -126,6 +126,18 @@ class Phases(Frozen):
     result_rounds: int = Field(3, ge=1, description="result rounds before the step closes with G_n")
     epoch_length: int = Field(200, ge=1)
     poc_window: int = Field(0, ge=0)
+    early_close: bool = Field(
+        False, description="a window closes once every message it waits for is in (specs §2.3.1)"
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_default_early_close(self, handler: Any) -> dict[str, Any]:
+        """`early_close` is in the dump (config hash, wire bytes, chain state) only when set: runs
+        with fixed windows keep their hashes bit for bit."""
+        data = handler(self)
+        if not self.early_close:
+            data.pop("early_close", None)
+        return data
 
     @model_validator(mode="after")
     def _poc_fits(self) -> Phases:

@@ -323,6 +323,9 @@ def wire_vectors() -> list[dict[str, Any]]:
         # §2.2.1: an overlapped run carries `overlap` (field 29); a sequential one leaves it unset
         MsgCreateRun(creator=HOST, config=cfg.model_copy(update={"overlap": Overlap.DELAYED})),
         MsgCreateRun(creator=HOST, config=cfg.model_copy(update={"overlap": Overlap.EAGER})),
+        # §2.3.1: `early_close` (Phases field 15) is on the wire only when set
+        MsgCreateRun(creator=HOST, config=cfg.model_copy(
+            update={"phases": cfg.phases.model_copy(update={"early_close": True})})),
     ]
     return [
         {
@@ -679,6 +682,18 @@ def chain_vectors() -> list[dict[str, Any]]:
     sc.add(s1["verify_deadline"] + 1, *[_vote(h, "g2 = g1 + step 1", 1) for h in HOST_ADDRESSES[:2]])
     sc.run_to(s1["verify_deadline"] + 2)
     out.append({"label": "eager_schedule", "blocks": sc.blocks})
+
+    # 7. early close (§2.3.1): every host commits at the training start, every challenged host
+    # reveals at the challenge height and every verifier judges at once, so each window closes in
+    # the block its last message landed in and the step is adopted far before its fixed deadlines.
+    cfg = _vector_config()
+    sc = _Scenario(cfg.model_copy(update={"phases": cfg.phases.model_copy(update={"early_close": True})}))
+    sc.commit(0, HOST_ADDRESSES)
+    sc.reveal(0, HOST_ADDRESSES)
+    s0 = sc.step()
+    sc.verdicts(s0["challenge_height"] + 1)
+    sc.add(sc.finalized_at() + 1, *[_vote(h, "g1") for h in HOST_ADDRESSES[:2]])  # 2 of 3: adopted
+    out.append({"label": "early_close", "blocks": sc.blocks})
 
     for v in out:
         v["genesis"] = vector_genesis().model_dump(mode="json")

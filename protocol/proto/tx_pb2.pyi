@@ -63,7 +63,7 @@ class OuterOptim(_message.Message):
     def __init__(self, lr: _Optional[float] = ..., momentum: _Optional[float] = ...) -> None: ...
 
 class Phases(_message.Message):
-    __slots__ = ("join_blocks", "train_blocks", "reveal_blocks", "verify_blocks", "escalation_blocks", "max_escalations", "result_blocks", "epoch_length", "poc_window", "audit_blocks", "confirm_blocks", "result_rounds", "min_hosts", "min_verifiers")
+    __slots__ = ("join_blocks", "train_blocks", "reveal_blocks", "verify_blocks", "escalation_blocks", "max_escalations", "result_blocks", "epoch_length", "poc_window", "audit_blocks", "confirm_blocks", "result_rounds", "min_hosts", "min_verifiers", "early_close")
     JOIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REVEAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class Phases(_message.Message):
     RESULT_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     MIN_HOSTS_FIELD_NUMBER: _ClassVar[int]
     MIN_VERIFIERS_FIELD_NUMBER: _ClassVar[int]
+    EARLY_CLOSE_FIELD_NUMBER: _ClassVar[int]
     join_blocks: int
     train_blocks: int
     reveal_blocks: int
@@ -92,7 +93,8 @@ class Phases(_message.Message):
     result_rounds: int
     min_hosts: int
     min_verifiers: int
-    def __init__(self, join_blocks: _Optional[int] = ..., train_blocks: _Optional[int] = ..., reveal_blocks: _Optional[int] = ..., verify_blocks: _Optional[int] = ..., escalation_blocks: _Optional[int] = ..., max_escalations: _Optional[int] = ..., result_blocks: _Optional[int] = ..., epoch_length: _Optional[int] = ..., poc_window: _Optional[int] = ..., audit_blocks: _Optional[int] = ..., confirm_blocks: _Optional[int] = ..., result_rounds: _Optional[int] = ..., min_hosts: _Optional[int] = ..., min_verifiers: _Optional[int] = ...) -> None: ...
+    early_close: bool
+    def __init__(self, join_blocks: _Optional[int] = ..., train_blocks: _Optional[int] = ..., reveal_blocks: _Optional[int] = ..., verify_blocks: _Optional[int] = ..., escalation_blocks: _Optional[int] = ..., max_escalations: _Optional[int] = ..., result_blocks: _Optional[int] = ..., epoch_length: _Optional[int] = ..., poc_window: _Optional[int] = ..., audit_blocks: _Optional[int] = ..., confirm_blocks: _Optional[int] = ..., result_rounds: _Optional[int] = ..., min_hosts: _Optional[int] = ..., min_verifiers: _Optional[int] = ..., early_close: bool = ...) -> None: ...
 
 class Stake(_message.Message):
     __slots__ = ("min_host_stake", "min_verifier_stake", "host_slash_bps", "verifier_slash_bps", "reward_per_outer_step", "fraud_host_slash_bps", "fraud_verifier_slash_bps")
