@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +65,14 @@ def contenders(quick: bool) -> list[Contender]:
 
 
 REMEDIES: list[Contender] = [
-    ("eager", 1, 0.7, 0.9, True, True),  # Overlap.EAGER: own Δ_{n−1} stands in for the aggregate
-    ("eager_mu0.8", 1, 0.7, 0.8, False, True),
-    ("eager_a0.5", 1, 0.7, 0.9, False, True),  # stand-in ½·own Δ: the per-host start deviation shrinks
+    # Overlap.EAGER: α·own Δ_{n−1} stands in for the aggregate, α = 1/(lr·(1+μ)) = 0.752 (specs §2.2.1)
+    ("eager", 1, 0.7, 0.9, True, True),
+    ("eager_a1", 1, 0.7, 0.9, True, True),  # α = 1: the host's deviation grows ×lr·(1+μ) per step
+    ("eager_a1_mu0.8", 1, 0.7, 0.8, False, True),
+    ("eager_a0.5", 1, 0.7, 0.9, False, True),
+    ("eager_a0.65", 1, 0.7, 0.9, False, True),
     ("eager_a0.75", 1, 0.7, 0.9, False, True),
+    ("eager_a0.85", 1, 0.7, 0.9, False, True),
     ("lookahead", 1, 0.7, 0.9, False, False),  # start from G_{n−1} moved by its momentum's forecast
     ("delayed_mu0.8", 1, 0.7, 0.8, False, False),
     ("delayed_lr0.5", 1, 0.5, 0.9, False, False),
@@ -153,7 +158,7 @@ def main(
         jobs.append({"label": f"{tag}/{name}", "kind": "diloco", "setup": s, "verify": verify,
                      "outer_delay": delay, "carry_optimizer": carry,
                      "eager": name.startswith("eager"),
-                     "eager_scale": float(name.split("_a")[1]) if name.startswith("eager_a") else 1.0,
+                     "eager_scale": float(m[1]) if (m := re.match(r"eager_a([0-9.]+)", name)) else None,
                      "lookahead": name.startswith("lookahead")})  # fmt: skip
     fresh = {c[0]: r for c, r in zip(chosen, run_jobs(jobs, per_child=1), strict=True)}
     named = {}

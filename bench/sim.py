@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
 from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, RunConfig
 from protocol.merkle import merkle_root
-from protocol.outer import global_model_hash, outer_update
+from protocol.outer import eager_start, global_model_hash, outer_update
 from protocol.prf import sample_segments
 from trainer.commit import Contribution, openings, param_tensors, run_committed
 from trainer.data import Corpus, batch, eval_loss, open_dataset
@@ -299,7 +299,7 @@ def run_diloco(
     carry_optimizer: bool = False,
     eager: bool = False,
     lookahead: bool = False,
-    eager_scale: float = 1.0,
+    eager_scale: float | None = None,
 ) -> dict[str, Any]:
     """T outer steps of M hosts; the last `adversaries` hosts (sorted order) lie with `attack`.
 
@@ -350,10 +350,14 @@ def run_diloco(
             e, e_mom = outer_update(base, base_mom, [("lookahead", 1, guess)], lr, mu)
             starts = {h: (e, global_model_hash(e, e_mom)) for h in active}
         if eager:
+            lr, mu = cfg.outer.lr, cfg.outer.momentum
             for h, (d, _) in own.items():
-                stand_in = d if eager_scale == 1.0 else {k: torch.mul(t, eager_scale) for k, t in d.items()}
-                e, e_mom = outer_update(base, base_mom, [(h, 1, stand_in)], cfg.outer.lr, cfg.outer.momentum)
-                starts[h] = (e, global_model_hash(e, e_mom))
+                if eager_scale is None:  # the protocol's start (α = eager_scale(lr, μ)), what nodes do
+                    e = eager_start(base, base_mom, d, lr, mu)
+                else:  # another α, for the benchmark's comparison
+                    stand_in = {k: torch.mul(t, eager_scale) for k, t in d.items()}
+                    e = outer_update(base, base_mom, [(h, 1, stand_in)], lr, mu)[0]
+                starts[h] = (e, global_model_hash(e, base_mom))
         t0 = time.perf_counter()
         contribs = {h: hosts[h].contribute(env, n, starts[h][0], starts[h][1], store) for h in active}
         if store is not None:

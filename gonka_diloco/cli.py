@@ -171,6 +171,14 @@ def devnet(
             f"from G_(n-1) moved by the host's own step n-1 Δ (default {D.overlap.value})."
         ),
     ] = None,
+    early_close: Annotated[
+        bool | None,
+        typer.Option(
+            "--early-close/--fixed-windows",
+            help="Close a phase window as soon as every message it waits for is in (specs §2.3.1; "
+            f"default {'--early-close' if D.early_close else '--fixed-windows'}).",
+        ),
+    ] = None,
     tolerance: Annotated[
         float | None, typer.Option(help="Tolerance-mode threshold on the parameters.")
     ] = None,
@@ -228,6 +236,7 @@ def devnet(
         "block_interval": block_interval,
         "replay_mode": replay_mode,
         "overlap": overlap,
+        "early_close": early_close,
         "tolerance": tolerance,
         "tolerance_exp_avg": tolerance_exp_avg,
         "tolerance_exp_avg_sq": tolerance_exp_avg_sq,

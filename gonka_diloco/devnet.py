@@ -122,6 +122,7 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         confirm_blocks=cfg.blocks(cfg.phases.confirm),
         epoch_length=1_000_000,
         poc_window=0,
+        early_close=cfg.early_close,
     )
     return RunConfig(
         name="devnet",

@@ -159,17 +159,22 @@ class Accumulator:
         return nesterov(params, momentum, self.acc, lr, mu, consume=True)
 
 
-EAGER_STAND_IN_SCALE = 1.0
-"""α of the eager schedule (specs §2.2.1): the host's own Δ, times α, stands in for the aggregate."""
+def eager_scale(lr: float, mu: float) -> np.float32:
+    """α of the eager schedule (specs §2.2.1): α = min(1, 1 / (lr·(1 + μ))), exact rationals of the
+    float inputs rounded once to float32. The own Δ then enters the start with coefficient
+    α·lr·(1 + μ) = 1: a host's deviation from the others' starts is carried from step to step at
+    most once, never amplified (at α = 1 it grows ×lr·(1 + μ) per step, 1.33 at DiLoCo's settings,
+    and the loss stalls; below it the start lags the aggregate: bench §1d measures both)."""
+    return f32_nearest(min(Fraction(1), 1 / (Fraction(lr) * (1 + Fraction(mu)))))
 
 
 def eager_start(
     params: Tensors, momentum: Tensors, own_delta: Tensors, lr: float, mu: float
 ) -> dict[str, torch.Tensor]:
     """The params of an eager start (specs §2.2.1): the outer step applied to G_{n−1} (params and
-    momentum) with the host's own decoded step n − 1 Δ, scaled by α, as the only Δ (weight 1).
-    Host, verifiers and the host's recomputation all call this, so the start has the same bits."""
-    alpha = _scalar(f32_nearest(Fraction(EAGER_STAND_IN_SCALE)))
+    momentum) with the host's own decoded step n − 1 Δ, times α = `eager_scale(lr, mu)`, as the
+    only Δ (weight 1). Host, verifiers and the host's recomputation all call this: the same bits."""
+    alpha = _scalar(eager_scale(lr, mu))
     stand_in = {n: torch.mul(t, alpha) for n, t in own_delta.items()}
     return outer_update(params, momentum, [("own", 1, stand_in)], lr, mu)[0]
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from protocol.outer import eager_scale
 from trainer.diloco import DiLoCo, InProcessGroup
 
 
@@ -193,7 +194,7 @@ def test_outer_delay_one_differs_from_zero_and_starts_from_the_previous_global()
 
 
 def _eager_reference(accept: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]], list]:
-    """Eager by hand: step n starts from Nesterov(G_{n−1}, b_{n−1}, own Δ_{n−1}) (weight 1) when its
+    """Eager by hand: step n starts from Nesterov(G_{n−1}, b_{n−1}, α·own Δ_{n−1}) (weight 1) when its
     step n − 1 contribution is a parent (its own parent, if any, accepted), else from G_{n−1};
     Δ_n = start_n − θ_{n,H}; G_{n+1} = Nesterov(G_n, mean of the accepted Δ_n); optimizer carried."""
     model = _toy(3)
@@ -208,7 +209,8 @@ def _eager_reference(accept: list[list[str]]) -> tuple[list[dict[str, torch.Tens
     for n in range(T):
         base, bmom = globals_[max(0, n - 1)], moms[max(0, n - 1)]
         if n >= 1 and eligible[n - 1]:
-            start = {k: base[k] - lr * (own[k] + mu * (mu * bmom[k] + own[k])) for k in base}
+            a = float(eager_scale(lr, mu))  # α = 1/(lr·(1+μ)): the own Δ enters with coefficient 1
+            start = {k: base[k] - lr * (a * own[k] + mu * (mu * bmom[k] + a * own[k])) for k in base}
         else:
             start = base
         eligible.append(not (n >= 1 and eligible[n - 1]) or "me" in accept[n - 1])

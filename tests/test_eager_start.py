@@ -14,7 +14,7 @@ from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.store import ContentStore
 from protocol.codecs import CodecError, decode, encode
 from protocol.config import Codec, OuterOptim
-from protocol.outer import EAGER_STAND_IN_SCALE, outer_update
+from protocol.outer import eager_scale, outer_update
 from protocol.outer import eager_start as start_params
 
 
@@ -34,9 +34,13 @@ def test_eager_start_is_bitwise_the_whole_model_outer_update(tmp_path: Path, cod
     payload = encode(delta, codec, 64)
     outer = OuterOptim(lr=0.7, momentum=0.9)
     want = start_params(gm.params, gm.momentum, decode(payload, gm.layout), 0.7, 0.9)
-    plain, _ = outer_update(gm.params, gm.momentum, [("h", 1, decode(payload, gm.layout))], 0.7, 0.9)
-    if EAGER_STAND_IN_SCALE == 1.0:  # α = 1: exactly the outer step with the own Δ as the aggregate
-        assert all(torch.equal(plain[k], want[k]) for k in want)
+    alpha = torch.tensor(float(eager_scale(0.7, 0.9)))  # 1 / (0.7 · 1.9), rounded once to float32
+    scaled = {k: torch.mul(t, alpha) for k, t in decode(payload, gm.layout).items()}
+    plain, _ = outer_update(gm.params, gm.momentum, [("h", 1, scaled)], 0.7, 0.9)
+    assert all(torch.equal(plain[k], want[k]) for k in want)  # the outer step with α·Δ as the aggregate
+    unit, _ = outer_update(gm.params, gm.momentum, [("h", 1, decode(payload, gm.layout))], 1.0, 0.0)
+    one = start_params(gm.params, gm.momentum, decode(payload, gm.layout), 1.0, 0.0)  # α = 1 when lr(1+μ) ≤ 1
+    assert all(torch.equal(unit[k], one[k]) for k in one)
     store = GlobalStore(ContentStore(tmp_path), gm.layout)
     store.save(gm)
     for g in (gm, store.load(gm.hash)):  # in memory, and read from disk tensor by tensor
