@@ -37,7 +37,7 @@ from protocol.messages import (
     Role,
     SegmentOpening,
 )
-from protocol.outer import global_model_hash, outer_update
+from protocol.outer import eager_scale, eager_start, global_model_hash, outer_update
 from protocol.tensors import StateKind, canonical_bytes, domain, tensor_hash
 from protocol.wire import _MODEL_OF, to_any
 
@@ -273,6 +273,11 @@ def outer_vectors() -> list[dict[str, Any]]:
                     "momentum": set_to_json(new_m),
                     "global_model_hash": global_model_hash(new_p, new_m),
                     "input_global_model_hash": global_model_hash(params, momentum),
+                    # §2.2.1: the eager start of the first delta's host, its own Δ standing in (× α)
+                    "eager_alpha": float(eager_scale(lr, mu)),
+                    "eager_start": None if not ds else set_to_json(
+                        eager_start(params, momentum, ds[0][2], lr, mu)
+                    ),
                 },
             }
         )

@@ -15,7 +15,7 @@ from google.protobuf import any_pb2
 from protocol import chunks, codecs, merkle, prf
 from protocol.envclass import class_fields, class_pair, replay_decision
 from protocol.messages import EnvFingerprint, MsgCreateRun, MsgSend
-from protocol.outer import global_model_hash, outer_update
+from protocol.outer import eager_scale, eager_start, global_model_hash, outer_update
 from protocol.tensors import StateKind, canonical_bytes, tensor_hash
 from protocol.wire import from_any, to_any
 from specs.make_vectors import (
@@ -119,6 +119,10 @@ def test_outer_vectors() -> None:
         assert set_to_json(new_m) == v["output"]["momentum"]
         assert global_model_hash(new_p, new_m) == v["output"]["global_model_hash"]
         assert global_model_hash(params, momentum) == v["output"]["input_global_model_hash"]
+        assert float(eager_scale(i["lr"], i["mu"])) == v["output"]["eager_alpha"]
+        if deltas:  # §2.2.1: the first host's eager start from its own Δ
+            start = eager_start(params, momentum, deltas[0][2], i["lr"], i["mu"])
+            assert set_to_json(start) == v["output"]["eager_start"]
 
 
 def test_wire_vectors() -> None:
