@@ -41,10 +41,15 @@ HOSTS, VERIFIERS = 3, 1  # two honest hosts and one sign-flipper; one verifier
 ADVERSARY = "sign_flip"
 BLOCK_S = 0.25
 CHECKPOINT_EVERY = 1  # hosts persist every boundary (tiny model): a reveal recomputes nothing
-OUTER_LR, OUTER_MOMENTUM = 0.5, 0.0
-"""Both modes: with DiLoCo's Nesterov momentum 0.9 the one-step-delayed outer step diverges here
-(val loss 2.92 → 5.9 in six steps of the in-process check; 2.92 → 4.99 in this devnet); momentum
-0 is stable for both (see the closing note of issue 16)."""
+OUTER = {"delayed": (0.5, 0.0), "eager": (0.7, 0.9)}
+"""Outer lr and momentum of both runs, by the overlapped mode compared: with DiLoCo's Nesterov
+momentum 0.9 the one-step-delayed outer step diverges here (val loss 2.92 → 5.9 in six steps of
+the in-process check; 2.92 → 4.99 in this devnet), momentum 0 is stable; eager keeps DiLoCo's
+0.7 / 0.9 (bench §1d)."""
+EARLY_CLOSE_MARGIN = 2.5
+"""With early close (specs §2.3.1) a window ends when its last message is in, so its length costs
+nothing when everyone is on time: the margin only has to cover load that arrives after the timing
+probes (other work on this shared machine), and a generous one keeps hosts from missing deadlines."""
 ROUNDS = 4
 """Rounds of contended timing per mode: × 3 hosts, 12 samples of the noise the margin must cover."""
 TX_S = 0.75  # a tx seen and included: three blocks
@@ -149,16 +154,20 @@ def sized(args: argparse.Namespace, overlapped: bool) -> tuple[Any, dict[str, An
     base = DevnetConfig(
         hosts=HOSTS, verifiers=VERIFIERS, adversaries=[AdversarySpec(behaviour=ADVERSARY)],
         inner_steps=args.inner_steps, segment_len=5, sampled_segments=2, block_interval=BLOCK_S,
-        live=False, timeout=400.0, checkpoint_every=CHECKPOINT_EVERY, outer_lr=OUTER_LR,
-        outer_momentum=OUTER_MOMENTUM,
+        live=False, timeout=400.0, checkpoint_every=CHECKPOINT_EVERY, outer_lr=OUTER[args.overlap][0],
+        outer_momentum=OUTER[args.overlap][1], early_close=args.early_close,
     )  # fmt: skip
     samples = contended_samples(base, overlapped)
     t = statistics.median(samples["host"])
     margin = noise_margin(samples["host"])
+    if args.early_close:  # a window is only an upper bound (§2.3.1): room for load that comes later
+        margin = max(margin, EARLY_CLOSE_MARGIN)
     k, s = base.segment_len, base.sampled_segments
     train = train_phase_seconds(args.inner_steps, t, margin=margin) + COMMIT_SLACK_BLOCKS * BLOCK_S
     # the verifier replays every opened segment (v = 1), at its own contended step time and noise
     tv, mv = statistics.median(samples["verifier"]), noise_margin(samples["verifier"])
+    if args.early_close:
+        mv = max(mv, EARLY_CLOSE_MARGIN)
     replay = HOSTS * s * k * tv * mv
     recompute = s * (CHECKPOINT_EVERY - 1) * k * t * margin  # opened boundaries rebuilt from checkpoints
     phases = PhaseSeconds(
@@ -302,7 +311,8 @@ def render(d: dict[str, Any]) -> list[str]:
     out = [
         f"Devnet: {st['hosts']} hosts (one `{st['adversary']}`), {st['verifiers']} verifier, H = "
         f"{st['inner_steps']}, blocks of {st['block_s']} s, outer lr {st['outer_lr']}, momentum "
-        f"{st['outer_momentum']}; {st['cores']} cores shared by every node and by other work on the "
+        f"{st['outer_momentum']}, windows {'closing early' if st.get('early_close') else 'fixed'} "
+        f"(specs §2.3.1); {st['cores']} cores shared by every node and by other work on the "
         f"machine (load average {d.get('loadavg_before', '?')} before, {d.get('loadavg_after', '?')} after). "
         f"`{d['command']}`.",
         "",
@@ -393,9 +403,11 @@ def main(quick: bool = False) -> None:
     ap.add_argument("--extra", type=int, default=2, help="more outer steps for the overlapped run")
     ap.add_argument("--inner-steps", type=int, default=0, help="H (80; quick 60)")
     ap.add_argument(
-        "--overlap", choices=overlapped_modes(), default="delayed", help="the overlapped schedule"
+        "--overlap", choices=overlapped_modes(), default="eager", help="the overlapped schedule"
     )
     ap.add_argument("--keep", type=Path, default=None, help="keep the devnets' folders (logs) here")
+    ap.add_argument("--early-close", action=argparse.BooleanOptionalAction, default=True,
+                    help="both runs close a phase window once all it waits for is in (specs §2.3.1)")
     args, _ = ap.parse_known_args()  # under `python -m bench` its own flags are in argv too
     quick = quick or args.quick
     args.steps = args.steps or (2 if quick else 3)
@@ -452,7 +464,8 @@ def main(quick: bool = False) -> None:
         runs[mode]["train_phase_fill"] = min(h["training_s"] / h["steps_trained"] / train_s for h in hosts)
     out = {
         "settings": {"hosts": HOSTS, "verifiers": VERIFIERS, "adversary": ADVERSARY, "block_s": BLOCK_S,
-                     "outer_lr": OUTER_LR, "outer_momentum": OUTER_MOMENTUM, "rounds": ROUNDS,
+                     "outer_lr": OUTER[over][0], "outer_momentum": OUTER[over][1], "rounds": ROUNDS,
+                     "early_close": args.early_close,
                      "inner_steps": args.inner_steps, "steps_none": args.steps,
                      f"steps_{over}": args.steps + args.extra, "cores": os.cpu_count()},
         "modes": modes,
@@ -469,7 +482,8 @@ def main(quick: bool = False) -> None:
         "loadavg_before": before,
         "loadavg_after": after,
         "command": ".venv/bin/python -m bench.overlap" + (" --quick" if quick else "")
-        + (f" --overlap {over}" if over != "delayed" else ""),
+        + (f" --overlap {over}" if over != "eager" else "")
+        + ("" if args.early_close else " --no-early-close"),
         "quick": quick,
     }  # fmt: skip
     print(f"\n{'':>10}{'util (span)':>13}{'util (run)':>12}{'t to loss':>11}{'missed':>8}")

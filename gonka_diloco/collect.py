@@ -207,6 +207,7 @@ def collect(
                 result_votes={nm(a): h for a, h in (s.get("result_votes") or {}).items()},
                 open_height=s.get("open_height"),
                 train_start=s.get("train_start"),
+                commit_deadline=s.get("commit_deadline"),
                 done_height=s.get("done_height"),
             )
         )

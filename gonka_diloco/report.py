@@ -51,6 +51,7 @@ class StepRow(Model):
     result_votes: dict[str, str] = Field(default_factory=dict)  # node name -> hash it computed
     open_height: int | None = None
     train_start: int | None = None
+    commit_deadline: int | None = None  # earlier than train_start + train_blocks if it closed early
     done_height: int | None = None
 
 

@@ -282,6 +282,8 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path, overlap: str) -
     cfg = load_config(toml, {})
     assert cfg.model_dump() == make_config(QUICK).model_dump()  # the TOML says what QUICK says
     args = ["devnet", "--config", str(toml), "--out-dir", str(tmp_path / "runs"), "--overlap", overlap]
+    if overlap == "eager":  # and windows that close once all they wait for is in (specs §2.3.1)
+        args.append("--early-close")
     result = CliRunner().invoke(app, args)
     [folder] = (tmp_path / "runs").iterdir()
     assert leftover_processes(str(folder)) == []
@@ -309,6 +311,9 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path, overlap: str) -
     lag = 2 if overlap == "eager" else 1  # overlapped: step n builds on step n − 2's result
     for prev, nxt in zip(snap.steps, snap.steps[lag:], strict=False):
         assert nxt.base_model_hash == prev.result_hash
+    if overlap == "eager":  # every host committed before the deadline: the train windows closed early
+        train_blocks = cfg.blocks(cfg.phases.train)
+        assert any(s.commit_deadline < s.train_start + train_blocks for s in snap.steps)
 
     assert snap.chain.txs and snap.chain.rewards > 0 and snap.chain.host_slashed > 0
     text = (folder / "report.md").read_text()
