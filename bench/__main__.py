@@ -22,6 +22,7 @@ BENCHES = [
     "bench.overlap_convergence",  # issue 16: overlap none vs delayed on the convergence setting
     "bench.communication",
     "bench.attack",
+    "bench.overlap_detection",  # issue 16: detection and false rejection, sequential vs eager
     "bench.detection",
     "bench.collusion",
     "bench.chain_tps",

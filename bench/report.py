@@ -426,8 +426,27 @@ def scale(d: dict[str, Any]) -> Lines:
 # ---------------------------------------------------------------- overlap (issue 16)
 
 
+def overlap_detection(d: dict[str, Any]) -> Lines:
+    """Detection and false rejection per attack, sequential vs eager."""
+    st = d["setup"]
+    out = [
+        f"M = {st['hosts']} hosts, H = {st['inner_steps']}, T = {st['outer_steps']}; the last "
+        f"{d['adversaries']} are consistent liars (their last leaf claims θ_H = start − Δ_bad); every "
+        "contribution replay-verified against the start it trained from (eager: its own previous Δ "
+        f"moved it, §2.2.1). Detection 100% and no false rejection in both schedules: "
+        f"**{'yes' if d['unchanged'] else 'NO'}**.",
+        "",
+    ]
+    rows = [[r["attack"], r["schedule"], f"{r['adversary_rejected']} / {r['adversary_contributions']}",
+             f"{r['honest_not_accepted']} / {r['honest_contributions']}", r["parent_not_accepted"],
+             r["final_val_loss"]] if "error" not in r else [r["attack"], r["schedule"], "error", "", "", ""]
+            for r in d["rows"]]  # fmt: skip
+    return out + table(["attack", "schedule", "liars rejected", "honest not accepted", "parent rule drops",
+                        "final val loss"], rows)  # fmt: skip
+
+
 def overlap_convergence(d: dict[str, Any]) -> Lines:
-    """Overlap none vs delayed at equal compute; the wall-clock time model and its inputs."""
+    """Overlap none vs delayed and eager at equal compute; the wall-clock time model and its inputs."""
     st = d["setup"]
     out = [
         f"**M = {st['hosts']} hosts, H = {st['inner_steps']}, T = {st['outer_steps']} outer steps** "
@@ -436,8 +455,11 @@ def overlap_convergence(d: dict[str, Any]) -> Lines:
         "starts from G_{n+1}. *delayed* (`overlap = \"delayed\"`, specs §2.2.1): step n+1 starts from G_n "
         "with the optimizer state its host committed in step n − 1 (if accepted, else fresh) while step n "
         "is verified; its accepted Δs update G_{n+1}. *delayed_carry*: the same with the latest optimizer "
-        "state (what `trainer.diloco.DiLoCo(outer_delay=1)` does). *verified*: every contribution "
-        "replay-verified against the base it trained from.",
+        "state (what `trainer.diloco.DiLoCo(outer_delay=1)` does). *eager* (`overlap = \"eager\"`, "
+        "§2.2.1): as delayed, but a host starts step n from G_{n−1} moved by the outer step with α × its own "
+        "step n − 1 Δ standing in for the aggregate, α = 1/(lr·(1 + μ)) = 0.752, and the optimizer it ended "
+        "that step with; *eager_a<α>*: other α (α = 1: the own Δ as is). *verified*: every contribution "
+        "replay-verified against the start it trained from.",
         "",
     ]
     rows = []
@@ -476,8 +498,10 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      convergence),
     ("convergence_sweep", "1b. Convergence, tuned: data-parallel vs DiLoCo on a Llama-style model",
      ".venv/bin/python -m bench.convergence --only sweep [--quick]", convergence_sweep),
-    ("overlap_convergence", "1d. Overlap: convergence cost of the delayed schedule (issue 16)",
+    ("overlap_convergence", "1d. Overlap: convergence cost of the delayed and eager schedules (issue 16)",
      "bench.overlap_convergence", overlap_convergence),
+    ("overlap_detection", "2b. Overlap: detection and false rejection with the eager schedule (issue 16)",
+     "bench.overlap_detection", overlap_detection),
     ("attack", "2. Under attack: robust aggregation vs replay verification", "bench.attack", attack),
     ("communication", "3. Communication: bytes per host per outer step vs data-parallel",
      "bench.communication",
@@ -573,6 +597,11 @@ def goals(res: dict[str, Any]) -> Lines:
         out.append(f"- overlap, delayed vs none at equal compute (M = {st['hosts']}, "
                    f"H = {st['inner_steps']}, T = {st['outer_steps']}): final loss {gap:+.2f}% (goal ≤ 1%: "
                    f"**{met}**" + fixes_note + f"); time model (plain delayed): {sp}")  # fmt: skip
+        if (eager := by.get("eager")) and "loss_vs_none_pct" in eager:
+            ok = "met" if eager["within_1pct"] else "NOT met"
+            gap_eager = eager["loss_vs_none_pct"]
+            out.append(f"- overlap, eager (the protocol's α) vs none: final loss {gap_eager:+.2f}% "
+                       f"(goal ≤ 1%: **{ok}**)")  # fmt: skip
     h = res.get("host_overhead") or {}
     if "overhead" in h:
         crit = 100 * h.get("critical_path_overhead", float("nan"))

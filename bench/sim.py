@@ -336,7 +336,8 @@ def run_diloco(
     replay_steps = 0
     store = MemStore() if (verify or attack) else None  # boundary states only when someone reads them
     history = deque([(g, mom)], maxlen=outer_delay + 1)  # G_{n−d} … G_n: the oldest is the base
-    own: dict[str, tuple[Params, bool]] = {}  # eager: each host's last decoded Δ and its verdict
+    parents: dict[str, tuple[Params, bool, bool]] = {}
+    own: dict[str, tuple[Params, bool, bool]] = {}  # eager: each host's last Δ, entered?, eligible?
     for n in range(setup.outer_steps):
         base, base_mom = history[0]
         g_hash = global_model_hash(base, base_mom)
@@ -351,7 +352,8 @@ def run_diloco(
             starts = {h: (e, global_model_hash(e, e_mom)) for h in active}
         if eager:
             lr, mu = cfg.outer.lr, cfg.outer.momentum
-            for h, (d, _) in own.items():
+            parents = {h: o for h, o in own.items() if o[2]}  # the chain's parent rule (§2.2.1)
+            for h, (d, _, _) in parents.items():
                 if eager_scale is None:  # the protocol's start (α = eager_scale(lr, μ)), what nodes do
                     e = eager_start(base, base_mom, d, lr, mu)
                 else:  # another α, for the benchmark's comparison
@@ -368,7 +370,7 @@ def run_diloco(
             for h in sorted(bad_hosts & set(active)):
                 bad = ATTACKS[attack](contribs[h].delta, honest, len(bad_hosts), rng)
                 assert store is not None
-                contribs[h] = forge(env, contribs[h], bad, base, store, hosts[h])
+                contribs[h] = forge(env, contribs[h], bad, starts[h][0], store, hosts[h])
         entering = list(active)
         if verify:
             assert verifier is not None and store is not None
@@ -378,7 +380,7 @@ def run_diloco(
                 ok, reason, steps = verify_contribution(
                     env, contribs[h], h, hosts[h].prev_optimizer_hash, starts[h][0], store, verifier
                 )
-                if ok and eager and h in own and not own[h][1]:
+                if ok and eager and h in parents and not parents[h][1]:
                     ok, reason = False, "PARENT_NOT_ACCEPTED"
                 replay_steps += steps
                 key = f"{'adversary' if h in bad_hosts else 'honest'}:{reason}"
@@ -391,15 +393,15 @@ def run_diloco(
             if outer_delay and not carry_optimizer:
                 hosts[h].keep_optimizer(n, contribs[h].final_optimizer_hash, h in entering, outer_delay)
         if eager:
-            entering = [h for h in entering if h not in own or own[h][1]]
+            entering = [h for h in entering if h not in parents or parents[h][1]]
         decoded: dict[str, Params] = {}
         sizes = []
         for h in active if eager else entering:
             decoded[h], size = roundtrip(contribs[h].delta, cfg.codec, cfg.codec_block_size)
             if h in entering:
                 sizes.append(size)
-        if eager:
-            own = {h: (decoded[h], h in entering) for h in active}
+        if eager:  # eligible as the next parent: no parent of its own, or one that entered
+            own = {h: (decoded[h], h in entering, h not in parents or parents[h][1]) for h in active}
         sent += sum(sizes) / max(1, len(sizes))
         if aggregator == "protocol":
             accepted = [(h, contribs[h].tokens, decoded[h]) for h in entering]
