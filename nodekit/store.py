@@ -13,6 +13,7 @@ Files live under a group (an outer step, "global", "optimizer") so a finished st
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -348,6 +350,18 @@ class ContentStore:
         path = self._path(kind, h, group)
         return FileSink(path.with_name("." + path.name + ".part"), length)
 
+    def scratch(self, kind: Kind | str, group: str, length: int) -> FileSink:
+        """A temp file in `group` for an object whose hash is not known yet (written while it is
+        hashed); `commit` it under its hash, or `abort` it. Named as `staged_write` names its temp
+        files (`.tmp-*.<kind>`): what is on disk counts the same either way."""
+        if not _GROUP.match(str(group)):
+            raise StoreError(f"bad group {group!r}")
+        d = self.root / str(group)
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix="." + Kind(kind).value)
+        os.close(fd)
+        return FileSink(Path(tmp), length)
+
     def commit(self, kind: Kind | str, h: str, group: str, sink: FileSink, digests: Sequence[bytes]) -> Path:
         path = self._path(kind, h, group)
         os.fsync(sink.fd)
@@ -390,15 +404,22 @@ class ContentStore:
         if not 0 <= start <= end:
             raise StoreError(f"range [{start}, {end}) outside {size} bytes")
         c = self.chunk_bytes
+        name = _object_path(path).name
         with segments.open() as reader:
-            for i in range(start // c, -(-end // c)):
+
+            def chunk(i: int) -> bytearray:
                 a, b = chunks.chunk_span(i, size, c)
                 buf = bytearray(b - a)
                 got = reader.read_into(a, buf)
                 if got != len(buf) or chunks.chunk_digest(buf) != digests[i]:
-                    raise StoreError(f"{_object_path(path).name}: chunk {i} is corrupted on disk")
-                lo, hi = max(a, start) - a, min(b, end) - a
-                yield bytes(buf[lo:hi]) if (lo, hi) != (0, len(buf)) else bytes(buf)
+                    raise StoreError(f"{name}: chunk {i} is corrupted on disk")
+                return buf
+
+            with contextlib.closing(read_ahead(chunk, range(start // c, -(-end // c)))) as ahead:
+                for i, buf in ahead:  # (closed before the files are, however the reader stops)
+                    a = i * c
+                    lo, hi = max(a, start) - a, min(a + len(buf), end) - a
+                    yield bytes(buf[lo:hi]) if (lo, hi) != (0, len(buf)) else bytes(buf)
 
     def verify(self, kind: Kind | str, h: str, group: str | None = None) -> None:
         """Read every chunk once and check it (O(chunk) memory); `StoreError` if one is corrupted."""
@@ -565,6 +586,45 @@ class _SegmentReader:
         return got
 
 
+READ_AHEAD = 2
+"""Chunks read and checked ahead of the reader, on the hash pool: a node reading G_n or an
+optimizer state from disk gets the other cores' SHA-256 for its chunk checks, in O(chunk) memory."""
+
+
+def _on_pool() -> bool:
+    return threading.current_thread().name.startswith("chunk-hash")  # protocol.chunks.hash_pool's
+
+
+def read_ahead(
+    fn: Callable[[int], bytearray], indices: Iterable[int], ahead: int = READ_AHEAD
+) -> Iterator[tuple[int, bytearray]]:
+    """(i, fn(i)) in order, with `fn` of the next `ahead` indices already running on the hash pool
+    (at most `ahead` + 1 results held). On a hash-pool thread itself it runs inline (no pool
+    thread ever waits for work queued behind it)."""
+    todo = iter(indices)
+    if _on_pool() or ahead < 1:
+        for i in todo:
+            yield i, fn(i)
+        return
+    pool = chunks.hash_pool()
+    queue: deque[tuple[int, Future[bytearray]]] = deque()
+    try:
+        for i in todo:
+            queue.append((i, pool.submit(fn, i)))
+            if len(queue) > ahead:
+                j, fut = queue.popleft()
+                yield j, fut.result()
+        while queue:
+            j, fut = queue.popleft()
+            yield j, fut.result()
+    finally:  # a reader that stops early: nothing may run on after it (it may close the files)
+        for _, fut in queue:
+            fut.cancel()
+        for _, fut in queue:
+            if not fut.cancelled():
+                fut.exception()
+
+
 class StoredTensors(Mapping[str, Tensor]):
     """The tensors named `prefix…` of a stored canonical tensor set, read one at a time from disk.
 
@@ -601,10 +661,12 @@ class StoredTensors(Mapping[str, Tensor]):
         }
         self._lock = threading.Lock()
         self._cached: tuple[int, bytes] | None = None
+        self._ahead: dict[int, Future[bytes]] = {}  # chunks being read and checked on the hash pool
+        self._n = chunks.n_chunks(self._length, store.chunk_bytes)
         header = canonical_header(specs)
         got = bytearray()
         for i in range(-(-len(header) // store.chunk_bytes)):
-            got += self._chunk(i)
+            got += self._chunk(i, ahead=False)
         if bytes(got[: len(header)]) != header:
             raise StoreError(f"{self.kind.value} {h[:12]}: header does not match this model's layout")
 
@@ -612,10 +674,26 @@ class StoredTensors(Mapping[str, Tensor]):
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: shape for n, (_, shape, _) in self._spec.items()}
 
-    def _chunk(self, i: int) -> bytes:
-        """Chunk i, verified (the caller holds the lock or is the constructor)."""
+    def _chunk(self, i: int, ahead: bool = True) -> bytes:
+        """Chunk i, verified (the caller holds the lock or is the constructor), with the next
+        `READ_AHEAD` chunks read and checked on the hash pool meanwhile (a reader in name order
+        reads the file in order)."""
         if self._cached is not None and self._cached[0] == i:
             return self._cached[1]
+        fut = self._ahead.pop(i, None)
+        for j in [j for j in self._ahead if j < i]:  # a reader that jumped back or ahead
+            self._ahead.pop(j).cancel()
+        if ahead and not _on_pool():
+            pool = chunks.hash_pool()
+            for j in range(i + 1, min(self._n, i + 1 + READ_AHEAD)):
+                if j not in self._ahead:
+                    self._ahead[j] = pool.submit(self._read, j)
+        data = fut.result() if fut is not None else self._read(i)
+        self._cached = (i, data)
+        return data
+
+    def _read(self, i: int) -> bytes:
+        """Chunk i from disk, checked against its digest."""
         a, b = chunks.chunk_span(i, self._length, self.store.chunk_bytes)
         buf = bytearray(b - a)
         try:
@@ -625,23 +703,30 @@ class StoredTensors(Mapping[str, Tensor]):
             raise StoreError(f"{self._path.name}: {e}") from e
         if got != b - a or chunks.chunk_digest(buf) != self._digests[i]:
             raise StoreError(f"{self._path.name}: chunk {i} is corrupted on disk")
-        data = bytes(buf)
-        self._cached = (i, data)
-        return data
+        return bytes(buf)
 
     def __getitem__(self, name: str) -> Tensor:
-        dtype, shape, (a, b) = self._spec[name]
+        dtype, shape, _ = self._spec[name]
         t = torch.empty(shape, dtype=dtype)
+        self.read_into(name, t)
+        return t
+
+    def read_into(self, name: str, out: Tensor) -> None:
+        """`self[name]` written straight into `out` (contiguous, on the CPU, of its dtype and
+        shape: e.g. a model's own parameter), with no tensor of its own."""
+        dtype, shape, (a, b) = self._spec[name]
+        fits = out.dtype == dtype and tuple(out.shape) == shape
+        if not (fits and out.is_contiguous() and out.device.type == "cpu"):
+            raise StoreError(f"{name}: cannot read a {dtype}{list(shape)} into {out.dtype}{list(out.shape)}")
         if b == a:
-            return t
-        out = t.view(-1).view(torch.uint8).numpy()
+            return
+        view = out.detach().view(-1).view(torch.uint8).numpy()
         c = self.store.chunk_bytes
         with self._lock:
             for i in range(a // c, -(-b // c)):
                 lo, hi = max(a, i * c), min(b, (i + 1) * c)
                 data = self._chunk(i)
-                out[lo - a : hi - a] = np.frombuffer(data, np.uint8, hi - lo, lo - i * c)
-        return t
+                view[lo - a : hi - a] = np.frombuffer(data, np.uint8, hi - lo, lo - i * c)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._spec)
@@ -653,6 +738,9 @@ class StoredTensors(Mapping[str, Tensor]):
         """Drop the cached chunk (O(chunk) bytes) until the next read."""
         with self._lock:
             self._cached = None
+            for fut in self._ahead.values():
+                fut.cancel()
+            self._ahead.clear()
 
 
 # ---------------------------------------------------------------- training states by outer step

@@ -327,3 +327,33 @@ def test_single_byte_ranges_for_resumed_downloads(node) -> None:
             assert http.get(url, headers={"Range": bad}).status_code == 416, bad
         assert http.get(url, headers={"Range": "bytes=" + "9" * 80}).status_code == 422  # header too long
         assert http.get(url).content == data
+
+
+def test_stored_tensors_read_ahead_and_read_into(tmp_path: Path) -> None:
+    """Chunks read and checked ahead on the hash pool give the same tensors, read straight into a
+    caller's tensor too; a corrupted chunk is still an error when it is reached, ahead or not."""
+    from nodekit.store import StoredTensors, StoreError
+
+    chunk = 1024
+    state, data, ref = state_object(chunk)
+    store = ContentStore(tmp_path, chunk)
+    store.put_tensors(Kind.STATE, state, "0")
+    stored = StoredTensors(store, Kind.STATE, ref.hash, specs_of(state), "0")
+    assert all(torch.equal(stored[k], state[k]) for k in sorted(state))
+    for k in sorted(state):
+        out = torch.empty_like(state[k])
+        stored.read_into(k, out)
+        assert torch.equal(out, state[k])
+    with pytest.raises(StoreError):
+        stored.read_into(sorted(state)[0], torch.empty(1, dtype=torch.float64))
+    assert b"".join(store.read(Kind.STATE, ref.hash, 100, 5000)) == data[100:5000]
+    path = store.find(Kind.STATE, ref.hash)
+    raw = bytearray(path.read_bytes())
+    raw[-10] ^= 1  # the last chunk: reached only after the read-ahead has run past the others
+    path.write_bytes(bytes(raw))
+    stored.release()
+    with pytest.raises(StoreError):
+        for k in sorted(state):
+            stored[k]
+    with pytest.raises(StoreError):
+        b"".join(store.read(Kind.STATE, ref.hash))

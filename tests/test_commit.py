@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
+from nodekit.objects import Kind
 from nodekit.store import StateStore, StoreError, state_from_bytes, state_to_bytes
+from protocol import chunks
 from protocol.codecs import decode, delta_hash
 from protocol.config import Codec, ReplayMode
 from protocol.merkle import merkle_root, verify_pair
-from protocol.tensors import StateKind, tensor_hash
+from protocol.tensors import StateKind, domain, tensor_hash
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer.commit import (
     Boundaries,
     Contribution,
+    LiveBoundary,
     materialize_openings,
     openings,
     param_tensors,
@@ -177,3 +181,30 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
     assert sorted(bitwise.hashes(0)) == sorted({c.leaves[j] for j in (1, 2, 5)})  # 3 went
     for j in (1, 2):
         assert bitwise.find(c.leaves[j], 0).read_bytes() == full.find(c.leaves[j], 0).read_bytes()
+
+
+
+@pytest.mark.parametrize("spill", [0, 1 << 14, 1 << 30])
+def test_live_boundary_hashes_and_writes_the_boundary_not_what_the_step_made_of_it(
+    tmp_path: Path, spill: int
+) -> None:
+    """A live boundary lets the next step go once nothing reads the live tensors (the rest copied
+    out, at most `spill` bytes, or waited for): the step then overwrites the state at once, and
+    the leaf and the persisted file are still the boundary's own bytes."""
+    g = torch.Generator().manual_seed(0)
+    live = {f"param/{i}": torch.randn(3000, generator=g) for i in range(8)}
+    want = {k: v.clone() for k, v in live.items()}
+    store = StateStore(tmp_path / "s", chunk_bytes=4096)
+    job = LiveBoundary(live, 4096, spill, None)
+    job.sink = store.content.scratch(Kind.STATE, "0", job.total)
+    with ThreadPoolExecutor(1) as worker:  # where the boundary worker runs it: off this thread
+        fut = worker.submit(job.run)
+        job.release()
+        for v in live.values():  # the optimizer step, right after the release
+            v.mul_(-3.0)
+        digests = fut.result()
+    h = chunks.content_hash(domain(StateKind.TRAINING), 4096, job.total, digests)
+    assert h == tensor_hash(want, StateKind.TRAINING, 4096)
+    store.content.commit(Kind.STATE, h, "0", job.sink, digests)
+    assert all(torch.equal(store.get(h, 0)[k], want[k]) for k in want)
+    assert job.copied <= spill

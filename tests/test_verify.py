@@ -32,6 +32,8 @@ from verifier.verify import (
     Job,
     MissingData,
     check_verifier_env,
+    fresh_optimizer_hash,
+    fresh_optimizer_state,
     param_distance,
     replay_segment,
     state_distances,
@@ -366,6 +368,23 @@ def test_tolerance_mismatch_names_what_differs() -> None:
     assert "tensors" in str(tolerance_mismatch({k: v for k, v in c.items() if k != "exp_avg/w"}, c, s, tol))
     moved = state_distances({**c, "param/w": torch.ones(3) * 1.001}, c, s)
     assert moved["param"] == pytest.approx(1e-3, rel=1e-3) and moved["exp_avg"] == 0.0
+
+
+@pytest.mark.parametrize("chunk", [256, 4096, 1 << 20])
+def test_fresh_optimizer_hash_streams_zeros_equal_to_a_real_fresh_optimizer(chunk: int) -> None:
+    """The verifier's fresh start (no optimizer built, no copy; the hash from streamed zeros) is
+    bit for bit what a host's `make_optimizer` starts from."""
+    from trainer.spec import build_model
+    from trainer.step import make_optimizer, optimizer_hash, training_state
+
+    cfg = tiny_config()
+    model = build_model(cfg.model)
+    host = training_state(model, make_optimizer(model, cfg.inner), copy=True)
+    job = Job(0, 0, A, cfg, "", 0, "", "", 0, env_fingerprint(1), (), (), None)
+    mine = fresh_optimizer_state(model, job)
+    assert mine.keys() == optimizer_state(host).keys()
+    assert all(torch.equal(mine[k], host[k]) and mine[k].dtype == host[k].dtype for k in mine)
+    assert fresh_optimizer_hash(model, chunk) == optimizer_hash(host, chunk)
 
 
 def test_param_distance() -> None:

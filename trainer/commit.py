@@ -13,6 +13,7 @@ rank's part and saved as per-rank shard files, so the leaves are the unsharded o
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,12 +24,13 @@ import torch
 from torch import Tensor, nn
 
 from nodekit.objects import Kind
-from nodekit.store import StateStore, TensorSink
+from nodekit.store import FileSink, StateStore, StoredTensors, TensorSink
+from protocol import chunks
 from protocol.codecs import delta_hash, encode_pieces
 from protocol.config import Codec, ReplayMode, RunConfig
 from protocol.merkle import merkle_root, pair_proof
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient, SegmentOpening
-from protocol.tensors import StateKind, tensor_hash_and_digests
+from protocol.tensors import StateKind, canonical_pieces, domain, tensor_hash_and_digests
 from trainer.data import Corpus
 from trainer.device import host_view
 from trainer.model import lm_loss
@@ -116,6 +118,94 @@ def host_snapshot(
     return snapshot_to_host(state, opt), False
 
 
+def _spill_default(snap: Mapping[str, Tensor]) -> int:
+    """A quarter of the state: what a live boundary may copy out at most (memory: the live state,
+    its gradients and this), so a step waits for a short copy instead of the hashing and writing."""
+    return sum(t.numel() * t.element_size() for t in snap.values()) // 4
+
+
+class LiveBoundary:
+    """One boundary read straight from the live CPU state: its chunks hashed (and, when it is
+    persisted, written to a scratch file at their offsets) on the hash pool, in order.
+
+    The next optimizer step must not change a byte still to be read. `release()` (that step's
+    pre-hook) lets it go as soon as no chunk is read from the live tensors any more: the chunks not
+    started yet are copied out (at most `spill` bytes of them: beyond that it waits for chunks to
+    finish first), the chunks being read are waited for, and the rest of the work goes on from the
+    copies while the step runs. So the training thread waits for a bounded copy, not for a whole
+    boundary's hashing and writing; memory stays the live state plus `spill` bytes; the bytes
+    hashed and written are the boundary's, whatever the step does after `release()` returns.
+    """
+
+    def __init__(
+        self, snap: Mapping[str, Tensor], chunk_bytes: int, spill: int, sink: FileSink | None
+    ) -> None:
+        self.stream = chunks.Stream(canonical_pieces(snap))
+        self.total = self.stream.total
+        n = chunks.n_chunks(self.total, chunk_bytes)
+        self.spans = [chunks.chunk_span(i, self.stream.total, chunk_bytes) for i in range(n)]
+        self.spill, self.sink = spill, sink
+        self._cond = threading.Condition(threading.Lock())
+        self._started = [False] * n  # chunk i taken by a pool thread (from the live state or a copy)
+        self._copies: dict[int, bytearray] = {}
+        self._reading = 0  # pool threads reading the live state right now
+        self._next = 0  # every chunk below it was taken or copied
+        self._released = False
+        self.copied = 0  # bytes copied out by `release` (what the spill cost)
+
+    def _task(self, i: int) -> bytes:
+        a, b = self.spans[i]
+        with self._cond:
+            self._started[i] = True
+            copy = self._copies.pop(i, None)
+            if copy is None:
+                self._reading += 1
+        try:
+            data = [memoryview(copy)] if copy is not None else self.stream.read(a, b)
+            digest = chunks.chunk_digest(data)
+            if self.sink is not None:
+                pos = a
+                for piece in data:
+                    self.sink.write_at(pos, piece)
+                    pos += len(piece)
+            return digest
+        finally:
+            if copy is None:
+                with self._cond:
+                    self._reading -= 1
+                    self._cond.notify_all()
+
+    def run(self) -> list[bytes]:
+        """Every chunk's digest (on the boundary worker; the chunks on the hash pool)."""
+        return list(chunks.hash_pool().map(self._task, range(len(self.spans))))
+
+    def release(self) -> None:
+        """Return once nothing reads the live state any more (the training thread, before a step)."""
+        with self._cond:
+            if self._released:
+                return
+            while True:
+                while self._next < len(self.spans) and self._started[self._next]:
+                    self._next += 1
+                todo = [i for i in range(self._next, len(self.spans)) if not self._started[i]]
+                if sum(self.spans[i][1] - self.spans[i][0] for i in todo) <= self.spill:
+                    break
+                self._cond.wait()
+            for i in todo:  # a pool thread that takes one of these now finds its copy
+                a, b = self.spans[i]
+                buf = bytearray(b - a)
+                view, pos = memoryview(buf), 0
+                for piece in self.stream.read(a, b):
+                    view[pos : pos + len(piece)] = piece
+                    pos += len(piece)
+                self._copies[i] = buf
+                self.copied += b - a
+            while self._reading:
+                self._cond.wait()
+            self._released = True
+            self.stream = chunks.Stream([])  # no view of the live tensors is kept
+
+
 class Boundaries:
     """Hash every boundary (all cores, `protocol.chunks`), persist every m-th and what is always
     opened (the last segment's start; its end, θ_H, only in tolerance mode, where verifiers
@@ -142,9 +232,13 @@ class Boundaries:
         *,
         every: int = 1,
         sharding: ShardedState | None = None,
+        spill: int | None = None,
     ) -> None:
         self.store, self.outer_step, self.cfg = store, outer_step, cfg
         self.every = max(1, every)
+        self.spill = spill  # bytes a live boundary may copy out to let the next step go (`LiveBoundary`)
+        self._release: Callable[[], None] | None = None
+        self.copied = 0
         self.sharding = sharding  # every rank submits the same boundaries: their collectives pair up
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boundary")
         self._futures: list[Future[tuple[str, list[bytes] | None]]] = []
@@ -166,12 +260,15 @@ class Boundaries:
         return j == n - 1 or (j % self.every == 0 and (j > 0 or self.every == 1))
 
     def _settle(self, in_step: bool = False) -> None:
-        if self._inflight is not None:
+        if self._inflight is not None or self._release is not None:
             t0 = time.perf_counter()
             try:
-                self._inflight.result()
+                if self._release is not None:
+                    self._release()
+                if self._inflight is not None:
+                    self._inflight.result()
             finally:
-                self._inflight = None
+                self._inflight = self._release = None
                 waited = time.perf_counter() - t0
                 self.seconds += waited
                 if in_step:
@@ -182,6 +279,10 @@ class Boundaries:
         t0 = time.perf_counter()
         j = len(self._futures)
         snap, self._live = host_snapshot(model, opt, self.sharding)
+        if self._live and self.sharding is None:
+            self._submit_live(j, snap)
+            self.seconds += time.perf_counter() - t0
+            return
         hashed = self._pool.submit(self._hash, snap)
         self._futures.append(hashed)
         self._inflight = hashed
@@ -195,6 +296,51 @@ class Boundaries:
             self.store.pending.append(written)  # durable before anyone reads the store (store.flush)
             self._inflight = released  # the next optimizer step waits for the bytes, not the fsync
         self.seconds += time.perf_counter() - t0
+
+    def _submit_live(self, j: int, snap: Mapping[str, Tensor]) -> None:
+        """A boundary of the live CPU state (`LiveBoundary`): hashed and, if persisted, written in
+        one pass on the hash pool; the next step waits only until no chunk is read from the live
+        tensors (a copy of at most `spill` bytes of what is left)."""
+        c = self.cfg.state_chunk_bytes
+        spill = self.spill if self.spill is not None else max(c, _spill_default(snap))
+        job = LiveBoundary(snap, c, spill, None)
+        persisted = self.store is not None and self.persisted(j)
+        if persisted:
+            assert self.store is not None
+            job.sink = self.store.content.scratch(Kind.STATE, str(self.outer_step), job.total)
+        sink = job.sink
+        hashed: Future[tuple[str, list[bytes] | None]] = Future()
+
+        def work() -> None:
+            try:
+                digests = job.run()
+                h = chunks.content_hash(domain(StateKind.TRAINING), c, job.total, digests)
+            except BaseException as e:
+                if sink is not None:
+                    assert self.store is not None
+                    self.store.content.abort(sink)
+                hashed.set_exception(e)
+                raise
+            finally:
+                self.copied += job.copied
+            hashed.set_result((h, digests))
+            if sink is not None:
+                assert self.store is not None
+                content, group = self.store.content, str(self.outer_step)
+                if content.has(Kind.STATE, h, group):
+                    content.abort(sink)
+                else:
+                    content.commit(Kind.STATE, h, group, sink, digests)
+
+        done = self._pool.submit(work)
+        if j == self.cfg.n_segments:  # the carried optimizer state's hash, on the worker while Δ is
+            opt_state = optimizer_state(dict(snap))  # encoded (nothing steps the state any more)
+            self._final_opt = self._pool.submit(self._hash, opt_state, StateKind.OPTIMIZER)
+        if persisted:
+            assert self.store is not None
+            self.store.pending.append(done)  # durable before anyone reads the store (store.flush)
+        self._futures.append(hashed)
+        self._release = job.release
 
     def _hash(
         self, snap: Mapping[str, Tensor], kind: StateKind = StateKind.TRAINING
@@ -249,7 +395,7 @@ class Boundaries:
         try:
             return [f.result()[0] for f in self._futures]
         finally:
-            self._inflight = None
+            self._inflight = self._release = None
             self._hook.remove()
             self._pool.shutdown(wait=False)  # queued writes still run
             self.seconds += time.perf_counter() - t0
@@ -268,17 +414,26 @@ def delta_items(global_params: Mapping[str, Tensor], model: nn.Module) -> Iterat
     """Δ = θ_global − θ_local (float32) one tensor at a time, in name order: what `encode_pieces`
     takes, so no fp32 Δ of the whole model is ever held (a stored G_n is read in one pass)."""
     params = dict(model.named_parameters())
+    fresh = isinstance(global_params, StoredTensors)  # each read a new tensor: Δ is computed in it
     for n in sorted(params):
         g = global_params[n]
-        yield n, (g - params[n].detach().to(g.device)).to(torch.float32)
+        if fresh and g.dtype == torch.float32:
+            yield n, g.sub_(params[n].detach().to(g.device))  # the same op, no second tensor
+        else:
+            yield n, (g - params[n].detach().to(g.device)).to(torch.float32)
 
 
 def load_params(model: nn.Module, global_params: Mapping[str, Tensor]) -> None:
     """G_n's parameters into the model, in name order: one pass over a G_n read from disk."""
     named = dict(model.named_parameters())
+    read_into = global_params.read_into if isinstance(global_params, StoredTensors) else None
     with torch.no_grad():
         for n in sorted(named):
-            named[n].copy_(global_params[n])
+            p = named[n]
+            if read_into is not None and p.device.type == "cpu" and p.is_contiguous():
+                read_into(n, p)  # from the verified chunks straight into the parameter
+            else:
+                p.copy_(global_params[n])
 
 
 @dataclass

@@ -26,23 +26,23 @@ import torch
 from torch import Tensor, nn
 
 from nodekit.eager import EagerStart
-from protocol import codecs
+from protocol import chunks, codecs
 from protocol.codecs import CodecError
 from protocol.config import ReplayMode, RunConfig, canonical_json
 from protocol.envclass import ReplayDecision, replay_decision
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
-from protocol.tensors import StateKind, tensor_hash
+from protocol.tensors import StateKind, canonical_header, canonical_size, domain
 from trainer.data import Corpus
 from trainer.device import host_state, host_view
 from trainer.step import (
+    MOMENTS,
     LossFn,
     State,
     StateError,
     load_training_state,
     make_optimizer,
     optimizer_hash,
-    optimizer_state,
     train_segment,
     training_hash,
     training_state,
@@ -245,9 +245,31 @@ def check_verifier_env(job: Job, mine: EnvFingerprint) -> ReplayDecision:
 
 
 def fresh_optimizer_state(model: nn.Module, job: Job) -> State:
-    """Exactly what a host starts from on its first outer step: `make_optimizer`'s zeros, step 0."""
-    opt = make_optimizer(model, job.cfg.inner)
-    return optimizer_state(training_state(model, opt, copy=True))
+    """Exactly what a host starts from on its first outer step: `make_optimizer`'s zeros, step 0,
+    in host memory. Built as the zeros themselves (8 B/param), not through an optimizer and a copy
+    of its whole training state (20 B/param at once: the verifier's peak at 315M params)."""
+    out: State = {}
+    for name, p in model.named_parameters():
+        for m in MOMENTS:
+            out[f"{m}/{name}"] = torch.zeros(p.shape, dtype=p.dtype)
+    out["step"] = torch.tensor(0.0, dtype=torch.float32)
+    return out
+
+
+_ZEROS = memoryview(bytes(1 << 20))
+
+
+def fresh_optimizer_hash(model: nn.Module, chunk_bytes: int) -> str:
+    """`optimizer_hash(fresh_optimizer_state(...))` without the state: its canonical bytes are its
+    header (from the model's layout) followed by zeros only (zero moments, a 0.0 step counter), so
+    the zeros are streamed from one 1 MiB buffer, O(1) memory whatever the model's size."""
+    specs = [(f"{m}/{n}", p.dtype, tuple(p.shape)) for n, p in model.named_parameters() for m in MOMENTS]
+    specs.append(("step", torch.float32, ()))
+    header = canonical_header(sorted(specs, key=lambda s: s[0].encode()))
+    data = canonical_size(specs) - len(header)
+    pieces: list[bytes | memoryview] = [header]
+    pieces += [_ZEROS[: min(len(_ZEROS), data - a)] for a in range(0, data, len(_ZEROS))]
+    return chunks.hash_stream(domain(StateKind.OPTIMIZER), pieces, chunk_bytes)[0]
 
 
 def _layout(params: Mapping[str, Tensor]) -> dict[str, tuple[int, ...]]:
@@ -267,8 +289,7 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
         if not torch.equal(got, want):
             raise _Reject(Reason.WRONG_START, f"start param {name} differs from G_n")
     c = job.cfg.state_chunk_bytes
-    fresh = tensor_hash(fresh_optimizer_state(ctx.model, job), StateKind.OPTIMIZER, c)
-    want_opt = job.prev_optimizer_hash or fresh
+    want_opt = job.prev_optimizer_hash or fresh_optimizer_hash(ctx.model, c)
     got_opt = optimizer_hash(start, c)
     if got_opt != want_opt:
         kind = "fresh" if job.prev_optimizer_hash is None else "previously committed"
@@ -404,8 +425,13 @@ def rebuild_start(
     (WRONG_START either way)."""
     c = job.cfg.state_chunk_bytes
     opt_into = None if into is None else {k: t for k, t in into.items() if not k.startswith(PARAM)}
-    if job.prev_optimizer_hash is None:
-        opt_state: State | None = fresh_optimizer_state(ctx.model, job)
+    if job.prev_optimizer_hash is None and opt_into is not None:  # fresh: zero the live moments
+        with torch.no_grad():
+            for t in opt_into.values():
+                t.zero_()
+        opt_state: State | None = opt_into
+    elif job.prev_optimizer_hash is None:
+        opt_state = fresh_optimizer_state(ctx.model, job)
     elif getattr(source, "optimizer", None) is not None:
         opt_state = _fetch(source, "optimizer", job.prev_optimizer_hash, opt_into)
     else:
@@ -426,7 +452,7 @@ def rebuild_start(
         if training_hash(rebuilt, c) == leaf:
             return rebuilt
     try:
-        claimed = _checked_state(source, leaf)
+        claimed = _fetch(source, "state", leaf, into)  # into the live state: it is rejected either way
     except MissingData:
         if opt_state is None:
             raise
