@@ -46,10 +46,13 @@ OUTER = {"delayed": (0.5, 0.0), "eager": (0.7, 0.9)}
 momentum 0.9 the one-step-delayed outer step diverges here (val loss 2.92 → 5.9 in six steps of
 the in-process check; 2.92 → 4.99 in this devnet), momentum 0 is stable; eager keeps DiLoCo's
 0.7 / 0.9 (bench §1d)."""
-EARLY_CLOSE_MARGIN = 2.5
-"""With early close (specs §2.3.1) a window ends when its last message is in, so its length costs
-nothing when everyone is on time: the margin only has to cover load that arrives after the timing
-probes (other work on this shared machine), and a generous one keeps hosts from missing deadlines."""
+EARLY_CLOSE_MARGIN = 4.0
+"""With early close (specs §2.3.1) a window ends when its last message is in (a result round when a
+majority agrees), so its length costs nothing when everyone is on time: the margin only has to
+cover load that arrives after the timing probes — a host's tail of the previous step (outer step,
+evaluation) competing with its training, other work on this shared machine — and a generous one
+keeps hosts from missing deadlines (at 2.5 both honest hosts missed a commit by one block, and at
+a 1.5 s result window one host's tail came 1.7 s late: no majority, the step closed unchanged)."""
 ROUNDS = 4
 """Rounds of contended timing per mode: × 3 hosts, 12 samples of the noise the margin must cover."""
 TX_S = 0.75  # a tx seen and included: three blocks
@@ -170,9 +173,10 @@ def sized(args: argparse.Namespace, overlapped: bool) -> tuple[Any, dict[str, An
         mv = max(mv, EARLY_CLOSE_MARGIN)
     replay = HOSTS * s * k * tv * mv
     recompute = s * (CHECKPOINT_EVERY - 1) * k * t * margin  # opened boundaries rebuilt from checkpoints
+    slack = EARLY_CLOSE_MARGIN if args.early_close else 1.0  # an upper bound costs nothing (§2.3.1)
     phases = PhaseSeconds(
-        join=2.0, train=train, reveal=recompute + REVEAL_S, verify=replay + FETCH_S + TX_S, escalation=2.0,
-        result=RESULT_S, audit=1.5, confirm=1.5,
+        join=2.0, train=train, reveal=(recompute + REVEAL_S) * slack, verify=replay + FETCH_S + TX_S,
+        escalation=2.0, result=RESULT_S * slack, audit=1.5, confirm=1.5,
     )  # fmt: skip
     cfg = base.model_copy(update={"phases": phases})
     blocks = {name: cfg.blocks(getattr(phases, name)) for name in ("train", "reveal", "verify", "result")}

@@ -817,10 +817,11 @@ class HostNode:
         cannot be fetched by the middle of the round (retried every block) is reported
         unavailable, and a later vote withdraws the report. Then adopt what the chain adopted: the
         majority's G_{n+1}, or G_n when the step closed unchanged."""
-        info = self.view.step(n)
-        # overlapped runs: the Δs apply to the previous step's result, known once that is adopted
+        # overlapped runs: the Δs apply to the previous step's result, known once that is adopted.
+        # Polled every block, not from the verify deadline read earlier: with early close (§2.3.1)
+        # the deadlines move up after they were read, and the step may finalize long before.
         info = self.view.wait_step(
-            n, lambda i: i.finalized_height is not None and i.apply_to_hash is not None, info.verify_deadline
+            n, lambda i: i.finalized_height is not None and i.apply_to_hash is not None
         )
         if not self.overlapped:
             self._set(phase="AGGREGATING")
