@@ -113,7 +113,7 @@ class DevnetConfig(Strict):
         "starting from G_{n-1} moved by its own step n-1 Δ (specs §2.2.1)",
     )
     early_close: bool = Field(
-        False, description="a phase window closes once every message it waits for is in (specs §2.3.1)"
+        True, description="a phase window closes once every message it waits for is in (specs §2.3.1)"
     )
     step_seconds: float | None = Field(
         None, gt=0, description="seconds per inner step: size phases.train when it is not set (else measured)"
