@@ -144,7 +144,8 @@ def test_four_validators_carry_a_run_through_crashes_and_expose_a_liar(tmp_path:
         # from each one's own database: a few ms, where 4 × hundreds of HTTP reads take minutes).
         chains = [committed(folder / "chain" / v.home) for v in dn.localnet.validators]  # type: ignore[union-attr]
         top = min(len(c) for c in chains)
-        assert top > 100 and all(c[:top] == chains[0][:top] for c in chains)
+        # (a whole run: windows close early, §2.3.1, so it takes tens of blocks, not hundreds)
+        assert top > 30 and all(c[:top] == chains[0][:top] for c in chains)
 
         # One rule altered (fees refunded): validator-3 diverges at the first block with a fee.
         dn.kill("validator-3")

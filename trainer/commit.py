@@ -279,7 +279,9 @@ class Boundaries:
         t0 = time.perf_counter()
         j = len(self._futures)
         snap, self._live = host_snapshot(model, opt, self.sharding)
-        if self._live and self.sharding is None:
+        # the one-pass path writes a persisted boundary to a content-store scratch file; a store
+        # without one (the simulator's in-memory `MemStore`) takes the copy path below
+        if self._live and self.sharding is None and (self.store is None or hasattr(self.store, "content")):
             self._submit_live(j, snap)
             self.seconds += time.perf_counter() - t0
             return
