@@ -220,13 +220,15 @@ def breakdown(ev: list[dict[str, Any]], snap: Any, bt: dict[int, float], train_b
     """One host's seconds per outer step by `WHERE`, over the steps it trained that have a next
     step, and its missed commit deadlines (a commit after the deadline's block, or a step sat out)."""
     starts = {s.index: s.train_start for s in snap.steps if s.train_start is not None}
+    # the step's actual commit deadline (earlier than train_start + T when the window closed early)
+    closes = {s.index: s.commit_deadline for s in snap.steps if s.commit_deadline is not None}
     trained = {e["outer_step"]: e for e in ev if e["event"] == "trained"}
     committed = {e["outer_step"]: e for e in ev if e["event"] == "committed"}
     sat_out = {e["outer_step"] for e in ev if e["event"] == "sitting_out"}
     totals = dict.fromkeys(WHERE, 0.0)
     counted, missed = 0, 0
     for n, t in sorted(trained.items()):
-        deadline = bt.get(starts.get(n, -1) + train_blocks)
+        deadline = bt.get(closes.get(n, starts.get(n, -1) + train_blocks))
         c = committed.get(n)
         if c is None:  # trained, but the commit did not make it into a block by the deadline
             missed += 1
@@ -274,7 +276,7 @@ def measure(folder: Path, snap: Any) -> dict[str, Any]:
     honest_rows = [c for c in snap.contributions if c.host in honest]
     losses = [v for _, v in curve]
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(curve)]
-    post = [s.done_height - (s.train_start + train_blocks) for s in snap.steps
+    post = [s.done_height - (s.commit_deadline or s.train_start + train_blocks) for s in snap.steps
             if s.done_height is not None and s.train_start is not None]  # fmt: skip
     where = {
         k: statistics.mean(h["per_step_s"][k] for h in per_host.values() if h["per_step_s"]) for k in WHERE

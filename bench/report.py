@@ -602,6 +602,19 @@ def goals(res: dict[str, Any]) -> Lines:
             gap_eager = eager["loss_vs_none_pct"]
             out.append(f"- overlap, eager (the protocol's α) vs none: final loss {gap_eager:+.2f}% "
                        f"(goal ≤ 1%: **{ok}**)")  # fmt: skip
+    if (od := res.get("overlap_detection")) and "rows" in od:
+        hosts = od["setup"]["hosts"]
+        out.append(f"- overlap, detection and false rejection (M = {hosts}, {od['adversaries']} "
+                   f"liars, 4 attacks): unchanged between sequential and eager (100% caught, no honest "
+                   f"rejection): **{'met' if od['unchanged'] else 'NOT met'}**")  # fmt: skip
+    if (dv := res.get("overlap")) and "goals" in dv:
+        over = dv.get("modes", ["none", "delayed"])[1]
+        sp = dv.get("speedup_to_same_loss")
+        out.append(f"- overlap in the devnet ({over}): utilization {100 * dv[over]['utilization_span']:.0f}% "
+                   f"(goal ≥ 80%: **{'met' if dv[over]['utilization_span'] >= 0.8 else 'NOT met'}**); "
+                   f"{dv['step_period_speedup']:.2f}× fewer seconds per outer step; wall-clock to the "
+                   f"sequential run's final loss {f'{sp:.2f}×' if sp else 'not reached'} (goal ≥ 1.5×: "
+                   f"**{'met' if sp and sp >= 1.5 else 'NOT met'}**)")  # fmt: skip
     h = res.get("host_overhead") or {}
     if "overhead" in h:
         crit = 100 * h.get("critical_path_overhead", float("nan"))
