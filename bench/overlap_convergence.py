@@ -73,6 +73,8 @@ REMEDIES: list[Contender] = [
     ("eager_a0.65", 1, 0.7, 0.9, False, True),
     ("eager_a0.75", 1, 0.7, 0.9, False, True),
     ("eager_a0.85", 1, 0.7, 0.9, False, True),
+    ("eager_lr0.5", 1, 0.5, 0.9, False, True),  # lr·(1+μ) < 1: α = 1 and the deviation is damped
+    ("eager_mu0.8", 1, 0.7, 0.8, False, True),  # α = 0.794
     ("lookahead", 1, 0.7, 0.9, False, False),  # start from G_{n−1} moved by its momentum's forecast
     ("delayed_mu0.8", 1, 0.7, 0.8, False, False),
     ("delayed_lr0.5", 1, 0.5, 0.9, False, False),
