@@ -571,6 +571,8 @@ class VerifierNode:
             with self.metrics.in_flight.track_inprogress():
                 return self.behaviour.decide(job, check)
         finally:
+            for p in model.parameters():  # an idle replay model keeps its weights, not its last
+                p.grad = None  # gradients (4 B/param beside aggregation; the next replay makes new ones)
             self._contexts.put((model, loss_fn))
 
     def _keep_derived(self, job: Job, final: State, payload: bytes) -> None:
