@@ -75,6 +75,9 @@ REMEDIES: list[Contender] = [
     ("eager_a0.85", 1, 0.7, 0.9, False, True),
     ("eager_lr0.5", 1, 0.5, 0.9, False, True),  # lr·(1+μ) < 1: α = 1 and the deviation is damped
     ("eager_mu0.8", 1, 0.7, 0.8, False, True),  # α = 0.794
+    # research: the stand-in rebased on the base, G_{n−1} − θ_H (needs the host's previous start)
+    ("eager_rebase", 1, 0.7, 0.9, False, True),
+    ("eager_rebase_a1", 1, 0.7, 0.9, False, True),
     ("lookahead", 1, 0.7, 0.9, False, False),  # start from G_{n−1} moved by its momentum's forecast
     ("delayed_mu0.8", 1, 0.7, 0.8, False, False),
     ("delayed_lr0.5", 1, 0.5, 0.9, False, False),
@@ -159,8 +162,8 @@ def main(
         s = {**setup.to_json(), "outer_lr": olr, "outer_momentum": mu}
         jobs.append({"label": f"{tag}/{name}", "kind": "diloco", "setup": s, "verify": verify,
                      "outer_delay": delay, "carry_optimizer": carry,
-                     "eager": name.startswith("eager"),
-                     "eager_scale": float(m[1]) if (m := re.match(r"eager_a([0-9.]+)", name)) else None,
+                     "eager": name.startswith("eager"), "eager_rebase": name.startswith("eager_rebase"),
+                     "eager_scale": float(m[1]) if (m := re.search(r"_a([0-9.]+)(?:_|$)", name)) else None,
                      "lookahead": name.startswith("lookahead")})  # fmt: skip
     fresh = {c[0]: r for c, r in zip(chosen, run_jobs(jobs, per_child=1), strict=True)}
     named = {}

@@ -300,6 +300,7 @@ def run_diloco(
     eager: bool = False,
     lookahead: bool = False,
     eager_scale: float | None = None,
+    eager_rebase: bool = False,
 ) -> dict[str, Any]:
     """T outer steps of M hosts; the last `adversaries` hosts (sorted order) lie with `attack`.
 
@@ -336,6 +337,7 @@ def run_diloco(
     replay_steps = 0
     store = MemStore() if (verify or attack) else None  # boundary states only when someone reads them
     history = deque([(g, mom)], maxlen=outer_delay + 1)  # G_{n−d} … G_n: the oldest is the base
+    prev_starts: dict[str, tuple[Params, str]] = {}  # eager_rebase: what each host last trained from
     parents: dict[str, tuple[Params, bool, bool]] = {}
     own: dict[str, tuple[Params, bool, bool]] = {}  # eager: each host's last Δ, entered?, eligible?
     for n in range(setup.outer_steps):
@@ -354,6 +356,8 @@ def run_diloco(
             lr, mu = cfg.outer.lr, cfg.outer.momentum
             parents = {h: o for h, o in own.items() if o[2]}  # the chain's parent rule (§2.2.1)
             for h, (d, _, _) in parents.items():
+                if eager_rebase and h in prev_starts:  # own endpoint against the base: G_{n−1} − θ_H
+                    d = {k: d[k] + (base[k] - prev_starts[h][0][k]) for k in d}
                 if eager_scale is None:  # the protocol's start (α = eager_scale(lr, μ)), what nodes do
                     e = eager_start(base, base_mom, d, lr, mu)
                 else:  # another α, for the benchmark's comparison
@@ -361,6 +365,7 @@ def run_diloco(
                     e = outer_update(base, base_mom, [(h, 1, stand_in)], lr, mu)[0]
                 starts[h] = (e, global_model_hash(e, base_mom))
         t0 = time.perf_counter()
+        prev_starts = starts
         contribs = {h: hosts[h].contribute(env, n, starts[h][0], starts[h][1], store) for h in active}
         if store is not None:
             store.flush()  # the last boundaries are written in the background: wait before reading them
