@@ -101,6 +101,19 @@ def outage(catalog: BlobCatalog, down: Any) -> None:
     catalog.lookup = maybe  # type: ignore[method-assign]
 
 
+def diagnosis(step: dict[str, Any], addr: dict[int, str], logs: list[dict[str, Any]]) -> str:
+    """What the verifiers did about, and the nodes themselves logged, for each host whose outcome
+    is not the expected one (a failure in CI is read from this message alone)."""
+    who = {a: i for i, a in addr.items()}
+    odd = {a for a, o in step["outcomes"].items() if o != "accepted"}
+    nodes = {f"host-{who[a]}" for a in odd}
+    kinds = {"verdict", "abstain", "verify_error", "data_not_yet_served", "verdict_refused", "interrupted"}
+    about = [e for e in logs if e["event"] in kinds and e.get("host") in odd]
+    own = [e for e in logs if e.get("node") in nodes and e["event"] != "fetched"]
+    outcomes = {who[a]: o for a, o in step["outcomes"].items()}
+    return f"outcomes {outcomes}, verifiers {about}, own {own}"
+
+
 def test_withheld_deltas_come_from_verifiers_the_forged_vote_loses_and_an_outage_is_ridden_out(
     tmp_path: Path,
 ) -> None:
@@ -127,7 +140,7 @@ def test_withheld_deltas_come_from_verifiers_the_forged_vote_loses_and_an_outage
 
     step = chain.query("outer_step", run_id=run_id, step=0)
     assert step["phase"] == "DONE" and step["result_round"] == 0 and step["dropped"] == []
-    assert set(step["outcomes"].values()) == {"accepted"}  # honest work, rightly accepted
+    assert set(step["outcomes"].values()) == {"accepted"}, diagnosis(step, addr, logs)  # honest work
     g = step["result_hash"]
     assert g == chain.run(run_id)["global_model_hash"] != cfg.initial_model_hash
     assert step["result_votes"][addr[6]] != g  # the forged vote: a minority, never adopted
