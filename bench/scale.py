@@ -308,6 +308,10 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
     boundary_s = sum(e.get("boundary_seconds", 0.0) for e in trained)
     steps_s = sum(e.get("step_seconds", 0.0) for e in trained)  # the inner steps alone
     protocol_s = sum(e.get("protocol_seconds", 0.0) for e in trained)  # all the rest
+    waits: dict[str, float] = {}  # boundary_s by cause (trainer.commit.WAIT_CAUSES)
+    for e in trained:
+        for k, v in (e.get("boundary_waits") or {}).items():
+            waits[k] = round(waits.get(k, 0.0) + v, 3)
     per_step = []
     today_down = S * state_len + objects.length(Kind.DELTA)  # s full states and the Δ, every time
     for n in range(STEPS):
@@ -361,6 +365,7 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
         "inner_step_seconds": round(steps_s, 1),
         "protocol_seconds": round(protocol_s, 2),
         "boundary_seconds": round(boundary_s, 2),
+        "boundary_seconds_by_cause": waits,
         "calibration": {k: round(x, 2) for k, x in zip(CALIBRATION, measured, strict=True)},
         "phases": cfg.phases.model_dump(),
         "per_step": per_step,
@@ -421,6 +426,9 @@ def render(d: dict[str, Any]) -> list[str]:
         rest = d["protocol_seconds"] - d["boundary_seconds"]
         out[-1] = out[-1][:-1] + (f"; inner steps alone {d['inner_step_seconds']} s, the rest between steps "
                                   f"(loading G_n, computing and encoding Δ) {rest:.1f} s)")  # fmt: skip
+    if d.get("boundary_seconds_by_cause"):
+        causes = ", ".join(f"{k} {v} s" for k, v in d["boundary_seconds_by_cause"].items() if v)
+        out.append(f"Boundary time by cause (`trainer.commit.WAIT_CAUSES`): {causes}.")
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from trainer.commit import (
     openings,
     param_tensors,
     run_committed,
+    warm_spill,
 )
 from trainer.step import load_training_state, train_segment, training_hash, training_state
 
@@ -183,7 +185,6 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
         assert bitwise.find(c.leaves[j], 0).read_bytes() == full.find(c.leaves[j], 0).read_bytes()
 
 
-
 @pytest.mark.parametrize("spill", [0, 1 << 14, 1 << 30])
 def test_live_boundary_hashes_and_writes_the_boundary_not_what_the_step_made_of_it(
     tmp_path: Path, spill: int
@@ -208,3 +209,55 @@ def test_live_boundary_hashes_and_writes_the_boundary_not_what_the_step_made_of_
     store.content.commit(Kind.STATE, h, "0", job.sink, digests)
     assert all(torch.equal(store.get(h, 0)[k], want[k]) for k in want)
     assert job.copied <= spill
+
+
+def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_own_bytes(
+    tmp_path: Path,
+) -> None:
+    """The spill copies go into one buffer, faulted in once and reused by the next boundary (a new
+    buffer's page faults cost ~5x the copy, on the training thread); reusing it never mixes one
+    boundary's bytes into another's leaf."""
+    g = torch.Generator().manual_seed(1)
+    live = {f"param/{i}": torch.randn(3000, generator=g) for i in range(8)}
+    bufs, leaves = [], []
+    for step in range(3):
+        want = tensor_hash(live, StateKind.TRAINING, 4096)
+        job = LiveBoundary(live, 4096, 1 << 30, None)
+        warm_spill(job.spill)
+        job.release()  # before any chunk is taken: the whole boundary is copied out
+        assert job.copied == job.total and job._spill_buf is not None
+        bufs.append(job._spill_buf)
+        for v in live.values():  # the step overwrites the live state before the chunks are hashed
+            v.add_(float(step + 1))
+        digests = job.run()
+        assert job._spill_buf is None  # given back once every chunk is done
+        leaves.append(chunks.content_hash(domain(StateKind.TRAINING), 4096, job.total, digests))
+        assert leaves[-1] == want
+    assert bufs[0] is bufs[1] is bufs[2] and len(set(leaves)) == 3
+
+
+def test_a_second_boundary_waits_for_the_spill_buffer_instead_of_making_another(tmp_path: Path) -> None:
+    """One spill buffer per size and process: a boundary whose release comes while the previous
+    one's copies are still unread waits for them (memory stays bounded), and gets the buffer as
+    soon as that boundary's chunks are done; both leaves are their own boundary's."""
+    g = torch.Generator().manual_seed(2)
+    live = {f"param/{i}": torch.randn(2000, generator=g) for i in range(6)}
+    first_want = tensor_hash(live, StateKind.TRAINING, 4096)
+    first = LiveBoundary(live, 4096, 1 << 30, None)
+    first.release()  # everything copied out; its chunks not hashed yet
+    for v in live.values():
+        v.mul_(2.0)
+    second_want = tensor_hash(live, StateKind.TRAINING, 4096)
+    second = LiveBoundary(live, 4096, 1 << 30, None)
+    waiter = threading.Thread(target=second.release)
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # the buffer is lent to `first`: no second one is made
+    digests = first.run()
+    waiter.join(10)
+    assert not waiter.is_alive() and second.copied == second.total
+    for v in live.values():
+        v.zero_()
+    assert chunks.content_hash(domain(StateKind.TRAINING), 4096, first.total, digests) == first_want
+    digests = second.run()
+    assert chunks.content_hash(domain(StateKind.TRAINING), 4096, second.total, digests) == second_want

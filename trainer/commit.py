@@ -65,6 +65,8 @@ class Contribution:
     losses: list[float] = field(repr=False)
     boundary_seconds: float = field(default=0.0, compare=False)
     """Time the training thread spent on boundaries (snapshots, waiting for the hasher/writer)."""
+    boundary_waits: dict[str, float] = field(default_factory=dict, compare=False)
+    """`boundary_seconds` by cause (`Boundaries.breakdown`)."""
     train_seconds: float = field(default=0.0, compare=False)
     """Time in the inner steps themselves (forward, backward, optimizer; boundary waits excluded)."""
     protocol_seconds: float = field(default=0.0, compare=False)
@@ -118,6 +120,66 @@ def host_snapshot(
     return snapshot_to_host(state, opt), False
 
 
+WAIT_CAUSES = ("snapshot", "spill_wait", "copy", "reading_wait", "inflight", "last_leaf", "final_optimizer")
+"""Where the training thread's boundary time goes (`Boundaries.breakdown`)."""
+
+
+class _Spill:
+    """A process's one spill buffer of a size: faulted in once, then lent to one boundary at a time."""
+
+    def __init__(self, ready: Future[Tensor]) -> None:
+        self.ready = ready
+        self.lent = False
+
+
+_SPILLS: dict[int, _Spill] = {}  # size -> the buffer
+_SPILLS_COND = threading.Condition()
+
+
+def warm_spill(nbytes: int) -> None:
+    """Make sure the spill buffer of `nbytes` exists, faulted in off the training thread. A fresh
+    buffer's first touch costs ~5x the copy into it (page faults: 0.44 s/GB against 0.09 s/GB on
+    this box) and the copy runs on the training thread, so it is made once, ahead, and reused. It
+    is the memory `release` may copy into anyway (a host's peak is while it trains): one per size,
+    never more, so memory stays bounded even when a boundary's chunks finish late."""
+    with _SPILLS_COND:
+        if nbytes in _SPILLS:
+            return
+        ready: Future[Tensor] = Future()
+        _SPILLS[nbytes] = _Spill(ready)
+
+    def fault() -> None:
+        try:  # zero-filled: every page touched here, by torch, which lets go of the GIL meanwhile
+            ready.set_result(torch.zeros(nbytes, dtype=torch.uint8))  # (bytearray's memset holds it)
+        except BaseException as e:  # MemoryError: `take_spill` re-raises it where it is needed
+            ready.set_exception(e)
+
+    threading.Thread(target=fault, name="spill-fault", daemon=True).start()
+
+
+def take_spill(nbytes: int) -> Tensor:
+    """The spill buffer of `nbytes` (uint8), once the boundary that has it gave it back. Never call
+    it holding a lock that the holder's chunks need (they must finish for it to come back)."""
+    warm_spill(nbytes)
+    with _SPILLS_COND:
+        spill = _SPILLS[nbytes]
+        while spill.lent:
+            _SPILLS_COND.wait()
+        spill.lent = True
+    try:
+        return spill.ready.result()
+    except BaseException:
+        give_spill(nbytes)
+        raise
+
+
+def give_spill(nbytes: int) -> None:
+    """The spill buffer of `nbytes` is read by nobody any more: the next `take_spill` gets it."""
+    with _SPILLS_COND:
+        _SPILLS[nbytes].lent = False
+        _SPILLS_COND.notify_all()
+
+
 def _spill_default(snap: Mapping[str, Tensor]) -> int:
     """A quarter of the state: what a live boundary may copy out at most (memory: the live state,
     its gradients and this), so a step waits for a short copy instead of the hashing and writing."""
@@ -144,14 +206,16 @@ class LiveBoundary:
         self.total = self.stream.total
         n = chunks.n_chunks(self.total, chunk_bytes)
         self.spans = [chunks.chunk_span(i, self.stream.total, chunk_bytes) for i in range(n)]
-        self.spill, self.sink = spill, sink
+        self.spill, self.sink = min(spill, self.total), sink  # nothing to copy beyond the state
         self._cond = threading.Condition(threading.Lock())
         self._started = [False] * n  # chunk i taken by a pool thread (from the live state or a copy)
-        self._copies: dict[int, bytearray] = {}
+        self._copies: dict[int, memoryview] = {}
+        self._spill_buf: Tensor | None = None  # `take_spill`'s, while copies in it are unread
         self._reading = 0  # pool threads reading the live state right now
         self._next = 0  # every chunk below it was taken or copied
         self._released = False
         self.copied = 0  # bytes copied out by `release` (what the spill cost)
+        self.waits = {"spill_wait": 0.0, "copy": 0.0, "reading_wait": 0.0}  # `release`'s seconds, by cause
 
     def _task(self, i: int) -> bytes:
         a, b = self.spans[i]
@@ -161,7 +225,7 @@ class LiveBoundary:
             if copy is None:
                 self._reading += 1
         try:
-            data = [memoryview(copy)] if copy is not None else self.stream.read(a, b)
+            data = [copy] if copy is not None else self.stream.read(a, b)
             digest = chunks.chunk_digest(data)
             if self.sink is not None:
                 pos = a
@@ -177,33 +241,60 @@ class LiveBoundary:
 
     def run(self) -> list[bytes]:
         """Every chunk's digest (on the boundary worker; the chunks on the hash pool)."""
-        return list(chunks.hash_pool().map(self._task, range(len(self.spans))))
+        digests = list(chunks.hash_pool().map(self._task, range(len(self.spans))))
+        with self._cond:  # every chunk is done: nothing reads the spill buffer any more
+            buf, self._spill_buf = self._spill_buf, None
+        if buf is not None:
+            give_spill(self.spill)
+        return digests
+
+    def _todo(self) -> list[int]:
+        """The chunks no pool thread took yet, once they are at most `spill` bytes (under the lock)."""
+        while True:
+            while self._next < len(self.spans) and self._started[self._next]:
+                self._next += 1
+            todo = [i for i in range(self._next, len(self.spans)) if not self._started[i]]
+            if sum(self.spans[i][1] - self.spans[i][0] for i in todo) <= self.spill:
+                return todo
+            self._cond.wait()
 
     def release(self) -> None:
         """Return once nothing reads the live state any more (the training thread, before a step)."""
+        t0 = time.perf_counter()
+        buf: Tensor | None = None
         with self._cond:
             if self._released:
                 return
-            while True:
-                while self._next < len(self.spans) and self._started[self._next]:
-                    self._next += 1
-                todo = [i for i in range(self._next, len(self.spans)) if not self._started[i]]
-                if sum(self.spans[i][1] - self.spans[i][0] for i in todo) <= self.spill:
-                    break
-                self._cond.wait()
+            todo = self._todo()
+        if todo:  # the spill buffer, taken without our lock: our chunks go on meanwhile, and the
+            buf = take_spill(self.spill)  # boundary that still has it needs its own chunks to end
+        with self._cond:
+            todo = self._todo()  # the bytes fit in the buffer: at most `spill`
+            t1 = time.perf_counter()
+            if todo:
+                assert buf is not None
+                self._spill_buf, buf = buf, None
+                arena, at = memoryview(self._spill_buf.numpy()).cast("B"), 0
             for i in todo:  # a pool thread that takes one of these now finds its copy
                 a, b = self.spans[i]
-                buf = bytearray(b - a)
-                view, pos = memoryview(buf), 0
+                view = arena[at : at + b - a]
+                pos = 0
                 for piece in self.stream.read(a, b):
                     view[pos : pos + len(piece)] = piece
                     pos += len(piece)
-                self._copies[i] = buf
+                self._copies[i] = view
+                at += b - a
                 self.copied += b - a
+            t2 = time.perf_counter()
             while self._reading:
                 self._cond.wait()
+            self.waits["spill_wait"] += t1 - t0
+            self.waits["copy"] += t2 - t1
+            self.waits["reading_wait"] += time.perf_counter() - t2
             self._released = True
             self.stream = chunks.Stream([])  # no view of the live tensors is kept
+        if buf is not None:  # taken, but every chunk started meanwhile: nothing to copy
+            give_spill(self.spill)
 
 
 class Boundaries:
@@ -247,6 +338,8 @@ class Boundaries:
         self._live = True  # the in-flight boundary reads the live state: the next update waits for it
         self._hook = opt.register_step_pre_hook(lambda *_: self._settle(in_step=True) if self._live else None)
         self.seconds = 0.0  # the training thread's time on boundaries (snapshots, waits)
+        self.waits: dict[str, float] = dict.fromkeys(WAIT_CAUSES, 0.0)  # `seconds` by cause
+        self._live_jobs: list[LiveBoundary] = []
         self.step_seconds = 0.0  # the part of it spent inside optimizer steps (the pre-step hook)
 
     def persisted(self, j: int) -> bool:
@@ -265,8 +358,10 @@ class Boundaries:
             try:
                 if self._release is not None:
                     self._release()
+                t1 = time.perf_counter()
                 if self._inflight is not None:
                     self._inflight.result()
+                self.waits["inflight"] += time.perf_counter() - t1
             finally:
                 self._inflight = self._release = None
                 waited = time.perf_counter() - t0
@@ -284,6 +379,7 @@ class Boundaries:
         if self._live and self.sharding is None and (self.store is None or hasattr(self.store, "content")):
             self._submit_live(j, snap)
             self.seconds += time.perf_counter() - t0
+            self.waits["snapshot"] += time.perf_counter() - t0
             return
         hashed = self._pool.submit(self._hash, snap)
         self._futures.append(hashed)
@@ -298,6 +394,7 @@ class Boundaries:
             self.store.pending.append(written)  # durable before anyone reads the store (store.flush)
             self._inflight = released  # the next optimizer step waits for the bytes, not the fsync
         self.seconds += time.perf_counter() - t0
+        self.waits["snapshot"] += time.perf_counter() - t0
 
     def _submit_live(self, j: int, snap: Mapping[str, Tensor]) -> None:
         """A boundary of the live CPU state (`LiveBoundary`): hashed and, if persisted, written in
@@ -306,6 +403,8 @@ class Boundaries:
         c = self.cfg.state_chunk_bytes
         spill = self.spill if self.spill is not None else max(c, _spill_default(snap))
         job = LiveBoundary(snap, c, spill, None)
+        warm_spill(job.spill)  # once per size and process: reused by every later boundary
+        self._live_jobs.append(job)
         persisted = self.store is not None and self.persisted(j)
         if persisted:
             assert self.store is not None
@@ -401,6 +500,7 @@ class Boundaries:
             self._hook.remove()
             self._pool.shutdown(wait=False)  # queued writes still run
             self.seconds += time.perf_counter() - t0
+            self.waits["last_leaf"] += time.perf_counter() - t0
 
     def final_optimizer(self) -> tuple[str, list[bytes] | None]:
         """The last boundary's optimizer state (unsharded): (hash, chunk digests)."""
@@ -410,6 +510,16 @@ class Boundaries:
             return self._final_opt.result()
         finally:
             self.seconds += time.perf_counter() - t0
+            self.waits["final_optimizer"] += time.perf_counter() - t0
+
+    def breakdown(self) -> dict[str, float]:
+        """`seconds` by cause (the live boundaries' `release` split into its parts): where the
+        training thread waited, for the benchmark that sizes the spill and the pools."""
+        out = dict(self.waits)
+        for job in self._live_jobs:
+            for k, v in job.waits.items():
+                out[k] += v
+        return {k: round(v, 4) for k, v in out.items()}
 
 
 def delta_items(global_params: Mapping[str, Tensor], model: nn.Module) -> Iterator[tuple[str, Tensor]]:
@@ -443,6 +553,7 @@ class _Trajectory:
     leaves: list[str]
     losses: list[float]
     boundary_seconds: float
+    boundary_waits: dict[str, float]
     train_seconds: float
     optimizer_hash: str
     optimizer_digests: list[bytes] | None
@@ -493,7 +604,9 @@ def _trajectory(
         leaves = boundaries.leaves()
     opt_hash, opt_digests = final_opt.result() if final_opt is not None else boundaries.final_optimizer()
     train_s = steps_s - boundaries.step_seconds
-    return _Trajectory(leaves, losses, boundaries.seconds, train_s, opt_hash, opt_digests, out)
+    return _Trajectory(
+        leaves, losses, boundaries.seconds, boundaries.breakdown(), train_s, opt_hash, opt_digests, out
+    )
 
 
 def run_committed(
@@ -552,6 +665,7 @@ def run_committed(
         mean_loss=sum(t.losses) / len(t.losses),
         losses=t.losses,
         boundary_seconds=t.boundary_seconds,
+        boundary_waits=t.boundary_waits,
         train_seconds=t.train_seconds,
         protocol_seconds=time.perf_counter() - t_start - t.train_seconds,
         optimizer_digests=tuple(t.optimizer_digests or ()),

@@ -343,8 +343,10 @@ class HostNode:
         self.overlapped = self.cfg.overlap in (Overlap.DELAYED, Overlap.EAGER)
         self.eager = self.cfg.overlap is Overlap.EAGER
         self.loss_fn = built.loss_fn
-        self.corpus = self._corpus if self._corpus is not None else node_corpus(
-            self.cfg, self.config.dataset_source, self.dir, self.address
+        self.corpus = (
+            self._corpus
+            if self._corpus is not None
+            else node_corpus(self.cfg, self.config.dataset_source, self.dir, self.address)
         )
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(
@@ -535,7 +537,6 @@ class HostNode:
             self.content.delete(Kind.DELTA, h)  # corrupted on our disk: fetched again next time
             raise OSError(f"own step {m} Δ {h[:12]} unreadable: {e}") from e
 
-
     # ---------------------------------------------------------------- train and commit
 
     def _global(self, h: str) -> GlobalModel:
@@ -618,6 +619,7 @@ class HostNode:
                 loss=round(contribution.mean_loss, 4),
                 seconds=round(seconds, 3),
                 boundary_seconds=round(contribution.boundary_seconds, 3),
+                boundary_waits=contribution.boundary_waits,
                 step_seconds=round(contribution.train_seconds, 3),
                 protocol_seconds=round(contribution.protocol_seconds, 3),
                 tokens_per_s=round(contribution.tokens / max(seconds, 1e-9)),
