@@ -17,10 +17,12 @@ from protocol.config import Codec, ReplayMode
 from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, domain, tensor_hash
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from trainer import commit
 from trainer.commit import (
     Boundaries,
     Contribution,
     LiveBoundary,
+    cool_spill,
     materialize_openings,
     openings,
     param_tensors,
@@ -216,24 +218,28 @@ def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_
 ) -> None:
     """The spill copies go into one buffer, faulted in once and reused by the next boundary (a new
     buffer's page faults cost ~5x the copy, on the training thread); reusing it never mixes one
-    boundary's bytes into another's leaf."""
+    boundary's bytes into another's leaf; once the outer step ends, the buffer is freed."""
     g = torch.Generator().manual_seed(1)
     live = {f"param/{i}": torch.randn(3000, generator=g) for i in range(8)}
+    size = LiveBoundary(live, 4096, 1 << 30, None).spill
+    warm_spill(size)  # what `Boundaries` does for its outer step
     bufs, leaves = [], []
     for step in range(3):
         want = tensor_hash(live, StateKind.TRAINING, 4096)
         job = LiveBoundary(live, 4096, 1 << 30, None)
-        warm_spill(job.spill)
         job.release()  # before any chunk is taken: the whole boundary is copied out
-        assert job.copied == job.total and job._spill_buf is not None
-        bufs.append(job._spill_buf)
+        assert job.copied == job.total and job._spill is not None
+        bufs.append(job._spill.ready.result())
         for v in live.values():  # the step overwrites the live state before the chunks are hashed
             v.add_(float(step + 1))
         digests = job.run()
-        assert job._spill_buf is None  # given back once every chunk is done
+        assert job._spill is None  # given back once every chunk is done
         leaves.append(chunks.content_hash(domain(StateKind.TRAINING), 4096, job.total, digests))
         assert leaves[-1] == want
     assert bufs[0] is bufs[1] is bufs[2] and len(set(leaves)) == 3
+    assert size in commit._SPILLS
+    cool_spill(size)
+    assert size not in commit._SPILLS  # freed: not held through reveal and aggregation
 
 
 def test_a_second_boundary_waits_for_the_spill_buffer_instead_of_making_another(tmp_path: Path) -> None:

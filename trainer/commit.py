@@ -125,58 +125,77 @@ WAIT_CAUSES = ("snapshot", "spill_wait", "copy", "reading_wait", "inflight", "la
 
 
 class _Spill:
-    """A process's one spill buffer of a size: faulted in once, then lent to one boundary at a time."""
+    """The spill buffer of one size: faulted in once, off the training thread, then lent to one
+    boundary at a time while any outer step of that size trains (`users`)."""
 
-    def __init__(self, ready: Future[Tensor]) -> None:
-        self.ready = ready
-        self.lent = False
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes, self.lent, self.users = nbytes, False, 0
+        self.ready: Future[Tensor] = Future()
+        threading.Thread(target=self._fault, name="spill-fault", daemon=True).start()
+
+    def _fault(self) -> None:
+        try:  # zero-filled: every page touched here, by torch, which lets go of the GIL meanwhile
+            self.ready.set_result(torch.zeros(self.nbytes, dtype=torch.uint8))  # (bytearray's holds it)
+        except BaseException as e:  # MemoryError: re-raised by `take_spill`, where it is needed
+            self.ready.set_exception(e)
 
 
-_SPILLS: dict[int, _Spill] = {}  # size -> the buffer
+_SPILLS: dict[int, _Spill] = {}  # size -> the buffer, while it is used
 _SPILLS_COND = threading.Condition()
 
 
+def _spill(nbytes: int) -> _Spill:
+    spill = _SPILLS.get(nbytes)
+    if spill is None:
+        spill = _SPILLS[nbytes] = _Spill(nbytes)
+    return spill
+
+
+def _forget(spill: _Spill) -> None:
+    if spill.users <= 0 and not spill.lent and _SPILLS.get(spill.nbytes) is spill:
+        del _SPILLS[spill.nbytes]  # nothing of this size trains: its memory goes back
+
+
 def warm_spill(nbytes: int) -> None:
-    """Make sure the spill buffer of `nbytes` exists, faulted in off the training thread. A fresh
-    buffer's first touch costs ~5x the copy into it (page faults: 0.44 s/GB against 0.09 s/GB on
-    this box) and the copy runs on the training thread, so it is made once, ahead, and reused. It
-    is the memory `release` may copy into anyway (a host's peak is while it trains): one per size,
-    never more, so memory stays bounded even when a boundary's chunks finish late."""
+    """An outer step will copy spills of `nbytes`: fault the buffer in now, off the training
+    thread. A fresh buffer's first touch costs ~5x the copy into it (page faults: 0.44 s/GB against
+    0.09 s/GB on this box) and the copy runs on the training thread, so it is made ahead and reused
+    by every boundary of the step. It is the memory `release` may copy into anyway (a host's peak
+    is while it trains); one per size, never more, so memory stays bounded."""
     with _SPILLS_COND:
-        if nbytes in _SPILLS:
-            return
-        ready: Future[Tensor] = Future()
-        _SPILLS[nbytes] = _Spill(ready)
-
-    def fault() -> None:
-        try:  # zero-filled: every page touched here, by torch, which lets go of the GIL meanwhile
-            ready.set_result(torch.zeros(nbytes, dtype=torch.uint8))  # (bytearray's memset holds it)
-        except BaseException as e:  # MemoryError: `take_spill` re-raises it where it is needed
-            ready.set_exception(e)
-
-    threading.Thread(target=fault, name="spill-fault", daemon=True).start()
+        _spill(nbytes).users += 1
 
 
-def take_spill(nbytes: int) -> Tensor:
-    """The spill buffer of `nbytes` (uint8), once the boundary that has it gave it back. Never call
-    it holding a lock that the holder's chunks need (they must finish for it to come back)."""
-    warm_spill(nbytes)
+def cool_spill(nbytes: int) -> None:
+    """The outer step that warmed it ended: with no other user the buffer is freed (it is not kept
+    through reveal and aggregation, where other memory peaks)."""
     with _SPILLS_COND:
-        spill = _SPILLS[nbytes]
-        while spill.lent:
+        spill = _SPILLS.get(nbytes)
+        if spill is not None:
+            spill.users -= 1
+            _forget(spill)
+
+
+def take_spill(nbytes: int) -> _Spill:
+    """The spill buffer of `nbytes`, once the boundary that has it gave it back (`give_spill`).
+    Never call it holding a lock the holder's chunks need: they must finish for it to come back."""
+    with _SPILLS_COND:
+        while (spill := _spill(nbytes)).lent:
             _SPILLS_COND.wait()
         spill.lent = True
     try:
-        return spill.ready.result()
+        spill.ready.result()
     except BaseException:
-        give_spill(nbytes)
+        give_spill(spill)
         raise
+    return spill
 
 
-def give_spill(nbytes: int) -> None:
-    """The spill buffer of `nbytes` is read by nobody any more: the next `take_spill` gets it."""
+def give_spill(spill: _Spill) -> None:
+    """Nobody reads the buffer any more: the next `take_spill` of its size gets it."""
     with _SPILLS_COND:
-        _SPILLS[nbytes].lent = False
+        spill.lent = False
+        _forget(spill)
         _SPILLS_COND.notify_all()
 
 
@@ -210,7 +229,7 @@ class LiveBoundary:
         self._cond = threading.Condition(threading.Lock())
         self._started = [False] * n  # chunk i taken by a pool thread (from the live state or a copy)
         self._copies: dict[int, memoryview] = {}
-        self._spill_buf: Tensor | None = None  # `take_spill`'s, while copies in it are unread
+        self._spill: _Spill | None = None  # `take_spill`'s, while copies in it are unread
         self._reading = 0  # pool threads reading the live state right now
         self._next = 0  # every chunk below it was taken or copied
         self._released = False
@@ -243,9 +262,9 @@ class LiveBoundary:
         """Every chunk's digest (on the boundary worker; the chunks on the hash pool)."""
         digests = list(chunks.hash_pool().map(self._task, range(len(self.spans))))
         with self._cond:  # every chunk is done: nothing reads the spill buffer any more
-            buf, self._spill_buf = self._spill_buf, None
-        if buf is not None:
-            give_spill(self.spill)
+            spill, self._spill = self._spill, None
+        if spill is not None:
+            give_spill(spill)
         return digests
 
     def _todo(self) -> list[int]:
@@ -261,7 +280,7 @@ class LiveBoundary:
     def release(self) -> None:
         """Return once nothing reads the live state any more (the training thread, before a step)."""
         t0 = time.perf_counter()
-        buf: Tensor | None = None
+        buf: _Spill | None = None
         with self._cond:
             if self._released:
                 return
@@ -273,8 +292,8 @@ class LiveBoundary:
             t1 = time.perf_counter()
             if todo:
                 assert buf is not None
-                self._spill_buf, buf = buf, None
-                arena, at = memoryview(self._spill_buf.numpy()).cast("B"), 0
+                self._spill, buf = buf, None
+                arena, at = memoryview(self._spill.ready.result().numpy()).cast("B"), 0
             for i in todo:  # a pool thread that takes one of these now finds its copy
                 a, b = self.spans[i]
                 view = arena[at : at + b - a]
@@ -294,7 +313,7 @@ class LiveBoundary:
             self._released = True
             self.stream = chunks.Stream([])  # no view of the live tensors is kept
         if buf is not None:  # taken, but every chunk started meanwhile: nothing to copy
-            give_spill(self.spill)
+            give_spill(buf)
 
 
 class Boundaries:
@@ -340,6 +359,7 @@ class Boundaries:
         self.seconds = 0.0  # the training thread's time on boundaries (snapshots, waits)
         self.waits: dict[str, float] = dict.fromkeys(WAIT_CAUSES, 0.0)  # `seconds` by cause
         self._live_jobs: list[LiveBoundary] = []
+        self._spills: set[int] = set()  # spill sizes this step warmed (`warm_spill`), cooled at the end
         self.step_seconds = 0.0  # the part of it spent inside optimizer steps (the pre-step hook)
 
     def persisted(self, j: int) -> bool:
@@ -403,7 +423,9 @@ class Boundaries:
         c = self.cfg.state_chunk_bytes
         spill = self.spill if self.spill is not None else max(c, _spill_default(snap))
         job = LiveBoundary(snap, c, spill, None)
-        warm_spill(job.spill)  # once per size and process: reused by every later boundary
+        if job.spill not in self._spills:  # faulted in during this first boundary's hashing
+            self._spills.add(job.spill)
+            warm_spill(job.spill)
         self._live_jobs.append(job)
         persisted = self.store is not None and self.persisted(j)
         if persisted:
@@ -499,6 +521,9 @@ class Boundaries:
             self._inflight = self._release = None
             self._hook.remove()
             self._pool.shutdown(wait=False)  # queued writes still run
+            for nbytes in self._spills:  # the last copies were read: every leaf is hashed
+                cool_spill(nbytes)
+            self._spills.clear()
             self.seconds += time.perf_counter() - t0
             self.waits["last_leaf"] += time.perf_counter() - t0
 
