@@ -18,7 +18,9 @@ downloaded s full states plus the Δ per contribution. Timing on a shared 2-core
 Run: `.venv/bin/python -m bench.scale` (full, ~315M params, 3.8 GB state) or `--quick` (a few M
 params). Phase lengths come from one inner step and one state hash timed here first (the box is
 shared: a guess either wastes minutes or misses deadlines), with outer step 0 waiting for both
-nodes to join (`min_hosts`, `min_verifiers`).
+nodes to join (`min_hosts`, `min_verifiers`). Windows close early once their last message is in
+(specs §2.3.1), so they are sized twice what the calibration predicts at no cost in wall time: the
+box's load changes between the calibration and the run.
 """
 
 from __future__ import annotations
@@ -186,8 +188,8 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
     bi = preset["block_interval"]
     n_seg = H // K
 
-    def blocks(seconds: float) -> int:
-        return max(3, int(1.2 * seconds / bi) + 1)
+    def blocks(seconds: float) -> int:  # windows close early (specs §2.3.1): a generous bound costs
+        return max(3, int(2.0 * seconds / bi) + 1)  # nothing; at ×1.2 a loaded run missed a commit
 
     # what each node does in each phase (see the module doc of trainer.commit / verifier.verify)
     train_s = H * step_s + delta_s + 2 * io_s + n_seg * max(0.0, io_s - K * step_s)  # + hashing lags
@@ -203,7 +205,7 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
             join_blocks=3, min_hosts=1, min_verifiers=1,  # step 0 opens once both have joined
             train_blocks=blocks(15 + train_s), reveal_blocks=blocks(10 + reveal_s),
             verify_blocks=blocks(15 + verify_s), escalation_blocks=blocks(15 + verify_s),
-            result_blocks=blocks(10 + result_s), epoch_length=1_000_000,
+            result_blocks=blocks(10 + result_s), epoch_length=1_000_000, early_close=True,
         ),
         stake=Stake(min_host_stake=1, min_verifier_stake=1),
     )  # fmt: skip
