@@ -213,9 +213,7 @@ def test_live_boundary_hashes_and_writes_the_boundary_not_what_the_step_made_of_
     assert job.copied <= spill
 
 
-def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_own_bytes(
-    tmp_path: Path,
-) -> None:
+def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_own_bytes() -> None:
     """The spill copies go into one buffer, faulted in once and reused by the next boundary (a new
     buffer's page faults cost ~5x the copy, on the training thread); reusing it never mixes one
     boundary's bytes into another's leaf; once the outer step ends, the buffer is freed."""
@@ -242,7 +240,7 @@ def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_
     assert size not in commit._SPILLS  # freed: not held through reveal and aggregation
 
 
-def test_a_second_boundary_waits_for_the_spill_buffer_instead_of_making_another(tmp_path: Path) -> None:
+def test_a_second_boundary_waits_for_the_spill_buffer_instead_of_making_another() -> None:
     """One spill buffer per size and process: a boundary whose release comes while the previous
     one's copies are still unread waits for them (memory stays bounded), and gets the buffer as
     soon as that boundary's chunks are done; both leaves are their own boundary's."""

@@ -356,8 +356,7 @@ class Boundaries:
         self._inflight: Future[Any] | None = None
         self._live = True  # the in-flight boundary reads the live state: the next update waits for it
         self._hook = opt.register_step_pre_hook(lambda *_: self._settle(in_step=True) if self._live else None)
-        self.seconds = 0.0  # the training thread's time on boundaries (snapshots, waits)
-        self.waits: dict[str, float] = dict.fromkeys(WAIT_CAUSES, 0.0)  # `seconds` by cause
+        self.waits: dict[str, float] = dict.fromkeys(WAIT_CAUSES, 0.0)  # by cause; `release` keeps its own
         self._live_jobs: list[LiveBoundary] = []
         self._spills: set[int] = set()  # spill sizes this step warmed (`warm_spill`), cooled at the end
         self.step_seconds = 0.0  # the part of it spent inside optimizer steps (the pre-step hook)
@@ -384,10 +383,8 @@ class Boundaries:
                 self.waits["inflight"] += time.perf_counter() - t1
             finally:
                 self._inflight = self._release = None
-                waited = time.perf_counter() - t0
-                self.seconds += waited
                 if in_step:
-                    self.step_seconds += waited
+                    self.step_seconds += time.perf_counter() - t0
 
     def submit(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         self._settle()
@@ -398,7 +395,6 @@ class Boundaries:
         # without one (the simulator's in-memory `MemStore`) takes the copy path below
         if self._live and self.sharding is None and (self.store is None or hasattr(self.store, "content")):
             self._submit_live(j, snap)
-            self.seconds += time.perf_counter() - t0
             self.waits["snapshot"] += time.perf_counter() - t0
             return
         hashed = self._pool.submit(self._hash, snap)
@@ -413,7 +409,6 @@ class Boundaries:
             written = self._pool.submit(self._write, hashed, snap, released)  # same worker: after the hash
             self.store.pending.append(written)  # durable before anyone reads the store (store.flush)
             self._inflight = released  # the next optimizer step waits for the bytes, not the fsync
-        self.seconds += time.perf_counter() - t0
         self.waits["snapshot"] += time.perf_counter() - t0
 
     def _submit_live(self, j: int, snap: Mapping[str, Tensor]) -> None:
@@ -524,7 +519,6 @@ class Boundaries:
             for nbytes in self._spills:  # the last copies were read: every leaf is hashed
                 cool_spill(nbytes)
             self._spills.clear()
-            self.seconds += time.perf_counter() - t0
             self.waits["last_leaf"] += time.perf_counter() - t0
 
     def final_optimizer(self) -> tuple[str, list[bytes] | None]:
@@ -534,8 +528,12 @@ class Boundaries:
         try:
             return self._final_opt.result()
         finally:
-            self.seconds += time.perf_counter() - t0
             self.waits["final_optimizer"] += time.perf_counter() - t0
+
+    @property
+    def seconds(self) -> float:
+        """The training thread's time on boundaries (snapshots, waits): the sum of `breakdown`."""
+        return sum(self.breakdown().values())
 
     def breakdown(self) -> dict[str, float]:
         """`seconds` by cause (the live boundaries' `release` split into its parts): where the
