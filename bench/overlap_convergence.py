@@ -13,7 +13,9 @@ trains `train_s` seconds and then spends `post_s` seconds in commit, challenge, 
 verification, finalization and the result vote. Without overlap the G after n steps exists after
 n·(train + post); with the delayed schedule one step trains while the previous is checked, so the
 period is max(train, post) and the G after n steps exists after (n − 1)·max(train, post) + train +
-post. The steps each schedule needs come from its own loss curve (linear between outer steps).
+post. The research contenders `eager_c<c>` need step n − 1's result after c of step n's training, so
+their period is max(train, post + (1 − c)·train). The steps each schedule needs come from its own
+loss curve (linear between outer steps).
 
 Run: `.venv/bin/python -m bench.overlap_convergence [--quick] [--train-s 1.6 --post-s 17.9]`
 → bench/results/overlap_convergence.json; `--only delayed_mu0.6,...` runs just those contenders
@@ -79,6 +81,13 @@ REMEDIES: list[Contender] = [
     ("eager_rebase", 1, 0.7, 0.9, False, True),
     ("eager_rebase_a1", 1, 0.7, 0.9, False, True),
     ("lookahead", 1, 0.7, 0.9, False, False),  # start from G_{n−1} moved by its momentum's forecast
+    # research: the last known mean Δ as a stand-in shared by every host (no own Δ in any start)
+    ("eager_inmean", 1, 0.7, 0.9, False, True),
+    # research: Δ measured from G (the endpoint), i.e. the host's Δ plus G_latest − its start
+    ("eager_end", 1, 0.7, 0.9, False, True),
+    # research: the step n − 1 result applied mid-step — at inner step c·H the host moves by
+    # G_{n−1} − its eager start and trains on (so the post-training phases must end within c·H)
+    *((f"eager_c{c}", 1, 0.7, 0.9, False, True) for c in ("0.1", "0.25", "0.5", "0.75", "0.9", "0.96")),
     ("delayed_mu0.8", 1, 0.7, 0.8, False, False),
     ("delayed_lr0.5", 1, 0.5, 0.9, False, False),
     ("delayed_mu0.6", 1, 0.7, 0.6, False, False),
@@ -88,6 +97,18 @@ REMEDIES: list[Contender] = [
 ]
 """Every remedy `--only` may name; the full run's default list is `FULL_REMEDIES`."""
 FULL_REMEDIES = ("delayed_mu0.8", "delayed_lr0.5")
+
+
+def research_options(name: str) -> dict[str, Any]:
+    """`bench.sim.run_diloco` options of the research contenders, from their names."""
+    out: dict[str, Any] = {}
+    if m := re.search(r"_in([a-z]+)", name):
+        out["stand_in"] = m[1]
+    if name.startswith("eager_end"):
+        out["endpoint"] = True
+    if m := re.search(r"_c([0-9.]+)$", name):
+        out["correct_at"] = float(m[1])
+    return out
 
 
 def steps_to_reach(curve: list[dict[str, Any]], target: float) -> float | None:
@@ -105,13 +126,19 @@ def steps_to_reach(curve: list[dict[str, Any]], target: float) -> float | None:
     return None
 
 
-def wall_seconds(steps: float, train_s: float, post_s: float, overlapped: bool) -> float:
+def period(train_s: float, post_s: float, c: float) -> float:
+    """Seconds per outer step when step n − 1's result is needed after c of step n's training
+    (c = 1: the overlapped schedules; c = 0: sequential): the host waits for what is left of it."""
+    return max(train_s, post_s + (1.0 - c) * train_s)
+
+
+def wall_seconds(steps: float, train_s: float, post_s: float, overlapped: bool, c: float = 1.0) -> float:
     """When the global model after `steps` outer steps exists, by the per-step time model above."""
     if steps <= 0:
         return 0.0
     if not overlapped:
         return steps * (train_s + post_s)
-    return (steps - 1) * max(train_s, post_s) + train_s + post_s
+    return (steps - 1) * period(train_s, post_s, c) + train_s + post_s
 
 
 def time_model(
@@ -126,13 +153,14 @@ def time_model(
     s_none, s_del = steps_to_reach(curves["none"], target), steps_to_reach(curves[name], target)
     assert s_none is not None and s_del is not None  # both end at or below the larger final loss
     t_none = wall_seconds(s_none, train_s, post_s, overlapped=False)
-    t_del = wall_seconds(s_del, train_s, post_s, overlapped=True)
+    c = float(m[1]) if (m := re.search(r"_c([0-9.]+)$", name)) else 1.0  # the mid-step dial's wait
+    t_del = wall_seconds(s_del, train_s, post_s, overlapped=True, c=c)
     return {
         "train_s": train_s, "post_s": post_s, "target_loss": target,
         "steps_none": s_none, "steps_delayed": s_del, "wall_none_s": t_none, "wall_delayed_s": t_del,
         "speedup": t_none / t_del if t_del else None,
         "utilization_none": train_s / (train_s + post_s),
-        "utilization_delayed": train_s / max(train_s, post_s),
+        "utilization_delayed": train_s / period(train_s, post_s, c),
     }  # fmt: skip
 
 
@@ -164,7 +192,7 @@ def main(
                      "outer_delay": delay, "carry_optimizer": carry,
                      "eager": name.startswith("eager"), "eager_rebase": name.startswith("eager_rebase"),
                      "eager_scale": float(m[1]) if (m := re.search(r"_a([0-9.]+)(?:_|$)", name)) else None,
-                     "lookahead": name.startswith("lookahead")})  # fmt: skip
+                     "lookahead": name.startswith("lookahead"), **research_options(name)})  # fmt: skip
     fresh = {c[0]: r for c, r in zip(chosen, run_jobs(jobs, per_child=1), strict=True)}
     named = {}
     if only:  # read after the runs: another invocation may have written its results meanwhile
@@ -227,9 +255,15 @@ def summarize(
         ]
         plain = next((r for r in rows if r["contender"] == "delayed" and "final_val_loss" in r), None)
         passing = [r["contender"] for r in rows if r["contender"] != "none" and r.get("within_1pct")]
+        dial = sorted(
+            (float(r["contender"][len("eager_c") :]), r["loss_vs_none_pct"])
+            for r in rows
+            if r["contender"].startswith("eager_c") and "loss_vs_none_pct" in r
+        )
         result["goal"] = {
             "plain_delayed_within_1pct": bool(plain and plain["within_1pct"]),
             "delayed_variants_within_1pct": passing,
+            "mid_step_result_dial": dial,  # (c, loss vs none %): research, not a protocol schedule
         }
     write_result("overlap_convergence", result)
     print_result(result)
@@ -253,10 +287,13 @@ def print_result(result: dict[str, Any]) -> None:
     print("| contender | scenario | train s | post s | target loss | steps none / delayed "
           "| wall none / delayed | speedup |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
     for t in result.get("time_model", []):
+        def num(x: float | None, fmt: str) -> str:
+            return "never" if x is None else format(x, fmt)  # never reaches the target
+
         print(f"| {t['contender']} | {t['scenario']} | {t['train_s']:g} | {t['post_s']:g} "
-              f"| {t['target_loss']:.4f} | {t['steps_none']:.2f} / {t['steps_delayed']:.2f} "
-              f"| {t['wall_none_s']:.0f} s / {t['wall_delayed_s']:.0f} s "
-              f"| {t['speedup']:.2f}× |")  # fmt: skip
+              f"| {t['target_loss']:.4f} | {num(t['steps_none'], '.2f')} / {num(t['steps_delayed'], '.2f')} "
+              f"| {num(t['wall_none_s'], '.0f')} s / {num(t['wall_delayed_s'], '.0f')} s "
+              f"| {num(t['speedup'], '.2f')}× |")  # fmt: skip
 
 
 if __name__ == "__main__":

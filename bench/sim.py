@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
 from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, RunConfig
 from protocol.merkle import merkle_root
-from protocol.outer import eager_start, global_model_hash, outer_update
+from protocol.outer import eager_start, global_model_hash, outer_update, weighted_mean
 from protocol.prf import sample_segments
 from trainer.commit import Contribution, openings, param_tensors, run_committed
 from trainer.data import Corpus, batch, eval_loss, open_dataset
@@ -227,6 +227,24 @@ class Host:
         model = build_model(env.setup.spec())
         return cls(name, model, make_optimizer(model, env.cfg.inner))
 
+    def corrected(self, env: Env, n: int, start: Params, g: Params, tau: int) -> Any:
+        """Research (`run_diloco(correct_at=…)`): train from `start`, move by g − start at inner step
+        `tau`, train on; Δ = g − θ_H. Uncommitted: only Δ, tokens and the loss matter here."""
+        from types import SimpleNamespace
+
+        from trainer.step import train_segment
+
+        with torch.no_grad():
+            for k, p in self.model.named_parameters():
+                p.copy_(start[k])
+        train_segment(self.model, self.opt, env.cfg, env.corpus, self.name, n, 0, tau)
+        with torch.no_grad():
+            for k, p in self.model.named_parameters():
+                p.add_(g[k] - start[k])
+        train_segment(self.model, self.opt, env.cfg, env.corpus, self.name, n, tau, env.cfg.inner_steps - tau)
+        delta = {k: (g[k] - p.detach()).float() for k, p in self.model.named_parameters()}
+        return SimpleNamespace(delta=delta, tokens=env.cfg.tokens_per_outer_step, final_optimizer_hash=None)
+
     def contribute(self, env: Env, n: int, g: Params, g_hash: str, store: MemStore | None) -> Contribution:
         return run_committed(self.model, self.opt, env.cfg, env.corpus, self.name, n, g, g_hash, store)  # type: ignore[arg-type]
 
@@ -301,6 +319,9 @@ def run_diloco(
     lookahead: bool = False,
     eager_scale: float | None = None,
     eager_rebase: bool = False,
+    stand_in: str = "own",
+    endpoint: bool = False,
+    correct_at: float | None = None,
 ) -> dict[str, Any]:
     """T outer steps of M hosts; the last `adversaries` hosts (sorted order) lie with `attack`.
 
@@ -313,6 +334,11 @@ def run_diloco(
     n from Nesterov(G_{n−1}, its own decoded Δ_{n−1}) — its own Δ standing in for the aggregate
     not yet known (Kale et al. 2025) — with the optimizer state committed with that Δ; its step n
     contribution enters only if the step n − 1 one was accepted (the parent rule).
+    Research variants of eager (unverified: they change what a host trains, not what nodes check):
+    `stand_in="mean"` starts every host from G_{n−1} moved by the last known mean Δ (the one that
+    made G_{n−1}) instead of its own Δ; `endpoint` adds G_latest − start to each Δ before the mean
+    (Δ measured from the G it is applied to); `correct_at` c: at inner step c·H the host moves its
+    params by G_latest − start and trains on, so the step n − 1 result is applied mid-step.
 
     aggregator "protocol": `outer_update` over the Δs that enter (all, or the verified ones).
     Other names: a robust rule from `bench.aggregators` over all decoded Δs, then Nesterov.
@@ -336,12 +362,13 @@ def run_diloco(
     t_train = t_verify = 0.0
     replay_steps = 0
     store = MemStore() if (verify or attack) else None  # boundary states only when someone reads them
-    history = deque([(g, mom)], maxlen=outer_delay + 1)  # G_{n−d} … G_n: the oldest is the base
+    # G_{n−d} … G_n (the oldest is the base), each with the mean Δ that made it
+    history: deque[tuple[Params, Params, Params | None]] = deque([(g, mom, None)], maxlen=outer_delay + 1)
     prev_starts: dict[str, tuple[Params, str]] = {}  # eager_rebase: what each host last trained from
     parents: dict[str, tuple[Params, bool, bool]] = {}
     own: dict[str, tuple[Params, bool, bool]] = {}  # eager: each host's last Δ, entered?, eligible?
     for n in range(setup.outer_steps):
-        base, base_mom = history[0]
+        base, base_mom, base_mean = history[0]
         g_hash = global_model_hash(base, base_mom)
         if outer_delay and not carry_optimizer and not eager:
             for h in active:
@@ -358,15 +385,21 @@ def run_diloco(
             for h, (d, _, _) in parents.items():
                 if eager_rebase and h in prev_starts:  # own endpoint against the base: G_{n−1} − θ_H
                     d = {k: d[k] + (base[k] - prev_starts[h][0][k]) for k in d}
-                if eager_scale is None:  # the protocol's start (α = eager_scale(lr, μ)), what nodes do
+                if stand_in == "mean" and base_mean is not None:  # research: one shared stand-in
+                    e = outer_update(base, base_mom, [("mean", 1, base_mean)], lr, mu)[0]
+                elif eager_scale is None:  # the protocol's start (α = eager_scale(lr, μ)), what nodes do
                     e = eager_start(base, base_mom, d, lr, mu)
                 else:  # another α, for the benchmark's comparison
-                    stand_in = {k: torch.mul(t, eager_scale) for k, t in d.items()}
-                    e = outer_update(base, base_mom, [(h, 1, stand_in)], lr, mu)[0]
+                    scaled = {k: torch.mul(t, eager_scale) for k, t in d.items()}
+                    e = outer_update(base, base_mom, [(h, 1, scaled)], lr, mu)[0]
                 starts[h] = (e, global_model_hash(e, base_mom))
         t0 = time.perf_counter()
         prev_starts = starts
-        contribs = {h: hosts[h].contribute(env, n, starts[h][0], starts[h][1], store) for h in active}
+        if correct_at is not None:  # research: at inner step τ the host moves by G_latest − start
+            tau = int(correct_at * setup.inner_steps)
+            contribs = {h: hosts[h].corrected(env, n, starts[h][0], g, tau) for h in active}
+        else:
+            contribs = {h: hosts[h].contribute(env, n, starts[h][0], starts[h][1], store) for h in active}
         if store is not None:
             store.flush()  # the last boundaries are written in the background: wait before reading them
         t_train += time.perf_counter() - t0
@@ -410,11 +443,15 @@ def run_diloco(
         sent += sum(sizes) / max(1, len(sizes))
         if aggregator == "protocol":
             accepted = [(h, contribs[h].tokens, decoded[h]) for h in entering]
+            if endpoint:  # research: each Δ measured from G (the endpoint), not from the host's start
+                accepted = [(h, w, {k: d[k] + (g[k] - starts[h][0][k]) for k in d}) for h, w, d in accepted]
+            mean = weighted_mean(accepted, g) if accepted else None
             g, mom = outer_update(g, mom, accepted, cfg.outer.lr, cfg.outer.momentum)
         else:
             agg = AGGREGATORS[aggregator]([decoded[h] for h in sorted(decoded)], len(bad_hosts))
+            mean = agg
             g, mom = outer_update(g, mom, [("aggregate", 1, agg)], cfg.outer.lr, cfg.outer.momentum)
-        history.append((g, mom))
+        history.append((g, mom, mean))
         if store is not None:
             store.clear()
         curve.append({
