@@ -384,6 +384,16 @@ def render(d: dict[str, Any]) -> list[str]:
         f"**{goals['speedup_ge_1.5']}**); utilization with overlap ≥ 80%: **{util_goal}**.",
         "",
     ]
+    busy = {m: d[m].get("cpu_busy") for m in modes}
+    if busy["none"] is not None:
+        out += [
+            f"The machine's cores were busy {busy['none']:.0%} of the sequential run and "
+            f"{busy[mode] or 0:.0%} of the overlapped one (`/proc/stat`, from the first training to "
+            "the last G, other work on the machine included). Every node runs on these same cores, so "
+            "here the overlapped schedule mostly trades idle time for contention: the verifier's "
+            "replays and each host's tail run beside training instead of after it.",
+            "",
+        ]
     return out
 
 
@@ -393,6 +403,51 @@ def loadavg() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "?"
+
+
+class CpuSampler:
+    """The machine's CPU time, sampled from /proc/stat every `every` s on a side thread.
+
+    On this box every node of the devnet (chain, hosts, verifier) shares the same cores, so what an
+    overlapped schedule gains is bounded by what the sequential one leaves idle, less the busy time
+    that is not work (nodes polling the chain, waiting loops). `busy(t0, t1)` is the busy fraction
+    of all cores over [t0, t1] (wall clock), other work on the machine included."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        import threading
+
+        self.samples: list[tuple[float, int, int]] = []  # (time.time(), busy jiffies, all jiffies)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+
+    @staticmethod
+    def read() -> tuple[int, int] | None:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def _run(self, every: float) -> None:
+        while not self._stop.is_set():
+            if (got := self.read()) is not None:
+                self.samples.append((time.time(), *got))
+            self._stop.wait(every)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def busy(self, t0: float, t1: float) -> float | None:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2 or inside[-1][2] == inside[0][2]:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][2] - inside[0][2])
 
 
 def overlapped_modes() -> list[str]:
@@ -440,9 +495,12 @@ def main(quick: bool = False) -> None:
             folder = Path(tmp) / mode
             t0 = time.perf_counter()
             run_cfg = cfg.model_copy(update={"overlap": Overlap(mode), "outer_steps": steps})
-            snap = run_devnet(run_cfg, folder, echo=lambda s: None)
+            with CpuSampler() as cpu:
+                snap = run_devnet(run_cfg, folder, echo=lambda s: None)
             runs[mode] = measure(folder, snap)
             r = runs[mode]
+            span = (r["first_train_ts"], r["first_train_ts"] + r["val_loss_curve"][-1]["t_s"])
+            r["cpu_busy"] = cpu.busy(*span)  # the machine's cores, from the first training to the last G
             adv = "rejected every step" if r["adversary_always_rejected"] else r["adversary_outcomes"]
             curve = r["val_loss_curve"]
             print(f"{mode:>8}: {steps} steps in {time.perf_counter() - t0:.0f} s; utilization span "
@@ -488,6 +546,9 @@ def main(quick: bool = False) -> None:
         "loadavg_before": before,
         "loadavg_after": after,
         "command": ".venv/bin/python -m bench.overlap" + (" --quick" if quick else "")
+        + (f" --steps {args.steps}" if args.steps != (2 if quick else 3) else "")
+        + (f" --extra {args.extra}" if args.extra != 2 else "")
+        + (f" --inner-steps {args.inner_steps}" if args.inner_steps != (60 if quick else 80) else "")
         + (f" --overlap {over}" if over != "eager" else "")
         + ("" if args.early_close else " --no-early-close"),
         "quick": quick,
@@ -502,6 +563,8 @@ def main(quick: bool = False) -> None:
         print(f"seconds per outer step: none {p_none:.1f}, {over} {p_over:.1f} "
               f"({out['step_period_speedup']:.2f}x); hosts filled {runs[over]['train_phase_fill']:.0%} "
               f"of the {cfgs[over].phases.train:.1f} s train phase")  # fmt: skip
+    if runs["none"].get("cpu_busy") is not None:
+        print(f"cores busy: none {runs['none']['cpu_busy']:.0%}, {over} {runs[over]['cpu_busy'] or 0:.0%}")
     print(f"same loss ({target:.3f}) reached {speedup:.2f}x faster with overlap" if speedup else
           f"the overlapped run did not reach the sequential run's final loss {target:.3f}")  # fmt: skip
     print(f"load average after: {after}")

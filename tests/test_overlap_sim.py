@@ -3,6 +3,9 @@ delayed base, rejected Δs never reach a global model, and the time model's arit
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from bench.overlap_convergence import steps_to_reach, wall_seconds
@@ -44,3 +47,33 @@ def test_time_model_arithmetic() -> None:
     assert wall_seconds(10, 2.0, 18.0, overlapped=True) == 9 * 18.0 + 20.0
     assert wall_seconds(10, 18.0, 18.0, overlapped=True) == pytest.approx(9 * 18 + 36)  # ≈ 2× faster
     assert wall_seconds(0, 2.0, 18.0, overlapped=True) == 0.0
+
+
+
+def losses(run: dict[str, Any]) -> list[float]:
+    return [p["val_loss"] for p in run["curve"]]
+
+
+def test_mid_step_result_dial_spans_sequential_to_eager() -> None:
+    # the research dial of bench §1d: moving by G_latest − start at inner step c·H is the sequential
+    # schedule at c = 0 (the host trains from G_latest) and eager at c = 1 (the move lands after
+    # training: Δ is measured from the eager start), up to float rounding of start + (G − start)
+    configure_determinism(1)
+    setup = dataclasses.replace(TINY, inner_steps=4)
+    eager = {"outer_delay": 1, "carry_optimizer": True, "eager": True}
+    ends = {c: run_diloco(setup, **eager, correct_at=c) for c in (0.0, 0.5, 1.0)}
+    assert losses(ends[0.0]) == pytest.approx(losses(run_diloco(setup)), rel=1e-4)
+    assert losses(ends[1.0]) == pytest.approx(losses(run_diloco(setup, **eager)), rel=1e-4)
+    assert losses(ends[0.5]) != pytest.approx(losses(ends[0.0]), rel=1e-4)
+    assert losses(ends[0.5]) != pytest.approx(losses(ends[1.0]), rel=1e-4)
+
+
+def test_dial_time_model_waits_for_the_previous_result() -> None:
+    # the result is needed after c of the training: the host waits for what is left of it
+    def wall(train: float, post: float, c: float) -> float:
+        return wall_seconds(10, train, post, overlapped=True, c=c)
+
+    assert wall(18.0, 18.0, 1.0) == wall_seconds(10, 18.0, 18.0, overlapped=True)
+    assert wall(18.0, 18.0, 0.0) == pytest.approx(wall_seconds(10, 18.0, 18.0, overlapped=False))
+    assert wall(20.0, 5.0, 0.25) == pytest.approx(9 * 20.0 + 25.0)  # 5 s fit in 5 s of training
+    assert wall(20.0, 10.0, 0.25) == pytest.approx(9 * 25.0 + 30.0)  # 5 s of waiting per step
