@@ -208,7 +208,8 @@ WHERE = ("to_start", "training", "commit", "idle_to_deadline", "after_deadline")
 """Where a host's wall time per outer step goes: from the step's opening block until it trains
 (seeing the step open, loading G and the optimizer state), training, committing (trained → tx in
 a block), idle until the commit deadline's block, and from then until the next step opens (one
-block when overlapped and D ≤ T + 1; the whole verification when sequential)."""
+block when overlapped and D ≤ T + 1; the whole verification when sequential). A step trained
+before it opened (`next_start_state`) counts a negative `to_start`."""
 
 
 def block_times(folder: Path) -> dict[int, float]:
@@ -268,7 +269,9 @@ def measure(folder: Path, snap: Any) -> dict[str, Any]:
         run = max(e["ts"] for e in applied) - first
         per_host[name] = {"training_s": busy, "span_s": span, "run_s": run,
                           "utilization_span": busy / span, "utilization_run": busy / run,
-                          "steps_trained": len(trained), **breakdown(ev, snap, bt, train_blocks)}  # fmt: skip
+                          "steps_trained": len(trained),
+                          "trained_ahead": sum(bool(e.get("ahead")) for e in trained),
+                          **breakdown(ev, snap, bt, train_blocks)}  # fmt: skip
         if name == honest[0]:
             start = first
             curve = [(e["ts"] - first, e["val_loss"]) for e in applied]
@@ -363,8 +366,8 @@ def render(d: dict[str, Any]) -> list[str]:
             "",
             "Where an honest host's wall time goes, seconds per outer step (from the nodes' logs and "
             "the chain's block times): step open → training starts (seeing it, loading G and the "
-            "optimizer), training, commit (tx in a block), idle until the commit deadline, deadline "
-            "→ next step opens.",
+            "optimizer; negative: trained before the step opened), training, commit (tx in a block), "
+            "idle until the commit deadline, deadline → next step opens.",
             "",
             "| overlap | to start | training | commit | idle to deadline | deadline → next open |",
             "|---|---|---|---|---|---|",
@@ -384,6 +387,16 @@ def render(d: dict[str, Any]) -> list[str]:
         f"**{goals['speedup_ge_1.5']}**); utilization with overlap ≥ 80%: **{util_goal}**.",
         "",
     ]
+    ahead = {h: r for h, r in d[mode]["hosts"].items() if "trained_ahead" in r}
+    if ahead:
+        out += [
+            "Steps an honest host trained before they opened (the chain's `next_start_state` had fixed "
+            "their start: specs §2.2.1): "
+            + ", ".join(f"{h} {r['trained_ahead']} of {r['steps_trained']}" for h, r in ahead.items())
+            + ". A step's start is fixed once the step two before it is done, so hosts train ahead "
+            "when training takes longer than the post-training phases (D ≤ T).",
+            "",
+        ]
     busy = {m: d[m].get("cpu_busy") for m in modes}
     if busy["none"] is not None:
         out += [
@@ -467,6 +480,7 @@ def main(quick: bool = False) -> None:
         "--overlap", choices=overlapped_modes(), default="eager", help="the overlapped schedule"
     )
     ap.add_argument("--keep", type=Path, default=None, help="keep the devnets' folders (logs) here")
+    ap.add_argument("--name", default="overlap", help="results/<name>.json (a setting beside the default)")
     ap.add_argument("--early-close", action=argparse.BooleanOptionalAction, default=True,
                     help="both runs close a phase window once all it waits for is in (specs §2.3.1)")
     args, _ = ap.parse_known_args()  # under `python -m bench` its own flags are in argv too
@@ -549,6 +563,7 @@ def main(quick: bool = False) -> None:
         + (f" --steps {args.steps}" if args.steps != (2 if quick else 3) else "")
         + (f" --extra {args.extra}" if args.extra != 2 else "")
         + (f" --inner-steps {args.inner_steps}" if args.inner_steps != (60 if quick else 80) else "")
+        + (f" --name {args.name}" if args.name != "overlap" else "")
         + (f" --overlap {over}" if over != "eager" else "")
         + ("" if args.early_close else " --no-early-close"),
         "quick": quick,
@@ -565,12 +580,16 @@ def main(quick: bool = False) -> None:
               f"of the {cfgs[over].phases.train:.1f} s train phase")  # fmt: skip
     if runs["none"].get("cpu_busy") is not None:
         print(f"cores busy: none {runs['none']['cpu_busy']:.0%}, {over} {runs[over]['cpu_busy'] or 0:.0%}")
+    ahead = {h: (r["trained_ahead"], r["steps_trained"]) for h, r in runs[over]["hosts"].items()}
+    print("steps trained before they opened (next_start_state): "
+          + ", ".join(f"{h} {a} of {n}" for h, (a, n) in ahead.items()))  # fmt: skip
     print(f"same loss ({target:.3f}) reached {speedup:.2f}x faster with overlap" if speedup else
           f"the overlapped run did not reach the sequential run's final loss {target:.3f}")  # fmt: skip
     print(f"load average after: {after}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    path = RESULTS.with_name(f"{args.name}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

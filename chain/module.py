@@ -578,19 +578,31 @@ def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) ->
 # ---------------------------------------------------------------- outer result
 
 
-def _open_overlapped(run: Run, open_height: int) -> list[Event]:
-    """Overlapped runs: open the next step at `open_height` once the newest step's training has
-    closed (its commit deadline passed) and no older step is in flight; its base is the run's
-    global model now (the result of the step two before it)."""
+def next_base(run: Run) -> str | None:
+    """Overlapped runs: the base of the step after the newest, once it is fixed — the run goes on
+    past the newest step and the step before the newest is done, so the run's global model is
+    the result it will open on (the newest step cannot close before the next one opens) — else
+    None. The next step's whole start state (§2.2.1) is then fixed: a host may train it early."""
     newest = run.steps[run.current_step]
     config = run_config(run)
-    if run.status != RunStatus.ACTIVE or newest.phase in (Phase.PENDING, Phase.TRAIN):
-        return []
+    if run.status != RunStatus.ACTIVE or not overlapped(run) or newest.phase == Phase.PENDING:
+        return None
     if not _predecessor_done(run, newest):
-        return []
+        return None
     if config.max_outer_steps and newest.index + 1 >= config.max_outer_steps:
+        return None
+    return run.global_model_hash
+
+
+def _open_overlapped(run: Run, open_height: int) -> list[Event]:
+    """Overlapped runs: open the next step at `open_height` once the newest step's training has
+    closed (its commit deadline passed) and its base is fixed (`next_base`: no older step in
+    flight; the run's global model now, the result of the step two before it)."""
+    newest = run.steps[run.current_step]
+    base = next_base(run)
+    if base is None or newest.phase == Phase.TRAIN:
         return []
-    nxt = new_outer_step(newest.index + 1, open_height, config, run.global_model_hash)
+    nxt = new_outer_step(newest.index + 1, open_height, run_config(run), base)
     run.steps[nxt.index] = nxt
     run.current_step = nxt.index
     return [_event("outer_step_opened", run_id=run.id, outer_step=nxt.index, train_start=nxt.train_start)]

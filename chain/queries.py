@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from chain import errors
-from chain.module import apply_to_hash, eager_parent, start_optimizer, steps_in_flight
+from chain.module import apply_to_hash, eager_parent, next_base, start_optimizer, steps_in_flight
 from chain.params import DENOM, MODULE_ACCOUNT, REWARD_POOL_ACCOUNT
 from chain.state import ChainState, Contribution, OuterStep, Run, app_hash, total_supply
 
@@ -270,6 +270,27 @@ def start_state(state: ChainState, run_id: int, host: str, step: int | None = No
         "parent_codec": None if parent is None else parent.codec,
         "parent_outer_step": None if parent is None else s.index - 1,
         "optimizer_hash": start_optimizer(run, host, s.index),
+    }
+
+
+def next_start_state(state: ChainState, run_id: int, host: str) -> dict[str, Any] | None:
+    """The host's start state of the step after the newest, before that step opens, once every
+    part of it is fixed (`module.next_base`; overlapped runs only), else null: the same answer
+    `start_state` will give when it opens, so the host can train it while the window of the newest
+    step is still open (specs §2.2.1)."""
+    run = _run(state, run_id)
+    base = next_base(run)
+    if base is None:
+        return None
+    index = run.current_step + 1
+    parent = eager_parent(run, host, index)
+    return {
+        "outer_step": index,
+        "base_model_hash": base,
+        "parent_delta_hash": None if parent is None else parent.delta_hash,
+        "parent_codec": None if parent is None else parent.codec,
+        "parent_outer_step": None if parent is None else index - 1,
+        "optimizer_hash": start_optimizer(run, host, index),
     }
 
 

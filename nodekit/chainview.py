@@ -241,6 +241,14 @@ class ChainView:
         """The base, eager parent and optimizer of the host's start of outer step n (§2.2.1)."""
         return _typed(StartState, self.q("start_state", host=host, step=n))
 
+    def next_start_state(self, host: str) -> tuple[int, StartState] | None:
+        """The step after the newest and the host's start of it, once fixed before it opens (§2.2.1)."""
+        got = self.q("next_start_state", host=host)
+        if got is None:
+            return None
+        n = int(got.pop("outer_step"))
+        return n, _typed(StartState, got)
+
     def assignments(self, verifier: str, n: int) -> list[str]:
         return list(self.q("assignments", verifier=verifier, step=n)["hosts"])
 

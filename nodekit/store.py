@@ -256,10 +256,18 @@ class ContentStore:
         return sorted(d.name for d in self.root.iterdir() if d.is_dir())
 
     def hashes(self, kind: Kind | str, group: str | None = None) -> list[str]:
+        """The objects of a kind, complete ones only: a write in progress (`.tmp-*`, renamed into
+        place when done) is not one yet, and another thread may be writing while we list."""
         dirs = [self.root / group] if group is not None else [self.root / g for g in self.groups()]
         out: set[str] = set()
         for suffix in ("." + Kind(kind).value, "." + Kind(kind).value + SHARDS):
-            out |= {p.name[: -len(suffix)] for d in dirs if d.is_dir() for p in d.glob("*" + suffix)}
+            out |= {
+                p.name[: -len(suffix)]
+                for d in dirs
+                if d.is_dir()
+                for p in d.glob("*" + suffix)
+                if not p.name.startswith(".")
+            }
         return sorted(out)
 
     def _require(self, kind: Kind | str, h: str, group: str | None) -> Path:

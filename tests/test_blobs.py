@@ -357,3 +357,12 @@ def test_stored_tensors_read_ahead_and_read_into(tmp_path: Path) -> None:
             stored[k]
     with pytest.raises(StoreError):
         b"".join(store.read(Kind.STATE, ref.hash))
+
+
+def test_a_write_in_progress_is_not_listed(tmp_path: Path) -> None:
+    # another thread's write is a `.tmp-*` file until it is renamed into place: a listing (pruning
+    # what is not kept) must neither return it nor fail on its name (a host crashed on one mid-run)
+    store = ContentStore(tmp_path, 1024)
+    h = store.put_bytes(Kind.OPTIMIZER, b"x" * 100, "opt")
+    (tmp_path / "opt" / ".tmp-9w1ntmav.optimizer").write_bytes(b"partial")
+    assert store.hashes(Kind.OPTIMIZER, "opt") == [h] == store.hashes(Kind.OPTIMIZER)

@@ -149,3 +149,40 @@ def test_delayed_runs_have_no_parent() -> None:
     assert start(sim, HOSTS[0], 1)["parent_delta_hash"] is None
     ok_block(sim, commit_msg(HOSTS[0], step=1))
     assert sim.state.runs[1].steps[1].contributions[HOSTS[0]].parent_delta_hash is None
+
+
+def nxt(sim: Sim, host: str) -> dict | None:
+    return queries.next_start_state(sim.state, 1, host)
+
+
+def test_the_next_steps_start_is_answered_before_it_opens_exactly_as_it_will_open() -> None:
+    """`next_start_state`: the start of the step after the newest, before it opens, once every
+    part of it is fixed (the step before the newest done) — what `start_state` answers when it
+    opens, so a host can train it while slower hosts are still committing; null while the step
+    before the newest is in flight (its result is the next base) and in sequential runs."""
+    host, other = HOSTS[0], HOSTS[1]
+    sim = started(eager(result_blocks=30, train_blocks=40), verifiers=VERIFIERS[:3])  # step 0 ends in 1's
+    assert nxt(sim, host) == {
+        "outer_step": 1, "base_model_hash": h32("g0"), "parent_delta_hash": None, "parent_codec": None,
+        "parent_outer_step": None, "optimizer_hash": None,
+    }  # fmt: skip
+    ok_block(sim, commit_msg(host))  # committed: its own step 0 Δ is its step 1 parent
+    early = nxt(sim, host)
+    assert early is not None and early["parent_delta_hash"] == h32("delta", host, 0, "")
+    assert early["optimizer_hash"] == h32("opt", host, 0)
+    ok_block(sim, commit_msg(other))
+    sim.until(step_of(sim, 0)["commit_deadline"] + 2)  # step 1 opens
+    assert {"outer_step": 1, **start(sim, host, 1)} == early
+    assert nxt(sim, host) is None  # step 2 builds on step 0's result, not known yet
+    ok_block(sim, *[commit_msg(h, step=1) for h in (host, other)])
+    drive(sim, phase_is(sim, 0, Phase.AWAITING_RESULT))
+    ok_block(sim, vote(host, "g1", step=0), vote(other, "g1", step=0))  # adopted: step 2's start is fixed
+    assert step_of(sim, 0)["phase"] == Phase.DONE and step_of(sim, 1)["phase"] == Phase.TRAIN
+    early = nxt(sim, host)
+    assert early is not None and early["outer_step"] == 2 and early["base_model_hash"] == h32("g1")
+    assert early["parent_delta_hash"] == h32("delta", host, 1, "")
+    drive(sim, lambda: sim.state.runs[1].current_step == 2)
+    assert {"outer_step": 2, **start(sim, host, 2)} == early
+    sequential = started(make_config(phases={"result_blocks": 30}))
+    ok_block(sequential, commit_msg(host))
+    assert queries.next_start_state(sequential.state, 1, host) is None

@@ -60,7 +60,8 @@ def test_eager_run_rejects_a_wrong_start_applies_the_parent_rule_and_learns(tmp_
     cfg = eager_config(corpus)
     run_id = create_run(chain, cfg)
     verifier = counted(chain, verifier_node(tmp_path, 9, run_id, corpus))
-    honest = [host(tmp_path, i, run_id, chain, corpus) for i in (1, 2)]
+    logs: list[dict[str, Any]] = []
+    honest = [host(tmp_path, i, run_id, chain, corpus, log=logs.append) for i in (1, 2)]
     cheat = host(tmp_path, 3, run_id, chain, corpus, behaviour=resolve_host("wrong_start"))
     flip = host(tmp_path, 4, run_id, chain, corpus, behaviour=resolve_host("sign_flip", {"steps": [1]}))
     hosts = [*honest, cheat, flip]
@@ -110,6 +111,15 @@ def test_eager_run_rejects_a_wrong_start_applies_the_parent_rule_and_learns(tmp_
             )
         accepted = chain.query("accepted", run_id=run_id, step=n)["accepted"]
         assert rejected not in {a["delta_hash"] for a in accepted}
+    # each honest host trained each step once and committed what it trained; step 1 before it
+    # opened (its start is fixed once the host's step 0 commit is in: no step before step 0 has to
+    # close), the later ones when their start was fixed before the step opened
+    for h in honest:
+        mine = [e for e in logs if e["event"] == "trained" and e["node"] == h.name]
+        trained = {e["outer_step"]: e["ahead"] for e in mine}
+        assert sorted(trained) == list(range(STEPS)) and trained[1] and not trained[0], (h.name, trained)
+    assert len([e for e in logs if e["event"] == "trained"]) == len(honest) * STEPS
+    assert not [e for e in logs if e["event"] == "trained_from_another_start"]
     for n in range(STEPS - 1):  # two steps in flight
         nxt = chain.query("commitment", run_id=run_id, host=honest[0].address, step=n + 1)
         assert nxt["height"] < steps[n]["done_height"], n

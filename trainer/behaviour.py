@@ -189,6 +189,10 @@ class HostBehaviour:
     keeps_delta = False
     """Whether `make_contribution`'s contribution carries the fp32 Δ (`Contribution.delta`) for a
     later hook (an equivocator halves it in `commit_messages`); the honest host needs only the payload."""
+    trains_ahead = True
+    """Overlapped runs: train the next step as soon as the chain has fixed its start, before it
+    opens (`HostNode._train_ahead`). Adversaries do not: their hooks may read what only an open
+    step has (e.g. the previous step's accepted set)."""
 
     def __init__(self, **params: Any) -> None:
         unknown = set(params) - self.allowed_params

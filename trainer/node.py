@@ -51,6 +51,7 @@ from nodekit.chainview import (
     Outcome,
     Phase,
     ResultRound,
+    StartState,
     StepInfo,
     Stopped,
     is_chain_error,
@@ -118,6 +119,10 @@ class _BadDelta(Exception):
         self.host, self.error = host, error
 
 
+def start_key(s: StartState) -> list[str | None]:
+    return [s.base_model_hash, s.parent_delta_hash, s.optimizer_hash]
+
+
 @dataclass
 class Record:
     """What the node committed in one outer step, on disk before the commit is broadcast (the Δ
@@ -133,9 +138,12 @@ class Record:
     tokens: int
     env: dict[str, Any]
     mean_loss: float
+    start: list[str | None] | None = None
+    """The start it trained from (base, eager parent Δ, optimizer; `StartState`): a step trained
+    before it opened is committed only if the chain names the same start when it opens."""
 
     @classmethod
-    def of(cls, c: Contribution) -> Record:
+    def of(cls, c: Contribution, start: StartState | None = None) -> Record:
         return cls(
             c.outer_step,
             c.base_model_hash,
@@ -147,6 +155,7 @@ class Record:
             c.tokens,
             c.env.model_dump(),
             c.mean_loss,
+            start_key(start) if start is not None else None,
         )
 
     def contribution(self, payload: bytes) -> Contribution:
@@ -251,17 +260,21 @@ class HostNode:
     def _record_path(self, n: int) -> Path:
         return self.dir / "commits" / f"{n}.json"
 
-    def _save_record(self, c: Contribution) -> None:
+    def _save_record(self, c: Contribution, start: StartState | None = None) -> None:
         self.content.put_bytes(Kind.DELTA, c.payload, delta_group(c.outer_step))
-        atomic_write(self._record_path(c.outer_step), json.dumps(asdict(Record.of(c))).encode())
+        atomic_write(self._record_path(c.outer_step), json.dumps(asdict(Record.of(c, start))).encode())
 
-    def _load_record(self, n: int) -> Contribution | None:
+    def _load_record(self, n: int, start: StartState | None = None) -> Contribution | None:
+        """What this node trained for step n, if anything; with `start`, only if trained from it."""
         try:
             record = Record(**json.loads(self._record_path(n).read_bytes()))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, TypeError) as e:
             self.log("record_unreadable", outer_step=n, error=str(e))
+            return None
+        if start is not None and record.start is not None and record.start != start_key(start):
+            self.log("trained_from_another_start", outer_step=n, trained=record.start, chain=start_key(start))
             return None
         try:  # verified chunk by chunk against the committed Δ hash on the way in
             payload = self.content.read_bytes(Kind.DELTA, record.delta_hash, delta_group(n))
@@ -472,6 +485,11 @@ class HostNode:
                     contribution = None
                     self.log("outer_step_failed", outer_step=n, error=f"{type(e).__name__}: {e}")
             self._spawn_tail(n, contribution)
+            if contribution is not None and self.behaviour.trains_ahead and self.team is None:
+                try:
+                    self._train_ahead(n + 1)
+                except (BlobError, ValueError, OSError) as e:  # trained again when the step opens
+                    self.log("train_ahead_failed", outer_step=n + 1, error=f"{type(e).__name__}: {e}")
             return 1
         newest = max(self._tails, default=-1)
         self.view.wait_run(lambda r: not r.active or r.current_step > newest)
@@ -504,7 +522,7 @@ class HostNode:
             self._replica = build(self.cfg.model, self._allow_list).module.to(self.device)
         return self._replica
 
-    def _eager_start(self, n: int, gm: GlobalModel) -> EagerStart | None:
+    def _eager_start(self, n: int, gm: GlobalModel, s: StartState | None = None) -> EagerStart | None:
         """An eager run's start params of step n (specs §2.2.1), None where the start is G_{n−1}
         (not eager, or no parent: exactly as delayed). The chain names the parent (`start_state`):
         this host's own step n − 1 Δ, decoded from exactly the bytes whose hash it committed (read
@@ -512,7 +530,7 @@ class HostNode:
         G_{n−1} = `gm`; the start's tensors are computed when read, never held whole."""
         if not self.eager:
             return None
-        s = self.view.start_state(self.address, n)
+        s = self.view.start_state(self.address, n) if s is None else s
         if s.parent_delta_hash is None:
             return None
         if s.base_model_hash != gm.hash:
@@ -552,7 +570,9 @@ class HostNode:
     def _sharded(self) -> bool:
         return self.team is not None and self.team.shard_state
 
-    def _start_optimizer(self, n: int, model: nn.Module | None = None) -> torch.optim.Optimizer:
+    def _start_optimizer(
+        self, n: int, model: nn.Module | None = None, *, start: StartState | None = None
+    ) -> torch.optim.Optimizer:
         """The optimizer state the chain says step n starts from: last accepted, or fresh (overlapped
         runs: the one accepted in step n − 2, §2.2.1), for `model` (default: the training model;
         its parameters are G_n's: `run_committed` or the caller loads them). With a sharded team:
@@ -560,7 +580,7 @@ class HostNode:
         model = self.model if model is None else model
         if model is self.model:
             self.store.flush()  # a last boundary still being written reads the live model
-        prev = self.view.prev_optimizer_hash(self.address, n)
+        prev = self.view.prev_optimizer_hash(self.address, n) if start is None else start.optimizer_hash
         if self.team is not None and self.team.shard_state:
             try:
                 self.team.carry(prev or None, OPTIMIZER_GROUP)
@@ -588,42 +608,8 @@ class HostNode:
         info = self.view.wait_step(n, lambda i: i.phase is not Phase.PENDING, info.train_start)
         if info.phase is not Phase.TRAIN or info.height > info.commit_deadline:
             return self._sit_out(n, "commit deadline passed before training")
-        gm = self._global(info.base_model_hash)
-        with self._lock:  # G_{n-1}: nobody needs it once G_n is the base (overlapped: §2.2.1 keeps more)
-            for h in self.globals.prune(self._models_to_keep([gm.hash])):
-                self.catalog.withdraw(Kind.MODEL, h)
-                self._gm_cache.pop(h, None)
-        contribution = self._load_record(n)
-        if contribution is None or contribution.base_model_hash != gm.hash:
-            self._set(phase="TRAINING")
-            for m in [m for m in self._opts if m < n - (1 if self.overlapped else 0)]:
-                del self._opts[m]  # a step that was never revealed still held its optimizer: 8 B/param
-            opt = self._opts[n] = self._start_optimizer(n)
-            ctx = self._context(n, gm, opt)
-            ctx.start_params = self._eager_start(n, gm)
-            t0 = time.perf_counter()
-            contribution = self.behaviour.make_contribution(ctx)
-            seconds = time.perf_counter() - t0
-            for p in self.model.parameters():  # no more backward passes this step: free 4 B/param
-                p.grad = None
-            self.metrics.trained(self.cfg.inner_steps, contribution.tokens, seconds, contribution.mean_loss)
-            with self._lock:  # the tail's pruning keeps what a record on disk names
-                if not self._sharded:  # a sharded team's ranks saved their parts of it as they trained
-                    self._save_optimizer(contribution, opt)
-                self._save_record(contribution)
-            self.board.update("training_seconds", lambda x: round((x or 0.0) + seconds, 3))
-            self._set(loss=contribution.mean_loss)
-            self.log(
-                "trained",
-                outer_step=n,
-                loss=round(contribution.mean_loss, 4),
-                seconds=round(seconds, 3),
-                boundary_seconds=round(contribution.boundary_seconds, 3),
-                boundary_waits=contribution.boundary_waits,
-                step_seconds=round(contribution.train_seconds, 3),
-                protocol_seconds=round(contribution.protocol_seconds, 3),
-                tokens_per_s=round(contribution.tokens / max(seconds, 1e-9)),
-            )
+        start = self.view.start_state(self.address, n) if self.overlapped else None
+        contribution, gm = self._trained(n, info.base_model_hash, start)
         ctx = self._context(n, gm, self._opts.get(n))
         try:
             for msg in self.behaviour.commit_messages(contribution, ctx):
@@ -639,6 +625,61 @@ class HostNode:
         self._set(phase="COMMITTED")
         self.log("committed", outer_step=n, root=contribution.trajectory_root, delta=contribution.delta_hash)
         return contribution
+
+    def _train_ahead(self, n: int) -> None:
+        """Overlapped runs, after this host's commit of step n − 1: train step n now if the chain
+        has already fixed its start (`next_start_state`), instead of idling until the slowest host
+        commits and the step opens. Its record names that start; it is committed when the step
+        opens only if the chain then names the same one (else trained again from the chain's)."""
+        got = self.view.next_start_state(self.address)
+        if got is None or got[0] != n or self._record_path(n).exists():
+            return
+        self._trained(n, got[1].base_model_hash, got[1], ahead=True)
+
+    def _trained(
+        self, n: int, base: str, start: StartState | None, *, ahead: bool = False
+    ) -> tuple[Contribution, GlobalModel]:
+        """Step n's contribution trained from `start` (the chain's `start_state`; sequential runs:
+        None, the base and the last accepted optimizer): from its record if this node already
+        trained it from that start (a restart, or trained ahead), else trained now."""
+        gm = self._global(base)
+        with self._lock:  # G_{n-1}: nobody needs it once G_n is the base (overlapped: §2.2.1 keeps more)
+            for h in self.globals.prune(self._models_to_keep([gm.hash])):
+                self.catalog.withdraw(Kind.MODEL, h)
+                self._gm_cache.pop(h, None)
+        contribution = self._load_record(n, start)
+        if contribution is None or contribution.base_model_hash != gm.hash:
+            self._set(outer_step=n, phase="TRAINING")
+            for m in [m for m in self._opts if m < n - (1 if self.overlapped else 0)]:
+                del self._opts[m]  # a step that was never revealed still held its optimizer: 8 B/param
+            opt = self._opts[n] = self._start_optimizer(n, start=start)
+            ctx = self._context(n, gm, opt)
+            ctx.start_params = self._eager_start(n, gm, start)
+            t0 = time.perf_counter()
+            contribution = self.behaviour.make_contribution(ctx)
+            seconds = time.perf_counter() - t0
+            for p in self.model.parameters():  # no more backward passes this step: free 4 B/param
+                p.grad = None
+            self.metrics.trained(self.cfg.inner_steps, contribution.tokens, seconds, contribution.mean_loss)
+            with self._lock:  # the tail's pruning keeps what a record on disk names
+                if not self._sharded:  # a sharded team's ranks saved their parts of it as they trained
+                    self._save_optimizer(contribution, opt)
+                self._save_record(contribution, start)
+            self.board.update("training_seconds", lambda x: round((x or 0.0) + seconds, 3))
+            self._set(loss=contribution.mean_loss)
+            self.log(
+                "trained",
+                outer_step=n,
+                loss=round(contribution.mean_loss, 4),
+                seconds=round(seconds, 3),
+                boundary_seconds=round(contribution.boundary_seconds, 3),
+                boundary_waits=contribution.boundary_waits,
+                step_seconds=round(contribution.train_seconds, 3),
+                protocol_seconds=round(contribution.protocol_seconds, 3),
+                tokens_per_s=round(contribution.tokens / max(seconds, 1e-9)),
+                ahead=ahead,
+            )
+        return contribution, gm
 
     def _save_optimizer(self, c: Contribution, opt: torch.optim.Optimizer) -> None:
         """The carried optimizer state, written from the live tensors; with the digests the
@@ -1066,11 +1107,12 @@ class HostNode:
 
     def _own_pending_optimizers(self, n: int) -> set[str]:
         """Overlapped runs: the final optimizer states of this host's later steps (records on disk),
-        not yet finalized: each becomes a start state two steps on if it is accepted."""
+        not yet finalized (the step after the newest too: it may have been trained ahead): each
+        becomes a start state two steps on if it is accepted."""
         if not self.overlapped:
             return set()
         out = set()
-        for m in range(n + 1, self.view.run().current_step + 1):
+        for m in range(n + 1, self.view.run().current_step + 2):
             try:  # the record alone (not its Δ payload): it names the optimizer state
                 out.add(json.loads(self._record_path(m).read_bytes())["final_optimizer_hash"])
             except (OSError, ValueError, KeyError):

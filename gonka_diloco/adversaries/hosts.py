@@ -131,6 +131,7 @@ class HostAdversary(HostBehaviour):
     honest_work = False
     """True: the contribution is honest work, so verifiers rightly accept it; the attack is on
     what comes after (serving, the result vote). The devnet report judges these by the result."""
+    trains_ahead = False
 
     def __init__(self, **params: Any) -> None:
         super().__init__()  # params are explicit keyword arguments of each subclass instead
