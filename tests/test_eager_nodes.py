@@ -131,3 +131,37 @@ def test_eager_run_rejects_a_wrong_start_applies_the_parent_rule_and_learns(tmp_
     print(f"eager: global val loss G_0 {initial:.4f} -> " + " -> ".join(f"{x:.4f}" for x in curve))
     assert initial > curve[-1] and curve[-1] < curve[0], (initial, curve)
     assert honest[1].snapshot()["val_loss"] == honest[0].snapshot()["val_loss"]
+
+
+def test_a_step_trained_ahead_from_a_start_the_chain_does_not_name_is_trained_again(tmp_path: Path) -> None:
+    """A host trains step 1 before it opens (`next_start_state`), but its record names another
+    start than the chain's `start_state` at the open (here: rewritten on disk, as if the chain had
+    answered otherwise): the record is not committed, the step is trained again from the chain's
+    start, and that contribution is accepted next to the other host's trained-ahead one."""
+    import json
+
+    corpus = tiny_corpus()
+    chain = LockstepChain()
+    run_id = create_run(chain, eager_config(corpus, max_outer_steps=2))
+    verifier = counted(chain, verifier_node(tmp_path, 9, run_id, corpus))
+    logs: list[dict[str, Any]] = []
+    a, b = (host(tmp_path, i, run_id, chain, corpus, log=logs.append) for i in (1, 2))
+    trained_ahead = a._train_ahead
+
+    def ahead_from_another_start(n: int) -> None:
+        trained_ahead(n)
+        path = a._record_path(n)
+        if path.exists():
+            record = json.loads(path.read_bytes())
+            record["start"][1] = "0" * 64  # another parent Δ than the one the chain will name
+            path.write_text(json.dumps(record))
+
+    a._train_ahead = ahead_from_another_start  # type: ignore[method-assign]
+    with running([lambda h=h: h.run(linger=True) for h in (a, b)] + [then_stop(verifier.run, [a, b])], chain):
+        pass
+    trained = sorted((e["node"], e["outer_step"], e["ahead"]) for e in logs if e["event"] == "trained")
+    assert trained == [(a.name, 0, False), (a.name, 1, False), (a.name, 1, True),
+                       (b.name, 0, False), (b.name, 1, True)], trained  # fmt: skip
+    assert [e["outer_step"] for e in logs if e["event"] == "trained_from_another_start"] == [1]
+    step = chain.query("outer_step", run_id=run_id, step=1)
+    assert step["accepted"] == sorted([a.address, b.address]), step["outcomes"]
