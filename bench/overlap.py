@@ -30,6 +30,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -427,8 +428,6 @@ class CpuSampler:
     of all cores over [t0, t1] (wall clock), other work on the machine included."""
 
     def __init__(self, every: float = 0.25) -> None:
-        import threading
-
         self.samples: list[tuple[float, int, int]] = []  # (time.time(), busy jiffies, all jiffies)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)

@@ -111,6 +111,11 @@ def research_options(name: str) -> dict[str, Any]:
     return out
 
 
+def or_never(x: float | None, fmt: str) -> str:
+    """A time-model figure, or "never" for a contender that does not reach the target loss."""
+    return "never" if x is None else format(x, fmt)
+
+
 def steps_to_reach(curve: list[dict[str, Any]], target: float) -> float | None:
     """Fractional outer steps until the validation loss first reaches `target` (linear between
     evaluated steps); None if it never does."""
@@ -153,7 +158,7 @@ def time_model(
     s_none, s_del = steps_to_reach(curves["none"], target), steps_to_reach(curves[name], target)
     assert s_none is not None and s_del is not None  # both end at or below the larger final loss
     t_none = wall_seconds(s_none, train_s, post_s, overlapped=False)
-    c = float(m[1]) if (m := re.search(r"_c([0-9.]+)$", name)) else 1.0  # the mid-step dial's wait
+    c = research_options(name).get("correct_at", 1.0)  # the mid-step dial's wait (1: none)
     t_del = wall_seconds(s_del, train_s, post_s, overlapped=True, c=c)
     return {
         "train_s": train_s, "post_s": post_s, "target_loss": target,
@@ -255,11 +260,9 @@ def summarize(
         ]
         plain = next((r for r in rows if r["contender"] == "delayed" and "final_val_loss" in r), None)
         passing = [r["contender"] for r in rows if r["contender"] != "none" and r.get("within_1pct")]
-        dial = sorted(
-            (float(r["contender"][len("eager_c") :]), r["loss_vs_none_pct"])
-            for r in rows
-            if r["contender"].startswith("eager_c") and "loss_vs_none_pct" in r
-        )
+        at = {r["contender"]: research_options(r["contender"]).get("correct_at") for r in rows}
+        dial = sorted((at[r["contender"]], r["loss_vs_none_pct"]) for r in rows
+                      if at[r["contender"]] is not None and "loss_vs_none_pct" in r)  # fmt: skip
         result["goal"] = {
             "plain_delayed_within_1pct": bool(plain and plain["within_1pct"]),
             "delayed_variants_within_1pct": passing,
@@ -287,9 +290,7 @@ def print_result(result: dict[str, Any]) -> None:
     print("| contender | scenario | train s | post s | target loss | steps none / delayed "
           "| wall none / delayed | speedup |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
     for t in result.get("time_model", []):
-        def num(x: float | None, fmt: str) -> str:
-            return "never" if x is None else format(x, fmt)  # never reaches the target
-
+        num = or_never
         print(f"| {t['contender']} | {t['scenario']} | {t['train_s']:g} | {t['post_s']:g} "
               f"| {t['target_loss']:.4f} | {num(t['steps_none'], '.2f')} / {num(t['steps_delayed'], '.2f')} "
               f"| {num(t['wall_none_s'], '.0f')} s / {num(t['wall_delayed_s'], '.0f')} s "

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
 from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, RunConfig
 from protocol.merkle import merkle_root
-from protocol.outer import eager_start, global_model_hash, outer_update, weighted_mean
+from protocol.outer import eager_start, global_model_hash, nesterov, outer_update, weighted_mean
 from protocol.prf import sample_segments
 from trainer.commit import Contribution, openings, param_tensors, run_committed
 from trainer.data import Corpus, batch, eval_loss, open_dataset
@@ -445,8 +445,9 @@ def run_diloco(
             accepted = [(h, contribs[h].tokens, decoded[h]) for h in entering]
             if endpoint:  # research: each Δ measured from G (the endpoint), not from the host's start
                 accepted = [(h, w, {k: d[k] + (g[k] - starts[h][0][k]) for k in d}) for h, w, d in accepted]
-            mean = weighted_mean(accepted, g) if accepted else None
-            g, mom = outer_update(g, mom, accepted, cfg.outer.lr, cfg.outer.momentum)
+            mean = weighted_mean(accepted, g) if accepted else None  # outer_update's own mean, once
+            if mean is not None:
+                g, mom = nesterov(g, mom, mean, cfg.outer.lr, cfg.outer.momentum)
         else:
             agg = AGGREGATORS[aggregator]([decoded[h] for h in sorted(decoded)], len(bad_hosts))
             mean = agg

@@ -485,6 +485,7 @@ class HostNode:
                     contribution = None
                     self.log("outer_step_failed", outer_step=n, error=f"{type(e).__name__}: {e}")
             self._spawn_tail(n, contribution)
+            # one process only: a data-parallel team's ranks are not driven ahead (not exercised)
             if contribution is not None and self.behaviour.trains_ahead and self.team is None:
                 try:
                     self._train_ahead(n + 1)
