@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from nodekit.blobs import BlobClient, fetch_to_store
+from nodekit.fetch import BlobClient
+from nodekit.flight import FLIGHTS
+from nodekit.holdings import fetch_to_store, flight_key
 from nodekit.objects import Kind, ObjectRef, model_specs
 from nodekit.store import ContentStore, StoredTensors, StoreError, TensorSink
 from protocol.chunks import DEFAULT_CHUNK_BYTES
@@ -220,7 +222,13 @@ class GlobalStore:
         return GlobalModel.from_tensors(tensors, h, self.chunk_bytes)
 
     def fetch(self, h: str, client: BlobClient, endpoints: Sequence[str] | None = None) -> GlobalModel:
-        """From disk if held, else from peers by its on-chain hash (each chunk verified), kept on disk."""
+        """From disk if held, else from peers by its on-chain hash (each chunk verified), kept on
+        disk. One call per hash at a time in this process (the check of a held copy included: a
+        thread must not delete a copy another thread is fetching or has just verified)."""
+        key = ("global", *flight_key(self.store, Kind.MODEL, h))
+        return FLIGHTS.do(key, lambda: self._fetch(h, client, endpoints))[0]
+
+    def _fetch(self, h: str, client: BlobClient, endpoints: Sequence[str] | None) -> GlobalModel:
         if self.has(h):
             try:
                 self.store.verify(Kind.MODEL, h, GROUP)  # once, so a corrupted copy is replaced now

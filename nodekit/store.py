@@ -238,7 +238,7 @@ class ContentStore:
             p = self._path(kind, h, group)
         else:
             check_ref(kind, h)
-            dirs = [d for d in sorted(self.root.iterdir()) if d.is_dir()]
+            dirs = [self.root / g for g in self.groups()]
             p = next(
                 (d / f"{h}.{Kind(kind).value}" for d in dirs if _present(d / f"{h}.{Kind(kind).value}")), None
             )
@@ -253,7 +253,8 @@ class ContentStore:
         return self.find(kind, h, group) is not None
 
     def groups(self) -> list[str]:
-        return sorted(d.name for d in self.root.iterdir() if d.is_dir())
+        """Group folders (a group being dropped is renamed away first, so it is not one)."""
+        return sorted(d.name for d in self.root.iterdir() if d.is_dir() and _GROUP.match(d.name))
 
     def hashes(self, kind: Kind | str, group: str | None = None) -> list[str]:
         """The objects of a kind, complete ones only: a write in progress (`.tmp-*`, renamed into
@@ -353,10 +354,14 @@ class ContentStore:
         return path
 
     def begin(self, kind: Kind | str, h: str, group: str, length: int) -> FileSink:
-        """A part file for a fetch into the store; `commit` it once every chunk is verified. A part
-        file left by an interrupted fetch is reused (the fetcher resumes its verified chunks)."""
+        """A part file for a fetch into the store, private to this fetch (two fetches of one object
+        never share one); `commit` it once every chunk is verified, or `abort` it. One left by a
+        process that died is removed by `sweep`."""
         path = self._path(kind, h, group)
-        return FileSink(path.with_name("." + path.name + ".part"), length)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.part-")
+        os.close(fd)
+        return FileSink(Path(tmp), length)
 
     def scratch(self, kind: Kind | str, group: str, length: int) -> FileSink:
         """A temp file in `group` for an object whose hash is not known yet (written while it is
@@ -473,10 +478,57 @@ class ContentStore:
                 shard.unlink(missing_ok=True)
 
     def drop_group(self, group: str) -> None:
-        shutil.rmtree(self.root / str(group), ignore_errors=True)
+        """Every object of `group` goes at once: the folder is renamed away (atomic), then deleted,
+        so a crash mid-way never leaves half an object visible (`sweep` finishes the deletion)."""
+        d = self.root / str(group)
+        if not _GROUP.match(str(group)) or not d.is_dir():
+            return
+        trash = self.root / f"{TRASH}{group}-{os.getpid()}-{threading.get_ident()}"
+        try:
+            os.replace(d, trash)
+        except FileNotFoundError:  # dropped by another thread meanwhile
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def sweep(self) -> list[Path]:
+        """What a process killed mid-write left, removed; call it once at start-up, before anything
+        writes (the node holds its data folder's lock): temp and part files, groups being dropped,
+        digest lists without their object, objects without their digests, rank files of sharded
+        objects never sealed. Returns what was removed (each of those is unreadable anyway: a
+        listing skips it and a read refuses it)."""
+        gone: list[Path] = []
+        for d in sorted(self.root.iterdir()):
+            if d.is_dir() and d.name.startswith(TRASH):
+                shutil.rmtree(d, ignore_errors=True)
+                gone.append(d)
+        for g in self.groups():
+            for p in sorted((self.root / g).iterdir()):
+                if _stale(p):
+                    p.unlink(missing_ok=True)
+                    gone.append(p)
+        return gone
 
 
 SHARDS = ".shards"
+TRASH = ".trash-"
+_RANK = re.compile(r"\.r\d+$")
+
+
+def _stale(p: Path) -> bool:
+    """A file `sweep` removes: not part of any complete object."""
+    name = p.name
+    if not p.is_file():
+        return False
+    if name.startswith("."):  # .tmp-* (staged writes), .<name>.part-* (fetches)
+        return True
+    if name.endswith(".chunks"):
+        obj = p.with_name(name.removesuffix(".chunks"))
+        return not _present(obj)
+    if _RANK.search(name):
+        return not p.with_name(_RANK.sub("", name) + SHARDS).is_file()
+    if name.endswith(SHARDS):
+        return not p.with_name(name.removesuffix(SHARDS) + ".chunks").is_file()
+    return not p.with_name(name + ".chunks").is_file()
 MAX_SHARDS = 1 << 16
 MAX_INDEX_BYTES = 64 << 20
 

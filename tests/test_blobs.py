@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -17,7 +16,6 @@ from nodekit.blobs import (
     BlobCatalog,
     BlobClient,
     BlobInvalid,
-    BlobTooLarge,
     BlobUnavailable,
     BytesObject,
     ServerThread,
@@ -27,19 +25,8 @@ from nodekit.blobs import (
 )
 from nodekit.objects import Kind, ObjectRef, TransferPolicy
 from nodekit.store import BytesSink, ContentStore, TensorSink
+from protocol.codecs import delta_hash
 from protocol.tensors import StateKind, canonical_bytes, specs_of, tensor_hash
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha_check(expected: str):
-    def verify(data: bytes) -> None:
-        if sha(data) != expected:
-            raise ValueError("hash mismatch")
-
-    return verify
 
 
 @pytest.fixture
@@ -62,13 +49,25 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
+def delta_ref(data: bytes, chunk: int = 1 << 20) -> ObjectRef:
+    """Any bytes as a Δ-kind object: its chunked content hash (specs §3) and exact length."""
+    return ObjectRef(Kind.DELTA, delta_hash(data, chunk), len(data), chunk)
+
+
+def fetch_bytes(client: BlobClient, ref: ObjectRef, endpoints: list[str] | None = None) -> bytes:
+    sink = BytesSink(ref.length)
+    client.fetch(ref, sink, endpoints)
+    return bytes(sink.buf)
+
+
 def test_serves_published_blob_and_counts_bytes(node) -> None:
     catalog, server, registry = node
     data = b"delta-bytes" * 100
-    catalog.publish("delta", sha(data), lambda: data)
+    ref = delta_ref(data)
+    catalog.publish("delta", ref.hash, lambda: data)
     received: list[int] = []
     with BlobClient([server.url], timeout=5, retries=0, on_bytes=received.append) as client:
-        assert client.get("delta", sha(data), sha_check(sha(data))) == data
+        assert fetch_bytes(client, ref) == data
         assert client.bytes_received == len(data) == sum(received)
     assert registry.get_sample_value("bytes_sent_total") == len(data)
 
@@ -76,66 +75,70 @@ def test_serves_published_blob_and_counts_bytes(node) -> None:
 def test_unpublished_blob_is_not_served(node) -> None:
     catalog, server, _ = node
     data = b"not revealed yet"
+    ref = delta_ref(data)
     with BlobClient([server.url], timeout=5, retries=1, backoff=0) as client:
         with pytest.raises(BlobUnavailable, match="HTTP 404"):
-            client.get("state", sha(data), sha_check(sha(data)))
-        catalog.publish("state", sha(data), lambda: data)
-        assert client.get("state", sha(data), sha_check(sha(data))) == data
-        catalog.withdraw("state", sha(data))
+            fetch_bytes(client, ref)
+        catalog.publish("delta", ref.hash, lambda: data)
+        assert fetch_bytes(client, ref) == data
+        catalog.withdraw("delta", ref.hash)
         with pytest.raises(BlobUnavailable):
-            client.get("state", sha(data), sha_check(sha(data)))
+            fetch_bytes(client, ref)
 
 
 def test_wrong_bytes_are_invalid_and_next_endpoint_is_tried(node) -> None:
     catalog, server, _ = node
     good = b"the real thing"
-    catalog.publish("delta", sha(good), lambda: b"a forgery")
+    ref = delta_ref(good)
+    catalog.publish("delta", ref.hash, lambda: b"a forgery!!!!!")  # same length, other bytes
     client = BlobClient([server.url], timeout=5, retries=2, backoff=0)
-    with client, pytest.raises(BlobInvalid, match="hash mismatch"):
-        client.get("delta", sha(good), sha_check(sha(good)))
+    with client, pytest.raises(BlobInvalid, match="does not match its digest"):
+        fetch_bytes(client, ref)
     honest = BlobCatalog()
-    honest.publish("delta", sha(good), lambda: good)
+    honest.publish("delta", ref.hash, lambda: good)
     with (
         ServerThread(build_app(honest, dict)) as other,
         BlobClient([dead_url(), server.url, other.url], timeout=5, retries=0) as client,
     ):
-        assert client.get("delta", sha(good), sha_check(sha(good))) == good
+        assert fetch_bytes(client, ref) == good
 
 
 def test_unreachable_endpoints_retry_with_backoff_then_unavailable() -> None:
     sleeps: list[float] = []
     client = BlobClient([dead_url(), dead_url()], timeout=2, retries=2, backoff=0.5, sleep=sleeps.append)
     with client, pytest.raises(BlobUnavailable, match="after 3 rounds"):
-        client.get("model", "ab" * 32, lambda _d: None)
+        fetch_bytes(client, delta_ref(b"x" * 10))
     assert sleeps == [0.5, 1.0]
 
 
-def test_size_limit_aborts_transfer(node) -> None:
+def test_more_bytes_than_the_layout_says_abort_the_transfer(node) -> None:
+    """The receiver knows the exact length (no size caps): a holder sending more is invalid."""
     catalog, server, _ = node
     big = bytes(200_000)
-    catalog.publish("delta", sha(big), lambda: big)
-    with BlobClient([server.url], timeout=5, retries=0, max_bytes=10_000) as client:
-        with pytest.raises(BlobTooLarge):
-            client.get("delta", sha(big), sha_check(sha(big)))
-        assert client.bytes_received <= 10_000 + 65_536  # stopped at the first chunk past the limit
-        assert client.get("delta", sha(big), sha_check(sha(big)), max_bytes=300_000) == big
+    ref = delta_ref(big[:10_000])
+    catalog.publish("delta", ref.hash, lambda: big)
+    with BlobClient([server.url], timeout=5, retries=0) as client:
+        with pytest.raises(BlobInvalid):
+            fetch_bytes(client, ref)
+        assert client.bytes_received <= 10_000 + 65_536  # stopped at the first piece past the span
 
 
 def test_serve_filter_can_refuse_or_tamper() -> None:
     catalog = BlobCatalog()
     data = b"abc"
-    catalog.publish("state", sha(data), lambda: data)
-    catalog.publish("delta", sha(data), lambda: data)
+    ref = delta_ref(data)
+    catalog.publish("state", ref.hash, lambda: data)
+    catalog.publish("delta", ref.hash, lambda: data)
 
     def tamper(kind: str, _h: str, blob: bytes) -> bytes | None:
-        return None if kind == "state" else blob + b"!"
+        return None if kind == "state" else blob[:-1] + b"!"
 
     server = ServerThread(build_app(catalog, dict, serve_filter=tamper))
     with server, BlobClient([server.url], timeout=5, retries=0) as client:
         with pytest.raises(BlobUnavailable):
-            client.get("state", sha(data), sha_check(sha(data)))
+            fetch_bytes(client, ObjectRef(Kind.STATE, ref.hash, ref.length, ref.chunk_bytes))
         with pytest.raises(BlobInvalid):
-            client.get("delta", sha(data), sha_check(sha(data)))
+            fetch_bytes(client, ref)
 
 
 def test_bad_requests_get_clear_errors_not_crashes(node) -> None:
@@ -147,8 +150,8 @@ def test_bad_requests_get_clear_errors_not_crashes(node) -> None:
         assert http.get(f"/blobs/model/{'00' * 32}").status_code == 404  # loader failed: node lives on
         assert http.get("/status").json() == {"node": "t", "phase": "TRAIN"}
         assert "bytes_sent_total" in http.get("/metrics").text
-    with BlobClient([server.url]) as client, pytest.raises(ValueError, match="64 lower-case hex"):
-        client.get("state", "ABC", lambda _d: None)
+    with pytest.raises(ValueError, match="64 lower-case hex"):
+        ObjectRef(Kind.STATE, "ABC", 10, 1 << 20)
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_listen("localhost")
 
@@ -314,8 +317,9 @@ def test_error_bodies_do_not_echo_large_input(node) -> None:
 def test_single_byte_ranges_for_resumed_downloads(node) -> None:
     catalog, server, _ = node
     data = bytes(range(100))
-    catalog.publish("model", sha(data), lambda: data)
-    url = f"/blobs/model/{sha(data)}"
+    h = delta_ref(data).hash
+    catalog.publish("model", h, lambda: data)
+    url = f"/blobs/model/{h}"
     with httpx.Client(base_url=server.url, timeout=5) as http:
         part = http.get(url, headers={"Range": "bytes=10-19"})
         assert part.status_code == 206 and part.content == data[10:20]

@@ -1,0 +1,497 @@
+"""The one fetcher both nodes use: a protocol object from many holders, chunk by chunk, hedged.
+
+`BlobClient.fetch` moves one object (`ObjectRef`: kind, content hash, exact length from the run's
+layout, chunk size) into a sink. It gets the chunk digests from the first holder that answers with
+a list matching the hash (asked of several at once), then pulls chunks with Range requests from up
+to `parallel` holders at once, each chunk into a private buffer that reaches the sink only once
+its digest matched: a holder never writes an unverified byte anywhere.
+
+What a slow or hostile holder can cost (specs §8):
+- **The clock, not the holder, ends a transfer.** Every read waits at most until the holder's
+  progress would fall below the rate floor (`TransferPolicy`: `base_s` of grace, then
+  `min_bytes_per_s`), so a holder that stops sending, or sends a byte now and then, is dropped
+  when it crosses that line whether or not a byte arrives.
+- **Below the floor is out.** Such a holder is dropped for the rest of the round, not resumed; a
+  broken connection from a holder that keeps up is resumed at the byte reached (`max_resumes`).
+- **Hedged chunks.** A chunk still in flight after `HEDGE_FACTOR` × the time this fetch's chunks
+  have been taking (its share of the size-scaled deadline at most) is also asked of an idle
+  holder, one more copy per such interval; the first verified copy wins and the others are
+  abandoned. So a holder serving correct bytes slowly delays a chunk by about one hedge interval.
+- A holder that served a bad chunk or manifest gets no more work from this client.
+
+Memory: one chunk buffer per worker (O(parallel · chunk)). Bytes wasted by hedging are counted
+(`FetchReport.hedged`, `bytes_from`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+import httpx
+
+from nodekit.objects import ObjectRef, TransferPolicy
+from protocol import chunks
+
+HEDGE_FACTOR = 3.0
+"""A chunk is hedged once in flight this many times longer than this fetch's chunks take."""
+HEDGE_MIN_S = 0.5
+"""Never hedge sooner: on a loaded machine a chunk of a few kB can take a scheduling tick."""
+MIN_READ_WAIT_S = 0.2
+"""The shortest read wait near the floor line (a few reconnects at most before a holder drops)."""
+
+
+class BlobError(Exception):
+    """Base of the fetcher's errors."""
+
+
+class BlobUnavailable(BlobError):
+    """No holder served the object (404, refused, too slow, timed out, 5xx) after every retry."""
+
+
+class BlobInvalid(BlobError):
+    """Some holder served bytes that failed verification, and no holder served valid ones."""
+
+
+class Sink(Protocol):
+    length: int
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None: ...
+
+
+class Chunk(StrEnum):
+    """What one attempt at one chunk from one holder came to."""
+
+    OK = "ok"  # verified and written to the sink
+    INVALID = "invalid"  # bad bytes or headers: this holder gets no more work
+    MISSING = "missing"  # not served (404, refused, broken too often): maybe next round
+    SLOW = "slow"  # below the rate floor: dropped for the round, not resumed
+    LOST = "lost"  # another holder delivered it first
+
+
+@dataclass
+class FetchReport:
+    """What one `fetch` did: bytes and chunks per holder, resumes, hedges and holders dropped."""
+
+    ref: ObjectRef
+    bytes_from: dict[str, int] = field(default_factory=dict)
+    chunks_from: dict[str, int] = field(default_factory=dict)
+    resumed: int = 0
+    bad_chunks: int = 0
+    hedged: int = 0
+    slow: list[str] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=list)
+
+
+class _Broken(Exception):
+    """The connection broke, or closed early: resume at the byte reached."""
+
+
+@dataclass
+class _Flight:
+    """One chunk being fetched: when it started, by whom, and whether a copy has won."""
+
+    index: int
+    started: float
+    holders: set[str]
+    done: bool = False
+
+
+class _Watch:
+    """The rate floor of one chunk transfer: `base_s` of grace, then `min_bytes_per_s`."""
+
+    def __init__(self, policy: TransferPolicy) -> None:
+        self.policy, self.t0 = policy, time.monotonic()
+
+    def line(self, got: int) -> float:
+        """The clock time at which `got` bytes fall below the floor."""
+        return self.t0 + self.policy.base_s + got / self.policy.min_bytes_per_s
+
+    def below(self, got: int) -> bool:
+        return time.monotonic() > self.line(got)
+
+    def wait(self, got: int) -> float:
+        """How long the next read may wait for a byte before the floor decides."""
+        return max(MIN_READ_WAIT_S, self.line(got) - time.monotonic())
+
+
+class BlobClient:
+    """Fetch protocol objects from any of several holders (`fetch`, `fetch_manifest`).
+
+    Rounds repeat `retries` times with exponential backoff over the holders that have not served
+    bad bytes; `policy` sets the rate floor and grace, `timeout` the connect and write timeouts.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] = (),
+        timeout: float = 30.0,
+        retries: int = 2,
+        *,
+        backoff: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+        on_bytes: Callable[[int], None] | None = None,
+        policy: TransferPolicy | None = None,
+        max_resumes: int = 3,
+        parallel: int = 4,
+    ) -> None:
+        if timeout <= 0 or retries < 0 or backoff < 0:
+            raise ValueError("timeout must be positive, retries and backoff non-negative")
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.policy = policy or TransferPolicy(base_s=timeout)
+        self.max_resumes = max_resumes
+        self.parallel = max(1, parallel)
+        self._sleep = sleep
+        self._on_bytes = on_bytes
+        self._count_lock = threading.Lock()
+        self.bytes_received = 0
+        self.resumed = 0
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout), limits=limits, follow_redirects=False)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> BlobClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _count(self, n: int) -> None:
+        with self._count_lock:
+            self.bytes_received += n
+        if self._on_bytes is not None:
+            self._on_bytes(n)
+
+    # ---- one object
+
+    def fetch(
+        self,
+        ref: ObjectRef,
+        sink: Sink,
+        endpoints: Sequence[str] | None = None,
+        *,
+        have: set[int] | None = None,
+    ) -> FetchReport:
+        """Fill `sink` with the object's bytes, every chunk verified; raises `BlobInvalid` (someone
+        served bad bytes and nobody served good ones) or `BlobUnavailable` (nobody served it)."""
+        bases = list(
+            dict.fromkeys(e.rstrip("/") for e in (endpoints if endpoints is not None else self.endpoints))
+        )
+        if not bases:
+            raise BlobUnavailable(f"{ref.kind}/{ref.hash[:12]}: no endpoints to ask")
+        if sink.length != ref.length:
+            raise ValueError(f"sink of {sink.length} bytes for an object of {ref.length}")
+        report = FetchReport(ref)
+        invalid: dict[str, str] = {}
+        missing: dict[str, str] = {}
+        digests: list[bytes] | None = None
+        pending = deque(i for i in range(ref.n_chunks) if i not in (have or set()))
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self._sleep(self.backoff * 2 ** (attempt - 1))
+            live = sorted((b for b in bases if b not in invalid), key=lambda b: b in missing)
+            if not live:
+                break
+            if digests is None:
+                digests = self._manifest(ref, live, invalid, missing)
+                if digests is None:
+                    continue
+                report.digests = list(digests)
+            # holders that failed last round (or did not answer the manifest) are asked last
+            ready = sorted((b for b in live if b not in invalid), key=lambda b: b in missing)
+            _Round(self, ref, sink, digests, ready, pending, report, invalid, missing).run()
+            if not pending:
+                return report
+        what = f"{ref.kind}/{ref.hash[:12]}"
+        if invalid:
+            raise BlobInvalid(f"{what}: " + "; ".join(f"{b}: {r}" for b, r in invalid.items()))
+        detail = "; ".join(f"{b}: {r}" for b, r in missing.items())
+        raise BlobUnavailable(f"{what} not served after {self.retries + 1} rounds: {detail}")
+
+    # ---- the manifest, asked of several holders at once
+
+    def _manifest(
+        self, ref: ObjectRef, bases: list[str], invalid: dict[str, str], missing: dict[str, str]
+    ) -> list[bytes] | None:
+        """The verified chunk digests; a one-chunk object needs none (its chunk is checked alone)."""
+        if ref.n_chunks == 1:
+            return []
+        want = chunks.DIGEST * ref.n_chunks
+        cond = threading.Condition()
+        found: list[list[bytes]] = []
+        queue = deque(bases)
+        active = 0
+
+        def ask(base: str) -> None:
+            nonlocal active
+            buf = bytearray(want)
+            url = f"{base}/blobs/{ref.kind}/{ref.hash}/chunks"
+            try:
+                verdict, detail, _ = self._download(url, None, buf, lambda: bool(found))
+            except Exception as e:  # never leave the asker waiting on a thread that died
+                verdict, detail = Chunk.MISSING, f"{type(e).__name__}: {e}"
+            with cond:
+                active -= 1
+                if verdict is Chunk.OK:
+                    digests = [bytes(buf[i : i + chunks.DIGEST]) for i in range(0, want, chunks.DIGEST)]
+                    if chunks.verify_manifest(ref.hash, ref.domain, ref.chunk_bytes, ref.length, digests):
+                        found.append(digests)
+                    else:
+                        invalid[base] = "chunk digests do not match the hash"
+                elif verdict is Chunk.INVALID:
+                    invalid[base] = detail
+                elif verdict is not Chunk.LOST:
+                    missing[base] = detail
+                cond.notify_all()
+
+        with cond:
+            while not found and (queue or active):
+                while queue and active < self.parallel and not found:
+                    active += 1
+                    threading.Thread(target=ask, args=(queue.popleft(),), daemon=True).start()
+                cond.wait()
+        return found[0] if found else None
+
+    # ---- one transfer, with the clock enforced
+
+    def _download(
+        self,
+        url: str,
+        span: tuple[int, int, int] | None,
+        buf: bytearray,
+        lost: Callable[[], bool],
+        on_resume: Callable[[], None] | None = None,
+    ) -> tuple[Chunk, str, int]:
+        """`len(buf)` bytes of `url` (the Range `span` = [a, b) of an object of `span[2]` bytes, or the
+        whole body)
+        into `buf`: (result, detail, bytes received). Each read waits only until the rate floor
+        would be crossed; below it the holder is SLOW, whether or not bytes still trickle in."""
+        n = len(buf)
+        watch = _Watch(self.policy)
+        pos = got = breaks = 0
+        while pos < n:
+            if lost():
+                return Chunk.LOST, "", got
+            if watch.below(pos):
+                return Chunk.SLOW, f"slower than {self.policy.min_bytes_per_s:.0f} B/s", got
+            headers = {"Accept-Encoding": "identity"}
+            if span is not None:
+                headers["Range"] = f"bytes={span[0] + pos}-{span[1] - 1}"
+            else:
+                pos = 0  # a whole body (the manifest route has no ranges) starts over
+            connect = min(self.timeout, max(MIN_READ_WAIT_S, self.policy.base_s))
+            timeout = httpx.Timeout(connect, read=watch.wait(pos))
+            try:
+                with self._http.stream("GET", url, headers=headers, timeout=timeout) as r:
+                    if r.status_code != (206 if span is not None else 200):
+                        return Chunk.MISSING, f"HTTP {r.status_code}", got
+                    if r.headers.get("content-encoding", "identity").lower() != "identity":
+                        return Chunk.INVALID, "content-encoding other than identity", got
+                    if span is not None:
+                        want = f"bytes {span[0] + pos}-{span[1] - 1}/{span[2]}"
+                        if r.headers.get("content-range") != want:
+                            return Chunk.INVALID, f"content-range {r.headers.get('content-range')!r}", got
+                    elif r.headers.get("content-length", str(n)) != str(n):
+                        return Chunk.INVALID, f"{r.headers['content-length']} bytes where {n} are due", got
+                    for piece in r.iter_raw():
+                        if pos + len(piece) > n:
+                            return Chunk.INVALID, "more bytes than asked for", got
+                        buf[pos : pos + len(piece)] = piece
+                        pos += len(piece)
+                        got += len(piece)
+                        self._count(len(piece))
+                        if lost():
+                            return Chunk.LOST, "", got
+                        if watch.below(pos):
+                            return Chunk.SLOW, f"slower than {self.policy.min_bytes_per_s:.0f} B/s", got
+                    if pos < n:
+                        raise _Broken("connection closed early")
+            except (httpx.ReadTimeout, httpx.PoolTimeout):
+                continue  # no byte until the floor line: the loop's clock check decides
+            except (httpx.HTTPError, _Broken) as e:
+                breaks += 1
+                if on_resume is not None:
+                    on_resume()
+                if breaks > self.max_resumes:
+                    return Chunk.MISSING, f"{type(e).__name__}: {e}", got
+        return Chunk.OK, "", got
+
+
+class _Round:
+    """One round of a fetch: a worker per holder (at most `parallel` at once) takes pending chunks,
+    hedges slow ones, and leaves when its holder fails; the next holder in line takes its place.
+    The round ends when every chunk is in, or no holder is left working."""
+
+    def __init__(
+        self,
+        client: BlobClient,
+        ref: ObjectRef,
+        sink: Sink,
+        digests: list[bytes],
+        bases: list[str],
+        pending: deque[int],
+        report: FetchReport,
+        invalid: dict[str, str],
+        missing: dict[str, str],
+    ) -> None:
+        self.client, self.ref, self.sink, self.digests = client, ref, sink, digests
+        self.pending, self.report, self.invalid, self.missing = pending, report, invalid, missing
+        self.reserve = deque(bases[client.parallel :])
+        self.first = bases[: client.parallel]
+        self.cond = threading.Condition()
+        self.flights: dict[int, _Flight] = {}
+        self.working = 0
+        self.seconds_per_byte: list[float] = []  # of the chunks this round delivered
+        self.over = False
+        self.error: BaseException | None = None  # our own failure (a full disk): the fetch's
+
+    def run(self) -> None:
+        with self.cond:
+            for base in self.first:
+                self._start(base)
+            while not self._finished() and self.error is None:
+                self.cond.wait()
+            self.over = True  # workers still in a read are abandoned; they never touch the sink
+            for f in self.flights.values():
+                if not f.done:
+                    self.pending.appendleft(f.index)
+            self.cond.notify_all()
+        if self.error is not None:
+            raise self.error
+
+    def _finished(self) -> bool:
+        return (not self.pending and all(f.done for f in self.flights.values())) or self.working == 0
+
+    def _start(self, base: str) -> None:
+        self.working += 1
+        threading.Thread(target=self._worker, args=(base,), daemon=True).start()
+
+    def _hedge_after(self, f: _Flight) -> float:
+        """Seconds after which flight `f` gets one more copy (per copy it already has)."""
+        a, b = self.ref.span(f.index)
+        share = self.client.policy.timeout(self.ref.length) * (b - a) / self.ref.length
+        if self.seconds_per_byte:
+            expected = statistics.median(self.seconds_per_byte) * (b - a)
+        else:  # nothing delivered yet: a few times the floor's rate is the least to expect
+            expected = (b - a) / (4 * self.client.policy.min_bytes_per_s)
+        return min(share, max(HEDGE_MIN_S, HEDGE_FACTOR * expected))
+
+    def _take(self, base: str) -> _Flight | None:
+        """Under the lock: the next chunk for `base` (pending first, else a hedge), waiting while
+        others may still hand one back or need a hedge; None when there is nothing left."""
+        while not self.over:
+            if self.pending:
+                i = self.pending.popleft()
+                f = self.flights[i] = _Flight(i, time.monotonic(), {base})
+                return f
+            now, soonest = time.monotonic(), None
+            for f in self.flights.values():
+                if f.done or base in f.holders:
+                    continue
+                due = f.started + self._hedge_after(f) * len(f.holders)
+                if now >= due:
+                    f.holders.add(base)
+                    self.report.hedged += 1
+                    return f
+                soonest = due if soonest is None else min(soonest, due)
+            if soonest is None and all(f.done for f in self.flights.values()):
+                return None
+            self.cond.wait(None if soonest is None else soonest - now)
+        return None
+
+    def _worker(self, base: str) -> None:
+        try:
+            self._work(base)
+        except BaseException as e:  # not the holder's doing (e.g. our disk): end the fetch with it
+            with self.cond:
+                self.error = self.error or e
+                self.working -= 1
+                self.cond.notify_all()
+
+    def _work(self, base: str) -> None:
+        buf = bytearray()
+        url = f"{base}/blobs/{self.ref.kind}/{self.ref.hash}"
+        while True:
+            with self.cond:
+                f = self._take(base)
+                if f is None:
+                    self.working -= 1
+                    self.cond.notify_all()
+                    return
+            a, b = self.ref.span(f.index)
+            if len(buf) != b - a:
+                buf = bytearray(b - a)
+            t0 = time.monotonic()
+            verdict, detail, n = self.client._download(
+                url, (a, b, self.ref.length), buf, lambda f=f: f.done or self.over, self._resumed
+            )
+            if verdict is Chunk.OK:
+                verdict, detail = self._deliver(f, buf, base)
+            with self.cond:
+                f.holders.discard(base)
+                self.report.bytes_from[base] = self.report.bytes_from.get(base, 0) + n
+                if verdict is Chunk.OK:
+                    self.report.chunks_from[base] = self.report.chunks_from.get(base, 0) + 1
+                    self.seconds_per_byte.append((time.monotonic() - t0) / max(1, b - a))
+                    self.missing.pop(base, None)
+                if verdict in (Chunk.OK, Chunk.LOST):
+                    self.cond.notify_all()
+                    continue
+                if verdict is Chunk.INVALID:
+                    self.report.bad_chunks += 1
+                    self.invalid[base] = detail
+                else:
+                    self.missing[base] = detail
+                    if verdict is Chunk.SLOW:
+                        self.report.slow.append(base)
+                if not f.done and not f.holders:  # nobody else is on it: back to the queue
+                    del self.flights[f.index]
+                    self.pending.appendleft(f.index)
+                self.working -= 1
+                if self.reserve and not self.over:
+                    self._start(self.reserve.popleft())
+                self.cond.notify_all()
+                return
+
+    def _resumed(self) -> None:
+        with self.cond:
+            self.report.resumed += 1
+            self.client.resumed += 1
+
+    def _deliver(self, f: _Flight, buf: bytearray, base: str) -> tuple[Chunk, str]:
+        """Check the chunk against its digest; the first verified copy is written to the sink."""
+        digest = chunks.chunk_digest(buf)
+        if self.digests:
+            ok = digest == self.digests[f.index]
+        else:  # a one-chunk object: its chunk digest is its tree hash
+            ref = self.ref
+            ok = chunks.root_hash(ref.domain, ref.chunk_bytes, ref.length, digest) == ref.hash
+        if not ok:
+            return Chunk.INVALID, f"chunk {f.index} does not match its digest"
+        with self.cond:
+            if f.done or self.over:
+                return Chunk.LOST, ""
+            f.done = True  # claimed: no other copy writes this chunk
+        try:
+            self.sink.write_at(self.ref.span(f.index)[0], memoryview(buf))
+        except ValueError as e:  # verified bytes that do not fit our layout: nobody's will
+            with self.cond:
+                f.done = False
+            return Chunk.INVALID, f"{type(e).__name__}: {e}"
+        if not self.digests:
+            self.report.digests = [digest]
+        return Chunk.OK, ""
+
+
+__all__ = ["BlobClient", "BlobError", "BlobInvalid", "BlobUnavailable", "Chunk", "FetchReport", "Sink"]

@@ -1,0 +1,289 @@
+"""What a node serves over HTTP: its catalog of content-addressed objects and the routes.
+
+Routes (specs §8): `GET /blobs/{kind}/{hash}` (the object's canonical bytes, `Range: bytes=a-b`
+honoured, streamed from disk chunk by chunk, each chunk checked against its digest before it
+leaves), `GET /blobs/{kind}/{hash}/chunks` (the chunk digests, 32 bytes each, with
+`X-Object-Length` and `X-Chunk-Bytes`), `/status`, `/metrics`. What is in the catalog is decided
+by the node's holdings (`nodekit.holdings`): what is on disk and may be shown is served.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, Protocol
+
+import uvicorn
+from fastapi import FastAPI, Header, Path, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from nodekit.objects import Kind, check_ref
+from nodekit.store import ContentStore
+from protocol import chunks
+
+BlobKind = Literal["state", "optimizer", "model", "delta"]
+MAX_ERROR_ECHO = 64
+"""The most of a client's input an error body repeats (a 100 kB header is not sent back)."""
+
+Loader = Callable[[], bytes]
+ServeFilter = Callable[[str, str, bytes], "bytes | None"]
+"""`HostBehaviour.serve_blob`: the bytes to send, or None to refuse."""
+
+
+# ---------------------------------------------------------------- what a node serves
+
+
+class Served(Protocol):
+    """One object a node can serve: its length, chunk digests, and verified byte ranges."""
+
+    length: int
+
+    def digests(self) -> list[bytes]: ...
+
+    def read(self, start: int, end: int) -> Iterator[bytes]: ...
+
+
+class BytesObject:
+    """An object held in memory (small objects, and whatever a behaviour's filter returns)."""
+
+    def __init__(self, data: bytes, chunk_bytes: int) -> None:
+        self.data, self.chunk_bytes, self.length = data, chunk_bytes, len(data)
+        self._digests: list[bytes] | None = None
+
+    def digests(self) -> list[bytes]:
+        if self._digests is None:
+            self._digests = chunks.hash_stream(b"", [self.data], self.chunk_bytes)[1] if self.data else []
+        return self._digests
+
+    def read(self, start: int, end: int) -> Iterator[bytes]:
+        step = 1 << 20
+        for a in range(start, end, step):
+            yield self.data[a : min(end, a + step)]
+
+
+class StoredObject:
+    """An object on the node's disk, read through the store (each chunk verified on its way out)."""
+
+    def __init__(self, store: ContentStore, kind: Kind | str, h: str, group: str | None = None) -> None:
+        self.store, self.kind, self.h, self.group = store, Kind(kind), h, group
+        self.length = store.length(kind, h, group)
+
+    def digests(self) -> list[bytes]:
+        return self.store.digests(self.kind, self.h, self.group)
+
+    def read(self, start: int, end: int) -> Iterator[bytes]:
+        return self.store.read(self.kind, self.h, start, end, self.group)
+
+
+class _Lazy:
+    """A legacy loader (`() -> bytes`), read on each request."""
+
+    def __init__(self, loader: Loader, chunk_bytes: int) -> None:
+        self.loader, self.chunk_bytes = loader, chunk_bytes
+
+    def open(self) -> BytesObject:
+        return BytesObject(self.loader(), self.chunk_bytes)
+
+
+class BlobCatalog:
+    """What this node currently serves: (kind, hash) -> object. Thread-safe.
+
+    A host publishes a step's opened states and its Δ only after its reveal is on chain and
+    withdraws them when the step is finalized; global models and optimizer states stay while
+    they are on disk.
+    """
+
+    def __init__(self, chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[tuple[str, str], Served | _Lazy] = {}
+        self.chunk_bytes = chunk_bytes
+
+    def publish(self, kind: str, blob_hash: str, source: Served | Loader) -> None:
+        check_ref(kind, blob_hash)
+        item = source if hasattr(source, "digests") else _Lazy(source, self.chunk_bytes)  # type: ignore[arg-type]
+        with self._lock:
+            self._items[(kind, blob_hash)] = item  # type: ignore[assignment]
+
+    def withdraw(self, kind: str, blob_hash: str) -> None:
+        with self._lock:
+            self._items.pop((kind, blob_hash), None)
+
+    def lookup(self, kind: str, blob_hash: str) -> Served | None:
+        with self._lock:
+            item = self._items.get((kind, blob_hash))
+        return item.open() if isinstance(item, _Lazy) else item
+
+    def served(self, kind: str | None = None) -> list[tuple[str, str]]:
+        with self._lock:
+            return sorted(k for k in self._items if kind is None or k[0] == kind)
+
+
+def build_app(
+    catalog: BlobCatalog,
+    status: Callable[[], dict[str, Any]],
+    registry: CollectorRegistry | None = None,
+    *,
+    serve_filter: ServeFilter | None = None,
+    on_sent: Callable[[str, int], None] | None = None,
+) -> FastAPI:
+    """The node's HTTP routes. `serve_filter` (an adversary's hook) sees and may replace whole
+    objects; without it objects stream from disk."""
+    app = FastAPI(title="gonka-diloco node", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = [".".join(str(x) for x in e.get("loc", ()))[:MAX_ERROR_ECHO] for e in exc.errors()[:4]]
+        return JSONResponse({"error": "invalid request", "fields": fields}, status_code=422)
+
+    def resolve(kind: str, blob_hash: str) -> Served | JSONResponse:
+        not_served = JSONResponse({"error": "not served", "kind": kind, "hash": blob_hash}, status_code=404)
+        try:
+            obj = catalog.lookup(kind, blob_hash)
+            if obj is None:
+                return not_served
+            if serve_filter is not None:
+                data = b"".join(obj.read(0, obj.length))
+                out = serve_filter(kind, blob_hash, data)
+                if out is None:
+                    return not_served
+                obj = BytesObject(out, catalog.chunk_bytes)
+            return obj
+        except (OSError, ValueError) as e:  # pruned or corrupted on our own disk: say so, keep running
+            return JSONResponse({"error": f"unreadable: {type(e).__name__}"}, status_code=404)
+
+    @app.get("/blobs/{kind}/{blob_hash}/chunks")
+    def get_chunks(kind: BlobKind, blob_hash: str = Path(pattern=r"^[0-9a-f]{64}$")) -> Response:
+        obj = resolve(kind, blob_hash)
+        if isinstance(obj, JSONResponse):
+            return obj
+        try:
+            body = b"".join(obj.digests())
+        except (OSError, ValueError) as e:
+            return JSONResponse({"error": f"unreadable: {type(e).__name__}"}, status_code=404)
+        headers = {"X-Object-Length": str(obj.length), "X-Chunk-Bytes": str(catalog.chunk_bytes)}
+        return Response(content=body, headers=headers, media_type="application/octet-stream")
+
+    @app.get("/blobs/{kind}/{blob_hash}")
+    def get_blob(
+        kind: BlobKind,
+        blob_hash: str = Path(pattern=r"^[0-9a-f]{64}$"),
+        range_header: str | None = Header(None, alias="range", max_length=MAX_ERROR_ECHO),
+    ) -> Response:
+        obj = resolve(kind, blob_hash)
+        if isinstance(obj, JSONResponse):
+            return obj
+        headers = {"Accept-Ranges": "bytes"}
+        status, start, end = 200, 0, obj.length
+        if range_header is not None:
+            span = parse_range(range_header, obj.length)
+            if span is None:
+                return Response(status_code=416, headers={"Content-Range": f"bytes */{obj.length}"})
+            start, end = span
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{obj.length}"
+            status = 206
+        headers["Content-Length"] = str(end - start)
+
+        def body() -> Iterator[bytes]:
+            for piece in obj.read(start, end):
+                if on_sent is not None:
+                    on_sent(kind, len(piece))
+                yield piece
+
+        return StreamingResponse(
+            body(), status_code=status, headers=headers, media_type="application/octet-stream"
+        )
+
+    @app.get("/status")
+    def get_status() -> JSONResponse:
+        return JSONResponse(status())
+
+    @app.get("/metrics")
+    def get_metrics() -> Response:
+        body = generate_latest(registry) if registry is not None else b""
+        return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+_RANGE = re.compile(r"^bytes=(\d{0,19})-(\d{0,19})$")
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """One `bytes=a-b` / `a-` / `-n` range -> [start, end) within `size`, else None (416).
+    Multi-range requests are not served."""
+    m = _RANGE.match(header.strip())
+    if m is None or (not m.group(1) and not m.group(2)):
+        return None
+    first, last = m.group(1), m.group(2)
+    if not first:  # the last n bytes
+        n = int(last)
+        return (size - n, size) if 0 < n <= size else None
+    start = int(first)
+    end = min(int(last) + 1, size) if last else size
+    return (start, end) if start < size and start < end else None
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """`host:port` (port 0 = any free port) -> (host, port), with a clear error."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"listen must be HOST:PORT, got {listen!r}")
+    return host, int(port)
+
+
+class ServerThread:
+    """Uvicorn in a daemon thread on a socket bound up front, so the URL is known (and connections
+    queue in the backlog) before `start` returns: nobody has to poll for readiness."""
+
+    def __init__(self, app: FastAPI, listen: str = "127.0.0.1:0") -> None:
+        host, port = parse_listen(listen)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+            self._sock.listen(128)
+        except OSError:
+            self._sock.close()
+            raise
+        self.host, self.port = self._sock.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name=f"http:{self.port}", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = [
+    "BlobCatalog",
+    "BytesObject",
+    "Served",
+    "ServerThread",
+    "StoredObject",
+    "build_app",
+    "parse_listen",
+    "parse_range",
+]
