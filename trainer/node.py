@@ -970,7 +970,8 @@ class HostNode:
             endpoints = [e for e in [a.endpoint, *holders] if e and e != self.url]
             ref = self.objects.ref(Kind.DELTA, a.delta_hash)
             report = fetch_to_store(self.blobs, self.content, ref, group, endpoints)
-            self.log("fetched", outer_step=n, host=a.host, **self.board.fetched(report))
+            if report is not None:
+                self.log("fetched", outer_step=n, host=a.host, **self.board.fetched(report))
         if a.delta_hash not in self._served_deltas and self.content.has(Kind.DELTA, a.delta_hash, group):
             obj = StoredObject(self.content, Kind.DELTA, a.delta_hash, group)
             self.catalog.publish(Kind.DELTA, a.delta_hash, obj)  # a peer serves what it fetched

@@ -178,7 +178,9 @@ class HttpSource:
         if not self.store.has(Kind.OPTIMIZER, optimizer_hash, OPTIMIZER_GROUP):
             try:
                 ref = self.objects.ref(Kind.OPTIMIZER, optimizer_hash)
-                self.on_fetched(fetch_to_store(self.client, self.store, ref, OPTIMIZER_GROUP, self.endpoints))
+                report = fetch_to_store(self.client, self.store, ref, OPTIMIZER_GROUP, self.endpoints)
+                if report is not None:
+                    self.on_fetched(report)
             except BlobUnavailable as e:
                 raise MissingData(str(e)) from e
             except BlobInvalid as e:
@@ -697,7 +699,8 @@ class VerifierNode:
             endpoints = [e for e in [a.endpoint, *holders] if e and e != self.url]
             ref = self.objects.ref(Kind.DELTA, a.delta_hash)
             report = fetch_to_store(self.blobs, self.content, ref, group, endpoints)
-            self.log("fetched", outer_step=n, **self.board.fetched(report))
+            if report is not None:
+                self.log("fetched", outer_step=n, **self.board.fetched(report))
         if a.delta_hash not in self._deltas and self.content.has(Kind.DELTA, a.delta_hash, group):
             self._serve(Kind.DELTA, a.delta_hash, group)
 
