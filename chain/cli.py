@@ -27,8 +27,10 @@ import uvicorn
 from pydantic import ValidationError
 
 from chain.genesis import Genesis
-from chain.node import Node, create_app, dev_genesis, log_json
+from chain.node import DEV_BALANCE, Node, create_app, dev_genesis, log_json
 from chain.store import StoreError
+from protocol.keys import Keyring, KeyringError
+from protocol.messages import parse_amount
 
 app = typer.Typer(help="The devnet chain: the embedded node, or CometBFT validators.", no_args_is_help=True)
 MAX_GENESIS_BYTES = 16 * 1024 * 1024
@@ -64,6 +66,59 @@ def _announce(sock: socket.socket, host: str, **fields: object) -> None:
     sys.stdout.flush()
 
 
+def _parse_fund(item: str) -> tuple[str, int]:
+    """NAME:AMOUNT (NAME a keyring key or a gonka1… address) → (name, ngonka)."""
+    name, sep, amount = item.rpartition(":")
+    if not sep or not name:
+        raise ValueError(f"--fund {item!r}: expected NAME:AMOUNT, e.g. host-0:20GNK")
+    try:
+        ngonka = parse_amount(amount)
+    except ValueError as exc:
+        raise ValueError(f"--fund {item!r}: {exc}") from None
+    if ngonka <= 0:
+        raise ValueError(f"--fund {item!r}: the amount must be positive")
+    return name, ngonka
+
+
+def shaped_genesis(
+    base: Genesis | None, keyring_dir: Path, authority: str | None, fund: list[str]
+) -> tuple[Genesis | None, list[dict[str, object]]]:
+    """The genesis a new chain starts from: `base` (default: the dev genesis) with `authority` — a
+    keyring key, created when missing, funded with DEV_BALANCE unless --fund names it — as the only
+    account allowed to create runs, and every --fund added to its account. Returns it (None when
+    nothing was asked: the node's own default) and the lines to log once it listens."""
+    if authority is None and not fund and base is None:
+        return None, []
+    gen = base or dev_genesis()
+    if authority is None and not fund:
+        return gen, []
+    ring = Keyring(keyring_dir.expanduser())
+    notes: list[dict[str, object]] = []
+    accounts = dict(gen.accounts)
+    funded = [(ring.resolve(name), amount, name) for name, amount in map(_parse_fund, fund)]
+    update: dict[str, object] = {}
+    if authority is not None:
+        if authority.startswith("gonka1"):
+            address = ring.resolve(authority)
+        elif authority in ring.names():
+            address = ring.show(authority).address
+        else:
+            info, _ = ring.add(authority)
+            address = info.address
+            note = "created in the keyring (its mnemonic is in the key file)"
+            notes.append({"event": "key_created", "name": authority, "address": address, "note": note})
+        update["authority"] = address
+        if address not in {a for a, _, _ in funded}:
+            accounts[address] = accounts.get(address, 0) + DEV_BALANCE
+    for address, amount, _ in funded:
+        accounts[address] = accounts.get(address, 0) + amount
+    update["accounts"] = accounts
+    shaped = Genesis.model_validate({**gen.model_dump(), **update})
+    if funded:
+        notes.append({"event": "funded", "accounts": {name: amount for _, amount, name in funded}})
+    return shaped, notes
+
+
 @app.command()
 def start(
     home: Path = typer.Option(Path(".devnet/chain"), help="Data directory (SQLite; CometBFT home)."),
@@ -75,9 +130,30 @@ def start(
     genesis: Path | None = typer.Option(None, help="Genesis JSON; default: dev wallets 0..31 funded."),
     min_gas_price: float = typer.Option(1.0, min=0, help="Minimum fee in ngonka per unit of gas."),
     engine: Engine = typer.Option(Engine.EMBEDDED, help="embedded (one process) or cometbft (a validator)."),
+    authority: str | None = typer.Option(
+        None,
+        help="A new chain's authority (the only account that creates runs): a keyring key, created "
+        "if missing, or a gonka1… address; funded with 1e9 GNK. Default: the dev genesis's, the "
+        "public test mnemonic's first account (`run create --test-index 0`).",
+    ),
+    fund: list[str] = typer.Option(
+        [],
+        "--fund",
+        help="NAME:AMOUNT, repeatable: give a keyring key (or gonka1… address) AMOUNT (e.g. 20GNK) in "
+        "a new chain's genesis. On a running chain use `gonka-diloco keys send`.",
+    ),
+    keyring_dir: Path = typer.Option(
+        Path("~/.gonka-diloco/keyring"),
+        envvar="GONKA_KEYRING_DIR",
+        help="The keyring --authority and --fund names are looked up in.",
+    ),
 ) -> None:
     """Start a node: make (or validate) blocks; serve the Cosmos REST routes and the module's API."""
-    gen = load_genesis(genesis) if genesis else None
+    try:
+        gen, notes = shaped_genesis(load_genesis(genesis) if genesis else None, keyring_dir, authority, fund)
+    except (KeyringError, ValueError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     if engine is Engine.COMETBFT:
         _start_validator(home, host, port, block_interval, gen, min_gas_price)
         return
@@ -88,6 +164,8 @@ def start(
         raise typer.Exit(2) from None
     sock = _listen(host, 26657 if port is None else port)
     _announce(sock, host, height=node.height, chain_id=node.app.chain_id, engine="embedded")
+    for note in notes:
+        log_json(**note)
     log_json(event="genesis", authority=node.genesis.authority, accounts=len(node.genesis.accounts))
     config = uvicorn.Config(create_app(node), log_level="warning", access_log=False, lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])

@@ -60,6 +60,27 @@ class ChainTimeout(ChainClientError):
     """A block or a tx did not appear before the timeout."""
 
 
+class AccountNotFound(ChainClientError):
+    """The signer's account does not exist on chain: nobody has sent it tokens yet. The message
+    says how to fund it, in one line (cosmpy's own is a multi-line HTTP dump)."""
+
+    def __init__(self, address: str, url: str = "") -> None:
+        where = f" --chain-url {url}" if url else ""
+        super().__init__(
+            f"account {address} does not exist on the chain{' at ' + url if url else ''} (it was never "
+            f"funded): send it tokens from a funded key with `gonka-diloco keys send FROM {address} "
+            f"20GNK{where}`, or on a new local chain start it with `gonka-diloco chain start --fund "
+            f"NAME:AMOUNT`"
+        )
+        self.address = address
+
+
+def _is_missing_account(exc: Exception) -> bool:
+    """cosmpy's error for a 404 from the auth account route (grpc code 5, NOT_FOUND)."""
+    text = str(exc)
+    return "Response: 404" in text and "not found" in text
+
+
 @dataclass(frozen=True)
 class Event:
     type: str
@@ -477,7 +498,12 @@ class HttpChainClient(ChainClient):
         return response.json()
 
     def _account(self, address: str) -> tuple[int, int]:
-        account = self._call(lambda i: self._ledger(i).query_account(address))  # type: ignore[arg-type]
+        try:
+            account = self._call(lambda i: self._ledger(i).query_account(address))  # type: ignore[arg-type]
+        except RuntimeError as exc:
+            if _is_missing_account(exc):
+                raise AccountNotFound(address, self.url) from None
+            raise
         return int(account.number), int(account.sequence)
 
     def _submit(self, tx_bytes: bytes) -> tuple[str, int, str, str]:

@@ -129,7 +129,10 @@ class Node:
             genesis = genesis or dev_genesis()
             self.store.init_genesis(genesis_state(genesis), genesis.model_dump_json())
         elif genesis is not None and Genesis.model_validate_json(stored) != genesis:
-            raise StoreError(f"{self.home} holds a chain with a different genesis")
+            raise StoreError(
+                f"{self.home} holds a chain with a different genesis: --genesis, --authority and --fund "
+                "shape a new chain only (use a new --home, or fund accounts with `gonka-diloco keys send`)"
+            )
         self.genesis = Genesis.model_validate_json(self.store.genesis_json() or "")
         state, header, block_hash = self.store.load_state()
         last_time_ns = header["time_ns"] if header else int(self.genesis.genesis_time * 1e9) - 1

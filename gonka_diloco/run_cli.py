@@ -227,17 +227,31 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _wallet(key: str | None, keyring_dir: Path, test_index: int | None) -> Any:
-    from protocol.keys import Keyring, KeyringError, test_wallet
+def _wallet(key: str | None, keyring_dir: Path, test_index: int | None, passphrase_file: Path | None) -> Any:
+    from gonka_diloco.keys_cli import open_keyring
+    from protocol.keys import KeyringError, test_wallet
 
     try:
         if test_index is not None:
             return test_wallet(test_index)
         if key is None:
             _fail("give --key NAME (from `gonka-diloco keys add`) or --test-index I (devnet)")
-        return Keyring(keyring_dir.expanduser()).wallet(key)
+        return open_keyring(keyring_dir, passphrase_file).wallet(key)
     except KeyringError as e:
         _fail(str(e))
+
+
+def _authority_hint(client: Any, signer: str) -> str:
+    """Who may create runs on this chain, and how a local chain gets an authority key."""
+    try:
+        authority = client.params()["authority"]
+    except Exception:  # the hint is a courtesy: the error itself is already clear
+        return ""
+    return (
+        f" (this chain's authority is {authority}, not {signer}: sign with its key, `--test-index 0` on "
+        "the default dev genesis, or start a new local chain with "
+        "`gonka-diloco chain start --authority NAME`)"
+    )
 
 
 @app.command()
@@ -252,6 +266,14 @@ def create(
     keyring_dir: Annotated[
         Path, typer.Option("--keyring-dir", envvar="GONKA_KEYRING_DIR", help="Keyring directory.")
     ] = Path("~/.gonka-diloco/keyring"),
+    passphrase_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--passphrase-file",
+            envvar="GONKA_KEYRING_PASSPHRASE_FILE",
+            help="Unlocks an encrypted --key (else $GONKA_KEYRING_PASSPHRASE, else a prompt).",
+        ),
+    ] = None,
     test_index: Annotated[
         int | None,
         typer.Option("--test-index", help="Sign with devnet test wallet I instead (0 = authority)."),
@@ -341,12 +363,15 @@ def create(
     from chain.client import HttpChainClient
     from protocol.messages import MsgCreateRun
 
-    wallet = _wallet(key, keyring_dir, test_index)
+    wallet = _wallet(key, keyring_dir, test_index, passphrase_file)
     client = HttpChainClient(chain_url)
     try:
         result = client.broadcast(wallet, [MsgCreateRun(creator=str(wallet.address()), config=cfg)])
     except Exception as e:  # transport, tx or ante failure: one clear line, no traceback
-        _fail(f"MsgCreateRun failed: {e}", 1)
+        why = getattr(e, "log", None) or str(e)
+        if "is not the authority" in why:
+            why += _authority_hint(client, str(wallet.address()))
+        _fail(f"MsgCreateRun failed: {why}", 1)
         return
     finally:
         client.close()

@@ -238,9 +238,15 @@ class RunConfig(Frozen):
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         if self.inner_steps % self.segment_len:
-            raise ValueError("inner_steps (H) must be a multiple of segment_len (k)")
+            raise ValueError(
+                f"inner_steps (H) = {self.inner_steps} must be a multiple of segment_len (k) = "
+                f"{self.segment_len}"
+            )
         if self.sampled_segments > self.n_segments:
-            raise ValueError("sampled_segments (s) cannot exceed H/k")
+            raise ValueError(
+                f"sampled_segments (s) = {self.sampled_segments} cannot exceed H/k = "
+                f"{self.inner_steps}/{self.segment_len} = {self.n_segments} segments"
+            )
         if self.replay_mode is ReplayMode.TOLERANCE and min(self.tolerances.values()) <= 0:
             raise ValueError(
                 "tolerance mode needs positive tolerance, tolerance_exp_avg and tolerance_exp_avg_sq"

@@ -7,6 +7,8 @@ field names, snake_case, signer first as `creator`.
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal
 from enum import IntEnum, StrEnum
 from typing import Annotated, Literal
 
@@ -168,6 +170,29 @@ class MsgReportUnavailable(Msg):
 class Coin(Frozen):
     denom: Literal["ngonka"] = "ngonka"
     amount: int = Field(ge=0)
+
+
+NGONKA_PER_GNK = 10**9
+_AMOUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gnk|ngonka)?\s*$", re.IGNORECASE)
+
+
+def parse_amount(text: str) -> int:
+    """An amount as operators type it — `20GNK`, `1.5gnk`, `5000000000ngonka`, or a bare integer of
+    ngonka — in ngonka (1 GNK = 1e9 ngonka); ValueError naming the text otherwise."""
+    match = _AMOUNT.match(text or "")
+    if match is None:
+        raise ValueError(f"amount {text!r}: expected e.g. 20GNK, 1.5GNK or 5000000000ngonka")
+    number, unit = match.group(1), (match.group(2) or "ngonka").lower()
+    value = Decimal(number) * (NGONKA_PER_GNK if unit == "gnk" else 1)
+    if value != value.to_integral_value():
+        raise ValueError(f"amount {text!r} is not a whole number of ngonka")
+    return int(value)
+
+
+def format_amount(ngonka: int) -> str:
+    """ngonka as GNK for people (`20GNK`, `0.5GNK`); exact, no float rounding."""
+    whole, frac = divmod(ngonka, NGONKA_PER_GNK)
+    return f"{whole}{'.' + str(frac).rjust(9, '0').rstrip('0') if frac else ''}GNK"
 
 
 class MsgSend(Frozen):

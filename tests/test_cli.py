@@ -306,3 +306,127 @@ def test_the_devnet_help_example_is_a_valid_config(tmp_path: Path) -> None:
     assert cfg.verifiers_per_contribution == 3 and cfg.phases.train == 8.0
     assert [b for b, _ in cfg.host_behaviours()][-1] == "lazy"
     assert [b for b, _ in cfg.verifier_behaviours()] == ["honest", "honest", "malicious"]
+
+
+# ---------------------------------------------------------------- funding: chain start --fund, keys send
+
+
+def _one_line_error(result, *needles: str) -> None:
+    """A bad input ends in exactly one `error:` line naming the problem, never a traceback."""
+    out = result.output
+    assert result.exit_code != 0, out
+    assert "Traceback" not in out
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out
+    for needle in needles:
+        assert needle in errors[0], out
+
+
+@pytest.fixture
+def funded_chain(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A fresh chain whose genesis makes keyring key `authority` the authority and funds `host-0`."""
+    keys = tmp_path / "keys"
+    assert invoke("keys", "add", "host-0", "--keyring-dir", str(keys)).exit_code == 0
+    node = NodeProcess(
+        "chain",
+        python_cli(
+            "chain", "start", "--home", str(tmp_path / "chain"), "--port", "0", "--block-interval", "0.05",
+            "--authority", "authority", "--fund", "host-0:20GNK", "--keyring-dir", str(keys),
+        ),
+        tmp_path / "chain.log",
+    )
+    node.start()
+    try:
+        yield node.wait_listening(60), keys
+    finally:
+        node.stop()
+
+
+@pytest.mark.slow
+def test_chain_start_funds_keys_and_keys_send_moves_tokens(tmp_path: Path, funded_chain) -> None:
+    url, keys = funded_chain
+    k = ["--keyring-dir", str(keys), "--chain-url", url]
+    assert '"gnk": "20GNK"' in invoke("keys", "balance", "host-0", *k).output
+    assert invoke("keys", "show", "authority", "--keyring-dir", str(keys)).exit_code == 0  # created by start
+    assert invoke("keys", "add", "newcomer", "--keyring-dir", str(keys)).exit_code == 0
+    # a fresh key cannot sign anything yet: one line that says how to fund it
+    path = tmp_path / "run.toml"
+    path.write_text("seq_len = 32\n" + TINY_RUN)  # within the model's context (block_size 32)
+    unfunded = invoke("run", "create", str(path), "--key", "newcomer", *k)
+    _one_line_error(unfunded, "MsgCreateRun failed", "does not exist on the chain", "keys send")
+    _one_line_error(invoke("keys", "send", "newcomer", "host-0", "1GNK", *k), "never funded", "keys send")
+    sent = invoke("keys", "send", "authority", "newcomer", "3.5GNK", *k)
+    assert sent.exit_code == 0, sent.output
+    assert '"to_balance": 3500000000' in sent.output
+    _one_line_error(invoke("keys", "send", "newcomer", "host-0", "30GNK", *k), "InsufficientFunds", "balance")
+    _one_line_error(invoke("keys", "send", "newcomer", "host-0", "lots", *k), "amount 'lots'")
+    _one_line_error(invoke("keys", "send", "nobody", "host-0", "1GNK", *k), "no key named 'nobody'")
+    _one_line_error(invoke("keys", "send", "newcomer", "gonka1nope", "1GNK", *k), "not a valid gonka address")
+    # funded but not the authority: the chain's answer plus who the authority is
+    not_authority = invoke("run", "create", str(path), "--key", "host-0", *k)
+    _one_line_error(not_authority, "not the authority", "chain start --authority")
+    created = invoke("run", "create", str(path), "--key", "authority", *k)
+    assert created.exit_code == 0 and '"run_id": 1' in created.output, created.output
+
+
+def test_funding_an_existing_home_is_refused_not_ignored(tmp_path: Path) -> None:
+    from chain.node import Node
+
+    Node(tmp_path / "chain").close()  # a home holding the default dev genesis
+    keys = tmp_path / "keys"
+    assert invoke("keys", "add", "host-0", "--keyring-dir", str(keys)).exit_code == 0
+    again = subprocess.run(
+        python_cli("chain", "start", "--home", str(tmp_path / "chain"), "--port", "0", "--fund",
+                   "host-0:1GNK", "--keyring-dir", str(keys)),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr
+    assert "different genesis" in again.stderr and "keys send" in again.stderr
+
+
+def test_chain_start_rejects_bad_funding_before_starting(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    for fund, message in [
+        ("host-0", "expected NAME:AMOUNT"),
+        ("ghost:5GNK", "no key named 'ghost'"),
+        ("gonka1abc:5GNK", "not a valid gonka address"),
+        ("gonka1abc:-5", "expected e.g. 20GNK"),
+    ]:
+        out = subprocess.run(
+            python_cli("chain", "start", "--home", str(tmp_path / "c"), "--port", "0", "--fund", fund,
+                       "--keyring-dir", str(keys)),
+            capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode == 2, (fund, out.stdout, out.stderr)
+        assert message in out.stderr and "Traceback" not in out.stderr, (fund, out.stderr)
+        assert not (tmp_path / "c" / "chain.sqlite").exists()
+
+
+def test_keys_encrypted_add_show_and_unlock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setattr("protocol.keys.SCRYPT_N", 1 << 10)
+    keys = ["--keyring-dir", str(tmp_path / "keys")]
+    pw = tmp_path / "pw"
+    pw.write_text("a long passphrase\n")
+    os.chmod(pw, 0o600)
+    added = invoke("keys", "add", "sealed", "--mnemonic-file", str(_mnemonic(tmp_path)), "--passphrase-file",
+                   str(pw), *keys)
+    assert added.exit_code == 0 and "encrypted: yes" in added.output, added.output
+    assert "abandon" not in (tmp_path / "keys" / "sealed.json").read_text()
+    listed = invoke("keys", "list", *keys)
+    assert "sealed" in listed.output and "yes" in listed.output
+    assert str(test_wallet(0).address()) in invoke("keys", "show", "sealed", "-a", *keys).output
+    os.chmod(pw, 0o644)
+    _one_line_error(invoke("keys", "encrypt", "sealed", "--passphrase-file", str(pw), *keys), "chmod 600")
+    short = tmp_path / "short"
+    short.write_text("short")
+    os.chmod(short, 0o600)
+    _one_line_error(invoke("keys", "add", "x", "--passphrase-file", str(short), *keys), "at least 8")
+
+
+def _mnemonic(tmp_path: Path) -> Path:
+    path = tmp_path / "mnemonic"
+    path.write_text(TEST_MNEMONIC)
+    return path

@@ -20,6 +20,7 @@ from protocol.keys import (
     new_mnemonic,
     normalize_mnemonic,
     parse_path,
+    read_passphrase_file,
     test_wallet,
     wallet_from_mnemonic,
 )
@@ -162,3 +163,76 @@ def test_keyring_detects_tampered_address(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace(str(test_wallet(0).address()), str(test_wallet(1).address())))
     with pytest.raises(KeyringError, match="does not match"):
         ring.wallet("k")
+
+
+# ---------------------------------------------------------------- encrypted keys (the "file" backend)
+
+FAST_KDF = 1 << 10  # scrypt cost for tests; real keys use SCRYPT_N
+
+
+def test_encrypted_key_round_trip_and_no_plaintext_on_disk(tmp_path: Path) -> None:
+    ring = Keyring(tmp_path, "correct horse", kdf_n=FAST_KDF)
+    info, _ = ring.add("sealed", TEST_MNEMONIC, encrypt=True)
+    assert info.encrypted and info.address == str(test_wallet(0).address())
+    raw = (tmp_path / "sealed.json").read_text()
+    assert "abandon" not in raw and "mnemonic" not in raw and info.address in raw
+    assert mode(tmp_path / "sealed.json") == 0o600
+    # listing and showing need no passphrase; signing does
+    bare = Keyring(tmp_path)
+    assert bare.show("sealed") == info and [k.name for k in bare.list()] == ["sealed"]
+    with pytest.raises(KeyringError, match="is encrypted: give its passphrase"):
+        bare.wallet("sealed")
+    with pytest.raises(KeyringError, match="wrong passphrase"):
+        Keyring(tmp_path, "battery staple").wallet("sealed")
+    asked: list[int] = []
+    lazy = Keyring(tmp_path, lambda: asked.append(1) or "correct horse")
+    assert str(lazy.wallet("sealed").address()) == info.address
+    assert str(lazy.wallet("sealed").address()) == info.address and asked == [1]  # asked once
+
+
+def test_plaintext_and_encrypted_keys_share_a_keyring(tmp_path: Path) -> None:
+    Keyring(tmp_path).add("old", TEST_MNEMONIC)  # an existing plaintext keyring keeps working
+    ring = Keyring(tmp_path, "passphrase!", kdf_n=FAST_KDF)
+    ring.add("new", encrypt=True)
+    assert str(Keyring(tmp_path).wallet("old").address()) == str(test_wallet(0).address())
+    assert [(k.name, k.encrypted) for k in ring.list()] == [("new", True), ("old", False)]
+    ring.encrypt("old")
+    assert ring.encrypted("old") and "abandon" not in (tmp_path / "old.json").read_text()
+    assert str(ring.wallet("old").address()) == str(test_wallet(0).address())
+    with pytest.raises(KeyringError, match="already encrypted"):
+        ring.encrypt("old")
+
+
+def test_encrypted_key_errors(tmp_path: Path) -> None:
+    with pytest.raises(KeyringError, match="at least 8 characters"):
+        Keyring(tmp_path, "short", kdf_n=FAST_KDF).add("k", encrypt=True)
+    assert not (tmp_path / "k.json").exists()
+    ring = Keyring(tmp_path, "long enough", kdf_n=FAST_KDF)
+    ring.add("k", TEST_MNEMONIC, encrypt=True)
+    path = tmp_path / "k.json"
+    original = path.read_text()
+    # the readable address is authenticated: swapping it breaks the unlock, and `show` sees it
+    path.write_text(original.replace(str(test_wallet(0).address()), str(test_wallet(1).address())))
+    with pytest.raises(KeyringError, match="does not match its public key"):
+        ring.show("k")
+    with pytest.raises(KeyringError, match="wrong passphrase"):
+        ring.wallet("k")
+    # a hostile file cannot make the reader allocate unbounded memory
+    path.write_text(original.replace('"n": 1024', '"n": 1073741824'))
+    with pytest.raises(KeyringError, match="out of bounds"):
+        ring.wallet("k")
+    path.write_text(original.replace('"ciphertext": "', '"ciphertext": "zz'))
+    with pytest.raises(KeyringError, match="malformed"):
+        ring.wallet("k")
+
+
+def test_passphrase_file(tmp_path: Path) -> None:
+    f = tmp_path / "pass"
+    f.write_text("secret passphrase\nignored\n")
+    os.chmod(f, 0o600)
+    assert read_passphrase_file(f) == "secret passphrase"
+    os.chmod(f, 0o644)
+    with pytest.raises(KeyringError, match="group or others"):
+        read_passphrase_file(f)
+    with pytest.raises(KeyringError, match="cannot read passphrase file"):
+        read_passphrase_file(tmp_path / "missing")

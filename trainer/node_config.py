@@ -6,6 +6,7 @@ who it is and how it behaves, so a typo is an error at start-up, never a silentl
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Any, TypeVar
 from cosmpy.aerial.wallet import LocalWallet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from protocol.keys import Keyring, test_wallet, wallet_from_mnemonic
+from protocol.config import Stake
+from protocol.keys import PASSPHRASE_ENV, Keyring, read_passphrase_file, test_wallet, wallet_from_mnemonic
 
 MAX_CONFIG_BYTES = 64 * 1024
 MAX_MNEMONIC_BYTES = 4096
@@ -32,6 +34,9 @@ class KeySource(BaseModel):
     mnemonic_file: str = ""
     keyring_dir: str = ""
     name: str = ""
+    passphrase_file: str = Field(
+        "", description="with keyring_dir: a 0600 file whose first line unlocks an encrypted key"
+    )
     test_index: int = Field(-1, ge=-1)
 
     @model_validator(mode="after")
@@ -41,16 +46,25 @@ class KeySource(BaseModel):
             raise ValueError("[key] needs exactly one of mnemonic_file, keyring_dir (+ name), test_index")
         if self.keyring_dir and not self.name:
             raise ValueError("[key] keyring_dir needs a key `name`")
+        if self.passphrase_file and not self.keyring_dir:
+            raise ValueError("[key] passphrase_file unlocks a keyring key: give keyring_dir and name")
         return self
 
     def wallet(self, base: Path = Path(".")) -> LocalWallet:
         if self.test_index >= 0:
             return test_wallet(self.test_index)
         if self.keyring_dir:
+            directory = Path(self.keyring_dir).expanduser()
+            directory = directory if directory.is_absolute() else base / directory
             try:
-                return Keyring(base / self.keyring_dir).wallet(self.name)
+                passphrase = (
+                    read_passphrase_file(_under(base, self.passphrase_file))
+                    if self.passphrase_file
+                    else os.environ.get(PASSPHRASE_ENV) or None
+                )
+                return Keyring(directory, passphrase).wallet(self.name)
             except (OSError, ValueError) as e:
-                raise ConfigError(f"keyring {base / self.keyring_dir}: {e}") from e
+                raise ConfigError(f"[key] keyring {directory}: {e}") from e
         path = base / self.mnemonic_file
         try:
             if path.stat().st_mode & 0o077:
@@ -66,6 +80,11 @@ class KeySource(BaseModel):
             raise ConfigError(f"mnemonic file {path}: {e}") from e
 
 
+def _under(base: Path, p: str) -> Path:
+    path = Path(p).expanduser()
+    return path if path.is_absolute() else base / path
+
+
 class NodeConfig(BaseModel):
     """What every node (host or verifier) configures; relative paths are relative to the TOML file."""
 
@@ -76,7 +95,11 @@ class NodeConfig(BaseModel):
     data_dir: str = Field(min_length=1)
     listen: str = Field("127.0.0.1:0", pattern=r"^[^:\s]+:\d{1,5}$")
     public_url: str = Field("", pattern=r"^(https?://.*)?$", max_length=256)
-    stake: int = Field(2_000_000_000, ge=0)
+    stake: int = Field(
+        Stake.model_fields["min_verifier_stake"].default,
+        ge=0,
+        description="ngonka bonded at MsgJoinRun; default: a run's default minimum for the role",
+    )
     threads: int = Field(1, ge=1, le=256)
     device: str = Field(
         "cpu",
@@ -126,6 +149,12 @@ class NodeConfig(BaseModel):
 
 class HostConfig(NodeConfig):
     """A host node's configuration (host.toml); `threads` must equal the run's."""
+
+    stake: int = Field(
+        Stake.model_fields["min_host_stake"].default,
+        ge=0,
+        description="ngonka bonded at MsgJoinRun; default: a run's default min_host_stake",
+    )
 
     checkpoint_every: int = Field(
         4, ge=1, le=1_000_000, description="m: persist every m-th boundary; opened ones are recomputed"
