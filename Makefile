@@ -8,16 +8,21 @@ STAMP := $(VENV)/.installed
 
 # CometBFT, built from source at a pinned version (never a downloaded binary) into a project-local
 # folder named after the version: a second `make` finds the file and builds nothing, and changing
-# the pin builds the new one. chain/abci/cometbft.py's COMETBFT_VERSION must say the same.
+# the pin builds the new one. chain/abci/cometbft.py's COMETBFT_VERSION must say the same. Only
+# `--engine cometbft` uses it: `make devnet` does not build it (the devnet builds it on first use,
+# with the same `go install`, saying so); `make test` does, since tests run CometBFT validators.
 COMETBFT_VERSION := v0.38.26
 COMETBFT := .tools/cometbft-$(COMETBFT_VERSION)/bin/cometbft
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first and pinned: 2.13.0 is the CPU build this machine has on disk; an unpinned
-	# torch would pull a multi-GB CUDA build. pyproject's torch>=2.4 is then satisfied.
+	# torch first and pinned to the version every determinism figure was measured with. PyPI's
+	# 2.13.0 wheel is the CUDA build with its NVIDIA libraries (the venv is ~5 GB); it runs on a CPU
+	# as well. pyproject's torch>=2.4 is then satisfied.
+	@echo "installing torch 2.13.0 (PyPI's CUDA wheel with the NVIDIA libraries: ~5 GB, minutes on a fresh machine)"
 	$(BIN)/pip install -q torch==2.13.0 numpy
+	@echo "installing gonka-diloco and its dependencies (transformers, cosmpy, fastapi, ...)"
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -35,7 +40,7 @@ test: $(STAMP) $(COMETBFT)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-devnet: $(STAMP) $(COMETBFT)
+devnet: $(STAMP)
 	$(BIN)/gonka-diloco devnet $(ARGS)
 
 bench-quick: $(STAMP)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import fcntl
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from pydantic import ValidationError
 
 from chain.genesis import Genesis
 from chain.node import DEV_BALANCE, Node, create_app, dev_genesis, log_json
+from chain.params import BLOCK_SECONDS
 from chain.store import StoreError
 from protocol.keys import Keyring, KeyringError
 from protocol.messages import parse_amount
@@ -53,11 +55,55 @@ class Engine(enum.StrEnum):
 
 
 def _listen(host: str, port: int) -> socket.socket:
+    """The node's listening socket, or one line naming --host/--port when it cannot be had."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        typer.echo(
+            f"error: cannot listen on {host}:{port} (--host/--port): {exc.strerror}; "
+            "give another --port (0 picks a free one)",
+            err=True,
+        )
+        raise typer.Exit(2) from None
     return sock
+
+
+LOCK_FILE = "node.lock"
+_held: list[object] = []
+"""Open lock files, kept for the life of the process (closing one releases its lock)."""
+
+
+def lock_home(home: Path) -> None:
+    """An exclusive lock on `home` for this process's life (fcntl.flock, released by the kernel when
+    the process exits, however it dies): two nodes on one home would write the same SQLite state
+    or CometBFT data. A second one stops with one line naming --home and the holder's pid."""
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        f = (home / LOCK_FILE).open("a+")
+    except OSError as exc:
+        typer.echo(f"error: cannot use --home {home}: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        typer.echo(
+            f"error: --home {home} is in use by another chain node (pid {holder}): stop it, or give "
+            "another --home",
+            err=True,
+        )
+        raise typer.Exit(2) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    _held.append(f)
 
 
 def _announce(sock: socket.socket, host: str, **fields: object) -> None:
@@ -126,7 +172,7 @@ def start(
     port: int | None = typer.Option(
         None, min=0, max=65535, help="HTTP port; 0 picks a free one (default 26657, or the localnet's)."
     ),
-    block_interval: float = typer.Option(1.0, min=0.01, help="Seconds between blocks."),
+    block_interval: float = typer.Option(BLOCK_SECONDS, min=0.01, help="Seconds between blocks."),
     genesis: Path | None = typer.Option(None, help="Genesis JSON; default: dev wallets 0..31 funded."),
     min_gas_price: float = typer.Option(1.0, min=0, help="Minimum fee in ngonka per unit of gas."),
     engine: Engine = typer.Option(Engine.EMBEDDED, help="embedded (one process) or cometbft (a validator)."),
@@ -149,6 +195,7 @@ def start(
     ),
 ) -> None:
     """Start a node: make (or validate) blocks; serve the Cosmos REST routes and the module's API."""
+    lock_home(home)
     try:
         gen, notes = shaped_genesis(load_genesis(genesis) if genesis else None, keyring_dir, authority, fund)
     except (KeyringError, ValueError, OSError) as exc:
@@ -201,6 +248,8 @@ def _start_validator(
 
     try:
         vhome = validator_home(home, genesis, block_interval)
+        if vhome.resolve() != home.resolve():  # a localnet folder naming its one validator
+            lock_home(vhome)
         node = Validator(vhome, min_gas_price=min_gas_price, fault=os.environ.get(FAULT_ENV) or None)
         if genesis is not None and genesis.chain_id != node.genesis.chain_id:
             raise StoreError(f"{vhome} runs chain {node.genesis.chain_id}, not {genesis.chain_id}")

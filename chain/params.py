@@ -38,6 +38,10 @@ once consecutive blocks have different proposers, none of them controls more tha
 ZERO_HASH = "0" * 64
 """The previous block hash of the first block."""
 
+BLOCK_SECONDS = 1.0
+"""The embedded node's default block interval (`chain start --block-interval`), and so the default
+wherever blocks are turned into seconds or back (`run create --block-seconds`, `plan`)."""
+
 
 class Phase(StrEnum):
     """Phases of one outer step, in the order they happen (str-valued: they go into JSON as is)."""

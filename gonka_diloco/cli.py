@@ -95,6 +95,36 @@ Exit status: 0 = the run passed every check, 1 = it failed one (see report.md), 
 app = typer.Typer(cls=LazyGroup, help="Verifiable DiLoCo training on a Cosmos chain.", no_args_is_help=True)
 
 
+def version_line() -> str:
+    """`gonka-diloco --version`: this package's version and the torch it would run (read from the
+    installed metadata, without importing torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"gonka-diloco {of('gonka-diloco')} (torch {of('torch')}, transformers {of('transformers')})"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Verifiable DiLoCo training on a Cosmos chain."""
+
+
 @app.command(epilog=escape(DEVNET_EPILOG))
 def devnet(
     config: Annotated[

@@ -49,6 +49,13 @@ def prepare(
     text_field: Annotated[str, typer.Option("--text-field", help="JSONL field holding the text.")] = "text",
     eot: Annotated[str, typer.Option(help="End-of-document token (default: the tokenizer's own).")] = "",
     name: Annotated[str | None, typer.Option(help="Dataset name (default: the folder's).")] = None,
+    errors: Annotated[
+        str,
+        typer.Option(
+            help="An input that is not UTF-8: strict (stop, naming the file and byte), replace (bad "
+            "bytes become U+FFFD) or skip (leave that file out, and say so).",
+        ),
+    ] = "strict",
 ) -> None:
     """Tokenize INPUTS into shards + manifest.json in --out; prints the manifest hash."""
     from pydantic import ValidationError
@@ -62,19 +69,29 @@ def prepare(
         opts = PrepareOptions(
             name=name or out.resolve().name, tokenizer=tokenizer, train_bpe=train_bpe, dtype=dtype,  # type: ignore[arg-type]
             val_fraction=val_fraction, shard_tokens=shard_tokens, text_field=text_field, eot=eot,
+            errors=errors,  # type: ignore[arg-type]
         )  # fmt: skip
     except ValidationError as e:
         _fail("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()))
         return
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    skipped: list[str] = []
+    err = Console(stderr=True, soft_wrap=True)
+
+    def skip(path: Path, why: str) -> None:
+        skipped.append(str(path))
+        err.print(Text.assemble(("skipped ", "yellow"), f"{path}: {why}"))
+
+    with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("reading", total=None)
 
         def phase(label: str, total: int) -> None:
             bar.reset(task, description=label, total=total)
 
         try:
-            manifest = run_prepare(inputs, out, opts, progress=lambda n: bar.advance(task, n), on_phase=phase)
+            manifest = run_prepare(
+                inputs, out, opts, progress=lambda n: bar.advance(task, n), on_phase=phase, on_skip=skip
+            )
         except DataError as e:
             remove_partial(out)
             _fail(str(e))
@@ -86,7 +103,7 @@ def prepare(
         "manifest_hash": manifest.manifest_hash(), "folder": str(out), "dtype": manifest.dtype,
         "tokenizer": manifest.tokenizer.kind, "vocab_size": manifest.tokenizer.vocab_size,
         "train_tokens": manifest.train_tokens, "val_tokens": manifest.val_tokens,
-        "shards": len(manifest.train) + len(manifest.val),
+        "shards": len(manifest.train) + len(manifest.val), **({"skipped": skipped} if skipped else {}),
     }))  # fmt: skip
 
 

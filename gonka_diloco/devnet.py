@@ -10,7 +10,9 @@ tests use to kill and restart nodes mid-run.
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 import threading
 import time
 import traceback
@@ -29,8 +31,14 @@ from gonka_diloco.collect import (
     update_from_status,
     validator_rows,
 )
-from gonka_diloco.devnet_config import HF_MODELS, MODEL_SIZES, DevnetConfig, DevnetConfigError
-from gonka_diloco.live import LiveState, NodeView, render
+from gonka_diloco.devnet_config import (
+    HF_MODELS,
+    MODEL_SIZES,
+    DevnetConfig,
+    DevnetConfigError,
+    dataset_vocab,
+)
+from gonka_diloco.live import LiveState, NodeView, progress_line, render
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
 from gonka_diloco.report import NodeRow, Snapshot, evaluate, write_report
 from protocol.config import ModelSpec, OuterOptim, Phases, RunConfig, Stake
@@ -58,6 +66,8 @@ FEED_EVENTS = frozenset(
     }
 )
 """Node log events shown in the live view's feed."""
+PROGRESS_SECONDS = 10.0
+"""Without a terminal (or with --no-live): a plain progress line this often, and at every new step."""
 START_TIMEOUT = 120.0
 """Seconds a node may take to print its listening line (torch import on a loaded 2-core box)."""
 
@@ -151,15 +161,53 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
 
 
 def model_spec(cfg: DevnetConfig) -> ModelSpec:
-    """`--model`: the GPT preset of `model_size`, or a transformers preset (complete config), seeded."""
+    """`--model`: the GPT preset of `model_size`, or a transformers preset (complete config), seeded;
+    with `--dataset`, its vocabulary is the dataset tokenizer's (a BPE of 2048 tokens needs a
+    2048-row embedding, not the presets' 256 bytes)."""
+    vocab = dataset_vocab(cfg.dataset)
+    sized: dict[str, int] = {"vocab_size": vocab} if vocab is not None else {}
     if cfg.model == "gpt":
         return ModelSpec(
-            factory="trainer.model:small_gpt", config={**MODEL_SIZES[cfg.model_size], "seed": cfg.seed}
+            factory="trainer.model:small_gpt",
+            config={**MODEL_SIZES[cfg.model_size], "seed": cfg.seed, **sized},
         )
     from trainer.hf import spec_config
 
     arch, preset = HF_MODELS[cfg.model]
-    return ModelSpec(factory=f"trainer.hf:{arch}", config=spec_config(arch, preset, seed=cfg.seed))
+    return ModelSpec(factory=f"trainer.hf:{arch}", config=spec_config(arch, preset, seed=cfg.seed, **sized))
+
+
+def check_dataset(cfg: DevnetConfig) -> None:
+    """Before any process starts, what every node would check at its start-up, said in one line
+    rather than found in a crashed node's log: the dataset opens, its vocabulary fits the model,
+    and each host's data shard and the validation split hold at least one window of seq_len + 1
+    tokens and match their manifest hashes."""
+    if not cfg.dataset:
+        return
+    from protocol.keys import test_wallet
+    from trainer.data import DataError, TokenStream, check_vocab, host_shard, open_dataset
+
+    run = RunConfig(
+        model=model_spec(cfg), dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64, seed=cfg.seed,
+        inner_steps=cfg.inner_steps, segment_len=cfg.segment_len, sampled_segments=cfg.sampled_segments,
+        batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+    )  # fmt: skip
+    where = f"dataset {cfg.dataset}"
+    try:
+        corpus = open_dataset(cfg.dataset)
+        check_vocab(run, corpus)
+        parts = {f"host-{i}'s data shard": host_shard(run, corpus, str(test_wallet(1 + i).address()))
+                 for i in range(cfg.hosts)}  # fmt: skip
+        for name, tokens in {**parts, "the validation split": corpus.val}.items():
+            if tokens.numel() <= cfg.seq_len:
+                raise DataError(
+                    f"{name} holds {tokens.numel()} tokens, fewer than seq_len + 1 = {cfg.seq_len + 1}: "
+                    "give more text or a shorter seq_len"
+                )
+            if isinstance(tokens, TokenStream):
+                tokens.touch()
+    except DataError as e:
+        raise DevnetConfigError(f"{where}: {e}") from None
 
 
 def _toml_value(value: Any) -> str:
@@ -209,6 +257,8 @@ class Devnet:
         self._lock = threading.Lock()
         self.local_loss: dict[str, dict[int, float]] = {}
         self.val_loss: dict[str, dict[int, float]] = {}
+        self.echo: Callable[[str], None] = lambda line: None
+        """Start-up progress lines (`run_devnet` prints them): each process as it comes up."""
 
     # ------------------------------------------------------------------ setup
 
@@ -250,8 +300,8 @@ class Devnet:
                 for k, v in event.items()
                 if k not in ("ts", "node", "event") and not isinstance(v, dict | list)
             }
-            detail = " ".join(f"{k}={str(v)[:12]}" for k, v in list(extra.items())[:3])
-            self.live.events.append(f"{node}: {kind} {detail}"[:76])
+            detail = " ".join(f"{k}={str(v)[:40]}" for k, v in list(extra.items())[:6])
+            self.live.events.append(f"{node}: {kind} {detail}"[:400])  # the view cuts at its width
 
     def row(self, name: str) -> NodeRow:
         """The node's row with everything its log said so far."""
@@ -389,6 +439,8 @@ class Devnet:
         """Chain, run, then every node; returns once all of them are listening."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "devnet.json").write_text(self.cfg.model_dump_json(indent=2))
+        validators = f" ({self.cfg.validators} CometBFT validators)" if self.cfg.engine == "cometbft" else ""
+        self.echo(f"devnet: starting the chain{validators}")
         url = self.chain_url = self.start_chain()
         self._chain_rows(url)
         self.run_id = self.create_run(url)
@@ -397,11 +449,13 @@ class Devnet:
         for j, (behaviour, params) in enumerate(self.cfg.verifier_behaviours()):
             self._add_node(f"verifier-{j}", "verifier", 1 + self.cfg.hosts + j, behaviour, params, url)
         nodes = [name for name in self.procs if name not in self.chain_names]
+        self.echo(f"devnet: run {self.run_id} created; starting {len(nodes)} nodes (each loads torch first)")
         for name in nodes:
             self.procs[name].start()
-        for name in nodes:
+        for k, name in enumerate(nodes, 1):
             url = self.procs[name].wait_listening(START_TIMEOUT)
             self.rows[name] = self.rows[name].model_copy(update={"url": url})
+            self.echo(f"devnet: {name} listening at {url} ({k}/{len(nodes)})")
         self.live.run_id = self.run_id
         self.live.nodes = [
             NodeView(n.name, n.role, n.behaviour) for n in self.rows.values() if n.role not in CHAIN_ROLES
@@ -467,19 +521,29 @@ class Devnet:
         *,
         timeout: float | None = None,
         live: bool = False,
+        lines: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
-        """Follow blocks until `until(run)` (default: the run finished); raises on crash or stall."""
+        """Follow blocks until `until(run)` (default: the run finished); raises on crash or stall.
+        `live` redraws the rich view; `lines` gets a plain progress line every PROGRESS_SECONDS
+        and at each new outer step (for a pipe, where a redrawn view shows nothing until the end)."""
         from rich.live import Live
 
         until = until or (lambda run: run["status"] == "finished")
         deadline = time.monotonic() + (timeout if timeout is not None else self.cfg.timeout)
         height = self.chain.height()
         view = Live(render(self.live), refresh_per_second=4, transient=False) if live else nullcontext()
+        said_at, said_step = -math.inf, -1
         with view as screen:
             while True:
                 run = self.poll()
                 if screen is not None:
                     screen.update(render(self.live))
+                now = time.monotonic()
+                if lines is not None and (
+                    now - said_at >= PROGRESS_SECONDS or self.live.outer_step != said_step
+                ):
+                    lines(progress_line(self.live))
+                    said_at, said_step = now, self.live.outer_step
                 if until(run):
                     return run
                 crashed = self.sup.crashed()
@@ -543,16 +607,19 @@ def run_devnet(
 ) -> Snapshot:
     """Run a whole devnet and write its report; the snapshot's `failures` decide the exit code."""
     check_behaviours(cfg)
+    check_dataset(cfg)
     with Devnet(cfg, folder) as dn:
         failures: list[str] = []
         try:
             echo(f"devnet: starting in {dn.folder}")
+            dn.echo = echo
             dn.start()
             chain = f"{len(dn.chain_names)} validators" if dn.localnet else f"chain {dn.chain_url}"
             nodes = len(dn.procs) - len(dn.chain_names)
             echo(f"devnet: {chain}, run {dn.run_id}, {nodes} nodes listening")
-            dn.watch(live=cfg.live)
-            if cfg.live:
+            view = cfg.live and sys.stdout.isatty()  # a pipe gets plain lines instead of frames
+            dn.watch(live=view, lines=None if view else echo)
+            if view:
                 echo("")
             dn.settle_losses()
         except DevnetError as e:

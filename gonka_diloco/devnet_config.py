@@ -8,6 +8,7 @@ to train. Bad input raises `DevnetConfigError` with one readable line per proble
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tomllib
@@ -242,6 +243,22 @@ def _scalar(text: str) -> ParamValue:
         except ValueError:
             pass
     return text
+
+
+@functools.lru_cache(maxsize=8)
+def dataset_vocab(source: str) -> int | None:
+    """The vocabulary of a prepared dataset (its manifest's tokenizer), which the devnet sizes its
+    model's embedding to; None for the built-in Shakespeare bytes, which every preset already fits.
+    Only the manifest is read."""
+    if not source:
+        return None
+    from trainer.data import DataError, open_dataset
+
+    try:
+        corpus = open_dataset(source)
+    except DataError as e:
+        raise DevnetConfigError(f"dataset {source}: {e}") from None
+    return corpus.manifest.tokenizer.vocab_size if corpus.manifest is not None else None
 
 
 DEVNET_MARGIN = 2.0

@@ -1,7 +1,9 @@
 """The devnet's live terminal view (rich): chain height, outer step and phase, every node.
 
 The view is a pure function of a `LiveState`, so it can be rendered (and tested) without a
-terminal or a running devnet; the orchestrator only fills the state and refreshes.
+terminal or a running devnet; the orchestrator only fills the state and refreshes. Where stdout
+is not a terminal (CI, `| tee`) a redrawn frame would print nothing until the end: `progress_line`
+is the same state as one plain line, printed periodically instead.
 """
 
 from __future__ import annotations
@@ -104,9 +106,21 @@ def render(state: LiveState) -> Panel:
     )
     losses = "  ".join(f"{k}:{v:.3f}" for k, v in sorted(state.val_loss.items())[-8:]) or "-"
     loss_line = Text.assemble(("global validation loss  ", "dim"), (losses, "bold"))
-    events = Text("\n".join(state.events) or "-", style="dim")
+    # one line per event, cut at the terminal's width (not at a fixed column)
+    events = Text("\n".join(state.events) or "-", style="dim", no_wrap=True, overflow="ellipsis")
     return Panel(
         Group(head, loss_line, _node_table(state), Text("recent", style="dim underline"), events),
         title=f"gonka-diloco devnet · run {state.run_id}",
         border_style="blue",
+    )
+
+
+def progress_line(state: LiveState) -> str:
+    """The live view's head as one plain line, for a log or a pipe."""
+    losses = " ".join(f"{k}:{v:.3f}" for k, v in sorted(state.val_loss.items())[-3:]) or "-"
+    up = sum(1 for n in state.nodes if n.alive)
+    return (
+        f"devnet: {state.elapsed_s:.0f}s  block {state.height}  outer step {state.outer_step}/"
+        f"{state.outer_steps} {state.phase}  commits {state.committed}  accepted {len(state.accepted)}  "
+        f"nodes up {up}/{len(state.nodes)}  val loss {losses}  run {state.run_status}"
     )

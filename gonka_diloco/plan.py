@@ -16,9 +16,23 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
-from protocol.config import Codec, ReplayMode
+from chain.params import BLOCK_SECONDS, BPS_DENOMINATOR
+from protocol.config import Codec, ReplayMode, RunConfig, Stake
 
 # ---------------------------------------------------------------- fixed facts
+
+NGONKA_PER_GNK = 1e9
+
+
+def run_default(name: str) -> Any:
+    """A `RunConfig` field's default: the planner's run and security defaults are the chain's own
+    (one source), so `plan` with no flags describes the run `run create` makes of a bare config."""
+    return RunConfig.model_fields[name].default
+
+
+STAKE = Stake()
+RUN_CODEC: Codec = run_default("codec")
+RUN_REPLAY: ReplayMode = run_default("replay_mode")
 
 FLOPS_PER_PARAM_TOKEN = 6
 """Forward + backward of a dense transformer: ≈ 6 FLOP per parameter per token (Kaplan et al. 2020)."""
@@ -118,7 +132,8 @@ class PhaseBlocks:
 
 @dataclass(frozen=True)
 class Inputs:
-    """Everything a plan depends on. Defaults: a 30B model on 16 hosts of 8×H100 at 1 Gbit/s."""
+    """Everything a plan depends on. Defaults: a 30B model on 16 hosts of 8×H100 at 1 Gbit/s (the
+    mission's fleet), with the chain's own run, audit, stake and block defaults."""
 
     # model
     params: float = 30e9
@@ -142,33 +157,33 @@ class Inputs:
     """Host RAM bandwidth: what a CPU optimizer step (offload) streams through."""
     step_seconds: float | None = None
     """Measured seconds per inner step; overrides the FLOP model (used to validate on CPUs)."""
-    # run
-    H: int = 500
-    k: int = 5
-    s: int = 8
-    v: int = 1
+    # run: RunConfig's defaults (run_default); m, host.toml's checkpoint_every, as the scale design
+    H: int = run_default("inner_steps")
+    k: int = run_default("segment_len")
+    s: int = run_default("sampled_segments")
+    v: int = run_default("verifiers_per_contribution")
     m: int = 10
-    codec: Codec = Codec.INT8
+    codec: Codec = RUN_CODEC
     tokens_per_step: int = 1 << 20
     micro_tokens: int = 8192
     sharding: Sharding = Sharding.FSDP
-    replay: ReplayMode = ReplayMode.BITWISE
+    replay: ReplayMode = RUN_REPLAY
     chunk_bytes: float = 64 * 2**20
     pipeline: Pipeline = Pipeline.SPARSE
     # chain
-    block_seconds: float = 5.0
+    block_seconds: float = BLOCK_SECONDS
     epoch_blocks: int = 0
     poc_blocks: int = 0
     phases: PhaseBlocks | None = None
-    # security and economics
+    # security and economics: RunConfig's audits and stake (a bond at the run's minimum)
     fake_fraction: float = 0.5
     dishonest_stake: float = 0.1
-    audit_p: float = 0.1
-    auditors: int = 1
-    host_stake: float = 10_000.0
-    host_slash_bps: int = 1000
-    audit_slash_bps: int = 5000
-    reward: float = 10.0
+    audit_p: float = run_default("audit_bps") / BPS_DENOMINATOR
+    auditors: int = run_default("audit_verifiers")
+    host_stake: float = STAKE.min_host_stake / NGONKA_PER_GNK
+    host_slash_bps: int = STAKE.host_slash_bps
+    audit_slash_bps: int = STAKE.fraud_host_slash_bps
+    reward: float = STAKE.reward_per_outer_step / NGONKA_PER_GNK
     gpu_hour_value: float = 1.0
     attack_value: float = 0.0
 
@@ -749,6 +764,26 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         cost=cost,
         warnings=warnings,
     )
+
+
+def token_budget(p: Plan, tokens: float, *, overlap: bool = True) -> dict[str, float]:
+    """Training on `tokens` tokens at this setting: every host trains H inner steps of T tokens
+    per outer step (all accepted), steps follow each other at the schedule's period, and the
+    GPU-hours are the hosts' whole wall time on every GPU plus the verifiers' replays on machines
+    like a host's (replay share × the hosts' compute) — `cost` × useful GPU-hours."""
+    i = p.inputs
+    per_outer = i["hosts"] * i["H"] * i["tokens_per_step"]
+    steps = math.ceil(tokens / per_outer)
+    wall = steps * p.timeline["overlapped" if overlap else "sequential"]
+    gpus = i["hosts"] * i["gpus_per_host"]
+    hosts_h = wall * gpus / 3600
+    verifiers_h = steps * p.verification["replay_share"] * p.compute["train_s"] * gpus / 3600
+    return {
+        "tokens": float(tokens), "tokens_per_inner_step": float(i["tokens_per_step"]),
+        "tokens_per_outer_step": float(per_outer), "outer_steps": float(steps), "wall_s": wall,
+        "host_gpu_hours": hosts_h, "verifier_gpu_hours": verifiers_h, "gpu_hours": hosts_h + verifiers_h,
+        "useful_gpu_hours": steps * p.compute["train_s"] * gpus / 3600,
+    }  # fmt: skip
 
 
 def _plain(i: Inputs) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from gonka_diloco.plan import (
     Sharding,
     plan,
     sweep,
+    token_budget,
 )
 from protocol.config import Codec, ReplayMode
 
@@ -117,23 +118,14 @@ def fmt_gnk(x: float) -> str:
 
 
 def from_run_config(path: Path) -> tuple[dict[str, Any], Any]:
-    """Inputs fields from a run config TOML (validated as `RunConfig`), and its model spec."""
-    from pydantic import ValidationError
-
-    from gonka_diloco.devnet_config import DevnetConfigError, load_toml
-    from protocol.config import RunConfig
+    """Inputs fields from a run config TOML, read and validated exactly as `run create` reads it
+    (`run_cli.parse_run_config`: presets expanded, the hashes not needed), and its model spec."""
+    from gonka_diloco.run_cli import RunConfigFileError, parse_run_config
 
     try:
-        data = load_toml(path)
-    except DevnetConfigError as e:
+        cfg = parse_run_config(path)
+    except RunConfigFileError as e:
         raise PlanInputError(str(e)) from None
-    data.setdefault("initial_model_hash", "0" * 64)  # the plan needs neither hash
-    data.setdefault("dataset_manifest_hash", "0" * 64)
-    try:
-        cfg = RunConfig.model_validate(data)
-    except ValidationError as e:
-        errors = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'config'}: {x['msg']}" for x in e.errors())
-        raise PlanInputError(f"{path}: {errors}") from None
     ph, st = cfg.phases, cfg.stake
     fields = {
         "H": cfg.inner_steps, "k": cfg.segment_len, "s": cfg.sampled_segments,
@@ -143,18 +135,22 @@ def from_run_config(path: Path) -> tuple[dict[str, Any], Any]:
         "phases": PhaseBlocks(train=ph.train_blocks, reveal=ph.reveal_blocks, verify=ph.verify_blocks),
         "epoch_blocks": ph.epoch_length, "poc_blocks": ph.poc_window,
         "host_stake": st.min_host_stake / NGONKA, "host_slash_bps": st.host_slash_bps,
-        "reward": st.reward_per_outer_step / NGONKA,
+        "audit_slash_bps": st.fraud_host_slash_bps, "reward": st.reward_per_outer_step / NGONKA,
     }  # fmt: skip
     return fields, cfg.model
 
 
 def count_params(spec: Any) -> int:
-    """Parameters of a run's model (builds it: imports torch)."""
+    """Parameters of a run's model, counted on torch's meta device: the model is built (every
+    factory, any size) but no memory is allocated and nothing is initialised."""
+    import torch
+
     from trainer.spec import BadModelSpec, ModelNotAllowed, build_model
 
     try:
-        return sum(p.numel() for p in build_model(spec).parameters())
-    except (BadModelSpec, ModelNotAllowed) as e:
+        with torch.device("meta"):
+            return sum(p.numel() for p in build_model(spec).parameters())
+    except (BadModelSpec, ModelNotAllowed, ValueError) as e:
         raise PlanInputError(f"model: {e}; give --params instead") from None
 
 
@@ -339,6 +335,64 @@ def _print_plan(console: Console, p: Plan, c: Constants) -> None:
         console.print(Text.assemble(("warning: ", "yellow"), w))
 
 
+def _hours(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def budget_rows(b: dict[str, float], overlap: bool) -> list[tuple[str, str]]:
+    schedule = "overlapped" if overlap else "sequential"
+    return [
+        ("tokens per inner step", f"{b['tokens_per_inner_step']:,.0f} per host"),
+        ("tokens per outer step", f"{b['tokens_per_outer_step']:,.0f} (every host's H inner steps)"),
+        ("outer steps", f"{b['outer_steps']:,.0f}"),
+        ("wall time", f"{fmt_seconds(b['wall_s'])} ({schedule} schedule)"),
+        ("GPU-hours", f"{_hours(b['gpu_hours'])}: hosts {_hours(b['host_gpu_hours'])} + verifiers' "
+         f"replays {_hours(b['verifier_gpu_hours'])} (useful training {_hours(b['useful_gpu_hours'])})"),
+    ]  # fmt: skip
+
+
+PLOT_H = (25, 50, 100, 200, 250, 500, 1000, 2000, 4000)
+
+
+def write_plot(i: Inputs, c: Constants, path: Path) -> Path:
+    """Utilization (sequential and overlapped) and cost (GPU-seconds per useful GPU-second,
+    verifiers' replays included) against H, everything else as planned; the planned H marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlanInputError("--plot needs matplotlib (pip install matplotlib)") from None
+    hs = sorted({h for h in (*PLOT_H, i.H) if h % i.k == 0 and h // i.k >= i.s})
+    plans = [plan(replace(i, H=h, phases=None), c) for h in hs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, style in (("overlapped", "-"), ("sequential", "--")):
+        left.plot(hs, [p.utilization[key] for p in plans], style, marker=".", label=key)
+        right.plot(hs, [1 / max(p.utilization[key], 1e-12) + p.verification["replay_share"] for p in plans],
+                   style, marker=".", label=key)  # fmt: skip
+    x = "H (inner steps per outer step)"
+    left.set(xscale="log", xlabel=x, ylabel="compute utilization", ylim=(0, 1.02))
+    right.set(xscale="log", yscale="log", xlabel=x, ylabel="GPU-seconds per useful GPU-second")
+    for ax in (left, right):
+        ax.axvline(i.H, color="grey", lw=0.6)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"{i.params / 1e9:.3g}B, {i.hosts} hosts × {i.gpus_per_host} {i.gpu.name}, "
+        f"{i.up * 8 / 1e9:.3g} Gbit/s up; "
+        f"k={i.k} s={i.s} v={i.v} p={i.audit_p:g} a={i.auditors} m={i.m} {i.codec}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=90)
+    except OSError as e:
+        raise PlanInputError(f"--plot {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+    return path
+
+
 # ---------------------------------------------------------------- the command
 
 Opt = typer.Option
@@ -465,6 +519,13 @@ def plan_command(
     results: Annotated[
         Path | None, Opt("--results", help="Folder of bench results for the constants.")
     ] = None,
+    tokens: Annotated[
+        str | None,
+        Opt("--tokens", help="A token budget (e.g. 1T, 300e9): tokens per step, total wall time, GPU-hours."),
+    ] = None,
+    plot: Annotated[
+        Path | None, Opt("--plot", help="Write utilization and cost against H to this PNG file.")
+    ] = None,
     as_json: Annotated[bool, Opt("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
     """Predict per outer step: compute, transfers, verification, hashing, disk, GPU memory,
@@ -486,12 +547,17 @@ def plan_command(
     }  # fmt: skip
     console = Console()
     try:
+        token_count = parse_count(tokens) if tokens is not None else None
+        if token_count is not None and token_count <= 0:
+            raise PlanInputError("--tokens must be positive")
         inputs = build_inputs(config, flags)
+        constants = load_constants(results or RESULTS)
+        plotted = write_plot(inputs, constants, plot) if plot is not None else None
     except PlanInputError as e:
         Console(stderr=True, soft_wrap=True).print(Text.assemble(("error: ", "red"), str(e)))
         raise typer.Exit(2) from None
-    constants = load_constants(results or RESULTS)
     p = plan(inputs, constants, overlap=overlap)
+    budget = token_budget(p, token_count, overlap=overlap) if token_count is not None else None
     found: list[Plan] = []
     if do_sweep:
         floors = Floors(utilization=min_util, detection=min_detection, collusion_success=max_collusion,
@@ -501,9 +567,21 @@ def plan_command(
         out: dict[str, Any] = {"plan": p.to_json(), "constants": _constants_json(constants)}
         if do_sweep:
             out["sweep"] = [f.to_json() for f in found]
+        if budget is not None:
+            out["budget"] = budget
+        if plotted is not None:
+            out["plot"] = str(plotted)
         typer.echo(json.dumps(_finite(out), indent=2, default=str))
         return
     _print_plan(console, p, constants)
+    if budget is not None:
+        t = Table("", "", title=f"a budget of {budget['tokens']:,.0f} tokens", title_justify="left",
+                  show_header=False)  # fmt: skip
+        for row in budget_rows(budget, overlap):
+            t.add_row(*row)
+        console.print(t)
+    if plotted is not None:
+        console.print(f"plot: {plotted}")
     if do_sweep:
         schedule = "overlapped" if overlap else "sequential"
         title = (

@@ -21,6 +21,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
+from chain.params import BLOCK_SECONDS
+
 app = typer.Typer(help="Create training runs.", no_args_is_help=True)
 
 
@@ -46,16 +48,11 @@ def with_overlap(cfg: Any, overlap: str) -> Any:  # RunConfig -> RunConfig
         raise RunConfigFileError(f"--overlap {overlap!r}: expected one of {choices}") from None
 
 
-def load_run_config(
-    path: Path, *, dataset: str | None = None, init_checkpoint: Path | None = None
-) -> Any:  # -> protocol.config.RunConfig
-    """Read and validate a run config TOML, filling in the two derivable hashes when absent.
+PLACEHOLDER_HASH = "0" * 64
 
-    `dataset` (a folder, manifest or URL) and `init_checkpoint` set those hashes from what they
-    name; a TOML that states a different hash is an error, not silently overridden.
-    """
-    from protocol.config import ModelSpec, RunConfig
 
+def read_run_toml(path: Path) -> dict[str, Any]:
+    """The TOML as a dict, with one clear error for a missing, unreadable or malformed file."""
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -66,6 +63,20 @@ def load_run_config(
         raise RunConfigFileError(f"{path} is not valid TOML: {e}") from None
     if "model" not in data:
         raise RunConfigFileError(f"{path}: [model] is required (factory and config)")
+    return data
+
+
+def _validate(path: Path, data: dict[str, Any]) -> Any:  # -> RunConfig
+    from protocol.config import RunConfig
+
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise RunConfigFileError(f"{path}: {_errors(e)}") from None
+
+
+def _expand_model(path: Path, data: dict[str, Any]) -> None:
+    """A `trainer.hf:*` preset expanded in place into the complete config (imports torch)."""
     model = data["model"]
     if isinstance(model, dict) and isinstance(model.get("config", {}), dict):
         from trainer.hf import expand
@@ -74,6 +85,35 @@ def load_run_config(
             model["config"] = expand(str(model.get("factory", "")), model.get("config", {}))
         except ValueError as e:
             raise RunConfigFileError(f"{path}: model: {e}") from None
+
+
+def parse_run_config(path: Path) -> Any:  # -> protocol.config.RunConfig
+    """A run config TOML validated exactly as `run create` validates it, the model's preset
+    expanded, the two hashes placeholders where the file leaves them out: what `plan` reads (it
+    needs neither hash, and must accept every file `run create` accepts)."""
+    data = read_run_toml(path)
+    hashes = {k: data.get(k, PLACEHOLDER_HASH) for k in ("initial_model_hash", "dataset_manifest_hash")}
+    _validate(path, {**data, **hashes})
+    _expand_model(path, data)
+    return _validate(path, {**data, **hashes})
+
+
+def load_run_config(
+    path: Path, *, dataset: str | None = None, init_checkpoint: Path | None = None
+) -> Any:  # -> protocol.config.RunConfig
+    """Read and validate a run config TOML, filling in the two derivable hashes when absent.
+
+    `dataset` (a folder, manifest or URL) and `init_checkpoint` set those hashes from what they
+    name; a TOML that states a different hash is an error, not silently overridden. Everything
+    the file alone decides is checked first, before torch is imported and G_0 is built: a typo
+    is an error in a second, not after the model's initialisation.
+    """
+    from protocol.config import ModelSpec
+
+    data = read_run_toml(path)
+    hashes = {k: data.get(k, PLACEHOLDER_HASH) for k in ("initial_model_hash", "dataset_manifest_hash")}
+    _validate(path, {**data, **hashes})
+    _expand_model(path, data)
     derived = {}
     if "initial_model_hash" not in data or init_checkpoint is not None:
         try:
@@ -92,10 +132,7 @@ def load_run_config(
                 f"{path}: {key} {data[key][:12]} is not the {value[:12]} of what you named"
             )
         data[key] = value
-    try:
-        cfg = RunConfig.model_validate(data)
-    except ValidationError as e:
-        raise RunConfigFileError(f"{path}: {_errors(e)}") from None
+    cfg = _validate(path, data)
     if dataset is not None:
         from trainer.data import DataError, check_vocab, open_dataset
 
@@ -312,8 +349,12 @@ def create(
         ),
     ] = False,
     block_seconds: Annotated[
-        float, typer.Option("--block-seconds", help="The chain's block interval, for phase sizing.")
-    ] = 5.0,
+        float,
+        typer.Option(
+            "--block-seconds",
+            help=f"The chain's block interval, for phase sizing (default {BLOCK_SECONDS:g}, the chain's).",
+        ),
+    ] = BLOCK_SECONDS,
     margin: Annotated[
         float, typer.Option("--margin", help="Phase sizing: training time × this (≥ 1).")
     ] = 1.5,

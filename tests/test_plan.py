@@ -240,8 +240,9 @@ def test_plan_hangs_together() -> None:
     assert p.utilization["overlapped"] >= p.utilization["sequential"]
     assert tl["recompute"] == pytest.approx(pm.recompute_segments(100, 8, 10) * 5 * pm.step_seconds(i))
     assert p.security["detection"] == pytest.approx(pm.detection_probability(100, 50, 8))
-    assert p.verification["replay_share"] == pytest.approx(1.1 * 8 * 5 / 500)
-    assert p.phases["train"] == math.ceil(tl["train"] * 1.2 / 5.0)
+    # checks per contribution v + p·a = 1 + 1 × 3 (RunConfig's audits: every accepted one, by 3)
+    assert p.verification["replay_share"] == pytest.approx(4 * 8 * 5 / 500)
+    assert p.phases["train"] == math.ceil(tl["train"] * 1.2 / 1.0)  # the chain's 1 s blocks
     assert json.dumps(p.to_json(), default=str)
     big = pm.plan(replace(i, params=50e9), C)
     assert any("does not fit" in w for w in big.warnings)  # 16 B/param over 8 × 80 GB: no
@@ -257,7 +258,10 @@ def test_configured_phases_that_are_too_short_are_flagged() -> None:
 
 def test_sweep_meets_its_floors_cheapest_first() -> None:
     floors = Floors(utilization=0.85, detection=0.9, collusion_success=0.01)
-    found = pm.sweep(Inputs(params=30e9), C, floors, top=5)
+    # audits as the published plan's scenario (p = 10%, one auditor): at the chain's own p = 1,
+    # a = 3 the openings' upload keeps every setting under 85% at 1 Gbit/s
+    base = Inputs(params=30e9, audit_p=0.1, auditors=1, host_stake=10_000.0, block_seconds=5.0)
+    found = pm.sweep(base, C, floors, top=5)
     assert found
     costs = [p.cost for p in found]
     assert costs == sorted(costs)
@@ -267,7 +271,7 @@ def test_sweep_meets_its_floors_cheapest_first() -> None:
         assert p.security["lazy_profit"] < 0 and p.security["collusion_profit"] < 0
         assert p.inputs["codec"] != "int4"  # 9% error: above the default quality floor
     # a slower link can only make the best setting costlier (or impossible)
-    slow = pm.sweep(Inputs(params=30e9, up=12.5e6, down=12.5e6), C, floors, top=1)
+    slow = pm.sweep(replace(base, up=12.5e6, down=12.5e6), C, floors, top=1)
     assert not slow or slow[0].cost >= found[0].cost
 
 
@@ -385,3 +389,89 @@ def test_help_does_not_import_torch() -> None:
         "assert '--sweep' in r.output\nassert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ---------------------------------------------------------------- one source of defaults, a budget, a plot
+
+
+def test_defaults_are_the_chains() -> None:
+    """`plan` with no flags plans the run `run create` makes of a bare config: RunConfig's H, k, s,
+    v, audits, codec, replay and stake, and the chain's block interval (issue 27: the planner's own
+    v = 1, p = 0.1, a = 1 showed a colluder succeeding 9.1% of the time at σ = 1/2)."""
+    from chain.params import BLOCK_SECONDS
+
+    f = RunConfig.model_fields
+    i = Inputs()
+    assert (i.H, i.k, i.s, i.v) == tuple(f[n].default for n in (
+        "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution"))  # fmt: skip
+    assert (i.audit_p, i.auditors) == (f["audit_bps"].default / 10_000, f["audit_verifiers"].default)
+    assert (i.codec, i.replay) == (f["codec"].default, f["replay_mode"].default)
+    st = f["stake"].default
+    assert (i.host_stake, i.host_slash_bps, i.audit_slash_bps, i.reward) == (
+        st.min_host_stake / 1e9, st.host_slash_bps, st.fraud_host_slash_bps, st.reward_per_outer_step / 1e9
+    )  # fmt: skip
+    assert i.block_seconds == BLOCK_SECONDS
+    r = runner.invoke(app, ["--dishonest-stake", "0.5", "--json"])
+    assert r.exit_code == 0, r.output
+    # the README's bound at the defaults v = 4, p = 1, a = 3: 0.5^4 · (1 − 1 + 1 · 0.5^3) = 0.5^7
+    assert json.loads(r.output)["plan"]["security"]["collusion_success"] == pytest.approx(0.5**7)
+
+
+def _readme_run_toml() -> str:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return text.split("cat > run.toml <<'TOML'\n", 1)[1].split("\nTOML\n", 1)[0] + "\n"
+
+
+def test_plan_reads_the_readme_run_toml(tmp_path: Path) -> None:
+    """Every run.toml `run create` accepts: here the README's own, a transformers preset (counted on
+    the meta device, without building the weights), with flags on top."""
+    from gonka_diloco.run_cli import parse_run_config
+    from trainer.hf import PRESETS
+
+    toml = tmp_path / "run.toml"
+    toml.write_text(_readme_run_toml())
+    cfg = parse_run_config(toml)
+    assert cfg.model.factory == "trainer.hf:llama"
+    r = runner.invoke(app, [str(toml), "--json", "--hosts", "4"])
+    assert r.exit_code == 0, r.output
+    i = json.loads(r.output)["plan"]["inputs"]
+    assert (i["H"], i["hosts"], i["tokens_per_step"]) == (cfg.inner_steps, 4, cfg.batch_size * cfg.seq_len)
+    p = PRESETS["small"]
+    embeddings = 2 * 8192 * p["hidden_size"]  # the config's vocab_size, untied input and output
+    assert i["params"] > embeddings  # counted from the complete (expanded) config
+    bad = tmp_path / "bad.toml"
+    bad.write_text(_readme_run_toml().replace('preset = "small"', 'preset = "huge"'))
+    r = runner.invoke(app, [str(bad)])
+    assert r.exit_code == 2 and "unknown preset 'huge'" in r.output
+
+
+def test_token_budget(tmp_path: Path) -> None:
+    args = ["--params", "1B", "--hosts", "4", "-H", "100", "--tokens-per-step", "1Mi", "--tokens", "1T",
+            "--json"]  # fmt: skip
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    b, p = out["budget"], out["plan"]
+    per_outer = 4 * 100 * 2**20
+    assert b["tokens_per_outer_step"] == per_outer and b["tokens_per_inner_step"] == 2**20
+    assert b["outer_steps"] == math.ceil(1e12 / per_outer)
+    assert b["wall_s"] == pytest.approx(b["outer_steps"] * p["timeline"]["overlapped"])
+    gpus = 4 * 8
+    assert b["host_gpu_hours"] == pytest.approx(b["wall_s"] * gpus / 3600)
+    # hosts' wall time + verifiers' replays = the plan's cost × the useful training GPU-hours
+    assert b["gpu_hours"] == pytest.approx(p["cost"] * b["useful_gpu_hours"])
+    seq = json.loads(runner.invoke(app, [*args, "--no-overlap"]).output)["budget"]
+    assert seq["wall_s"] > b["wall_s"]
+    table = runner.invoke(app, ["--params", "1B", "--tokens", "1T"])
+    assert table.exit_code == 0 and "GPU-hours" in table.output and "outer steps" in table.output
+    bad = runner.invoke(app, ["--tokens", "lots"])
+    assert bad.exit_code == 2 and "not a number" in bad.output
+
+
+def test_plot(tmp_path: Path) -> None:
+    png = tmp_path / "plan.png"
+    r = runner.invoke(app, ["--params", "30B", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in r.output.replace("\n", "")
+    r = runner.invoke(app, ["--plot", str(tmp_path / "missing" / "plan.png")])
+    assert r.exit_code == 2 and "--plot" in r.output

@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from trainer import behaviour
 from trainer.node_config import ConfigError, load_host_config
+
+if TYPE_CHECKING:
+    from trainer import behaviour
+
+DEFAULT_CHAIN_WAIT = 60.0
+"""`nodekit.reach.DEFAULT_CHAIN_WAIT`, repeated here so that `--help` imports neither the chain
+client nor torch (tests/test_cli.py checks the two agree)."""
 
 app = typer.Typer(help="The host node: train, commit, reveal, aggregate.", no_args_is_help=True)
 
@@ -36,6 +43,8 @@ Looked up by name at the command line only: the trainer package itself never imp
 
 
 def _resolve(name: str, params: dict[str, Any]) -> behaviour.HostBehaviour:
+    from trainer import behaviour
+
     if name not in behaviour.names():
         for plugin in BEHAVIOUR_PLUGINS:
             try:
@@ -75,14 +84,6 @@ class _Progress:
         self.live.update(f"[bold]host[/bold] {line}")
 
 
-def _device_setting(path: Path) -> str:
-    """host.toml's `device` for every torchrun rank; a broken file is reported by rank 0's load below."""
-    try:
-        return load_host_config(path).device
-    except ConfigError:
-        return "cpu"
-
-
 @app.command()
 def run(
     config: Path = typer.Option(..., "--config", "-c", help="host.toml"),
@@ -90,16 +91,35 @@ def run(
         0, min=0, help="Stop after this many outer steps (0: run to the end)."
     ),
     linger: bool = typer.Option(False, help="After the run ends, keep serving blobs until stopped."),
+    wait: bool = typer.Option(
+        False,
+        "--wait",
+        help="If the run does not exist yet, wait for it (a line says so) instead of failing.",
+    ),
+    chain_wait: float = typer.Option(
+        DEFAULT_CHAIN_WAIT,
+        "--chain-wait",
+        min=0,
+        help="Seconds to wait for an unreachable chain at start-up.",
+    ),
 ) -> None:
     """Join the run, then train, commit, reveal and aggregate every outer step."""
+    rank0 = os.environ.get("RANK", "0") == "0"
+    try:  # before torch and the node: a bad file is an error at once
+        cfg = load_host_config(config)
+    except ConfigError as e:
+        if rank0:  # under torchrun every rank reads it; one says what is wrong
+            typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     from chain.client import ChainClientError, HttpChainClient
-    from trainer import ddp
+    from nodekit.reach import Reach, chain_error, listen_error
+    from trainer import behaviour, ddp
     from trainer.node import HostNode, NodeError
 
     try:
-        exchange = ddp.launch(_device_setting(config))  # None unless torchrun started several ranks
+        exchange = ddp.launch(cfg.device)  # None unless torchrun started several ranks
     except ValueError as e:  # a device this machine does not have
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {config}: device = {cfg.device!r}: {e}", err=True)
         raise typer.Exit(2) from None
     if exchange is not None and exchange.rank != 0:
         try:
@@ -109,7 +129,6 @@ def run(
         return
     team = ddp.Team(exchange) if exchange is not None else None
     try:
-        cfg = load_host_config(config)
         if team is not None:
             team.shard_state = cfg.shard_state
         node_behaviour = _resolve(cfg.behaviour, cfg.behaviour_params)
@@ -117,8 +136,10 @@ def run(
         progress = _Progress() if sys.stdout.isatty() else None
         kwargs = {"log": progress} if progress is not None else {}
         node = HostNode(cfg, chain, behaviour=node_behaviour, team=team, **kwargs)
+        node.reach = Reach(chain_wait=chain_wait, wait_for_run=wait)
     except (ConfigError, behaviour.BehaviourError, NodeError, OSError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
+        line = listen_error(e, cfg.listen, config) if isinstance(e, OSError) else None
+        typer.echo(f"error: {line or e}", err=True)
         if team is not None:
             team.close()
             ddp.shutdown()
@@ -135,8 +156,12 @@ def run(
                 node.run(max_outer_steps or None, linger=linger)
         else:
             node.run(max_outer_steps or None, linger=linger)
-    except (NodeError, ChainClientError, ddp.TeamError) as e:
+    except Exception as e:
+        line = chain_error(e, cfg.chain_url, config)
+        if line is None and not isinstance(e, NodeError | ChainClientError | ddp.TeamError):
+            raise
         node.log("fatal", error=f"{type(e).__name__}: {e}")
+        typer.echo(f"error: {line or e}", err=True)
         raise typer.Exit(1) from None
     finally:
         chain.close()

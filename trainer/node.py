@@ -61,6 +61,7 @@ from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import DOMAINS, Kind, ObjectPolicy, TransferPolicy
+from nodekit.reach import Reach, reach
 from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write
 from protocol.chunks import verify_manifest
 from protocol.codecs import CodecError, iter_decode
@@ -178,6 +179,9 @@ class Record:
 
 class HostNode:
     """One host. `run()` blocks until the run finishes, `max_outer_steps` are done, or `stop()`."""
+
+    reach: Reach = Reach()
+    """How `run()` waits for the chain and the run at start-up (`nodekit.reach`; the CLI sets it)."""
 
     def __init__(
         self,
@@ -407,6 +411,7 @@ class HostNode:
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
         done = 0
         try:
+            reach(self.chain, self.config.run_id, self.reach, log=self.log, stop=self.view.stop)
             self._setup()
             self._join()
             while max_outer_steps is None or done < max_outer_steps:

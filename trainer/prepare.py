@@ -10,6 +10,7 @@ manifest is written last: a folder without one is an unfinished preparation.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -45,6 +46,11 @@ class PrepareOptions(Frozen):
     shard_tokens: int = Field(DEFAULT_SHARD_TOKENS, ge=1)
     text_field: str = Field("text", min_length=1)
     eot: str = Field("", description="end-of-document token (default: the tokenizer's, if it has one)")
+    errors: Literal["strict", "replace", "skip"] = Field(
+        "strict",
+        description="an input that is not UTF-8: strict stops with its path and byte offset; replace "
+        "decodes bad bytes as U+FFFD; skip leaves the whole file out (and says so)",
+    )
 
 
 # ---------------------------------------------------------------- tokenizers
@@ -162,11 +168,29 @@ def expand_inputs(inputs: Sequence[str]) -> list[Path]:
     return out
 
 
-def _decode(raw: bytes, path: Path, offset: int) -> str:
+def _decode(raw: bytes, path: Path, offset: int, errors: str = "strict") -> str:
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8", errors="replace" if errors == "replace" else "strict")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text at byte {offset + e.start} ({e.reason})") from None
+        raise DataError(
+            f"{path}: not UTF-8 text at byte {offset + e.start} ({e.reason}); --errors replace or "
+            "--errors skip to go on"
+        ) from None
+
+
+def utf8_error(path: Path) -> str | None:
+    """Where a file stops being UTF-8 ('byte N (reason)'), or None: one streaming pass."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    try:
+        with path.open("rb") as f:
+            while block := f.read(CHUNK_BYTES):
+                decoder.decode(block)
+                offset += len(block)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:
+        return f"byte {offset + e.start} ({e.reason})"
+    return None
 
 
 def _char_boundary(data: bytes, i: int) -> int:
@@ -199,14 +223,14 @@ def _text_docs(
                 at = _char_boundary(line, cut - start)
                 buf += line[:at]
                 if buf:
-                    yield "train", _decode(bytes(buf), path, start + at - len(buf)), False
+                    yield "train", _decode(bytes(buf), path, start + at - len(buf), opts.errors), False
                 buf, split, line = bytearray(), "val", line[at:]
                 start += at
             buf += line
             if len(buf) >= CHUNK_BYTES:
-                yield split, _decode(bytes(buf), path, pos - len(buf)), False
+                yield split, _decode(bytes(buf), path, pos - len(buf), opts.errors), False
                 buf = bytearray()
-    yield split, _decode(bytes(buf), path, pos - len(buf)), True
+    yield split, _decode(bytes(buf), path, pos - len(buf), opts.errors), True
 
 
 def _jsonl_docs(
@@ -222,7 +246,7 @@ def _jsonl_docs(
                 progress(len(line))
             if len(line) > MAX_RECORD_BYTES:
                 raise DataError(f"{path}:{lineno}: record larger than {MAX_RECORD_BYTES} bytes")
-            text_line = _decode(line, path, start).strip()
+            text_line = _decode(line, path, start, opts.errors).strip()
             if not text_line:
                 continue
             try:
@@ -328,9 +352,23 @@ def prepare(
     *,
     progress: Progress | None = None,
     on_phase: Callable[[str, int], None] | None = None,
+    on_skip: Callable[[Path, str], None] | None = None,
 ) -> DatasetManifest:
-    """Tokenize `inputs` into `out_dir` (new or empty) and write its manifest.json last."""
+    """Tokenize `inputs` into `out_dir` (new or empty) and write its manifest.json last. With
+    `errors = "skip"` every input is checked to be UTF-8 first (a pass over it), and one that is
+    not is left out whole, reported to `on_skip(path, where)`; none is half-tokenized."""
     files = expand_inputs(inputs)
+    if opts.errors == "skip":
+        kept = []
+        for path in files:
+            where = utf8_error(path)
+            if where is None:
+                kept.append(path)
+            elif on_skip is not None:
+                on_skip(path, f"not UTF-8 text at {where}")
+        if not kept:
+            raise DataError("every input was skipped: none is UTF-8 text")
+        files = kept
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise DataError(f"{out_dir} is not empty")

@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 
 app = typer.Typer(help="The verifier node: replay and judge contributions.", no_args_is_help=True)
+DEFAULT_CHAIN_WAIT = 60.0
+"""`nodekit.reach.DEFAULT_CHAIN_WAIT` (see trainer/cli.py)."""
 
 
 def _listing() -> str:
@@ -18,30 +20,55 @@ def _listing() -> str:
     return listing()
 
 
-@app.command(epilog="\b\n" + _listing())
+@app.command(epilog="Behaviours: `gonka-diloco verifier behaviours` lists them with their parameters.")
 def run(
-    config: Annotated[Path, typer.Option("--config", help="verifier.toml")],
+    config: Annotated[Path, typer.Option("--config", "-c", help="verifier.toml")],
+    linger: Annotated[
+        bool, typer.Option(help="After the run ends, keep serving what it holds until stopped.")
+    ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait", help="If the run does not exist yet, wait for it (a line says so) instead of failing."
+        ),
+    ] = False,
+    chain_wait: Annotated[
+        float,
+        typer.Option("--chain-wait", min=0, help="Seconds to wait for an unreachable chain at start-up."),
+    ] = DEFAULT_CHAIN_WAIT,
 ) -> None:
     """Join the run in verifier.toml and judge every contribution assigned to this key."""
-    from chain.client import HttpChainClient
-    from gonka_diloco.adversaries import resolve_verifier  # the process entry point composes
-    from verifier.node import NodeError, VerifierNode
     from verifier.node_config import ConfigError, load_verifier_config
 
-    try:
+    try:  # before torch and the node: a bad file is an error at once
         cfg = load_verifier_config(config)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    from chain.client import ChainClientError, HttpChainClient
+    from gonka_diloco.adversaries import resolve_verifier  # the process entry point composes
+    from nodekit.reach import Reach, chain_error, listen_error
+    from verifier.node import NodeError, VerifierNode
+
+    try:
         behaviour = resolve_verifier(cfg.behaviour, cfg.behaviour_params)
         chain = HttpChainClient(cfg.chain_url)
         node = VerifierNode(cfg, chain, behaviour=behaviour)
+        node.reach = Reach(chain_wait=chain_wait, wait_for_run=wait)
     except (ConfigError, ValueError, OSError) as e:
-        typer.echo(f"error: {e}", err=True)
+        line = listen_error(e, cfg.listen, config) if isinstance(e, OSError) else None
+        typer.echo(f"error: {line or e}", err=True)
         raise typer.Exit(2) from None
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     signal.signal(signal.SIGINT, lambda *_: node.stop())
     try:
-        node.run()
-    except NodeError as e:
-        typer.echo(f"error: {e}", err=True)
+        node.run(linger=linger)
+    except Exception as e:
+        line = chain_error(e, cfg.chain_url, config)
+        if line is None and not isinstance(e, NodeError | ChainClientError):
+            raise
+        node.log("fatal", error=f"{type(e).__name__}: {e}")
+        typer.echo(f"error: {line or e}", err=True)
         raise typer.Exit(1) from None
     finally:
         chain.close()

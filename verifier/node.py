@@ -14,6 +14,7 @@ Nothing a host sends can stop the loop: every failure becomes a reason code or a
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +42,7 @@ from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
+from nodekit.reach import Reach, reach
 from nodekit.store import BytesSink, ContentStore, StoreError, TensorSink
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Overlap, RunConfig
@@ -211,6 +213,9 @@ class HttpSource:
 class VerifierNode:
     """One verifier. `run()` blocks until the run finishes, `max_outer_steps` are done, or `stop()`."""
 
+    reach: Reach = Reach()
+    """How `run()` waits for the chain and the run at start-up (`nodekit.reach`; the CLI sets it)."""
+
     def __init__(
         self,
         config: VerifierConfig,
@@ -372,14 +377,16 @@ class VerifierNode:
 
     # ---------------------------------------------------------------- the loop
 
-    def run(self, max_outer_steps: int | None = None) -> None:
-        """Survives the chain or a host going away: the step is re-read and resumed when it is back."""
+    def run(self, max_outer_steps: int | None = None, *, linger: bool = False) -> None:
+        """Survives the chain or a host going away: the step is re-read and resumed when it is back.
+        With `linger`, keep serving (the Δs and states it holds) after the run ends, until `stop()`."""
         tune_allocator()  # freed tensors go back to the OS: peak RSS is the peak, not the sum of phases
         self.server.start()
         self._log({"event": "listening", "url": self.server.url, "node": self.name})
         done = failures = 0
         ready = False
         try:
+            reach(self.chain, self.config.run_id, self.reach, log=self.log, stop=self.view.stop)
             while max_outer_steps is None or done < max_outer_steps:
                 try:
                     if not ready:
@@ -403,6 +410,9 @@ class VerifierNode:
             self._set(phase="DONE")
             for worker in self._workers:
                 worker.join()
+            if linger:
+                self.log("lingering", url=self.url)
+                self.view.wait_height(sys.maxsize)
         except Stopped:
             self.log("stopped")
         finally:

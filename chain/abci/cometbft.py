@@ -1,7 +1,8 @@
 """The pinned CometBFT binary, and the homes, keys, genesis and configs of a local n-validator network.
 
 The binary is built from source by `make cometbft` (`go install …/cmd/cometbft@COMETBFT_VERSION`
-into `.tools/cometbft-<version>/bin`, never a downloaded binary); a second build is a no-op.
+into `.tools/cometbft-<version>/bin`, never a downloaded binary), or on first use by whatever needs
+it (`ensure_binary`: `devnet --engine cometbft`, `chain localnet`); a second build is a no-op.
 
 `write_localnet` lays out one CometBFT home per validator: `cometbft init` makes each one's
 consensus and node keys, then this module writes the one genesis all of them share (the validator
@@ -21,7 +22,10 @@ import os
 import re
 import socket
 import subprocess
+import sys
+import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,13 +57,19 @@ def binary_path() -> Path:
     return REPO / ".tools" / f"cometbft-{COMETBFT_VERSION}" / "bin" / "cometbft"
 
 
-def ensure_binary(build: bool = True) -> Path:
-    """The binary's path; builds it with `go install` (through `make cometbft`'s recipe) if missing."""
+def ensure_binary(build: bool = True, progress: Callable[[str], None] | None = None) -> Path:
+    """The binary's path; builds it with `go install` (`make cometbft`'s recipe) if missing, on
+    first use: only `--engine cometbft` needs it. The build takes minutes, so it says so first
+    (`progress`, default: a line on stderr) and when it is done."""
     path = binary_path()
     if path.exists():
         return path
     if not build:
         raise CometBFTError(f"no CometBFT binary at {path}: run `make cometbft`")
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    say(f"building CometBFT {COMETBFT_VERSION} from source (go install {COMETBFT_MODULE}) into "
+        f"{path.parent}: first use only, a few minutes")  # fmt: skip
+    started = time.monotonic()
     env = {**os.environ, "GOBIN": str(path.parent)}
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -74,6 +84,7 @@ def ensure_binary(build: bool = True) -> Path:
         raise CometBFTError("building CometBFT needs the Go toolchain (`go`) on PATH") from None
     if done.returncode != 0 or not path.exists():
         raise CometBFTError(f"go install {COMETBFT_MODULE}@{COMETBFT_VERSION} failed:\n{done.stderr[-4000:]}")
+    say(f"built CometBFT {COMETBFT_VERSION} in {time.monotonic() - started:.0f} s: {path}")
     return path
 
 
