@@ -714,6 +714,8 @@ def process_outer_result(state: ChainState, msg: MsgSubmitOuterResult, ctx: TxCo
         raise errors.ErrDuplicateOuterResult(f"{msg.creator} reported {step.result_votes[msg.creator]}")
 
     step.result_votes[msg.creator] = msg.model_hash
+    if msg.val_loss_ppm:  # informational (§2.7): stored with the vote, never counted
+        step.result_losses[msg.creator] = msg.val_loss_ppm
     step.unavailable.pop(msg.creator, None)  # it computed the result: it had every Δ after all
     events = [_event("outer_result", run_id=run.id, outer_step=step.index, host=msg.creator)]
     if 2 * vote_weights(step)[msg.model_hash] > accepted_weight(step):
@@ -1167,6 +1169,7 @@ def _end_result_round(state: ChainState, run: Run, step: OuterStep, height: int)
     if step.accepted and step.result_round + 1 < config.phases.result_rounds:
         step.result_round += 1
         step.result_votes = {}
+        step.result_losses = {}
         step.unavailable = {}
         step.result_deadline = height + config.phases.result_blocks
         again = _event("result_round", run_id=run.id, outer_step=step.index, round=step.result_round)

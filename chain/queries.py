@@ -110,6 +110,7 @@ def outer_step(state: ChainState, run_id: int, step: int | None = None) -> dict[
         "reviews": {h: s.contributions[h].review for h in sorted(s.contributions)},
         "result_hash": s.result_hash,
         "result_votes": dict(sorted(s.result_votes.items())),
+        "result_losses": dict(sorted(s.result_losses.items())),  # voter -> val_loss_ppm of its vote
         "unavailable": dict(sorted(s.unavailable.items())),
         "done_height": s.done_height,
     }

@@ -130,6 +130,7 @@ class OuterStep:
     result_round: int = 0
     result_deadline: int | None = None
     result_votes: dict[str, str] = field(default_factory=dict)  # host -> model hash (this round)
+    result_losses: dict[str, int] = field(default_factory=dict)  # host -> its vote's val_loss_ppm (> 0)
     unavailable: dict[str, list[str]] = field(default_factory=dict)  # reporter -> hosts (this round)
     result_hash: str | None = None
     done_height: int | None = None

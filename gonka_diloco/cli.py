@@ -25,7 +25,8 @@ LAZY: dict[str, tuple[str, str]] = {
         "verifier.cli",
         "The verifier node: replay and judge (`verifier run --config verifier.toml`).",
     ),
-    "keys": ("gonka_diloco.keys_cli", "Create, import and list account keys."),
+    "keys": ("gonka_diloco.keys_cli", "Create, import, list and fund account keys (`keys send`)."),
+    "init": ("gonka_diloco.init_cli", "Write a run.toml, host.toml and verifier.toml that fit together."),
     "run": ("gonka_diloco.run_cli", "Create training runs from a TOML run config."),
     "data": ("gonka_diloco.data_cli", "Prepare token-shard datasets from text or JSONL (`data prepare`)."),
     "status": ("gonka_diloco.status_cli", "Show runs, outer steps, phases, contributions and verdicts."),
@@ -308,7 +309,16 @@ def _print_summary(run_id: int, rows: list[tuple[str, str]], failures: list[str]
         console.print(f"[red]FAIL[/red] {f}", highlight=False)
 
 
-@app.command()
+REPORT_EPILOG = """\b
+With a chain URL the report describes any run, also after its nodes have exited: the validation
+loss is the median of what the hosts' result votes carried for the adopted model (on chain),
+sit-outs and counts come from the chain, and each thing that could not be read (a node that
+exited, a Δ no longer served) is one line. Exit status: 0 = written, 1 = the chain could not be
+read (unreachable, no such run), 2 = a bad run folder. A devnet folder keeps its PASS/FAIL.
+"""
+
+
+@app.command(epilog=escape(REPORT_EPILOG))
 def report(
     target: Annotated[str, typer.Argument(help="A devnet run folder (with snapshot.json) or a chain URL.")],
     run_id: Annotated[int, typer.Option("--run-id", help="With a chain URL: which run.")] = 1,
@@ -317,7 +327,7 @@ def report(
     ] = None,
 ) -> None:
     """Write report.md and loss.png for a run folder or a run on a chain, and print the summary."""
-    from gonka_diloco.report import ReportError, load_snapshot, summary_rows, write_report
+    from gonka_diloco.report import ChainReadError, ReportError, load_snapshot, summary_rows, write_report
 
     try:
         if target.startswith(("http://", "https://")):
@@ -329,31 +339,78 @@ def report(
             folder = out or (path if path.is_dir() else path.parent)
     except ReportError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(1 if isinstance(e, ChainReadError) else 2) from None
     path = write_report(snap, folder)
-    _print_summary(snap.run_id, summary_rows(snap), snap.failures)
+    _print_summary(snap.run_id, summary_rows(snap), snap.failures if snap.judged else [])
+    for note in snap.notes:
+        typer.echo(f"note: {note}")
     typer.echo(f"report: {path}")
 
 
 def _snapshot_from_chain(url: str, run_id: int) -> Any:
+    """Everything the chain says about run `run_id` over its own span, plus what its nodes' /status
+    still say; `ChainReadError` (one line) when the chain cannot be read or has no such run."""
     from chain.client import HttpChainClient
     from gonka_diloco.collect import BlockTally, collect, fetch_status, scan_blocks, update_from_status
-    from gonka_diloco.report import ReportError, evaluate
+    from gonka_diloco.report import ChainReadError
 
     client = HttpChainClient(url, timeout=10.0)
     try:
-        tally = scan_blocks(client, run_id, BlockTally(), client.height())
-        snap = collect(client, run_id, tally=tally, measure_deltas=True)
-    except Exception as e:  # transport or unknown run: one clear line
-        raise ReportError(f"cannot read run {run_id} from {url}: {e}") from None
+        try:
+            height = client.height()
+        except Exception as e:  # transport: one clear line
+            raise ChainReadError(f"cannot reach the chain at {url}: {e}") from None
+        try:
+            run = client.run(run_id)
+        except Exception as e:
+            if "404" in str(e) or "ErrUnknownRun" in str(e) or "unknown run" in str(e).lower():
+                raise ChainReadError(f"no run {run_id} on {url}") from None
+            raise ChainReadError(f"cannot read run {run_id} from {url}: {e}") from None
+        try:
+            last = height
+            if run["status"] == "finished":
+                done = client.outer_step(run_id, int(run["current_step"])).get("done_height")
+                last = min(height, int(done)) if done is not None else height
+            tally = scan_blocks(client, run_id, BlockTally(), last, from_height=run.get("created_height"))
+            snap = collect(client, run_id, tally=tally, measure_deltas=True)
+        except Exception as e:  # transport trouble midway: one clear line
+            raise ChainReadError(f"cannot read run {run_id} from {url}: {e}") from None
     finally:
         client.close()
+    snap.source = "chain"
+    answered = 0
     for i, node in enumerate(snap.nodes):
         status = fetch_status(node.url) if node.url else None
         if status is not None:
+            answered += 1
             snap.nodes[i] = update_from_status(node, status)
-    snap.failures = evaluate(snap, expect_finished=False, expect_all_honest=False)
+    snap.notes += _unread(snap, answered)
     return snap
+
+
+def _unread(snap: Any, answered: int) -> list[str]:
+    """One line for each thing a chain report could not read."""
+    notes = []
+    if snap.nodes and answered < len(snap.nodes):
+        notes.append(
+            f"node status: {len(snap.nodes) - answered} of {len(snap.nodes)} nodes did not answer /status "
+            "(exited or unreachable): their states and local losses are not shown"
+        )
+    unsized = [c for c in snap.contributions if c.delta_bytes is None]
+    if unsized:
+        notes.append(
+            f"Δ sizes: {len(unsized)} of {len(snap.contributions)} Δs are no longer served by their "
+            "hosts (exited, or pruned after the step): 'Δ bytes' shows n/a"
+        )
+    val = snap.val_loss()
+    missing = [s.index for s in snap.steps if s.phase == "DONE" and s.index not in val]
+    if missing:
+        notes.append(
+            f"validation loss: none recorded for outer step(s) {', '.join(map(str, missing))} (no vote for "
+            "the adopted model carried one — it closed unchanged, or its hosts predate val_loss_ppm — and "
+            "no node's /status had it)"
+        )
+    return notes
 
 
 if __name__ == "__main__":

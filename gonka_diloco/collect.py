@@ -2,13 +2,16 @@
 
 Everything comes from public interfaces — the module's JSON queries, the block stream and each
 node's `/status` — so `gonka-diloco report <chain URL>` can describe any run, not only one this
-process started. Node names are optional: a devnet passes its own (host-0, verifier-1, …); a
-bare chain URL gets short addresses.
+process started, also after its nodes exited: the validation loss is read from the result votes
+on chain (`val_loss_ppm`), sit-outs from the participants and commitments, and counts from the
+blocks of the run's own span. Node names are optional: a devnet passes its own (host-0,
+verifier-1, …); a bare chain URL gets short addresses.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ from gonka_diloco.report import (
     ChainStats,
     ContributionRow,
     NodeRow,
+    SitOut,
     Snapshot,
     StepRow,
     ValidatorRow,
@@ -29,7 +33,8 @@ from gonka_diloco.report import (
 MAX_STATUS_BYTES = 1 << 20
 MAX_DELTA_BYTES = 64 << 20
 MAX_SCAN_BLOCKS = 20_000
-"""A report scans every block for txs, slashes and rewards; beyond this it gives up on the counts."""
+"""A report scans every block of the run's span for txs, slashes and rewards; a span longer than
+this is not scanned (the report says so) rather than read block by block for minutes."""
 
 REASONS = {
     0: "ACCEPT",
@@ -57,7 +62,10 @@ class BlockTally:
     """Counts over the block stream: the only place txs and verifier slashes are visible."""
 
     scanned_to: int = 0
-    txs: int = 0
+    txs: int = 0  # txs that touched the run (an event naming its run_id)
+    first_time: float | None = None  # block time of the first block scanned
+    last_time: float | None = None
+    skipped: int = 0  # blocks a scan left out (a span longer than MAX_SCAN_BLOCKS)
     verifier_slashed: int = 0
     host_slashed: int = 0
     rewards: int = 0
@@ -75,7 +83,7 @@ class BlockTally:
         missed: Sequence[str] = (),
     ) -> None:
         self.scanned_to = max(self.scanned_to, height)
-        self.txs += tx_count
+        self.txs += tx_count  # the caller counts the run's txs only
         for address in missed:
             self.missed[address] = self.missed.get(address, 0) + 1
         for kind, attrs in events:
@@ -97,16 +105,66 @@ class BlockTally:
                 self.finalized[key] = (reward, slashed)
 
 
-def scan_blocks(client: Any, run_id: int, tally: BlockTally, up_to: int) -> BlockTally:
-    """Extend `tally` with blocks (tally.scanned_to, up_to]; the client needs `block(height)`."""
+def scan_blocks(
+    client: Any, run_id: int, tally: BlockTally, up_to: int, from_height: int | None = None
+) -> BlockTally:
+    """Extend `tally` with blocks (tally.scanned_to, up_to] — from `from_height` (the run's creation)
+    on a fresh tally; counts only the txs that touched run `run_id`. The client needs `block(h)`."""
+    if from_height is not None and tally.scanned_to < from_height - 1:
+        tally.scanned_to = from_height - 1
     if up_to - tally.scanned_to > MAX_SCAN_BLOCKS:
+        tally.skipped = up_to - tally.scanned_to
         return tally
+    run = str(run_id)
     for height in range(tally.scanned_to + 1, up_to + 1):
         block = client.block(height)
         events = [(e.type, e.attributes) for e in block.all_events()]
         missed = block.header.get("missed_validators") or []  # CometBFT: who did not sign h - 1
-        tally.add_block(run_id, height, len(block.txs), events, [str(a) for a in missed])
+        txs = sum(any(e.attributes.get("run_id") == run for e in tx.events) for tx in block.txs)
+        tally.add_block(run_id, height, txs, events, [str(a) for a in missed])
+        if tally.first_time is None:
+            tally.first_time = block.time
+        tally.last_time = block.time
     return tally
+
+
+def vote_losses(
+    votes: Mapping[str, str], losses: Mapping[str, Any], adopted: str | None
+) -> tuple[dict[str, float], float | None, list[str]]:
+    """The validation losses (nats) the votes for the adopted model carried, their median, and the
+    voters whose value is not what most of them say: honest hosts evaluate the same model on the
+    same windows and, on one replay class, agree exactly, so a lone liar stands out (specs §2.7)."""
+    carried = {
+        voter: int(ppm) / 1e6
+        for voter, ppm in losses.items()
+        if adopted is not None and votes.get(voter) == adopted and isinstance(ppm, int) and ppm > 0
+    }
+    if not carried:
+        return {}, None, []
+    counts = Counter(carried.values()).most_common()
+    agreed = counts[0][0] if len(counts) == 1 or counts[0][1] > counts[1][1] else None
+    dissent = sorted(v for v, loss in carried.items() if agreed is None or loss != agreed)
+    return carried, float(statistics.median(carried.values())), dissent
+
+
+def sit_outs(participants: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]]) -> list[SitOut]:
+    """Hosts bonded for an outer step (joined by its commit deadline) that committed nothing in it,
+    for every step whose commit window has closed. Hosts that since left the run are no longer
+    participants and are not listed."""
+    out = []
+    for s in steps:
+        if s["phase"] in ("PENDING", "TRAIN"):
+            continue
+        committed = set(s.get("committed") or [])
+        for p in participants:
+            joined = p.get("joined_height")
+            if p["role"] != "host" or p["address"] in committed or joined is None:
+                continue
+            deadline = s.get("commit_deadline")
+            if deadline is not None and joined <= int(deadline):
+                out.append(SitOut(host=p["address"], address=p["address"], outer_step=int(s["outer_step"]),
+                                  joined_height=joined))  # fmt: skip
+    return out
 
 
 def short(address: str) -> str:
@@ -193,10 +251,37 @@ def collect(
 
     endpoints = {p["address"]: p.get("endpoint") for p in participants}
     finalized = tally.finalized if tally else {}
+    down: set[str] = set()  # endpoints that do not answer at all (nodes that exited): not asked again
+
+    def sized(endpoint: str | None, h: str) -> int | None:
+        if not endpoint or endpoint in down:
+            return None
+        size = delta_bytes(endpoint, h)
+        if size is None and fetch_status(endpoint) is None:
+            down.add(endpoint)
+        return size
+
     steps: list[StepRow] = []
+    raw_steps: list[dict[str, Any]] = []
     contributions: list[ContributionRow] = []
+    notes: list[str] = []
     for index in range(int(run["current_step"]) + 1):
         s = client.query("outer_step", run_id=run_id, step=index)
+        raw_steps.append(s)
+        votes = s.get("result_votes") or {}
+        carried, median, dissent = vote_losses(votes, s.get("result_losses") or {}, s.get("result_hash"))
+        previous = steps[-1] if steps else None
+        model = s.get("result_hash") or s.get("base_model_hash")  # closed with no Δ: G_{n+1} = G_n
+        if median is None and previous is not None and s["phase"] == "DONE" and model == (
+            previous.result_hash or previous.base_model_hash
+        ):
+            median = previous.val_loss  # closed unchanged: the same model, the same loss
+        if dissent:
+            said = ", ".join(f"{nm(v)} {carried[v]:.4f}" for v in dissent)
+            notes.append(
+                f"outer step {index}: voters for the adopted model disagree on its validation loss "
+                f"({said}; the table shows the median {median:.4f})"
+            )
         steps.append(
             StepRow(
                 index=index,
@@ -204,7 +289,9 @@ def collect(
                 accepted=[nm(a) for a in s["accepted"]],
                 base_model_hash=s["base_model_hash"],
                 result_hash=s.get("result_hash"),
-                result_votes={nm(a): h for a, h in (s.get("result_votes") or {}).items()},
+                result_votes={nm(a): h for a, h in votes.items()},
+                loss_votes={nm(a): loss for a, loss in carried.items()},
+                val_loss=median,
                 open_height=s.get("open_height"),
                 train_start=s.get("train_start"),
                 commit_deadline=s.get("commit_deadline"),
@@ -234,21 +321,33 @@ def collect(
                     outcome=outcome,
                     reasons=verdicts.get(host, []),
                     verifiers=[nm(v) for v in challenges.get(host, {}).get("verifiers", [])],
-                    delta_bytes=delta_bytes(endpoints.get(host), c["delta_hash"]) if measure_deltas else None,
+                    delta_bytes=sized(endpoints.get(host), c["delta_hash"]) if measure_deltas else None,
                     tokens=int(c["tokens"]),
                     reward=reward,
                     slashed=slashed,
                 )
             )
-    stats = ChainStats(height=client.height())
-    if tally is not None and tally.scanned_to:
-        stats = ChainStats(
-            height=stats.height,
-            txs=tally.txs,
-            host_slashed=tally.host_slashed,
-            verifier_slashed=tally.verifier_slashed,
-            rewards=tally.rewards,
+    height = client.height()
+    created = run.get("created_height")
+    done = [int(s["done_height"]) for s in raw_steps if s.get("done_height") is not None]
+    last = max(done) if run["status"] == "finished" and done else height
+    stats = ChainStats(height=height, first_height=created, last_height=last if created is not None else None)
+    if tally is not None and tally.scanned_to and not tally.skipped:
+        seconds = (
+            tally.last_time - tally.first_time
+            if tally.first_time is not None and tally.last_time is not None
+            else None
         )
+        stats = stats.model_copy(update={
+            "txs": tally.txs, "host_slashed": tally.host_slashed, "verifier_slashed": tally.verifier_slashed,
+            "rewards": tally.rewards, "seconds": seconds,
+        })  # fmt: skip
+    elif tally is not None and tally.skipped:
+        notes.append(
+            f"txs, slashes and rewards not counted: the run spans {tally.skipped} blocks, more than the "
+            f"{MAX_SCAN_BLOCKS} a report scans"
+        )
+    outs = [o.model_copy(update={"host": nm(o.address)}) for o in sit_outs(participants, raw_steps)]
     return Snapshot(
         run_id=run_id,
         chain_url=",".join(getattr(client, "urls", None) or [str(getattr(client, "url", ""))]),
@@ -259,6 +358,8 @@ def collect(
         contributions=contributions,
         nodes=list(rows.values()),
         chain=stats,
+        sit_outs=outs,
+        notes=notes,
     )
 
 

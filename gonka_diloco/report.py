@@ -4,6 +4,12 @@ A report is rendered from a `Snapshot` — a plain, JSON-serialisable record of 
 the nodes said — so the same code renders a live devnet, a recorded run folder
 (`snapshot.json`) or a chain URL, and tests can render a recorded fixture without any node.
 `evaluate` turns the snapshot into the list of failures that decide the devnet's exit code.
+
+A devnet knows every node's behaviour, so its report judges (adversaries, PASS/FAIL). A run read
+from a chain URL (`source = "chain"`) is described, not judged: its hosts are neither honest nor
+adversarial to us, and what could not be read (a node that exited, a Δ no longer served) is one
+note each. Its validation loss comes from the chain itself: the loss every host's result vote
+carries (`val_loss_ppm`, specs §2.7), the median over the votes for the adopted model.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ MAX_SNAPSHOT_BYTES = 64 << 20
 
 class ReportError(ValueError):
     """A run folder or snapshot that cannot be read; the message says which and why."""
+
+
+class ChainReadError(ReportError):
+    """The chain behind a report cannot be read: unreachable, or it has no such run."""
 
 
 class Model(BaseModel):
@@ -49,10 +59,22 @@ class StepRow(Model):
     base_model_hash: str = ""
     result_hash: str | None = None
     result_votes: dict[str, str] = Field(default_factory=dict)  # node name -> hash it computed
+    loss_votes: dict[str, float] = Field(default_factory=dict)
+    """node name -> the validation loss its vote for the adopted model carried (on chain)"""
+    val_loss: float | None = None  # the median of `loss_votes`: the step's loss as the chain records it
     open_height: int | None = None
     train_start: int | None = None
     commit_deadline: int | None = None  # earlier than train_start + train_blocks if it closed early
     done_height: int | None = None
+
+
+class SitOut(Model):
+    """A host bonded for an outer step (joined by its commit deadline) that committed nothing in it."""
+
+    host: str
+    address: str = ""
+    outer_step: int
+    joined_height: int | None = None
 
 
 class NodeRow(Model):
@@ -89,15 +111,26 @@ class ValidatorRow(Model):
 
 
 class ChainStats(Model):
-    height: int = 0
-    txs: int | None = None
+    height: int = 0  # the chain's height when the report was made
+    txs: int | None = None  # txs that touched this run (None: not counted)
     host_slashed: int = 0
     verifier_slashed: int = 0
     rewards: int = 0
+    first_height: int | None = None  # the run's span: created at ...
+    last_height: int | None = None  # ... until its last step closed (or now, while it runs)
+    seconds: float | None = None  # block time from first_height to last_height
+
+    @property
+    def blocks(self) -> int:
+        """Blocks in the run's span; the whole chain when the span is unknown (older snapshots)."""
+        if self.first_height is None or self.last_height is None:
+            return self.height
+        return max(0, self.last_height - self.first_height + 1)
 
 
 class Snapshot(Model):
     run_id: int
+    source: str = "devnet"  # devnet: nodes we started (judged); chain: any run on a chain (described)
     chain_url: str = ""
     run_status: str = ""
     config: dict[str, Any] = Field(default_factory=dict)
@@ -107,15 +140,23 @@ class Snapshot(Model):
     nodes: list[NodeRow] = Field(default_factory=list)
     validators: list[ValidatorRow] = Field(default_factory=list)
     chain: ChainStats = ChainStats()
+    sit_outs: list[SitOut] = Field(default_factory=list)
     wall_s: float | None = None
     failures: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)  # what could not be read or does not add up, one each
+
+    @property
+    def judged(self) -> bool:
+        """A devnet's run, whose nodes' behaviours we know: PASS/FAIL and adversaries apply."""
+        return self.source != "chain"
 
     def node(self, name: str) -> NodeRow | None:
         return next((n for n in self.nodes if n.name == name), None)
 
     def val_loss(self) -> dict[int, float]:
-        """Global validation loss per outer step, from honest hosts (they compute the same model)."""
-        merged: dict[int, float] = {}
+        """Global validation loss per outer step: what the chain recorded with the result votes
+        (`StepRow.val_loss`), else what honest hosts said on `/status` (they compute the same model)."""
+        merged: dict[int, float] = {s.index: s.val_loss for s in self.steps if s.val_loss is not None}
         for n in self.nodes:
             if n.role == "host" and n.behaviour in ("honest", UNKNOWN):
                 for step, loss in n.val_loss.items():
@@ -290,7 +331,8 @@ def _gnk(ngonka: int) -> str:
 
 
 def summary_rows(snap: Snapshot) -> list[tuple[str, str]]:
-    """The headline numbers, shared by report.md and the terminal summary."""
+    """The headline numbers, shared by report.md and the terminal summary. A devnet's judge its
+    nodes (adversaries, PASS/FAIL); a chain run's only describe them."""
     accepted = sum(c.outcome == "accepted" for c in snap.contributions)
     rejected = sum(c.outcome not in ("accepted", "pending", "unverified") for c in snap.contributions)
     val = snap.val_loss()
@@ -299,25 +341,34 @@ def summary_rows(snap: Snapshot) -> list[tuple[str, str]]:
     ppl = f"{perplexity(first):.2f} → {perplexity(last):.2f}" if val else "n/a"
     hosts = [n for n in snap.nodes if n.role == "host"]
     bad = [n for n in hosts if n.behaviour != "honest"]
-    return [
+    if snap.judged:
+        named = ", ".join(f"{n.name}={n.behaviour}" for n in bad) or "none"
+        host_row = ("hosts (adversarial)", f"{len(hosts)} ({named})")
+    else:
+        host_row = ("hosts", str(len(hosts)))
+    txs = snap.chain.txs if snap.chain.txs is not None else "n/a"
+    rows = [
         ("outer steps done", f"{sum(s.phase == 'DONE' for s in snap.steps)}"),
-        (
-            "hosts (adversarial)",
-            f"{len(hosts)} ({', '.join(f'{n.name}={n.behaviour}' for n in bad) or 'none'})",
-        ),
+        host_row,
         ("verifiers", str(sum(n.role == "verifier" for n in snap.nodes))),
         ("contributions accepted / rejected", f"{accepted} / {rejected}"),
+        ("sit-outs", str(len(snap.sit_outs))),
         ("global validation loss", loss),
         ("validation perplexity", ppl),
-        ("blocks / txs", f"{snap.chain.height} / {snap.chain.txs if snap.chain.txs is not None else 'n/a'}"),
+        ("blocks / txs of the run", f"{snap.chain.blocks} / {txs}"),
         (
             "slashed (hosts / verifiers)",
             f"{_gnk(snap.chain.host_slashed)} / {_gnk(snap.chain.verifier_slashed)}",
         ),
         ("rewards paid", _gnk(snap.chain.rewards)),
-        ("wall time", f"{snap.wall_s:.0f} s" if snap.wall_s is not None else "n/a"),
-        ("result", "PASS" if not snap.failures else "FAIL"),
     ]
+    if snap.judged:
+        rows.append(("wall time", f"{snap.wall_s:.0f} s" if snap.wall_s is not None else "n/a"))
+        rows.append(("result", "PASS" if not snap.failures else "FAIL"))
+    else:
+        span = snap.chain.seconds
+        rows.append(("run time (block times)", f"{span:.0f} s" if span is not None else "n/a"))
+    return rows
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -331,8 +382,10 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
     if snap.chain_url:
         parts += [f"Chain: `{snap.chain_url}`", ""]
     parts += ["## Summary", "", _table(["", ""], [list(r) for r in summary_rows(snap)]), ""]
-    if snap.failures:
+    if snap.failures and snap.judged:
         parts += ["## Failures", "", *[f"- {f}" for f in snap.failures], ""]
+    if snap.notes:
+        parts += ["## Not read or not agreed", "", *[f"- {n}" for n in snap.notes], ""]
     if has_plot:
         parts += ["## Loss", "", "![loss](loss.png)", ""]
     val = snap.val_loss()
@@ -367,6 +420,14 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
         "slashed",
     ]
     parts += [_table(header, rows), ""]
+    if snap.sit_outs:
+        why = "Hosts bonded for an outer step that committed nothing in it (unpaid, not slashed)."
+        parts += ["## Sit-outs", "", why, ""]
+        sit_rows = [
+            [o.host, str(o.outer_step), str(o.joined_height) if o.joined_height is not None else "-"]
+            for o in sorted(snap.sit_outs, key=lambda o: (o.outer_step, o.host))
+        ]
+        parts += [_table(["host", "outer step", "joined at block"], sit_rows), ""]
     parts += ["## Outer steps", ""]
     step_rows = [
         [
@@ -380,9 +441,15 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
     ]
     parts += [_table(["outer step", "phase", "accepted", "global model", "done at block"], step_rows), ""]
     parts += ["## Chain", ""]
+    span = (
+        f" (blocks {snap.chain.first_height}-{snap.chain.last_height})"
+        if snap.chain.first_height is not None
+        else ""
+    )
     chain_rows = [
-        ["blocks", str(snap.chain.height)],
-        ["transactions", str(snap.chain.txs) if snap.chain.txs is not None else "n/a"],
+        ["blocks of the run" + span, str(snap.chain.blocks)],
+        ["transactions of the run", str(snap.chain.txs) if snap.chain.txs is not None else "n/a"],
+        ["chain height", str(snap.chain.height)],
         ["slashed from hosts", _gnk(snap.chain.host_slashed)],
         ["slashed from verifiers", _gnk(snap.chain.verifier_slashed)],
         ["rewards", _gnk(snap.chain.rewards)],
@@ -406,14 +473,19 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
         header = ["validator", "address", "height", "app hash", "state", "missed blocks", "restarts"]
         parts += [_table(header, validator_rows), ""]
     parts += ["## Nodes", ""]
-    node_rows = [
-        [n.name, n.role, n.behaviour, n.address or "-", n.state or "-", str(n.restarts), n.log or "-"]
-        for n in snap.nodes
-    ]
-    parts += [
-        _table(["node", "role", "behaviour", "address", "last state", "restarts", "log"], node_rows),
-        "",
-    ]
+    if snap.judged:
+        node_rows = [
+            [n.name, n.role, n.behaviour, n.address or "-", n.state or "-", str(n.restarts), n.log or "-"]
+            for n in snap.nodes
+        ]
+        header = ["node", "role", "behaviour", "address", "last state", "restarts", "log"]
+    else:  # nodes found on chain: neither honest nor adversarial to us, started by someone else
+        node_rows = [
+            [n.name, n.role, n.address or "-", n.url or "-", str(n.joined_height or "-"), n.state or "-"]
+            for n in snap.nodes
+        ]
+        header = ["node", "role", "address", "endpoint", "joined at block", "last state"]
+    parts += [_table(header, node_rows), ""]
     if snap.config:
         parts += [
             "## Run config",

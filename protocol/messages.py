@@ -143,10 +143,19 @@ class MsgSubmitVerdict(Msg):
         return self.reason is Reason.ACCEPT
 
 
+MAX_VAL_LOSS_PPM = 10**15
+"""Largest validation loss a vote may carry: 1e9 nats, in millionths (an integer: no floats on chain)."""
+
+
 class MsgSubmitOuterResult(Msg):
     run_id: int = Field(ge=1)
     outer_step: int = Field(ge=0)
     model_hash: Hex32
+    val_loss_ppm: int = Field(0, ge=0, le=MAX_VAL_LOSS_PPM)
+    """The voter's validation loss of the `model_hash` it votes for, in millionths of a nat per token
+    (its validation split, the run's fixed evaluation batches; 0 = not given). Informational: the
+    chain stores it with the vote so a report can read a run's loss after its nodes exited; it takes
+    part in no decision, and a report uses the median over the votes for the adopted model."""
 
 
 class MsgReportUnavailable(Msg):

@@ -325,6 +325,9 @@ def wire_vectors() -> list[dict[str, Any]]:
         ),
         MsgSend(from_address=HOST, to_address=HOST, amount=[Coin(amount=10**9)]),
         MsgReportUnavailable(creator=HOST, run_id=1, outer_step=3, hosts=[VERIFIER_ADDRESSES[0]]),
+        # §2.7: `val_loss_ppm` (field 5) is on the wire only when non-zero
+        MsgSubmitOuterResult(creator=HOST, run_id=1, outer_step=3, model_hash=h),
+        MsgSubmitOuterResult(creator=HOST, run_id=1, outer_step=3, model_hash=h, val_loss_ppm=2_461_234),
         # §2.2.1: an overlapped run carries `overlap` (field 29); a sequential one leaves it unset
         MsgCreateRun(creator=HOST, config=cfg.model_copy(update={"overlap": Overlap.DELAYED})),
         MsgCreateRun(creator=HOST, config=cfg.model_copy(update={"overlap": Overlap.EAGER})),
@@ -440,7 +443,8 @@ def scenario_summary(state: ChainState) -> dict[str, Any]:
         "global_model_hash": run.global_model_hash,
         "steps": {
             str(i): {k: queries.outer_step(state, 1, i)[k] for k in
-                     ("phase", "outcomes", "reviews", "accepted", "dropped", "result_round", "result_hash")}
+                     ("phase", "outcomes", "reviews", "accepted", "dropped", "result_round", "result_hash",
+                      "result_losses")}
             for i in sorted(run.steps)
         },
         "stakes": {a: p.stake for a, p in sorted(run.participants.items())},
@@ -583,9 +587,10 @@ def _vector_config(**kw: Any) -> RunConfig:
     return RunConfig(**{**base, **kw})
 
 
-def _vote(host: str, model: str, index: int = 0) -> MsgSubmitOuterResult:
+def _vote(host: str, model: str, index: int = 0, loss_ppm: int = 0) -> MsgSubmitOuterResult:
     return MsgSubmitOuterResult(
-        creator=host, run_id=1, outer_step=index, model_hash=hashlib.sha256(model.encode()).hexdigest()
+        creator=host, run_id=1, outer_step=index, model_hash=hashlib.sha256(model.encode()).hexdigest(),
+        val_loss_ppm=loss_ppm,
     )
 
 
@@ -605,7 +610,8 @@ def chain_vectors() -> list[dict[str, Any]]:
     sc.add(fin, _vote(withholder, "forged"), *[MsgReportUnavailable(creator=h, run_id=1, outer_step=0,
                                                                     hosts=[withholder]) for h in good])
     sc.run_to(fin + 2)  # round 0 closes: the withholder is dropped
-    sc.add(fin + 3, *[_vote(h, "g1 without the withholder") for h in good])  # fmt: skip
+    # §2.7: each vote carries its voter's validation loss of the model (stored, never counted)
+    sc.add(fin + 3, *[_vote(h, "g1 without the withholder", loss_ppm=2_461_234) for h in good])
     out.append({"label": "withhold_and_forge", "blocks": sc.blocks})
 
     # 2. a lone vote never decides: two result rounds, then G_{n+1} = G_n

@@ -378,6 +378,8 @@ def test_honest_host_joins_commits_reveals_and_applies_its_accepted_delta(tmp_pa
     assert node_globals(tmp_path / "host-1").load(g1).hash == g1
     assert node.snapshot()["accepted"] == 1 and node.snapshot()["commits"] == 1
     assert "0" in node.snapshot()["val_loss"]
+    # the vote carried the host's validation loss of G_1, the one it adopted (specs §2.7)
+    assert step["result_losses"] == {node.address: round(node.snapshot()["val_loss"]["0"] * 1e6)}
     # finalized states were pruned and the Δ payload on disk is the committed one
     assert not list((tmp_path / "host-1" / "store").glob("*/*.state"))
     payload = ContentStore(tmp_path / "host-1" / "store").read_bytes("delta", c["delta_hash"])

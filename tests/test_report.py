@@ -168,7 +168,7 @@ def test_report_files(snap: Snapshot, tmp_path: Path) -> None:
     assert "| validation perplexity | 244.69 → 60.34 |" in text
     # per outer step and per token seen: two accepted hosts × 10240 tokens at steps 0 and 1
     assert "| 0 | 20,480 | 5.5000 | 244.69 |" in text and "| 1 | 40,960 | 4.9000 | 134.29 |" in text
-    assert "| transactions | 61 |" in text
+    assert "| transactions of the run | 61 |" in text
     assert load_snapshot(tmp_path) == snap  # the snapshot round-trips through the folder
 
 
@@ -352,3 +352,98 @@ def test_node_reads_are_bounded_and_never_raise(http_url: str) -> None:
     assert delta_bytes(f"{http_url}/ok", "d" * 64) == 1234
     assert delta_bytes(f"{http_url}/ok", "e" * 64) is None
     assert delta_bytes(None, "d" * 64) is None
+
+
+# ---------------------------------------------------------------- reports of runs on a chain (not a devnet)
+
+
+def _chain_step(**kw: object) -> dict:
+    step = {
+        "outer_step": 0, "phase": "DONE", "accepted": [H0, H1], "base_model_hash": "0" * 64,
+        "result_hash": "1" * 64, "result_votes": {H0: "1" * 64, H1: "1" * 64}, "committed": [H0, H1],
+        "outcomes": {H0: "accepted", H1: "accepted"}, "open_height": 3, "commit_deadline": 12,
+        "done_height": 30,
+    }  # fmt: skip
+    return {**step, **kw}
+
+
+class ChainOfThree(FakeChain):
+    """Three hosts (H2 joined in time but committed nothing), one verifier; votes carry losses."""
+
+    def __init__(self, losses: dict[str, int]) -> None:
+        super().__init__()
+        V = "gonka1" + "x" * 38
+        self.answers["participants"] = {
+            "participants": [
+                {"address": a, "role": "host", "endpoint": "", "joined_height": 2} for a in (H0, H1, H2)
+            ] + [{"address": V, "role": "verifier", "endpoint": "", "joined_height": 2}]
+        }  # fmt: skip
+        self.answers["run"] = {**self.answers["run"], "created_height": 1}
+        votes = dict.fromkeys(losses, "1" * 64)
+        self.answers["outer_step"] = _chain_step(result_votes=votes, result_losses=losses)
+        commits = [{"host": h, "delta_hash": "d" * 64, "tokens": 640} for h in (H0, H1)]
+        self.answers["commitments"] = {"commitments": commits}
+
+
+def test_a_chain_run_reads_its_loss_from_the_votes_and_lists_sit_outs(tmp_path: Path) -> None:
+    from gonka_diloco.collect import collect
+
+    snap = collect(ChainOfThree({H0: 2_461_234, H1: 2_461_234}), 1)
+    snap.source = "chain"
+    assert snap.steps[0].val_loss == pytest.approx(2.461234)
+    assert snap.val_loss() == {0: pytest.approx(2.461234)}
+    assert [(o.address, o.outer_step, o.joined_height) for o in snap.sit_outs] == [(H2, 0, 2)]
+    assert snap.notes == []  # the honest voters agree exactly
+    text = write_report(snap, tmp_path).read_text()
+    assert "| 0 | 1,280 | 2.4612 |" in text  # the loss table, from chain data alone
+    assert "## Sit-outs" in text and "| gonka1zzzz…zzzz | 0 | 2 |" in text
+    assert "| sit-outs | 1 |" in text and "| blocks / txs of the run | 30 / n/a |" in text
+    # described, not judged: no devnet wording
+    for devnet_word in ("adversarial", "PASS", "FAIL", "## Failures", "unknown"):
+        assert devnet_word not in text, devnet_word
+
+
+def test_a_loss_liar_is_named_and_does_not_move_the_reported_loss() -> None:
+    """`loss_liar` (the adversary library): honest work, a vote whose loss is bent. Next to two honest
+    voters it is named and the median stays the honest value; the honest ones are not named."""
+    from gonka_diloco.adversaries import resolve_host
+    from gonka_diloco.collect import collect
+
+    honest = 2_461_234
+    lie = resolve_host("loss_liar").result_loss(honest, None)  # type: ignore[arg-type]
+    assert lie != honest
+    snap = collect(ChainOfThree({H0: honest, H1: honest, H2: lie}), 1)
+    assert snap.steps[0].val_loss == pytest.approx(honest / 1e6)
+    assert len(snap.notes) == 1 and "disagree" in snap.notes[0]
+    assert "gonka1zzzz" in snap.notes[0]
+    assert "gonka1qqqq" not in snap.notes[0] and "gonka1pppp" not in snap.notes[0]
+    # votes for another model and zero (absent) losses are not counted
+    other = collect(ChainOfThree({H0: honest, H1: 0}), 1)
+    assert other.steps[0].loss_votes == {other.nodes[0].name: honest / 1e6}
+
+
+def test_counts_cover_the_run_only() -> None:
+    from chain.client import Block, Event, TxResult
+    from gonka_diloco.collect import BlockTally, scan_blocks
+
+    def tx(run: str | None) -> TxResult:
+        events = (Event("join_run", {"run_id": run}),) if run else (Event("transfer", {"amount": "5"}),)
+        return TxResult("h", 0, 0, "", "", 1, 1, events)
+
+    class Blocks:
+        def block(self, height: int) -> Block:
+            txs = (tx("1"), tx("2"), tx(None)) if height % 2 else (tx("1"),)
+            return Block(height, "x", float(height), "a", "p", txs)
+
+    tally = scan_blocks(Blocks(), 1, BlockTally(), 20, from_height=11)
+    assert tally.scanned_to == 20 and tally.txs == 10  # run 1's only, blocks 11..20
+    assert (tally.first_time, tally.last_time) == (11.0, 20.0)
+    huge = scan_blocks(Blocks(), 1, BlockTally(), 10**6, from_height=1)
+    assert huge.skipped == 10**6 and huge.txs == 0
+
+
+def test_report_command_on_a_chain_it_cannot_read() -> None:
+    result = CliRunner().invoke(app, ["report", "http://127.0.0.1:9", "--run-id", "1"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "cannot reach the chain at http://127.0.0.1:9" in lines[0]

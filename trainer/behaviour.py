@@ -225,6 +225,11 @@ class HostBehaviour:
         over the round's accepted set (None: some Δ could not be fetched). None = no vote."""
         return model_hash
 
+    def result_loss(self, val_loss_ppm: int, ctx: OuterContext) -> int:
+        """The validation loss to send with the vote (10⁻⁶ nats; 0 = none): the node's own
+        evaluation of the model it votes for. Informational on chain; a report takes the median."""
+        return val_loss_ppm
+
     def report_unavailable(self, hosts: Sequence[str], ctx: OuterContext) -> list[str]:
         """The hosts to name in `MsgReportUnavailable`: the node passes the accepted Δs it could not
         fetch from anyone (with retries, every holder) by the middle of the round. [] = no report."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import sys
 import threading
 import time
@@ -112,6 +113,7 @@ class _Result:
     model: GlobalModel | None = None
     missing: list[str] = field(default_factory=list)
     unusable: set[str] = field(default_factory=set)
+    val_loss_ppm: int = 0  # our validation loss of `model`, sent with the vote (specs §2.7)
 
 
 class _BadDelta(Exception):
@@ -919,8 +921,10 @@ class HostNode:
         vote = self.behaviour.result_vote(computed, ctx)
         if vote is not None:
             sent.add(("vote", rr.result_round))
+            loss = result.val_loss_ppm if vote == computed else 0
             msg = MsgSubmitOuterResult(
-                creator=self.address, run_id=self.config.run_id, outer_step=n, model_hash=vote
+                creator=self.address, run_id=self.config.run_id, outer_step=n, model_hash=vote,
+                val_loss_ppm=self.behaviour.result_loss(loss, ctx),
             )
             self._send(n, "result", msg, round=rr.result_round, model_hash=vote)
             return
@@ -1018,6 +1022,22 @@ class HostNode:
         self.globals.save(new)
         self._gm_cache[new.hash] = new
         self.catalog.publish(Kind.MODEL, new.hash, StoredObject(self.content, Kind.MODEL, new.hash))
+        result.val_loss_ppm = self._candidate_loss_ppm(new)
+
+    def _candidate_loss_ppm(self, gm: GlobalModel) -> int:
+        """The validation loss of a candidate G_{n+1}, as the vote carries it (10⁻⁶ nats, 0 if not
+        finite): what a report reads after the nodes exited. Evaluated like `_adopt` does (the
+        replica in an overlapped run); `_adopt` reuses it for the model the chain adopts."""
+        beside = self.overlapped
+        with self._replica_lock if beside else contextlib.nullcontext():
+            model = self._replica_model() if beside else self.model
+            gm.load_into(model)
+            loss = eval_loss(
+                model, self.corpus.val, VAL_BATCHES, self.cfg.seed,
+                batch_size=self.cfg.batch_size, seq_len=self.cfg.seq_len, loss_fn=self.loss_fn,
+            )  # fmt: skip
+        self._candidate_losses = {gm.hash: loss}
+        return round(loss * 1e6) if math.isfinite(loss) and 0 < loss < 1e9 else 0
 
     def _follow_result(self, n: int, done: StepInfo, gm: GlobalModel | None, result: _Result) -> None:
         """Adopt what the chain adopted: our own G_{n+1} if it is the one, G_n if the step closed
@@ -1052,7 +1072,8 @@ class HostNode:
                 release()
             self._gm_cache[gm.hash] = gm
             self.catalog.publish(Kind.MODEL, gm.hash, StoredObject(self.content, Kind.MODEL, gm.hash))
-            loss = eval_loss(
+            known = getattr(self, "_candidate_losses", {}).get(gm.hash)  # evaluated for the vote
+            loss = known if known is not None else eval_loss(
                 model,
                 self.corpus.val,
                 VAL_BATCHES,

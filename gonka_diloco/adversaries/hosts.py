@@ -26,6 +26,7 @@ must find.
 | withhold      | trains honestly, serves its verifiers, then refuses its Δ     | (2)                  |
 | forge_result  | withholds its Δ and votes for a G_{n+1} it made up            | (2), vote never wins |
 | silent_after_accept | honest until accepted, then serves, votes, commits nothing | (2)            |
+| loss_liar     | honest work and vote; the vote's validation loss × factor     | report (5)           |
 | eager         | overlapped runs: starts from its base − its own unverified Δ  | DELTA_MISMATCH (3)   |
 | wrong_start   | eager runs: a start other than the rule's (forged stand-in Δ, | WRONG_START /        |
 |               | parent ignored, or own Δ used without a parent)               | DELTA_MISMATCH       |
@@ -44,6 +45,11 @@ slashed, and the result is asked again over the rest.
 G_base − θ_H and finds another hash; WRONG_START when segment 0 is opened. Measuring Δ from the base
 instead makes it a one-segment fake (segment 0's start), caught when segment 0 is sampled: the
 lazy host's bound, (s − 1)/(n − 1) per step.
+
+(5) the loss a vote carries decides nothing on chain; `gonka-diloco report` takes the median over
+the votes for the adopted model and names every voter whose value differs from it (honest hosts
+of one replay class agree exactly), so a minority of liars neither moves the reported loss nor
+goes unnamed.
 
 `forged_env` is contained rather than caught in bitwise mode (no verifier of its claimed class,
 so no verdict: `unverified`, never in the model, never paid); in tolerance mode: REPLAY_MISMATCH.
@@ -602,6 +608,24 @@ class ForgeResult(Withhold):
         return []
 
 
+class LossLiar(HostAdversary):
+    """Honest work and an honest vote, but the validation loss sent with the vote is its own
+    evaluation times `factor` (0.5: claims the model is twice as good), to bend the run's loss as
+    reports read it from chain after the nodes exited."""
+
+    name = "loss_liar"
+    honest_work = True
+
+    def __init__(self, factor: float = 0.5) -> None:
+        super().__init__()
+        if not 0 <= factor < 1e6:
+            raise ValueError(f"factor must be in [0, 1e6), got {factor}")
+        self.factor = factor
+
+    def result_loss(self, val_loss_ppm: int, ctx: OuterContext) -> int:
+        return round(val_loss_ppm * self.factor)
+
+
 class SilentAfterAccept(HostAdversary):
     """Honest until its contribution is accepted; from then on it serves nothing, votes nothing,
     reports nothing and commits nothing (a host that vanishes once it has been verified, hoping
@@ -649,6 +673,7 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "withhold": Withhold,
     "forge_result": ForgeResult,
     "silent_after_accept": SilentAfterAccept,
+    "loss_liar": LossLiar,
     "eager": EagerStart,
     "wrong_start": WrongEagerStart,
 }

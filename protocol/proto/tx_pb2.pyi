@@ -319,16 +319,18 @@ class MsgSubmitVerdict(_message.Message):
     def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., host: _Optional[str] = ..., reason: _Optional[int] = ..., evidence_hash: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class MsgSubmitOuterResult(_message.Message):
-    __slots__ = ("creator", "run_id", "outer_step", "model_hash")
+    __slots__ = ("creator", "run_id", "outer_step", "model_hash", "val_loss_ppm")
     CREATOR_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    VAL_LOSS_PPM_FIELD_NUMBER: _ClassVar[int]
     creator: str
     run_id: int
     outer_step: int
     model_hash: str
-    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
+    val_loss_ppm: int
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., model_hash: _Optional[str] = ..., val_loss_ppm: _Optional[int] = ...) -> None: ...
 
 class MsgReportUnavailable(_message.Message):
     __slots__ = ("creator", "run_id", "outer_step", "hosts")
