@@ -68,7 +68,12 @@ class Overlap(StrEnum):
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """Every config and message model. Floats must be finite (`allow_inf_nan=False`): NaN and ±inf
+    have no canonical JSON (Python writes `NaN`, `Infinity`, which JSON does not define), so a config
+    holding one would hash differently in a second implementation, and they are never a valid
+    learning rate, tolerance or model hyper-parameter (specs §1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -77,7 +82,11 @@ def canonical_json(obj: Any) -> bytes:
 
 
 class ModelSpec(Frozen):
-    """Which model to build. `factory` is resolved only against the node's own allow-list."""
+    """Which model to build. `factory` is resolved only against the node's own allow-list.
+
+    `config` is the factory's keyword config, except the reserved key `param_count`: the model's
+    declared parameter count (`protocol.modelsize`), required for a factory the chain cannot count
+    itself and never passed to the factory."""
 
     factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     config: dict[str, int | float | str | bool] = Field(default_factory=dict)

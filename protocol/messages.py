@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from protocol.amounts import MAX_AMOUNT
 from protocol.config import Codec, Frozen, Hex32, RunConfig
 from protocol.envclass import replay_class
 
@@ -178,7 +179,7 @@ class MsgReportUnavailable(Msg):
 
 class Coin(Frozen):
     denom: Literal["ngonka"] = "ngonka"
-    amount: int = Field(ge=0)
+    amount: int = Field(ge=0, le=MAX_AMOUNT)  # sdk.Int: 256 bits (protocol.amounts)
 
 
 NGONKA_PER_GNK = 10**9

@@ -8,6 +8,7 @@ refuse; every failure on the way in is a `WireError`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -19,6 +20,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from pydantic import BaseModel, ValidationError
 
 from protocol import messages as m
+from protocol.amounts import parse_sdk_int
 from protocol.proto import tx_pb2
 
 MAX_MSG_BYTES = 1 << 20
@@ -54,6 +56,8 @@ def _set_config_value(pb: Message, value: Any) -> None:
             raise WireError(f"model config integer {value} does not fit int64")
         pb.int_value = value
     elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise WireError(f"model config value {value!r} is not finite")
         pb.float_value = value
     elif isinstance(value, str):
         pb.string_value = value
@@ -115,6 +119,9 @@ def _read(pb: Message) -> dict[str, Any]:
     for field in pb.DESCRIPTOR.fields:
         value = getattr(pb, field.name)
         if field.message_type is None:
+            if field.type == field.TYPE_DOUBLE and not math.isfinite(value):
+                name = f"{pb.DESCRIPTOR.full_name}.{field.name}"
+                raise WireError(f"{name} is {value!r}: doubles must be finite")
             out[field.name] = list(value) if field.label == field.LABEL_REPEATED else value
         elif field.message_type.GetOptions().map_entry:
             out[field.name] = {k: _config_value(v) for k, v in value.items()}
@@ -131,11 +138,28 @@ def _config_value(pb: Message) -> Any:
     kind = pb.WhichOneof("kind")
     if kind is None:
         raise WireError("model config value is empty")
-    return getattr(pb, kind)
+    value = getattr(pb, kind)
+    if kind == "float_value" and not math.isfinite(value):
+        raise WireError(f"model config value {value!r} is not finite")
+    return value
 
 
 def from_any(any_pb: any_pb2.Any) -> m.AnyMsg:
-    """Decode and validate one message; the only exception it raises is `WireError`."""
+    """Decode and validate one message; the only exception it raises is `WireError`.
+
+    Total on purpose: the chain decodes every tx's messages with it in CheckTx, ProcessProposal and
+    FinalizeBlock, where anything but a rejection would stop a validator. A validator written to
+    raise another error (a bug) is still a refusal of these bytes, the same on every node; only
+    `MemoryError`, a fact about this machine rather than the bytes, is let through."""
+    try:
+        return _from_any(any_pb)
+    except (WireError, MemoryError):
+        raise
+    except Exception as exc:  # the decoder's boundary: bytes in, a message or WireError out
+        raise WireError(f"undecodable message ({type(exc).__name__})") from exc
+
+
+def _from_any(any_pb: any_pb2.Any) -> m.AnyMsg:
     type_url = getattr(any_pb, "type_url", None)
     value = getattr(any_pb, "value", None)
     if not isinstance(type_url, str) or not isinstance(value, bytes):
@@ -151,6 +175,11 @@ def from_any(any_pb: any_pb2.Any) -> m.AnyMsg:
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise WireError(f"{type_url}: undecodable bytes ({exc})") from exc
     data = _read(pb)
+    if model_cls is m.MsgSend:  # amounts are decimal strings on the wire: sdk.Int's strict form
+        try:
+            data["amount"] = [{**c, "amount": parse_sdk_int(c.get("amount", ""))} for c in data["amount"]]
+        except ValueError as exc:
+            raise WireError(f"{type_url}: {exc}") from exc
     try:
         return model_cls.model_validate(data)  # type: ignore[return-value]
     except ValidationError as exc:
