@@ -325,13 +325,21 @@ def report(
     out: Annotated[
         Path | None, typer.Option("--out", help="Folder to write into (default: the run folder).")
     ] = None,
+    keyring_dir: Annotated[
+        Path,
+        typer.Option(
+            "--keyring-dir",
+            envvar="GONKA_KEYRING_DIR",
+            help="With a chain URL: participants whose address is a key here are shown by its name.",
+        ),
+    ] = Path("~/.gonka-diloco/keyring"),
 ) -> None:
     """Write report.md and loss.png for a run folder or a run on a chain, and print the summary."""
     from gonka_diloco.report import ChainReadError, ReportError, load_snapshot, summary_rows, write_report
 
     try:
         if target.startswith(("http://", "https://")):
-            snap = _snapshot_from_chain(target, run_id)
+            snap = _snapshot_from_chain(target, run_id, _key_names(keyring_dir))
             folder = out or Path("runs") / f"report-run{run_id}"
         else:
             path = Path(target)
@@ -347,12 +355,25 @@ def report(
     typer.echo(f"report: {path}")
 
 
-def _snapshot_from_chain(url: str, run_id: int) -> Any:
+def _key_names(directory: Path) -> dict[str, str]:
+    """address -> key name of the local keyring (addresses only: no passphrase); {} without one."""
+    from protocol.keys import Keyring, KeyringError
+
+    path = directory.expanduser()
+    if not path.is_dir():
+        return {}
+    try:
+        return {info.address: info.name for info in Keyring(path).list()}
+    except (OSError, KeyringError):  # a courtesy: a report never fails on the keyring
+        return {}
+
+
+def _snapshot_from_chain(url: str, run_id: int, names: dict[str, str] | None = None) -> Any:
     """Everything the chain says about run `run_id` over its own span, plus what its nodes' /status
     still say; `ChainReadError` (one line) when the chain cannot be read or has no such run."""
     from chain.client import HttpChainClient
     from gonka_diloco.collect import BlockTally, collect, fetch_status, scan_blocks, update_from_status
-    from gonka_diloco.report import ChainReadError
+    from gonka_diloco.report import UNKNOWN, ChainReadError, NodeRow
 
     client = HttpChainClient(url, timeout=10.0)
     try:
@@ -372,7 +393,17 @@ def _snapshot_from_chain(url: str, run_id: int) -> Any:
                 done = client.outer_step(run_id, int(run["current_step"])).get("done_height")
                 last = min(height, int(done)) if done is not None else height
             tally = scan_blocks(client, run_id, BlockTally(), last, from_height=run.get("created_height"))
-            snap = collect(client, run_id, tally=tally, measure_deltas=True)
+            parts = client.query("participants", run_id=run_id)["participants"]
+            names = names or {}
+            known = [
+                NodeRow(
+                    name=names[p["address"]], role=p["role"], address=p["address"],
+                    url=p.get("endpoint", ""), behaviour=UNKNOWN,
+                )
+                for p in parts
+                if p["address"] in names
+            ]
+            snap = collect(client, run_id, known, tally=tally, measure_deltas=True)
         except Exception as e:  # transport trouble midway: one clear line
             raise ChainReadError(f"cannot read run {run_id} from {url}: {e}") from None
     finally:

@@ -372,6 +372,21 @@ def test_chain_start_funds_keys_and_keys_send_moves_tokens(tmp_path: Path, funde
     _one_line_error(not_authority, "not the authority", "chain start --authority")
     created = invoke("run", "create", str(path), "--key", "authority", *k)
     assert created.exit_code == 0 and '"run_id": 1' in created.output, created.output
+    report = invoke("report", url, "--run-id", "9", "--out", str(tmp_path / "r"))
+    assert report.exit_code == 1 and "no run 9 on" in report.output and "Traceback" not in report.output
+    # a node whose key was never funded: its join says so in one line, then it exits 1
+    assert invoke("keys", "add", "unfunded-host", "--keyring-dir", str(keys)).exit_code == 0
+    host_toml = tmp_path / "host.toml"
+    host_toml.write_text(
+        f'chain_url = "{url}"\nrun_id = 1\ndata_dir = "h"\n'
+        f'[key]\nkeyring_dir = "{keys}"\nname = "unfunded-host"\n'
+    )
+    host = subprocess.run(python_cli("host", "run", "--config", str(host_toml)), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert host.returncode == 1 and "Traceback" not in host.stderr, host.stderr
+    errors = [line for line in host.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "does not exist on the chain" in errors[0], errors
+    assert "keys send" in errors[0], errors
 
 
 def test_funding_an_existing_home_is_refused_not_ignored(tmp_path: Path) -> None:

@@ -236,3 +236,22 @@ def test_passphrase_file(tmp_path: Path) -> None:
         read_passphrase_file(f)
     with pytest.raises(KeyringError, match="cannot read passphrase file"):
         read_passphrase_file(tmp_path / "missing")
+
+
+def test_a_node_unlocks_an_encrypted_key_with_its_passphrase_file(tmp_path: Path) -> None:
+    """host.toml / verifier.toml: `[key] keyring_dir`, `name` and `passphrase_file` (relative to the TOML)."""
+    from trainer.node_config import ConfigError, KeySource
+
+    Keyring(tmp_path / "keys", "node passphrase", kdf_n=FAST_KDF).add("host-0", TEST_MNEMONIC, encrypt=True)
+    pw = tmp_path / "pw"
+    pw.write_text("node passphrase\n")
+    os.chmod(pw, 0o600)
+    key = KeySource(keyring_dir="keys", name="host-0", passphrase_file="pw")
+    assert str(key.wallet(tmp_path).address()) == str(test_wallet(0).address())
+    pw.write_text("not the passphrase\n")
+    with pytest.raises(ConfigError, match="wrong passphrase"):
+        key.wallet(tmp_path)
+    with pytest.raises(ConfigError, match="is encrypted: give its passphrase"):
+        KeySource(keyring_dir="keys", name="host-0").wallet(tmp_path)
+    with pytest.raises(ValueError, match="passphrase_file unlocks a keyring key"):
+        KeySource(test_index=1, passphrase_file="pw")

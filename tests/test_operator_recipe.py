@@ -92,6 +92,7 @@ def test_the_readme_recipe_runs_as_separate_processes(tmp_path: Path) -> None:
     assert [step for step, _ in table] == ["0", "1"], text  # the loss table, from chain data alone
     assert float(table[1][1]) < float(table[0][1])  # it learns
     assert "| contributions accepted / rejected | 4 / 0 |" in text and "| sit-outs | 0 |" in text
+    assert "| host-1 | 1 | accepted | verifier-0: ACCEPT |" in text  # named by the local keyring
     for devnet_word in ("adversarial", "PASS", "FAIL"):
         assert devnet_word not in text
     assert "did not answer /status" in report.stdout  # the nodes are gone, and the report says so
