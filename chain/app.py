@@ -6,6 +6,14 @@ account number, sequence, SIGN_MODE_DIRECT secp256k1 signature), and delivers bl
 (begin_block, each tx, end_block, header with app hash). Rejections carry the SDK's codespace
 and codes so that cosmpy's error parsing (e.g. "out of gas", "insufficient fees") works unchanged.
 Nothing here does I/O; the node persists what `deliver_block` returns.
+
+Total on purpose (specs §2.9): CheckTx, ProcessProposal and FinalizeBlock call into this class,
+and an exception there stops a CometBFT validator (and, sent to all of them, the chain). Every
+decode and ante failure is a `TxRejected` with a code; a message handler that raises anything but
+a `ChainError` (a bug) fails its tx with `ErrInternal` and its writes are undone by replaying the
+block without that tx's messages, so every validator reaches the same state. Only `MemoryError`,
+a fact about one machine and not about the tx, is let through (the node halts rather than turn it
+into a consensus decision).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -33,10 +41,11 @@ from cryptography.hazmat.primitives.asymmetric import ec, utils
 from google.protobuf.message import DecodeError
 
 from chain import module
-from chain.errors import ChainError, ErrSignerMismatch
+from chain.errors import ChainError, ErrInternal, ErrSignerMismatch
 from chain.module import BlockContext, TxContext
 from chain.params import DENOM, MODULE_ACCOUNT, ZERO_HASH
 from chain.state import ChainState, app_hash, transfer
+from protocol.amounts import parse_sdk_int
 from protocol.merkle import merkle_root
 from protocol.messages import DILOCO_MSGS, AnyMsg, MsgSend
 from protocol.wire import WireError, from_any
@@ -44,6 +53,8 @@ from protocol.wire import WireError, from_any
 SDK = "sdk"
 """Codespace of ante errors, with the Cosmos SDK's own numbers (types/errors/errors.go)."""
 
+ERR_INTERNAL = 1  # codespace "undefined", as the SDK's errorsmod.ErrInternal
+UNDEFINED = "undefined"
 ERR_TX_DECODE = 2
 ERR_UNAUTHORIZED = 4
 ERR_INSUFFICIENT_FUNDS = 5
@@ -91,6 +102,13 @@ class Limits:
 class TxRejected(Exception):
     """The ante handler (or decoder) refused a tx; nothing was written."""
 
+    @classmethod
+    def unexpected(cls, where: str, exc: BaseException, code: int = ERR_INTERNAL) -> TxRejected:
+        """A check that raised something it should not have: refused all the same, with a log that
+        names only the exception's type (its text may hold addresses that differ between nodes)."""
+        codespace = SDK if code == ERR_TX_DECODE else UNDEFINED
+        return cls(code, f"{where}: unexpected {type(exc).__name__}", codespace)
+
     def __init__(self, code: int, log: str, codespace: str = SDK, gas_wanted: int = 0, gas_used: int = 0):
         super().__init__(f"[{codespace}:{code}] {log}")
         self.code = code
@@ -98,6 +116,15 @@ class TxRejected(Exception):
         self.log = log
         self.gas_wanted = gas_wanted
         self.gas_used = gas_used
+
+
+class _HandlerFault(Exception):
+    """A message handler of tx `index` raised something other than a `ChainError`."""
+
+    def __init__(self, index: int, detail: str) -> None:
+        super().__init__(detail)
+        self.index = index
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -152,6 +179,12 @@ class BlockResult:
     @property
     def height(self) -> int:
         return int(self.header["height"])
+
+
+def _fault_detail(msg: Any, exc: BaseException) -> str:
+    """What a failed handler's result says: the message type and the exception's type only, the
+    same on every validator (an exception's text may hold memory addresses)."""
+    return f"{type(msg).__name__} handler raised {type(exc).__name__}"
 
 
 def tx_hash(tx_bytes: bytes) -> str:
@@ -216,8 +249,14 @@ class App:
         limits: Limits | None = None,
         last_block_hash: str = ZERO_HASH,
         last_time_ns: int = 0,
+        committed: Callable[[], ChainState] | None = None,
     ):
+        """`committed` loads the last committed state (a node's store): what a block is replayed
+        from when a message handler fails. Without it the app keeps a copy of the state at the
+        start of every block instead (in-process chains and tests: small states)."""
         self.state = state
+        self._committed = committed
+        self._faulted: dict[int, str] = {}  # this block's txs whose messages are skipped on replay
         self.chain_id = state.chain_id
         self.min_gas_price = Fraction(min_gas_price).limit_denominator(10**9)
         self.limits = limits or Limits()
@@ -241,7 +280,18 @@ class App:
         return math.ceil(gas_limit * self.min_gas_price)
 
     def decode(self, raw: bytes) -> DecodedTx:
-        """Parse TxRaw and everything that needs no state; raises `TxRejected`."""
+        """Parse TxRaw and everything that needs no state; raises `TxRejected` and nothing else."""
+        try:
+            return self._decode(raw)
+        except (TxRejected, MemoryError):
+            raise
+        except Exception as exc:  # a parser's unexpected error is still a refusal of these bytes
+            raise TxRejected.unexpected("tx parse error", exc, ERR_TX_DECODE) from None
+
+    def _decode(self, raw: bytes) -> DecodedTx:
+        if not isinstance(raw, bytes | bytearray):
+            raise TxRejected(ERR_TX_DECODE, "tx parse error: tx is not bytes")
+        raw = bytes(raw)
         if len(raw) > self.limits.max_tx_bytes:
             raise TxRejected(
                 ERR_TX_TOO_LARGE, f"tx too large: {len(raw)} bytes > max {self.limits.max_tx_bytes}"
@@ -252,8 +302,9 @@ class App:
             tx_raw = TxRaw.FromString(raw)
             body = TxBody.FromString(tx_raw.body_bytes)
             auth = AuthInfo.FromString(tx_raw.auth_info_bytes)
-        except (DecodeError, RuntimeWarning, ValueError) as exc:
-            raise TxRejected(ERR_TX_DECODE, f"tx parse error: {exc or 'invalid protobuf'}") from None
+        except (DecodeError, RuntimeWarning, ValueError, RecursionError) as exc:
+            why = str(exc)[:200] or "invalid protobuf"
+            raise TxRejected(ERR_TX_DECODE, f"tx parse error: {why}") from None
         if body.extension_options or body.non_critical_extension_options:
             raise TxRejected(ERR_UNKNOWN_EXTENSION_OPTIONS, "unknown extension options are not supported")
         if len(body.memo) > self.limits.max_memo_chars:
@@ -282,13 +333,16 @@ class App:
                     f"different signers ({signer}, {msg.creator})",
                     ErrSignerMismatch.codespace,
                 )
+        if len(auth.fee.amount) > 1:
+            raise TxRejected(ERR_INVALID_COINS, f"invalid fee: {len(auth.fee.amount)} coins, only {DENOM}")
         fee = 0
         for coin in auth.fee.amount:
-            if coin.denom != DENOM or not coin.amount.isdigit():
-                raise TxRejected(
-                    ERR_INVALID_COINS, f"invalid fee coin {coin.amount}{coin.denom}: only {DENOM}"
-                )
-            fee += int(coin.amount)
+            if coin.denom != DENOM:
+                raise TxRejected(ERR_INVALID_COINS, f"invalid fee denom {coin.denom[:64]!r}: only {DENOM}")
+            try:  # strictly as sdk.Int: ASCII digits, at most 2^256 - 1 (never int() of any string)
+                fee = parse_sdk_int(coin.amount)
+            except ValueError as exc:
+                raise TxRejected(ERR_INVALID_COINS, f"invalid fee: {exc}") from None
         return DecodedTx(
             hash=tx_hash(raw),
             raw=raw,
@@ -334,7 +388,15 @@ class App:
 
     def ante(self, tx: DecodedTx, *, expected_sequence: int | None = None, simulate: bool = False) -> int:
         """Every stateful check, no writes; returns gas used. `expected_sequence` lets the mempool
-        accept consecutive txs of one account before they are in a block."""
+        accept consecutive txs of one account before they are in a block. Raises `TxRejected` only."""
+        try:
+            return self._ante(tx, expected_sequence=expected_sequence, simulate=simulate)
+        except (TxRejected, MemoryError):
+            raise
+        except Exception as exc:
+            raise TxRejected.unexpected("ante", exc) from None
+
+    def _ante(self, tx: DecodedTx, *, expected_sequence: int | None, simulate: bool) -> int:
         gas_used = self.gas_for(len(tx.raw), len(tx.msgs))
         if not simulate:
             if tx.gas_limit > self.limits.max_tx_gas:
@@ -429,6 +491,11 @@ class App:
                 events += [event_to_json(e) for e in module.process_msg(scratch, msg, ctx)]
         except ChainError as exc:
             raise TxRejected(exc.code, exc.log, exc.codespace) from None
+        except MemoryError:
+            raise
+        except Exception as exc:  # a handler bug: the simulation fails as the delivery would
+            err = ErrInternal(_fault_detail(msg, exc))
+            raise TxRejected(err.code, err.log, err.codespace) from None
         return gas, events
 
     # ------------------------------------------------------------ delivery
@@ -471,6 +538,10 @@ class App:
             }
         )
         ctx = TxContext(height=height, time_ns=time_ns, tx_hash=result.hash, signer=tx.signer)
+        if index in self._faulted:  # replayed after its handler failed: the ante's writes only
+            err = ErrInternal(self._faulted[index])
+            result.code, result.codespace, result.log = err.code, err.codespace, err.log
+            return result
         snapshot = copy.deepcopy(self.state) if len(tx.msgs) > 1 else None
         msg_events: list[dict[str, Any]] = []
         try:
@@ -481,12 +552,24 @@ class App:
                 self._restore(snapshot)
             result.code, result.codespace, result.log = exc.code, exc.codespace, exc.log
             return result
+        except MemoryError:
+            raise
+        except Exception as exc:  # a handler bug, maybe after some writes: replay without it
+            raise _HandlerFault(index, _fault_detail(msg, exc)) from exc
         result.events += msg_events
         return result
 
     def _restore(self, snapshot: ChainState) -> None:
         """Put back the pre-msgs state while keeping the ante's writes (fee, sequence) applied."""
         self.state.__dict__.update(snapshot.__dict__)
+
+    def _rewind(self, before: ChainState | None) -> None:
+        """Back to the state this block started from (the committed one), in place: what holds a
+        reference to `self.state` keeps seeing the app's state."""
+        fresh = self._committed() if self._committed is not None else copy.deepcopy(before)
+        assert fresh is not None
+        self.state.__dict__.clear()
+        self.state.__dict__.update(fresh.__dict__)
 
     def deliver_block(
         self,
@@ -505,12 +588,20 @@ class App:
         time_ns = max(time_ns, self.last_time_ns + 1)
         height = self.height + 1
         ctx = BlockContext(height=height, time_ns=time_ns, prev_block_hash=self.last_block_hash)
-        events = [event_to_json(e) for e in (module.begin_block(self.state, ctx) or [])]
-        self._delivering = True
-        try:
-            results = [self.deliver_tx(raw, i, time_ns) for i, raw in enumerate(txs)]
-        finally:
-            self._delivering = False
+        before = copy.deepcopy(self.state) if self._committed is None else None
+        self._faulted = {}
+        while True:
+            events = [event_to_json(e) for e in (module.begin_block(self.state, ctx) or [])]
+            self._delivering = True
+            try:
+                results = [self.deliver_tx(raw, i, time_ns) for i, raw in enumerate(txs)]
+                break
+            except _HandlerFault as fault:  # undo everything, then deliver again without its messages
+                self._faulted[fault.index] = fault.detail
+                self._rewind(before)
+            finally:
+                self._delivering = False
+        self._faulted = {}
         events += [event_to_json(e) for e in module.end_block(self.state, ctx)]
         header = {
             "chain_id": self.chain_id,

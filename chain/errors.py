@@ -37,6 +37,13 @@ class ChainError(Exception):
 # --- envelope and bank
 
 
+class ErrInternal(ChainError):
+    """A message handler raised something other than a named error (a bug): the tx fails and its
+    messages' writes are undone (chain.app), the same on every validator."""
+
+    code = 1
+
+
 class ErrSignerMismatch(ChainError):
     """The message's creator is not the tx signer."""
 

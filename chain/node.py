@@ -142,6 +142,7 @@ class Node:
             limits=limits,
             last_block_hash=block_hash or ZERO_HASH,
             last_time_ns=max(last_time_ns, 0),
+            committed=lambda: self.store.load_state()[0],  # a failed handler's block is replayed from it
         )
         self.last_header = header
         self.mempool: dict[str, DecodedTx] = {}

@@ -75,6 +75,29 @@ def _events(events: list[dict[str, Any]]) -> list[abci.Event]:
     ]
 
 
+def _int64(n: int) -> int:
+    """ABCI's gas fields are int64; a tx's gas limit is a uint64 (clamped, never a ValueError)."""
+    return max(-(1 << 63), min(int(n), (1 << 63) - 1))
+
+
+def _refused_check(exc: Exception) -> abci.ResponseCheckTx:
+    rejected = TxRejected.unexpected("CheckTx", exc)
+    return abci.ResponseCheckTx(code=rejected.code, codespace=rejected.codespace, log=rejected.log)
+
+
+_TOTAL: dict[str, Any] = {
+    "check_tx": _refused_check,
+    "prepare_proposal": lambda _: abci.ResponsePrepareProposal(),  # an empty block is always valid
+    "process_proposal": lambda _: abci.ResponseProcessProposal(
+        status=abci.ResponseProcessProposal.ProposalStatus.REJECT
+    ),
+    "query": lambda exc: abci.ResponseQuery(
+        code=1, codespace="undefined", log=f"query: {type(exc).__name__}"[:200]
+    ),
+}
+"""What a request a tx or a client reaches answers when its handler fails unexpectedly."""
+
+
 class Validator(Node):
     """The app side of one validator, and the supervisor of its CometBFT process."""
 
@@ -261,8 +284,13 @@ class Validator(Node):
             writer.close()
 
     def handle(self, request: abci.Request) -> abci.Response:
-        """One ABCI request to its response; an unexpected error becomes an exception response,
-        on which CometBFT stops (halting is right: the alternative is guessing at a state)."""
+        """One ABCI request to its response. The calls a tx reaches (CheckTx, PrepareProposal,
+        ProcessProposal) never answer with an exception, on which CometBFT stops the connection and
+        the validator: an unexpected error there refuses the tx (CheckTx), proposes an empty block
+        (PrepareProposal) or rejects the proposal (ProcessProposal), decisions that depend on the
+        bytes alone. FinalizeBlock is total for txs inside the app (`chain.app`); what still raises
+        there, or in Info, InitChain and Commit, is a state the app cannot vouch for (a wrong height,
+        another genesis, a failed write), and halting is right: the alternative is guessing."""
         kind = request.WhichOneof("value")
         handler = getattr(self, f"_abci_{kind}", None)
         try:
@@ -270,7 +298,10 @@ class Validator(Node):
                 raise AbciError(f"unsupported ABCI request {kind}")
             return abci.Response(**{kind: handler(getattr(request, kind))})
         except Exception as exc:
-            self.log(event="abci_exception", request=kind, error=repr(exc))
+            self.log(event="abci_exception", request=kind, error=repr(exc)[:2000])
+            fallback = None if isinstance(exc, MemoryError) else _TOTAL.get(str(kind))
+            if fallback is not None:
+                return abci.Response(**{kind: fallback(exc)})
             return abci.Response(exception=abci.ResponseException(error=f"{kind}: {exc!r}"[:4000]))
 
     def _abci_echo(self, req: abci.RequestEcho) -> abci.ResponseEcho:
@@ -336,11 +367,11 @@ class Validator(Node):
                 return self._check_response(exc)
             self._recheck_seq[tx.signer] = tx.sequence + 1
             self.mempool.setdefault(hash_hex, tx)
-            return abci.ResponseCheckTx(code=0, gas_wanted=tx.gas_limit)
+            return abci.ResponseCheckTx(code=0, gas_wanted=_int64(tx.gas_limit))
         _, rejection = self.submit(req.tx)
         if rejection is not None:
             return self._check_response(rejection)
-        return abci.ResponseCheckTx(code=0, gas_wanted=self.mempool[hash_hex].gas_limit)
+        return abci.ResponseCheckTx(code=0, gas_wanted=_int64(self.mempool[hash_hex].gas_limit))
 
     @staticmethod
     def _check_response(exc: TxRejected) -> abci.ResponseCheckTx:
@@ -348,8 +379,8 @@ class Validator(Node):
             code=exc.code,
             codespace=exc.codespace,
             log=exc.log,
-            gas_wanted=exc.gas_wanted,
-            gas_used=exc.gas_used,
+            gas_wanted=_int64(exc.gas_wanted),
+            gas_used=_int64(exc.gas_used),
         )
 
     def _gas_limit(self, raw: bytes) -> int:
@@ -439,8 +470,8 @@ class Validator(Node):
                     code=r.code,
                     log=r.log,
                     codespace=r.codespace,
-                    gas_wanted=r.gas_wanted,
-                    gas_used=r.gas_used,
+                    gas_wanted=_int64(r.gas_wanted),  # a tx may ask for 2^64 - 1 (refused by the ante)
+                    gas_used=_int64(r.gas_used),
                     events=_events(r.events),
                 )
                 for r in block.results
