@@ -82,6 +82,7 @@ def prepare(
         skipped.append(str(path))
         err.print(Text.assemble(("skipped ", "yellow"), f"{path}: {why}"))
 
+    failed: DataError | None = None
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("reading", total=None)
 
@@ -94,11 +95,13 @@ def prepare(
             )
         except DataError as e:
             remove_partial(out)
-            _fail(str(e))
-            return
+            failed = e  # said once the progress bar is gone, on a line of its own
         except KeyboardInterrupt:
             remove_partial(out)
             raise
+    if failed is not None:
+        _fail(str(failed))
+        return
     typer.echo(json.dumps({
         "manifest_hash": manifest.manifest_hash(), "folder": str(out), "dtype": manifest.dtype,
         "tokenizer": manifest.tokenizer.kind, "vocab_size": manifest.tokenizer.vocab_size,
