@@ -28,9 +28,13 @@ MODELS = (*(f"gpt-{p}" for p in GPT_PRESETS), *(f"{a}-{p}" for a in HF_ARCHS for
 BYTE_VOCAB = 256
 """`trainer.model.VOCAB_SIZE`, the GPT presets' byte vocabulary (not imported: that imports torch)."""
 FEE_RESERVE = 1_000_000_000
-"""ngonka funded beside each stake for fees: 1 GNK pays ≈ 10^4 of a node's txs at the devnet's gas price."""
+"""ngonka funded beside each stake for fees: at the devnet's gas price (1 ngonka/gas; `chain.app.Limits`:
+20k + 10/byte + 10k/msg, ×1.3) a 1 kB tx costs ≈ 53k ngonka and a 10 kB reveal ≈ 0.2M, so 1 GNK pays
+for thousands of a node's txs."""
 
-app = typer.Typer(help="Write a run.toml, host.toml and verifier.toml files that fit together.")
+app = typer.Typer(
+    help="Write a run.toml, host.toml and verifier.toml files that fit together.", add_completion=False
+)
 
 
 class InitError(ValueError):
