@@ -167,7 +167,7 @@ def simulate(n_hosts: int, n_verifiers: int, outer_steps: int, folder: Path) -> 
         reward_pool=10**9 * GNK,
     )
     config = RunConfig(
-        model=ModelSpec(factory="trainer.model:tiny"),
+        model=ModelSpec(factory="trainer.model:tiny", config={"param_count": 1000}),
         dataset_manifest_hash=_h("data"),
         initial_model_hash=_h("g", 0),
         inner_steps=10,

@@ -85,7 +85,8 @@ ENV = EnvFingerprint(torch_version="2.13.0", threads=1)
 def bench_config(v: int, audit_bps: int, audit_verifiers: int) -> RunConfig:
     """The run defaults' stake and slashing, short phases (they do not change any probability)."""
     return RunConfig(
-        model=ModelSpec(factory="trainer.model:tiny"), dataset_manifest_hash=_h("data"),
+        model=ModelSpec(factory="trainer.model:tiny", config={"param_count": 1000}),
+        dataset_manifest_hash=_h("data"),
         initial_model_hash=_h("g0"), inner_steps=4, segment_len=2, sampled_segments=1,
         verifiers_per_contribution=v, audit_bps=audit_bps, audit_verifiers=audit_verifiers,
         batch_size=2, seq_len=8, codec=Codec.INT8, max_outer_steps=1,

@@ -320,6 +320,22 @@ class ErrPreviousResultPending(ChainError):
     code = 61
 
 
+# --- model size (specs/protocol.md §2.4, MsgCreateRun)
+
+
+class ErrModelTooLarge(ChainError):
+    """The run's model has more parameters (or tensors) than the chain's max_model_params (tensors)."""
+
+    code = 70
+
+
+class ErrBadModelSpec(ChainError):
+    """The chain cannot count the run's model: an unknown factory without a declared param_count, or
+    a config its factory would refuse, or a seq_len beyond the model's context."""
+
+    code = 71
+
+
 ERRORS: dict[int, type[ChainError]] = {cls.code: cls for cls in ChainError.__subclasses__()}
 """Every named error by code (the app and the client map codes back to names with it)."""
 assert len(ERRORS) == len(ChainError.__subclasses__()), "error codes must be unique"

@@ -14,7 +14,7 @@ from protocol.messages import Address
 
 
 class Genesis(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # genesis_time finite
 
     chain_id: str = Field("gonka-devnet", min_length=1, max_length=64, pattern=r"^[a-z0-9-]+$")
     genesis_time: float = Field(0.0, ge=0, description="unix seconds of block 1")

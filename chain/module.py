@@ -20,6 +20,7 @@ from typing import Any
 
 from chain import errors
 from chain.params import (
+    BONDING_DELAY_BLOCKS,
     BPS_DENOMINATOR,
     CHALLENGE_DELAY,
     MODULE_ACCOUNT,
@@ -59,6 +60,7 @@ from protocol.messages import (
     Reason,
     Role,
 )
+from protocol.modelsize import ModelSize, ModelSizeError, model_size
 
 
 @dataclass(frozen=True)
@@ -133,14 +135,38 @@ def new_outer_step(index: int, open_height: int, config: RunConfig, base_model_h
     )
 
 
-def active_verifiers(run: Run) -> list[str]:
-    """Sorted bonded verifiers not on their way out: the pool challenges draw from."""
-    return sorted(a for a, p in run.participants.items() if p.role == Role.VERIFIER.value and not p.leaving)
+def active_verifiers(run: Run, bonded_by: int | None = None) -> list[str]:
+    """Sorted bonded verifiers not on their way out; with `bonded_by`, only those that joined at or
+    before that height (their stake has served its bonding delay: `draw_cutoff`)."""
+    return sorted(
+        a
+        for a, p in run.participants.items()
+        if p.role == Role.VERIFIER.value
+        and not p.leaving
+        and (bonded_by is None or p.joined_height <= bonded_by)
+    )
 
 
-def verifier_pool(run: Run) -> prf.StakePool:
+def bonding_delay(state: ChainState) -> int:
+    """The genesis `bonding_delay_blocks` (its default when the genesis left it out)."""
+    return int(state.params.get("bonding_delay_blocks", BONDING_DELAY_BLOCKS))
+
+
+def draw_cutoff(step: OuterStep, delay: int) -> int:
+    """The last join height whose stake a step's draws may use: `challenge_height − delay`.
+
+    One pool per step, fixed at its challenge (specs §2.3 step 3): the initial draw, the
+    escalations (which reuse the challenge seed, so anyone could compute who a late bond would
+    make drawn), the audit and every dispute panel all use stake bonded at least `delay` blocks
+    before the challenge, i.e. before the first of its seed blocks existed and before any of the
+    step's draws or verdicts could be seen. Stake that joins later serves from the next step on."""
+    assert step.challenge_height is not None, "the pool is fixed at the challenge"
+    return step.challenge_height - delay
+
+
+def verifier_pool(run: Run, bonded_by: int | None = None) -> prf.StakePool:
     """The active verifiers with their bonded stakes: every draw is weighted by stake."""
-    return prf.StakePool({a: run.participants[a].stake for a in active_verifiers(run)})
+    return prf.StakePool({a: run.participants[a].stake for a in active_verifiers(run, bonded_by)})
 
 
 class DrawPools:
@@ -148,17 +174,18 @@ class DrawPools:
     verifier, and in bitwise mode those declaring each replay class (specs §6.1). A commitment's
     draws (initial round, escalations, audit) come from the verifiers of its `env.replay_class`
     when any of them is bonded with stake, from the whole pool only when none is: a verifier of
-    another class could only abstain."""
+    another class could only abstain. Only stake bonded by `bonded_by` (`draw_cutoff`) is drawn."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, bonded_by: int) -> None:
         self.run = run
+        self.bonded_by = bonded_by
         self.bitwise = run_config(run).replay_mode is ReplayMode.BITWISE
         self._all: prf.StakePool | None = None
         self._by_class: dict[str, prf.StakePool] = {}
 
     def all(self) -> prf.StakePool:
         if self._all is None:
-            self._all = verifier_pool(self.run)
+            self._all = verifier_pool(self.run, self.bonded_by)
         return self._all
 
     def of_class(self, replay_class: str) -> prf.StakePool:
@@ -166,7 +193,7 @@ class DrawPools:
         if pool is None:
             stakes = {
                 a: self.run.participants[a].stake
-                for a in active_verifiers(self.run)
+                for a in active_verifiers(self.run, self.bonded_by)
                 if self.run.participants[a].replay_class == replay_class
             }
             pool = self._by_class[replay_class] = prf.StakePool(stakes)
@@ -361,14 +388,37 @@ def process_send(state: ChainState, msg: MsgSend, ctx: TxContext) -> list[Event]
 # ---------------------------------------------------------------- runs and participants
 
 
+def check_model_size(config: RunConfig, max_params: int, max_tensors: int) -> ModelSize:
+    """The run's model must be countable from its spec and within the chain's bounds, before any
+    node is asked to build it (specs §2.4): a run whose model no node can hold would make every
+    node that joins it try, and fail, to allocate it."""
+    try:
+        size = model_size(config.model)
+    except ModelSizeError as exc:
+        raise errors.ErrBadModelSpec(f"{config.model.factory}: {exc}") from None
+    if size.context is not None and config.seq_len > size.context:
+        raise errors.ErrBadModelSpec(f"seq_len {config.seq_len} exceeds the model's context {size.context}")
+    if size.params > max_params:
+        raise errors.ErrModelTooLarge(
+            f"{config.model.factory}: {size.params} parameters > max_model_params {max_params}"
+        )
+    if size.tensors is not None and size.tensors > max_tensors:
+        raise errors.ErrModelTooLarge(
+            f"{config.model.factory}: {size.tensors} tensors > max_model_tensors {max_tensors}"
+        )
+    return size
+
+
 def process_create_run(state: ChainState, msg: MsgCreateRun, ctx: TxContext) -> list[Event]:
     if msg.creator != state.authority:
         raise errors.ErrUnauthorized(f"{msg.creator} is not the authority")
     active = sum(1 for r in state.runs.values() if r.status == RunStatus.ACTIVE)
-    if active >= state.module_params().max_active_runs:
+    params = state.module_params()
+    if active >= params.max_active_runs:
         raise errors.ErrTooManyRuns(f"{active} active runs")
-
     config = msg.config
+    check_model_size(config, params.max_model_params, params.max_model_tensors)
+
     run = Run(
         id=state.next_run_id,
         creator=msg.creator,
@@ -782,11 +832,11 @@ def _assign(c: Contribution, verifiers: list[str], round: int) -> None:
     touched(c)
 
 
-def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int) -> list[Event]:
+def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int, delay: int) -> list[Event]:
     config = run_config(run)
-    pools = DrawPools(run)
     step.challenge_seed = seed
     step.challenge_height = height
+    pools = DrawPools(run, draw_cutoff(step, delay))
     events = []
     for host in sorted(step.contributions):
         c = step.contributions[host]
@@ -805,10 +855,12 @@ def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int) -> list
     return events
 
 
-def _open_dispute(run: Run, step: OuterStep, c: Contribution) -> Event:
-    """Some verifier rejected: every active verifier is asked, the stake majority will decide."""
+def _open_dispute(run: Run, step: OuterStep, c: Contribution, delay: int) -> Event:
+    """Some verifier rejected: every active verifier of the step's pool is asked (its stake bonded
+    before the challenge, `draw_cutoff`: stake bought once the dispute is visible has no vote),
+    and the stake majority of the panel will decide."""
     c.review = Review.CONFIRM
-    _assign(c, active_verifiers(run), step.round)
+    _assign(c, active_verifiers(run, draw_cutoff(step, delay)), step.round)
     return _event("dispute", run_id=run.id, outer_step=step.index, host=c.host, round=step.round)
 
 
@@ -816,12 +868,12 @@ def _has_reject(c: Contribution) -> bool:
     return any(v.reason != Reason.ACCEPT for v in c.verdicts.values())
 
 
-def _draw_audits(run: Run, step: OuterStep, seed: str, height: int) -> list[Event]:
+def _draw_audits(run: Run, step: OuterStep, seed: str, height: int, delay: int) -> list[Event]:
     """The audit lottery, from a seed no verifier knew when it voted: each provisionally accepted
     contribution is audited with probability audit_bps / 10^4 by `audit_verifiers` more verifiers
     drawn by stake, never one already assigned to it (nor its host)."""
     config = run_config(run)
-    pools = DrawPools(run)
+    pools = DrawPools(run, draw_cutoff(step, delay))
     step.audit_seed = seed
     events: list[Event] = []
     waiting = False
@@ -833,7 +885,7 @@ def _draw_audits(run: Run, step: OuterStep, seed: str, height: int) -> list[Even
             waiting = True
             continue
         if _has_reject(c):  # a late reject since the rounds closed: disputed like any other
-            events.append(_open_dispute(run, step, c))
+            events.append(_open_dispute(run, step, c, delay))
             waiting = True
             continue
         auditors: list[str] = []
@@ -908,7 +960,7 @@ def _advance(state: ChainState, run: Run, step: OuterStep, h: int) -> list[Event
         events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
     if step.phase == Phase.CHALLENGE and h >= step.commit_deadline + CHALLENGE_DELAY:
         step.phase = Phase.REVEAL
-        events += _derive_challenge(run, step, block_seed(state), h)
+        events += _derive_challenge(run, step, block_seed(state), h, bonding_delay(state))
         events.append(_event("phase", run_id=run.id, outer_step=step.index, phase=step.phase))
     if step.phase == Phase.REVEAL and h > step.reveal_deadline:
         step.phase = Phase.VERIFY
@@ -919,7 +971,7 @@ def _advance(state: ChainState, run: Run, step: OuterStep, h: int) -> list[Event
         and step.audit_height is not None
         and h >= step.audit_height
     ):
-        events += _draw_audits(run, step, block_seed(state), h)
+        events += _draw_audits(run, step, block_seed(state), h, bonding_delay(state))
     return events
 
 
@@ -1054,7 +1106,7 @@ def _after_initial_rounds(state: ChainState, run: Run, step: OuterStep, height: 
         step.round_deadline = step.audit_height + config.phases.audit_blocks
         for c in open_:
             if c.review == Review.CONFIRM:
-                events.append(_open_dispute(run, step, c))
+                events.append(_open_dispute(run, step, c, bonding_delay(state)))
         return [*events, _event("phase", run_id=run.id, outer_step=step.index, phase=step.phase)]
     for c in provisional:
         c.outcome = Outcome.ACCEPTED
@@ -1072,7 +1124,7 @@ def _confirm_or_finalize(
     step.round += 1
     step.phase = Phase.CONFIRM
     step.round_deadline = height + run_config(run).phases.confirm_blocks
-    events = [_open_dispute(run, step, c) for c in disputes]
+    events = [_open_dispute(run, step, c, bonding_delay(state)) for c in disputes]
     return [*events, _event("phase", run_id=run.id, outer_step=step.index, phase=step.phase)]
 
 
@@ -1098,7 +1150,7 @@ def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> lis
     step.round += 1
     step.round_deadline = height + config.phases.escalation_blocks
     step.phase = Phase.ESCALATION
-    pools = DrawPools(run)
+    pools = DrawPools(run, draw_cutoff(step, bonding_delay(state)))
     events = []
     assert step.challenge_seed is not None
     for c in undecided:

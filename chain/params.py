@@ -7,8 +7,9 @@ Everything a validity rule or a phase computation compares against is named here
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 CODESPACE = "diloco"
 """Cosmos-style codespace of every error the module raises."""
@@ -91,10 +92,50 @@ class RunStatus(StrEnum):
     FINISHED = "finished"  # max_outer_steps reached
 
 
+BONDING_DELAY_BLOCKS = SEED_BLOCKS + 1
+"""Default (and least) `bonding_delay_blocks`: stake bonded at height j is drawn from height
+j + SEED_BLOCKS + 1 on, so it was fixed before the first block whose hash seeds that draw existed
+(specs §2.3): nobody, a seed block's proposer included, bonds knowing the seed."""
+
+MAX_MODEL_PARAMS = 100_000_000_000
+"""Default `max_model_params`: 10^11, twice the mission's largest model (50B). A bound on what a run
+may ask every node to allocate, not a target: genesis may raise it."""
+
+MAX_MODEL_TENSORS = 1 << 16
+"""Default `max_model_tensors` (Llama-3.1-405B has 1,138): each tensor is an object on every node
+and an entry in every state's header, so a model of a billion 1-element layers is refused too."""
+
+
 class ModuleParams(BaseModel):
-    """Chain-wide limits set at genesis (run-specific numbers live in each run's `RunConfig`)."""
+    """Chain-wide limits set at genesis (run-specific numbers live in each run's `RunConfig`).
+
+    Fields added after the first genesis are left out of the dump (and so of the state's `params`,
+    its app hash and the genesis JSON) while they hold their default: existing chains keep their
+    hashes bit for bit."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_participants_per_run: int = Field(10_000, ge=1)
     max_active_runs: int = Field(16, ge=1)
+    max_model_params: int = Field(
+        MAX_MODEL_PARAMS, ge=1, description="most parameters a run's model may have (MsgCreateRun)"
+    )
+    max_model_tensors: int = Field(
+        MAX_MODEL_TENSORS, ge=1, description="most parameter tensors a run's model may have (MsgCreateRun)"
+    )
+    bonding_delay_blocks: int = Field(
+        BONDING_DELAY_BLOCKS,
+        ge=BONDING_DELAY_BLOCKS,
+        description="blocks after MsgJoinRun before a verifier's stake enters draws (specs §2.3)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for name in _LATER_PARAMS:
+            if data.get(name) == type(self).model_fields[name].default:
+                data.pop(name, None)
+        return data
+
+
+_LATER_PARAMS = ("max_model_params", "max_model_tensors", "bonding_delay_blocks")

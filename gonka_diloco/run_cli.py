@@ -114,6 +114,7 @@ def load_run_config(
     hashes = {k: data.get(k, PLACEHOLDER_HASH) for k in ("initial_model_hash", "dataset_manifest_hash")}
     _validate(path, {**data, **hashes})
     _expand_model(path, data)
+    check_model_bounds(path, _validate(path, {**data, **hashes}))  # before G_0 is built
     derived = {}
     if "initial_model_hash" not in data or init_checkpoint is not None:
         try:
@@ -141,6 +142,21 @@ def load_run_config(
         except DataError as e:
             raise RunConfigFileError(str(e)) from None
     return cfg
+
+
+def check_model_bounds(path: Path, cfg: Any) -> None:
+    """The chain's MsgCreateRun bounds on the model (specs §2.4), at the default module params: a
+    run the chain would refuse (ErrModelTooLarge, ErrBadModelSpec) is refused here in one line,
+    before `run create` builds G_0 or `--dry-run` prints it."""
+    from chain.errors import ChainError
+    from chain.module import check_model_size
+    from chain.params import ModuleParams
+
+    params = ModuleParams()
+    try:
+        check_model_size(cfg, params.max_model_params, params.max_model_tensors)
+    except ChainError as e:
+        raise RunConfigFileError(f"{path}: model: {e.log} [{e.codespace}:{e.code}]") from None
 
 
 def size_train_phase(
@@ -182,10 +198,15 @@ def dataset_manifest_hash(source: str) -> str:
 def initial_model_hash(spec: Any, checkpoint: Path | None = None, chunk_bytes: int | None = None) -> str:
     """G_0's hash: the checkpoint's (or else the seeded model's) parameters with zero outer momentum,
     a chunked content hash at the run's chunk size."""
+    from nodekit.node import NodeError
     from protocol.config import RunConfig
     from trainer.checkpoint import CheckpointError, initial_global
-    from trainer.spec import BadModelSpec, ModelNotAllowed, build_model
+    from trainer.spec import BadModelSpec, Holder, ModelNotAllowed, build_model, check_fits
 
+    try:
+        check_fits(spec, "cpu", Holder.BUILD)  # refused in one line before anything is allocated
+    except NodeError as e:
+        raise RunConfigFileError(f"model: {e}") from None
     try:
         chunk = chunk_bytes or RunConfig.model_fields["state_chunk_bytes"].default
         return initial_global(build_model(spec), checkpoint or "", chunk).hash

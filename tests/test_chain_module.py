@@ -70,7 +70,7 @@ def make_config(**overrides: object) -> RunConfig:
     }
     phases.update(overrides.pop("phases", {}))  # type: ignore[arg-type]
     base = {
-        "model": ModelSpec(factory="trainer.model:tiny"),
+        "model": ModelSpec(factory="trainer.model:tiny", config={"param_count": 1000}),  # declared (§2.4)
         "dataset_manifest_hash": h32("data"),
         "initial_model_hash": h32("g0"),
         "inner_steps": 4,
@@ -210,12 +210,14 @@ def join(role: Role, who: str, stake: int | None = None, run_id: int = 1) -> Msg
 def started(
     config: RunConfig | None = None, hosts: list[str] = HOSTS[:2], verifiers: list[str] = VERIFIERS[:3]
 ) -> Sim:
-    """A run with bonded hosts and verifiers, at the first block of the training phase."""
+    """A run with bonded hosts and verifiers, at the first block of the training phase (never before
+    height 3). They bond in the block that creates the run, so their stake has served the bonding
+    delay (specs §2.3) by the earliest challenge, height 5 (an early-closed one-block train window)."""
     sim = Sim(make_state())
-    sim.ok(MsgCreateRun(creator=AUTH, config=config or make_config()))
-    results = sim.block(*[join(Role.HOST, h) for h in hosts], *[join(Role.VERIFIER, v) for v in verifiers])
+    joins = [join(Role.HOST, h) for h in hosts] + [join(Role.VERIFIER, v) for v in verifiers]
+    results = sim.block(MsgCreateRun(creator=AUTH, config=config or make_config()), *joins)
     assert not any(isinstance(r, ChainError) for r in results)
-    sim.until(sim.step()["train_start"])
+    sim.until(max(3, sim.step()["train_start"]))
     return sim
 
 

@@ -172,3 +172,49 @@ def test_generator_reproduces_committed_files(name: str) -> None:
 def test_vectors_cover_every_builder() -> None:
     assert sorted(p.stem for p in Path(VECTORS).glob("*.json")) == sorted(BUILDERS)
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_modelsize_vectors() -> None:
+    """§2.4.1: the chain's exact count of a model from its spec, and MsgCreateRun's decision on it."""
+    from chain.errors import ChainError
+    from chain.module import check_model_size
+    from chain.params import ModuleParams
+    from protocol.config import ModelSpec, RunConfig
+    from protocol.modelsize import ModelSizeError, model_size
+
+    params = ModuleParams()
+    for v in load("modelsize"):
+        spec = ModelSpec.model_validate(v["input"]["model"])
+        out = v["output"]
+        try:
+            size = model_size(spec)
+            got = {"params": size.params, "tensors": size.tensors, "context": size.context}
+            assert got == {k: out[k] for k in got}
+        except ModelSizeError:
+            assert out["params"] is None
+        h = "0" * 64
+        seq_len = v["input"]["seq_len"]
+        run = RunConfig(model=spec, dataset_manifest_hash=h, initial_model_hash=h, seq_len=seq_len)
+        try:
+            check_model_size(run, params.max_model_params, params.max_model_tensors)
+            assert out["create_run"] == "accepted"
+        except ChainError as e:
+            assert out["create_run"] == e.name
+
+
+def test_strict_vectors() -> None:
+    """§1: amount strings as sdk.Int; a decoder refuses a non-finite double, naming its field."""
+    from protocol.amounts import parse_sdk_int
+    from protocol.wire import WireError
+
+    v = load("strict")
+    for a in v["amounts"]:
+        if a["value"] is None:
+            with pytest.raises(ValueError):
+                parse_sdk_int(a["text"])
+        else:
+            assert parse_sdk_int(a["text"]) == a["value"]
+    for bad in v["non_finite"]:
+        packed = any_pb2.Any(type_url=bad["type_url"], value=bytes.fromhex(bad["bytes"]))
+        with pytest.raises(WireError, match="finite"):
+            from_any(packed)

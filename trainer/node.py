@@ -81,7 +81,7 @@ from trainer.data import Corpus, eval_loss, node_corpus
 from trainer.ddp import Team
 from trainer.metrics import HostMetrics
 from trainer.node_config import HostConfig
-from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
+from trainer.spec import DEFAULT_ALLOW_LIST, Factory, Holder, build, check_fits
 from trainer.step import (
     DeviceError,
     make_optimizer,
@@ -356,6 +356,7 @@ class HostNode:
             device = pin_device(self.cfg.threads, self.config.device)
         except DeviceError as e:
             raise NodeError(str(e)) from e
+        check_fits(self.cfg, device, Holder.HOST, allow_list=self._allow_list)  # before any allocation
         built = build(self.cfg.model, self._allow_list)
         self.model: nn.Module = built.module.to(device)
         self.device = device

@@ -9,12 +9,18 @@ the right loss.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
 
+import torch
 from torch import Tensor, nn
 
-from protocol.config import ModelSpec
+from nodekit.node import NodeError
+from protocol.config import ModelSpec, RunConfig
+from protocol.modelsize import ModelSize, ModelSizeError, factory_config, model_size
 from trainer import hf
 from trainer.model import lm_loss, small_gpt
 
@@ -48,7 +54,7 @@ def build(spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIS
     if factory is None:
         raise ModelNotAllowed(f"model factory {spec.factory!r} is not on this node's allow-list")
     try:
-        made = factory(**spec.config)
+        made = factory(**factory_config(spec))  # without the reserved `param_count`
     except (TypeError, ValueError) as e:
         raise BadModelSpec(f"{spec.factory}: {e}") from e
     module, loss_fn = made if isinstance(made, tuple) else (made, lm_loss)
@@ -60,3 +66,160 @@ def build(spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIS
 def build_model(spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST) -> nn.Module:
     """The contract entry point: just the module (see `build` for the loss too)."""
     return build(spec, allow_list).module
+
+
+# ---- how big a model is, and whether this machine can hold it (before anything is allocated) ----
+
+
+class Holder(StrEnum):
+    """What a process builds the model for, which decides the bytes per parameter it holds."""
+
+    BUILD = "build"  # G_0 for `run create`: params + zero outer momentum
+    HOST = "host"  # trains: params, grads and both AdamW moments, all float32
+    VERIFIER = "verifier"  # the same per replay worker (`workers` models at once)
+
+
+BYTES_PER_PARAM: dict[Holder, int] = {
+    Holder.BUILD: 4 + 4,
+    Holder.HOST: 4 + 4 + 4 + 4,
+    Holder.VERIFIER: 4 + 4 + 4 + 4,
+}
+"""Bytes per parameter resident on the training device at once, from what the node holds there:
+float32 parameters (4) and, for an inner step, their gradients (4) and AdamW's exp_avg and
+exp_avg_sq (4 + 4); G_0 is the parameters and a zero outer momentum (4 + 4). A floor, not the
+peak: the global model G (8 B/param) is memory-mapped from disk, and spill buffers and fetched
+states come on top (bench.scale measures peaks of 1.84x / 2.00x the 12 B/param training state for
+host / verifier), so a node that passes may still need more, while one that fails cannot run."""
+
+
+class ModelTooLarge(NodeError):
+    """This machine cannot hold the run's model; nothing was allocated."""
+
+
+def activation_floor(cfg: RunConfig, size: ModelSize) -> int:
+    """Bytes a training step's forward must hold at least, for an architecture the chain counts:
+    the float32 logits (batch·seq_len·vocab) and one saved residual stream per layer for backward
+    (batch·seq_len·hidden each). 0 when the shape is unknown (a declared count)."""
+    if size.vocab is None or size.hidden is None or size.layers is None:
+        return 0
+    return 4 * cfg.batch_size * cfg.seq_len * (size.vocab + size.layers * size.hidden)
+
+
+def available_memory(device: torch.device | str = "cpu") -> int | None:
+    """Bytes this process may still allocate on `device`: on CUDA the free device memory
+    (`torch.cuda.mem_get_info`), on CPU the least of /proc/meminfo's MemAvailable and the cgroup's
+    limit minus its usage (a container's limit is what the kernel enforces). None when unknown."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(dev)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    if dev.type != "cpu":
+        return None
+    known = [v for v in (_meminfo_available(), _cgroup_room()) if v is not None]
+    if not known:
+        try:
+            known.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return min(known)
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """cgroup v2 (memory.max / memory.current) or v1 (limit_in_bytes / usage_in_bytes)."""
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            text = Path(limit).read_text().strip()
+            if text == "max":
+                return None
+            cap, used = int(text), int(Path(usage).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if cap >= 1 << 60:  # v1 writes "no limit" as a huge number
+            return None
+        return max(0, cap - used)
+    return None
+
+
+def meta_param_count(spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST) -> int:
+    """The model built on torch's meta device (shapes only, nothing allocated): the numel of
+    `named_parameters()`, shared tensors once, exactly what a training state holds."""
+    factory = allow_list.get(spec.factory)
+    if factory is None:
+        raise ModelNotAllowed(f"model factory {spec.factory!r} is not on this node's allow-list")
+    try:
+        with torch.device("meta"):
+            made = factory(**factory_config(spec))
+    except (TypeError, ValueError, RuntimeError, NotImplementedError) as e:
+        raise BadModelSpec(f"{spec.factory}: cannot build on the meta device: {e}") from e
+    module = made[0] if isinstance(made, tuple) else made
+    if not isinstance(module, nn.Module):
+        raise BadModelSpec(f"{spec.factory} must return an nn.Module or (nn.Module, loss_fn)")
+    return sum(p.numel() for _, p in module.named_parameters())
+
+
+def check_fits(
+    cfg: RunConfig | ModelSpec,
+    device: torch.device | str,
+    holder: Holder,
+    *,
+    workers: int = 1,
+    allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST,
+    available: int | None = None,
+) -> ModelSize:
+    """Refuse, in one line naming the numbers, a run whose model this machine cannot hold, before
+    anything is allocated; both nodes call it before building (`NodeError`). The count comes from
+    the spec (`protocol.modelsize`: the chain's own count, or the declared `param_count`), is
+    checked against memory, and then against a build on the meta device: they must agree. Needed:
+    `BYTES_PER_PARAM[holder]` per parameter per model (`workers` replay models for a verifier) plus
+    the activation floor, on `device`; off CPU each model is first built in host memory (4 B/param).
+    `available` overrides the memory probe (tests). Given a bare `ModelSpec`, no activations count.
+    """
+    spec = cfg.model if isinstance(cfg, RunConfig) else cfg
+    try:
+        if spec.factory not in allow_list:
+            raise ModelNotAllowed(f"model factory {spec.factory!r} is not on this node's allow-list")
+        size = model_size(spec)
+    except (ModelSizeError, ModelNotAllowed) as e:
+        raise NodeError(f"run model {spec.factory}: {e}") from None
+    dev = torch.device(device)
+    models = max(1, workers) if holder is Holder.VERIFIER else 1
+    floor = activation_floor(cfg, size) if isinstance(cfg, RunConfig) and holder is not Holder.BUILD else 0
+    per = f"{models} x ({BYTES_PER_PARAM[holder]} B/param + {floor / 2**30:,.1f} GiB activations)"
+    _require(models * (BYTES_PER_PARAM[holder] * size.params + floor), dev, size, holder, per, available)
+    if dev.type != "cpu":  # each model is built in host memory first, then moved
+        _require(4 * size.params, torch.device("cpu"), size, holder, "4 B/param to build it", available)
+    try:
+        counted = meta_param_count(spec, allow_list)
+    except (BadModelSpec, ModelNotAllowed) as e:
+        raise NodeError(f"run model: {e}") from None
+    if counted != size.params:
+        what = "declares" if size.declared else "is counted at"
+        raise NodeError(f"run model {spec.factory} {what} {size.params:,} parameters but builds {counted:,}")
+    return size
+
+
+def _require(
+    needed: int, device: torch.device, size: ModelSize, holder: Holder, why: str, available: int | None
+) -> None:
+    room = available if available is not None else available_memory(device)
+    if room is not None and needed > room:
+        raise ModelTooLarge(
+            f"run model {size.factory} has {size.params:,} parameters: a {holder.value} needs "
+            f"{needed / 2**30:,.1f} GiB on {device} ({why}); this machine has "
+            f"{room / 2**30:,.1f} GiB available"
+        )

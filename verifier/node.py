@@ -49,7 +49,7 @@ from protocol.config import Overlap, RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
 from trainer.checkpoint import node_initial_global
 from trainer.data import Corpus, node_corpus
-from trainer.spec import DEFAULT_ALLOW_LIST, Factory, build
+from trainer.spec import DEFAULT_ALLOW_LIST, Factory, Holder, build, check_fits
 from trainer.step import DeviceError, State, env_fingerprint, optimizer_state, pin_device
 from verifier.behaviour import VerifierBehaviour
 from verifier.metrics import VerifierMetrics
@@ -297,6 +297,9 @@ class VerifierNode:
             raise NodeError(str(e)) from e
         self.env: EnvFingerprint = env_fingerprint(self.config.threads)
         self.log("environment", device=str(device), replay_class=self.env.replay_class)
+        check_fits(  # before any allocation: a model this machine cannot hold is refused in one line
+            self.cfg, device, Holder.VERIFIER, workers=self.config.workers, allow_list=self._allow_list
+        )
         self.corpus = self._corpus if self._corpus is not None else node_corpus(
             self.cfg, self.config.dataset_source, self.dir
         )
