@@ -907,15 +907,20 @@ def _draw_audits(run: Run, step: OuterStep, seed: str, height: int, delay: int) 
     return events
 
 
-def _quorum_joined(run: Run) -> bool:
+def _quorum_joined(run: Run, height: int, delay: int) -> bool:
     """Outer step 0 trains only once `min_hosts` hosts and `min_verifiers` verifiers are bonded
-    (later steps never wait: a run that has started goes on with whoever is left)."""
+    (later steps never wait: a run that has started goes on with whoever is left). A verifier counts
+    once its stake will be drawable at the earliest challenge training from `height` could bring
+    (`height + CHALLENGE_DELAY`, a train window closed early in its first block): a quorum is never
+    one the challenge's bonding delay then leaves out."""
     if run.current_step != 0:
         return True
     phases = run_config(run).phases
-    roles = [p.role for p in run.participants.values() if not p.leaving]
-    hosts = sum(1 for r in roles if r == Role.HOST.value)
-    return hosts >= phases.min_hosts and len(roles) - hosts >= phases.min_verifiers
+    active = [p for p in run.participants.values() if not p.leaving]
+    hosts = sum(1 for p in active if p.role == Role.HOST.value)
+    drawable = height + CHALLENGE_DELAY - delay
+    verifiers = sum(1 for p in active if p.role == Role.VERIFIER.value and p.joined_height <= drawable)
+    return hosts >= phases.min_hosts and verifiers >= phases.min_verifiers
 
 
 def _postpone_first_step(run: Run, step: OuterStep, height: int) -> list[Event]:
@@ -949,7 +954,11 @@ def begin_block(state: ChainState, ctx: BlockContext) -> list[Event]:
 def _advance(state: ChainState, run: Run, step: OuterStep, h: int) -> list[Event]:
     """The begin-block transitions of one step in flight (§2.3), each possibly enabled by the last."""
     events: list[Event] = []
-    if step.phase == Phase.PENDING and h >= step.train_start and not _quorum_joined(run):
+    if (
+        step.phase == Phase.PENDING
+        and h >= step.train_start
+        and not _quorum_joined(run, h, bonding_delay(state))
+    ):
         events += _postpone_first_step(run, step, h)
         step = run.steps[step.index]
     if step.phase == Phase.PENDING and h >= step.train_start:

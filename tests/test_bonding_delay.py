@@ -141,3 +141,27 @@ def test_genesis_may_lengthen_the_delay_but_not_shorten_it_below_the_seed_window
     assert ModuleParams(bonding_delay_blocks=10).model_dump()["bonding_delay_blocks"] == 10
     assert module.bonding_delay(make_state(ModuleParams(bonding_delay_blocks=10))) == 10
     assert module.bonding_delay(make_state()) == BONDING_DELAY_BLOCKS
+
+
+def test_step_zero_waits_until_its_quorum_is_drawable_at_the_earliest_challenge() -> None:
+    """min_verifiers counts a verifier once its stake will have served the delay by the earliest
+    challenge training could bring (an early-closed window: the block after next), so a quorum
+    reached in the last block before training is never one the challenge then leaves out."""
+    from chain.module import bonding_delay
+    from chain.params import CHALLENGE_DELAY
+    from protocol.messages import MsgCreateRun
+    from tests.test_chain_module import AUTH, make_config
+
+    sim = Sim(make_state())
+    config = make_config(phases={"min_hosts": 1, "min_verifiers": 1, "early_close": True})
+    sim.ok(MsgCreateRun(creator=AUTH, config=config))
+    sim.ok(join(Role.HOST, TARGET))
+    sim.until(sim.step()["train_start"] + 3)  # no verifier: step 0 keeps re-opening
+    joined = sim.height + 1
+    sim.ok(join(Role.VERIFIER, HONEST))
+    until_phase(sim, Phase.TRAIN)
+    start = sim.step()["train_start"]
+    assert start + CHALLENGE_DELAY - joined >= bonding_delay(sim.state)  # waited for the stake to serve
+    sim.block(commit_msg(TARGET))  # the host commits at once: the window closes early, the challenge next
+    until_phase(sim, Phase.REVEAL)
+    assert assigned(sim, TARGET) == [HONEST]
