@@ -218,6 +218,12 @@ class RunConfig(Frozen):
     tolerance: float = Field(0.0, ge=0, description="tolerance mode: threshold on the parameters")
     tolerance_exp_avg: float = Field(0.0, ge=0, description="tolerance mode: threshold on AdamW exp_avg")
     tolerance_exp_avg_sq: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg_sq")
+    tolerance_update: float = Field(
+        0.0, ge=0, description="tolerance mode: exp_avg in update space (specs §6; 0 = tolerance_exp_avg)"
+    )
+    tolerance_denominator: float = Field(
+        0.0, ge=0, description="tolerance mode: AdamW's denominator (specs §6; 0 = tolerance_exp_avg_sq)"
+    )
     threads: int = Field(1, ge=1, le=256)
     max_outer_steps: int = Field(0, ge=0, description="0 = unbounded")
     numerics: Numerics = Numerics()
@@ -242,6 +248,9 @@ class RunConfig(Frozen):
         data = handler(self)
         if self.overlap is Overlap.NONE:
             data.pop("overlap", None)
+        for name in ("tolerance_update", "tolerance_denominator"):  # likewise, when unset (0)
+            if not getattr(self, name):
+                data.pop(name, None)
         return data
 
     @model_validator(mode="after")
@@ -264,11 +273,14 @@ class RunConfig(Frozen):
 
     @property
     def tolerances(self) -> dict[str, float]:
-        """Tolerance mode's threshold per tensor group of a training state (the step counter: exact)."""
+        """Tolerance mode's thresholds (the step counter: exact): per tensor group of a training state,
+        then the moments in update space (`verifier.update_space`; unset, they take the moments')."""
         return {
             "param": self.tolerance,
             "exp_avg": self.tolerance_exp_avg,
             "exp_avg_sq": self.tolerance_exp_avg_sq,
+            "update": self.tolerance_update or self.tolerance_exp_avg,
+            "denominator": self.tolerance_denominator or self.tolerance_exp_avg_sq,
         }
 
     @property

@@ -10,8 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gonka_diloco.adversaries.lab import tiny_config
-from verifier.calibrate import FLOOR, calibrate, propose, table, to_json
+from protocol.config import RunConfig
+from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate, propose, table, to_json
 from verifier.cli import app
+from verifier.verify import TOLERANCE_CHECKS
 
 CORPUS = "synthetic:40000:0"
 
@@ -45,11 +47,14 @@ def test_each_group_gets_its_own_threshold_and_an_attack_needs_to_clear_only_one
 
 def test_same_environment_in_two_processes_has_zero_noise() -> None:
     p = calibrate(tiny_config(), CORPUS, ks=(2, 4), threads=(1, 1), trials=1, warmup=2)
-    for r in p.rows:  # bitwise across processes, every group: the protocol's footing
-        assert set(r.noise) == {"param", "exp_avg", "exp_avg_sq"} and set(r.noise.values()) == {0.0}
+    for r in p.rows:  # bitwise across processes, every distance: the protocol's footing
+        assert set(r.noise) == set(TOLERANCE_CHECKS) and set(r.noise.values()) == {0.0}
     assert [r.noisy for r in p.rows] == [0.0, 0.0]
     assert all(min(r.skip.values()) > 1e-3 and min(r.swap.values()) > 1e-3 for r in p.rows) and p.k == 4
-    assert set(p.run_config_fields()) == {"tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq"}
+    assert set(p.run_config_fields()) == set(CONFIG_FIELDS.values()) == {
+        "tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq", "tolerance_update", "tolerance_denominator"
+    }
+    RunConfig(**{**tiny_config().model_dump(), "replay_mode": "tolerance", **p.run_config_fields()})
 
 
 def test_one_versus_two_threads_noise_is_far_below_the_attack_signals() -> None:
@@ -60,7 +65,7 @@ def test_one_versus_two_threads_noise_is_far_below_the_attack_signals() -> None:
     assert math.isinf(p.rows[0].skip["param"])  # skipping the only step of k = 1 leaves the start state
     data = json.loads(json.dumps(to_json(p)))  # strict JSON: no Infinity
     assert data["rows"][0]["skip"]["param"] is None and data["k"] == 3
-    assert set(data["run_config"]) == {"tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq"}
+    assert set(data["run_config"]) == set(CONFIG_FIELDS.values())
 
 
 def test_cli_lists_behaviours_and_refuses_a_bad_config(tmp_path: Path) -> None:

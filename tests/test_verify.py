@@ -28,6 +28,7 @@ from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, run_committed
 from trainer.step import State, configure_determinism, env_fingerprint, optimizer_state
 from verifier.verify import (
+    TOLERANCE_CHECKS,
     CannotVerify,
     Job,
     MissingData,
@@ -339,7 +340,7 @@ def test_tolerance_mode_compares_the_whole_state(world: World) -> None:
     replay = replay_segment(job, lab.replay_context(world.g0), start, 0)  # the verifier's own replay
     assert param_distance(replay, claim, start) == 0.0  # what a params-only check saw: nothing
     d = state_distances(replay, claim, start)
-    assert d["exp_avg"] > 0.1 and tolerance_mismatch(replay, claim, start, cfg.tolerances) is not None
+    assert d["exp_avg"] > 0.1 and tolerance_mismatch(replay, claim, start, cfg.tolerances, cfg.inner)
 
     configure_determinism(2)
     try:
@@ -356,16 +357,20 @@ def test_tolerance_mode_compares_the_whole_state(world: World) -> None:
 
 
 def test_tolerance_mismatch_names_what_differs() -> None:
+    inner = tiny_config().inner
     s = {"param/w": torch.zeros(3), "exp_avg/w": torch.zeros(3), "exp_avg_sq/w": torch.zeros(3),
          "step": torch.tensor(0.0)}  # fmt: skip
-    c = {"param/w": torch.ones(3), "exp_avg/w": torch.ones(3), "exp_avg_sq/w": torch.ones(3),
-         "step": torch.tensor(2.0)}  # fmt: skip
-    tol = dict.fromkeys(("param", "exp_avg", "exp_avg_sq"), 0.01)
-    assert tolerance_mismatch(dict(c), c, s, tol) is None
-    assert "step counter" in str(tolerance_mismatch({**c, "step": torch.tensor(3.0)}, c, s, tol))
+    c = {"param/w": torch.ones(3), "exp_avg/w": torch.ones(3) * 0.5, "exp_avg_sq/w": torch.ones(3),
+         "step": torch.tensor(2.0)}  # fmt: skip  # |m̂|/√v̂ = 0.82 ≤ C(2): a genuine AdamW state
+    tol = dict.fromkeys(TOLERANCE_CHECKS, 0.01)
+    assert tolerance_mismatch(dict(c), c, s, tol, inner) is None
+    assert "step counter" in str(tolerance_mismatch({**c, "step": torch.tensor(3.0)}, c, s, tol, inner))
     sq = {**c, "exp_avg_sq/w": torch.ones(3) * 2}
-    assert "exp_avg_sq distance" in str(tolerance_mismatch(sq, c, s, tol))
-    assert "tensors" in str(tolerance_mismatch({k: v for k, v in c.items() if k != "exp_avg/w"}, c, s, tol))
+    assert "exp_avg_sq distance" in str(tolerance_mismatch(sq, c, s, tol, inner))
+    gone = {k: v for k, v in c.items() if k != "exp_avg/w"}
+    assert "tensors" in str(tolerance_mismatch(gone, c, s, tol, inner))
+    forged = {**c, "exp_avg/w": torch.ones(3)}  # |m̂|/√v̂ = 1.64 > C(2) = 1.0004: no AdamW run
+    assert "not a genuine AdamW state" in str(tolerance_mismatch(dict(c), forged, s, tol, inner))
     moved = state_distances({**c, "param/w": torch.ones(3) * 1.001}, c, s)
     assert moved["param"] == pytest.approx(1e-3, rel=1e-3) and moved["exp_avg"] == 0.0
 

@@ -2,16 +2,19 @@
 
 Bitwise replay holds only within one environment (torch version, thread count). Tolerance mode
 compares the whole end state, each tensor group g (parameters, exp_avg, exp_avg_sq) by
-‖x_replay − x_claim‖ / ‖x_claim − x_start‖ against its own threshold, which must sit well above
-honest cross-environment noise of that group; an attack is seen when some group exceeds its
+‖x_replay − x_claim‖ / ‖x_claim − x_start‖ and the moments in update space (`update`,
+`denominator`: `verifier.update_space`), each against its own threshold, which must sit well above
+honest cross-environment noise of that distance; an attack is seen when some distance exceeds its
 threshold. Both grow with the segment length k, the noise faster (DESIGN §2), so this measures,
-per k and group:
+per k and distance:
 
 - noise: the same segment from the same state run in two separate processes of different
   environments — thread counts, or devices (CPU vs GPU, GPU vs GPU: `devices`, i.e. two replay
-  classes) — env A is the verifier, env B the host; its maximum over trials, because it is
-  sporadic (many segments replay bit-identically across thread counts, a few do not), so a
-  calibration needs enough trials to see it at all (`differs` reports the share that did);
+  classes) — env A is the verifier, env B the host; its maximum over trials (the fresh state of a
+  run's first segment, where AdamW's bias corrections are largest and the moments smallest, and
+  `trials` warm states), because it is sporadic (many segments replay bit-identically across
+  thread counts, a few do not), so a calibration needs enough trials to see it at all (`differs`
+  reports the share that did);
 - skip: the host skipped one inner step of the segment (first or last, the smaller signal);
 - swap: the host trained one inner step on another batch (first or last, the smaller signal);
 
@@ -43,7 +46,7 @@ from trainer.device import host_state, resolve_device
 from trainer.spec import build
 from trainer.step import State, configure_determinism, load_training_state, make_optimizer, train_segment
 from trainer.step import training_state as live_state
-from verifier.verify import TOLERANCE_GROUPS, state_distances
+from verifier.verify import TOLERANCE_CHECKS, tolerance_distances
 
 HOST = "calibration"
 SWAP_HOST = "calibration-swapped"
@@ -51,12 +54,22 @@ FLOOR = 1e-7
 """Smallest threshold proposed: below it float32 rounding of the distance itself dominates."""
 
 
+CONFIG_FIELDS = {
+    "param": "tolerance",
+    "exp_avg": "tolerance_exp_avg",
+    "exp_avg_sq": "tolerance_exp_avg_sq",
+    "update": "tolerance_update",
+    "denominator": "tolerance_denominator",
+}
+"""The RunConfig field of each distance's threshold."""
+
+
 class CalibrationError(RuntimeError):
     """A worker process failed or produced nothing usable."""
 
 
 Groups = Mapping[str, float]
-"""One value per tensor group (`verifier.verify.TOLERANCE_GROUPS`); a bare float means parameters."""
+"""One value per distance (`verifier.verify.TOLERANCE_CHECKS`); a bare float means parameters."""
 
 
 @dataclass(frozen=True)
@@ -83,10 +96,10 @@ class Proposal:
         return None if self.tolerances is None else self.tolerances["param"]
 
     def run_config_fields(self) -> dict[str, float]:
-        """`tolerance`, `tolerance_exp_avg`, `tolerance_exp_avg_sq` as RunConfig takes them."""
+        """`tolerance`, `tolerance_exp_avg`, `tolerance_exp_avg_sq`, `tolerance_update`,
+        `tolerance_denominator` as RunConfig takes them (those measured)."""
         t = self.tolerances or {}
-        names = {"param": "tolerance", "exp_avg": "tolerance_exp_avg", "exp_avg_sq": "tolerance_exp_avg_sq"}
-        return {names[g]: v for g, v in t.items() if g in names}
+        return {CONFIG_FIELDS[g]: v for g, v in t.items() if g in CONFIG_FIELDS}
 
 
 def _groups(x: float | Groups) -> dict[str, float]:
@@ -192,7 +205,8 @@ def calibrate(
     devices: tuple[str, str] = ("cpu", "cpu"),
 ) -> Proposal:
     """Measure noise and signals for every k; the verifier's environment is (`devices[0]`,
-    `threads[0]`), the host's (`devices[1]`, `threads[1]`). The run config's numerics apply to both."""
+    `threads[0]`), the host's (`devices[1]`, `threads[1]`). The run config's numerics apply to both.
+    Trials: the fresh state (step 0, the start of every run) and `trials` warm states."""
     if not ks or min(ks) < 1 or trials < 1:
         raise ValueError("need ks >= 1 and trials >= 1")
     configure_determinism(threads[0])
@@ -202,8 +216,9 @@ def calibrate(
         starts: list[str] = []
         built = build(cfg.model)
         opt = make_optimizer(built.module, cfg.inner)
-        for t in range(trials):  # warm states: moments are not zero, as in a real segment
-            train_segment(built.module, opt, cfg, data, HOST, 1000 + t, 0, warmup, loss_fn=built.loss_fn)
+        for t in range(trials + 1):  # the fresh state, then warm ones (moments not zero)
+            if t:
+                train_segment(built.module, opt, cfg, data, HOST, 1000 + t, 0, warmup, loss_fn=built.loss_fn)
             path = work / f"start-{t}.safetensors"
             state = live_state(built.module, opt, copy=True)
             save_file({k: v.contiguous() for k, v in state.items()}, str(path))
@@ -218,28 +233,26 @@ def calibrate(
         skip: list[Groups] = []
         swap: list[Groups] = []
         noisy: list[float] = []
+        groups, inner = TOLERANCE_CHECKS, cfg.inner
         for k in ks:
-            n_k = dict.fromkeys(TOLERANCE_GROUPS, 0.0)
-            skip_k, swap_k = (
-                dict.fromkeys(TOLERANCE_GROUPS, math.inf),
-                dict.fromkeys(TOLERANCE_GROUPS, math.inf),
-            )
+            n_k = dict.fromkeys(groups, 0.0)
+            skip_k, swap_k = dict.fromkeys(groups, math.inf), dict.fromkeys(groups, math.inf)
             seen = 0
-            for t in range(trials):
+            for t in range(len(starts)):
                 start = load_file(starts[t])
                 ref = _slice(a, f"{t}/{k}/honest/")
-                d = state_distances(ref, _slice(b, f"{t}/{k}/honest/"), start)
-                n_k = {g: max(n_k[g], d[g]) for g in TOLERANCE_GROUPS}
+                d = tolerance_distances(ref, _slice(b, f"{t}/{k}/honest/"), start, inner)
+                n_k = {g: max(n_k[g], d[g]) for g in groups}
                 seen += any(v > 0 for v in d.values())
                 for pos in ("first", "last"):
-                    ds = state_distances(ref, _slice(a, f"{t}/{k}/skip_{pos}/"), start)
-                    dw = state_distances(ref, _slice(a, f"{t}/{k}/swap_{pos}/"), start)
-                    skip_k = {g: min(skip_k[g], ds[g]) for g in TOLERANCE_GROUPS}
-                    swap_k = {g: min(swap_k[g], dw[g]) for g in TOLERANCE_GROUPS}
+                    ds = tolerance_distances(ref, _slice(a, f"{t}/{k}/skip_{pos}/"), start, inner)
+                    dw = tolerance_distances(ref, _slice(a, f"{t}/{k}/swap_{pos}/"), start, inner)
+                    skip_k = {g: min(skip_k[g], ds[g]) for g in groups}
+                    swap_k = {g: min(swap_k[g], dw[g]) for g in groups}
             noise.append(n_k)
             skip.append(skip_k)
             swap.append(swap_k)
-            noisy.append(seen / trials)
+            noisy.append(seen / len(starts))
     return propose(ks, noise, skip, swap, factor, noisy)
 
 

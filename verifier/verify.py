@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from nodekit.eager import EagerStart
 from protocol import chunks, codecs
 from protocol.codecs import CodecError
-from protocol.config import ReplayMode, RunConfig, canonical_json
+from protocol.config import InnerOptim, ReplayMode, RunConfig, canonical_json
 from protocol.envclass import ReplayDecision, replay_decision
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
@@ -47,6 +47,7 @@ from trainer.step import (
     training_hash,
     training_state,
 )
+from verifier.update_space import UPDATE_CHECKS, genuine_mismatch, update_distances
 
 PARAM = "param/"
 
@@ -334,15 +335,21 @@ def state_distances(replay: State, claim: State, start: State) -> dict[str, floa
     return {g: group_distance(replay, claim, start, g) for g in TOLERANCE_GROUPS}
 
 
-def tolerance_mismatch(
+TOLERANCE_CHECKS = (*TOLERANCE_GROUPS, *UPDATE_CHECKS)
+"""Every thresholded distance of tolerance mode, in the order it is checked: the three group norms,
+then the moments in update space (`verifier.update_space`)."""
+
+
+def tolerance_distances(replay: State, claim: State, start: State, inner: InnerOptim) -> dict[str, float]:
+    """Every distance of `TOLERANCE_CHECKS` between a replayed and a claimed end state."""
+    return {**state_distances(replay, claim, start), **update_distances(replay, claim, inner)}
+
+
+def group_mismatch(
     replay: State, claim: State, start: State, thresholds: Mapping[str, float]
 ) -> str | None:
-    """None if the claimed end state is within tolerance of the replay, else what is not.
-
-    The whole state is compared: the same tensor names and shapes, the step counter exactly, and
-    every group (parameters and both AdamW moments) below its own threshold. Parameters alone are
-    not enough: moments rewritten at a boundary seed the next segment and the carried optimizer.
-    """
+    """The group-norm part of `tolerance_mismatch` alone: names, step counter, untracked tensors
+    exactly, and each group below its threshold. Not enough on its own (`budget_steer`)."""
     if set(replay) != set(claim):
         return f"claimed state has tensors {sorted(set(claim) ^ set(replay))[:3]} the replay does not"
     if not torch.equal(replay["step"], claim["step"]):
@@ -355,6 +362,35 @@ def tolerance_mismatch(
     for g in TOLERANCE_GROUPS:
         if not distances[g] < thresholds[g]:
             return f"{g} distance {distances[g]:.3e} >= tolerance {thresholds[g]:.3e}"
+    return None
+
+
+def tolerance_mismatch(
+    replay: State, claim: State, start: State, thresholds: Mapping[str, float], inner: InnerOptim
+) -> str | None:
+    """None if the claimed end state is within tolerance of the replay, else what is not.
+
+    The whole state is compared (specs §6, REPLAY_MISMATCH): the same tensor names and shapes, the
+    step counter exactly, the claim a genuine AdamW state coordinate by coordinate, every group
+    (parameters and both AdamW moments) below its own threshold, and the moments in update space
+    (`verifier.update_space`) below theirs. Parameters alone are not enough (moments rewritten at a
+    boundary seed the next segment and the carried optimizer), and norms over whole groups are not
+    either (a nudge of exp_avg where exp_avg_sq ≈ 0 is a step of lr·m/ε).
+    """
+    if set(replay) != set(claim):
+        return f"claimed state has tensors {sorted(set(claim) ^ set(replay))[:3]} the replay does not"
+    if not torch.equal(replay["step"], claim["step"]):
+        return f"step counter {claim['step'].tolist()} != replayed {replay['step'].tolist()}"
+    bad = genuine_mismatch(claim, inner)
+    if bad is not None:
+        return f"claimed state is not a genuine AdamW state: {bad}"
+    why = group_mismatch(replay, claim, start, thresholds)
+    if why is not None:
+        return why
+    distances = update_distances(replay, claim, inner)
+    for c in UPDATE_CHECKS:
+        if not distances[c] < thresholds[c]:
+            return f"{c} distance {distances[c]:.3e} >= tolerance {thresholds[c]:.3e}"
     return None
 
 
@@ -571,6 +607,11 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
                     fill_live(ctx, live, start)
                 except StateError as e:
                     raise MalformedBlob(f"segment {o.segment} start state does not load: {e}") from e
+                if o.segment > 0:  # the host's claim for the end of segment o − 1, opened or not
+                    bad = genuine_mismatch(live, job.cfg.inner)
+                    if bad is not None:
+                        raise _Reject(Reason.REPLAY_MISMATCH, f"segment {o.segment}: start is not a "
+                                                              f"genuine AdamW state: {bad}")  # fmt: skip
             start = None if bitwise else host_state(live)  # a copy in host memory, like `claim`
             t0 = time.perf_counter()
             k = job.cfg.segment_len
@@ -593,7 +634,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
                 start = start if start is not None else _start_again(job, ctx, source, o)
                 known = claim is not None and start is not None
                 if job.cfg.replay_mode is ReplayMode.TOLERANCE and known:
-                    why = tolerance_mismatch(end, claim, start, job.cfg.tolerances)  # type: ignore[arg-type]
+                    why = tolerance_mismatch(end, claim, start, job.cfg.tolerances, job.cfg.inner)  # type: ignore[arg-type]
                 else:
                     dist = param_distance(end, claim, start) if known else math.inf  # type: ignore[arg-type]
                     why = f"param distance {dist:.3e}"

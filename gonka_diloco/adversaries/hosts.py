@@ -23,6 +23,8 @@ must find.
 | bad_tokens    | trains honestly, claims more tokens than H × batch × seq_len  | BAD_TOKENS           |
 | forged_env    | free rider claiming a GPU class no verifier has               | abstain (unverified) |
 | moment_steer  | params exact, AdamW moments rewritten at every boundary       | REPLAY_MISMATCH      |
+| budget_steer  | tolerance mode: every boundary moved by a fraction of every   | REPLAY_MISMATCH (4)  |
+|               | threshold, one way (exp_avg where exp_avg_sq = 0: lr·m/ε)     |                      |
 | withhold      | trains honestly, serves its verifiers, then refuses its Δ     | (2)                  |
 | forge_result  | withholds its Δ and votes for a G_{n+1} it made up            | (2), vote never wins |
 | silent_after_accept | honest until accepted, then serves, votes, commits nothing | (2)            |
@@ -45,6 +47,10 @@ slashed, and the result is asked again over the rest.
 G_base − θ_H and finds another hash; WRONG_START when segment 0 is opened. Measuring Δ from the base
 instead makes it a one-segment fake (segment 0's start), caught when segment 0 is sampled: the
 lazy host's bound, (s − 1)/(n − 1) per step.
+
+(4) by the update-space check of tolerance mode (specs §6); the group norms alone accept it. With
+`target="update"` it stays within every check and is accepted: what it can steer then is
+`bench.steering`'s figure (RESULTS.md).
 
 (5) the loss a vote carries decides nothing on chain; `gonka-diloco report` takes the median over
 the votes for the adopted model and names every voter whose value differs from it (honest hosts
@@ -70,6 +76,7 @@ import torch
 import zstandard
 from torch import Tensor
 
+from gonka_diloco.adversaries.steer import TARGETS, WHERE, make_genuine, steer_boundary
 from nodekit.store import clone_state
 from protocol import codecs
 from protocol.config import ReplayMode, RunConfig
@@ -212,6 +219,8 @@ class SignFlipDelta(HostAdversary):
 class LazyHost(HostAdversary):
     """Skips a fraction f of its segments and extrapolates their end states from the last real one.
 
+    Its made-up moments are kept within what a genuine AdamW state can look like (|m̂| ≤ C(t)·
+    (√v̂ + ε), specs §6.3; the verifier checks every start it fetches), so only replay tells.
     It never fakes the last segment (always opened, so faking it is always caught): it fakes
     m = round(f · (n − 1)) of the other n − 1 segments, chosen by its own seed. A faked segment is
     caught only when sampled: P(caught) = 1 − C(n−1−m, s−1) / C(n−1, s−1) ≈ 1 − (1 − f)^(s−1).
@@ -247,6 +256,7 @@ class LazyHost(HostAdversary):
                     if name != "step":  # second moments stay non-negative, or AdamW's sqrt gives NaN
                         x = t + (t - prev[name])
                         nxt[name] = x.clamp_min(0) if name.startswith("exp_avg_sq/") else x
+                nxt = make_genuine(nxt, cfg.inner)  # moments AdamW can produce (specs §6.3)
                 load_training_state(ctx.model, ctx.optimizer, nxt)
             else:
                 losses += train_segment(
@@ -471,7 +481,7 @@ class MomentSteer(HostAdversary):
                 out[name] = direction * (m.norm() / direction.norm().clamp_min(1e-30))
             elif name.startswith("exp_avg_sq/"):
                 out[name] = st[name] * self.sq_scale
-        return out
+        return make_genuine(out, ctx.cfg.inner)  # moments AdamW could produce: replay must tell
 
     def make_contribution(self, ctx: OuterContext) -> Contribution:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
@@ -484,6 +494,51 @@ class MomentSteer(HostAdversary):
                 loss_fn=ctx.loss_fn,
             )  # fmt: skip
             cur = self.steer(clone_state(training_state(ctx.model, ctx.optimizer)), ctx)
+            states.append(cur)
+        load_training_state(ctx.model, ctx.optimizer, cur)  # what it carries to the next step
+        return assemble(ctx, states, losses)
+
+
+class BudgetSteer(HostAdversary):
+    """Steers the model within tolerance mode's thresholds: trains every segment for real, then
+    moves the claimed end by `fraction` of every threshold, always the same way, so the moves add up
+    over segments and outer steps (`gonka_diloco.adversaries.steer`). `target="group"` spends the
+    per-group norms' budgets where they are weakest (exp_avg where exp_avg_sq = 0: AdamW's steps of
+    lr·m/ε), which those norms alone accept; `target="update"` is the strongest steering known within
+    every check of specs §6 (accepted: its effect is measured by `bench.steering`).
+    """
+
+    name = "budget_steer"
+    expected = ("REPLAY_MISMATCH",)
+    chain_outcome = "rejected"
+
+    def __init__(
+        self, fraction: float = 0.9, target: str = "group", where: str = "free", seed: int = 0,
+        params: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.params = bool(params)  # False: the moments' budgets alone, parameters exact
+        if not 0.0 <= float(fraction) < 1.0:
+            raise ValueError("fraction must be in [0, 1)")
+        if target not in TARGETS or where not in WHERE:
+            raise ValueError(f"target must be one of {TARGETS}, where one of {WHERE}")
+        self.fraction, self.target, self.where, self.seed = float(fraction), target, where, seed
+        if target == "update":  # within every check: accepted, its steering bounded (bench.steering)
+            self.expected, self.chain_outcome = ("ACCEPT",), "accepted"
+
+    def make_contribution(self, ctx: OuterContext) -> Contribution:
+        cfg, k = ctx.cfg, ctx.cfg.segment_len
+        cur = start_state(ctx)
+        states, losses = [cur], []
+        for j in range(cfg.n_segments):
+            load_training_state(ctx.model, ctx.optimizer, cur)
+            losses += train_segment(
+                ctx.model, ctx.optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
+                loss_fn=ctx.loss_fn,
+            )  # fmt: skip
+            end = clone_state(training_state(ctx.model, ctx.optimizer))
+            cur = steer_boundary(end, cur, cfg, self.fraction, self.target, self.where, self.seed,
+                                 params=self.params)  # fmt: skip
             states.append(cur)
         load_training_state(ctx.model, ctx.optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)
@@ -670,6 +725,7 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "bad_tokens": BadTokens,
     "forged_env": ForgedEnvironment,
     "moment_steer": MomentSteer,
+    "budget_steer": BudgetSteer,
     "withhold": Withhold,
     "forge_result": ForgeResult,
     "silent_after_accept": SilentAfterAccept,

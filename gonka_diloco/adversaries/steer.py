@@ -1,0 +1,188 @@
+"""Bounded-budget steering of tolerance mode (`budget_steer`): how far a host can move its claimed
+boundary states while every opened segment still replays to within the run's thresholds.
+
+At a boundary the host has R, the end its own (honest) training of the segment reached, and S, the
+segment's start. It claims R moved by `fraction` of every threshold of specs §6, the same way at
+every boundary of every outer step (a seeded direction σ fixed for the run), so the moves add up;
+the next segment trains from the claim, so its replay reproduces whatever the moved moments do.
+Every move is measured with the verifier's own functions on the float32 claim and rescaled until it
+spends exactly `fraction` of its budget, so rounding never pushes it over.
+
+Two targets:
+
+- "group": the per-group norms alone (what tolerance mode checked before issue 23): the params
+  along σ; exp_avg on the coordinates where exp_avg_sq is 0 (embedding rows no batch uses), which
+  AdamW turns into steps of lr·m/ε; exp_avg_sq shrunk. Within every group threshold, rejected by
+  the update-space check.
+- "update": the strongest steering known within EVERY check (groups, update space, the genuine-
+  state bound). The effect-weighted checks leave no coordinate cheaper per unit of movement, so
+  the budget goes where a move persists: the params along σ on `where` coordinates ("free": those
+  with exp_avg_sq = 0, where no gradient pulls a move back and weight decay alone shrinks it;
+  "all": every coordinate); exp_avg moved by the update-space budget so that the next steps move
+  the params along σ too (capped by the exp_avg group norm and by |m̂| ≤ C(t)·(√v̂ + ε));
+  AdamW's denominator shrunk where the honest update already moves along σ and grown where it
+  moves against it (steps along σ larger), capped by the denominator RMS and exp_avg_sq norm.
+  `where="along"` instead moves with the training itself: the params a step farther along the
+  segment's own movement, exp_avg scaled up, every denominator shrunk (Δ made larger).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from protocol.config import InnerOptim, RunConfig
+from trainer.step import State
+from verifier.calibrate import FLOOR
+from verifier.update_space import bias_corrections, genuine_bound, update_distances
+from verifier.verify import group_distance
+
+TARGETS = ("group", "update")
+WHERE = ("free", "all", "along")
+_P, _M, _V = "param/", "exp_avg/", "exp_avg_sq/"
+
+
+def direction(seed: int, name: str, shape: torch.Size) -> Tensor:
+    """σ for one tensor: fixed random signs, the same at every boundary and outer step."""
+    key = int.from_bytes(hashlib.sha256(f"budget_steer:{seed}:{name}".encode()).digest()[:8], "big") >> 1
+    g = torch.Generator().manual_seed(key)
+    return torch.randint(0, 2, shape, generator=g).to(torch.float64) * 2 - 1
+
+
+def budgets(cfg: RunConfig, fraction: float) -> dict[str, float]:
+    """`fraction` of every threshold; a bitwise run (thresholds 0) is given the smallest one
+    calibration ever proposes (any move is then caught by the hash)."""
+    return {g: fraction * max(t, FLOOR) for g, t in cfg.tolerances.items()}
+
+
+Apply = Callable[[float], State]
+Ratio = Callable[[State], float]
+
+
+def _fit(apply: Apply, ratio: Ratio, probe: float) -> State:
+    """apply(s) at the largest scale s found where ratio (the largest distance ÷ its budget) is at
+    most 1, starting from `probe`: distances are nearly linear in s, and a bracketing search absorbs
+    float32 rounding (a move below a coordinate's resolution rounds to 0 or to a whole ulp)."""
+    lo, hi, s = 0.0, math.inf, probe
+    for _ in range(24):
+        r = ratio(apply(s))
+        if not math.isfinite(r):
+            hi = s
+        elif r <= 1.0:
+            lo = s
+            if r >= 0.999:
+                break
+        else:
+            hi = s
+        guess = s / r * 0.9995 if 0.0 < r < math.inf else (s * 10.0 if r == 0.0 else s / 10.0)
+        s = guess if lo < guess < hi else (math.sqrt(lo * hi) if lo > 0 and hi < math.inf else
+                                           (s * 10.0 if hi == math.inf else (lo + hi) / 2))  # fmt: skip
+    return apply(lo)
+
+
+def steer_boundary(
+    end: State, start: State, cfg: RunConfig, fraction: float, target: str = "update", where: str = "free",
+    seed: int = 0, params: bool = True,
+) -> State:  # fmt: skip
+    """The claimed boundary state: `end` (the host's own training of the segment from `start`)
+    moved by `fraction` of every budget, as the module docstring says (`params=False`: the moments'
+    budgets alone, the parameters exact). Pure; float32 like `end`."""
+    if target not in TARGETS or where not in WHERE:
+        raise ValueError(f"target must be one of {TARGETS}, where one of {WHERE}")
+    tau = budgets(cfg, fraction)
+    inner = cfg.inner
+    names = sorted(k[len(_P) :] for k in end if k.startswith(_P))
+    bc1, bc2 = bias_corrections(float(end["step"]), inner)
+    sqrt_v = {n: (end[_V + n].double() / bc2).sqrt() for n in names}
+    d = {n: sqrt_v[n] + inner.eps for n in names}  # AdamW's denominator at the boundary
+    free = {n: end[_V + n] == 0 for n in names}
+    any_free = any(bool(f.any()) for f in free.values())
+    sigma = {n: direction(seed, n, end[_P + n].shape) for n in names}
+    where_mask = free if where == "free" and any_free else {n: torch.ones_like(free[n]) for n in names}
+    update = target == "update"
+
+    def dist(group: str) -> Ratio:
+        return lambda c: group_distance(end, c, start, group) / tau[group]
+
+    def upd(which: str) -> Ratio:
+        return lambda c: update_distances(end, c, inner)[which] / tau[which]
+
+    def worst(*ratios: Ratio) -> Ratio:
+        return lambda c: max(r(c) for r in ratios)
+
+    def moved(base: State, prefix: str, move: Mapping[str, Tensor], s: float) -> State:
+        return {**base, **{prefix + n: (end[prefix + n].double() + s * move[n]).float() for n in names}}
+
+    # the params: along σ on the chosen coordinates
+    along = update and where == "along"  # more of what the segment did: a step farther, larger steps
+    if along:
+        dtheta = {n: end[_P + n].double() - start[_P + n].double() for n in names}
+    else:
+        dtheta = {n: sigma[n] * where_mask[n] for n in names}
+    out = _fit(lambda s: moved(end, _P, dtheta, s), dist("param"), 1e-6) if params else dict(end)
+
+    # exp_avg: −m̂ moves θ along +σ
+    if update:  # a unit of update space is the same movement everywhere: spend it where θ moves
+        dm = {n: end[_M + n].double() if along else -sigma[n] * where_mask[n] * d[n] * bc1 for n in names}
+        ratio_m = worst(dist("exp_avg"), upd("update"))
+    else:  # where exp_avg_sq = 0 AdamW steps lr·m/ε (else: the smallest denominators)
+        cheap = free if any_free else _smallest(d, 0.01)
+        dm = {n: -sigma[n] * cheap[n] for n in names}
+        ratio_m = dist("exp_avg")
+    base_m = out
+
+    def apply_m(s: float) -> State:
+        st = moved(base_m, _M, dm, s)
+        return make_genuine(st, inner) if update else st
+
+    out = _fit(apply_m, ratio_m, 1e-6)
+
+    # exp_avg_sq
+    base_v = out
+    if update:  # √v̂ moved by ρ·σ·sign(m): smaller where the step moves θ along σ, larger against
+        rel = {n: -torch.ones_like(sigma[n]) if along else sigma[n] * torch.sign(base_v[_M + n].double())
+               for n in names}  # fmt: skip
+        ratio_v = worst(dist("exp_avg_sq"), upd("denominator"))
+
+        def apply_v(s: float) -> State:
+            v = {_V + n: (sqrt_v[n] * (1 + s * rel[n]).clamp_min(0)).square().mul(bc2).float() for n in names}
+            return make_genuine({**base_v, **v}, inner)
+    else:  # every denominator shrunk (AdamW's steps grow); the free rows stay 0
+        ratio_v = dist("exp_avg_sq")
+
+        def apply_v(s: float) -> State:
+            v = {_V + n: (end[_V + n].double() * (1 - s)).clamp_min(0).float() for n in names}
+            return {**base_v, **v}
+
+    out = _fit(apply_v, ratio_v, 1e-6)
+    if update and worst(dist("exp_avg"), upd("update"))(out) > 1.0:  # the clamp moved m: v stays
+        return base_v
+    return out
+
+
+def _smallest(d: Mapping[str, Tensor], share: float) -> dict[str, Tensor]:
+    flat = torch.cat([t.reshape(-1) for t in d.values()])
+    cut = float(flat.kthvalue(max(1, int(share * flat.numel()))).values)
+    return {n: t <= cut for n, t in d.items()}
+
+
+def make_genuine(st: State, inner: InnerOptim) -> State:
+    """exp_avg clamped to |m̂| ≤ C(t)·(√v̂ + ε), the bound every genuine AdamW state meets (specs
+    §6.3): what a forger does to any state it makes up, so that only replay can tell."""
+    step = float(st["step"])
+    if step < 1:
+        return st
+    bc1, bc2 = bias_corrections(step, inner)
+    c = genuine_bound(int(step), inner.beta1, inner.beta2)
+    if not math.isfinite(c):
+        return st
+    out = dict(st)
+    for key in [k for k in st if k.startswith(_M)]:
+        n = key[len(_M) :]
+        cap = c * bc1 * ((st[_V + n].double() / bc2).sqrt() + inner.eps)
+        out[key] = torch.minimum(torch.maximum(st[key].double(), -cap), cap).float()
+    return out
