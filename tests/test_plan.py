@@ -417,9 +417,22 @@ def test_defaults_are_the_chains() -> None:
     assert json.loads(r.output)["plan"]["security"]["collusion_success"] == pytest.approx(0.5**7)
 
 
+README_RUN_TOML = """name = "mine"
+inner_steps = 500
+[inner]
+lr = 4e-4
+warmup_steps = 1000
+decay_steps = 88000
+[model]
+factory = "trainer.hf:llama"
+config = { preset = "small", vocab_size = 8192, seed = 1 }
+"""
+"""The run.toml the README's recipe wrote by hand before `gonka-diloco init` (issue 27: `plan`
+refused it): a transformers preset that `run create` expands."""
+
+
 def _readme_run_toml() -> str:
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    return text.split("cat > run.toml <<'TOML'\n", 1)[1].split("\nTOML\n", 1)[0] + "\n"
+    return README_RUN_TOML
 
 
 def test_plan_reads_the_readme_run_toml(tmp_path: Path) -> None:
