@@ -33,9 +33,17 @@ import torch
 from torch import Tensor, nn
 
 from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
-from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, RunConfig
+from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, OuterRule, RunConfig
+from protocol.errorfeedback import EFConfig, ef_hash, ef_step, verify_ef_step
 from protocol.merkle import merkle_root
-from protocol.outer import eager_start, global_model_hash, nesterov, outer_update, weighted_mean
+from protocol.outer import (
+    SparseAccumulator,
+    apply_rule,
+    eager_start,
+    global_model_hash,
+    outer_update,
+    weighted_mean,
+)
 from protocol.prf import sample_segments
 from trainer.commit import Contribution, openings, param_tensors, run_committed
 from trainer.data import Corpus, batch, eval_loss, open_dataset
@@ -81,6 +89,10 @@ class Setup:
     warmup_steps: int = 0
     cosine: bool = False  # decay the inner lr to 10% over the run (T·H steps per host), as the paper
     init_params: str = ""  # start from these saved parameters (a warm start computed once)
+    codec_chunk: int = 4096  # codec "sparse": the chunk C (other codecs keep block size 256)
+    codec_topk: int = 0  # codec "sparse": entries kept per chunk (0 = C/64)
+    ef_decay: float = 1.0  # codec "sparse": β of the error-feedback accumulator
+    outer_rule: str = "nesterov"  # or "average" (SparseLoCo: θ − lr·mean, no momentum)
 
     def spec(self) -> ModelSpec:
         return ModelSpec(factory=self.factory, config=dict(self.model))
@@ -119,12 +131,17 @@ class Env:
 def make_env(setup: Setup) -> Env:
     """The run config and the corpus, read through the token-shard path the nodes use."""
     corpus = open_dataset(setup.dataset)
+    sparse: dict[str, Any] = {}
+    if setup.codec == Codec.SPARSE:
+        sparse = {"codec_block_size": setup.codec_chunk, "codec_topk": setup.codec_topk,
+                  "codec_ef_decay": setup.ef_decay}  # fmt: skip
     cfg = RunConfig(
         model=setup.spec(), dataset_manifest_hash=corpus.manifest_hash, initial_model_hash="0" * 64,
         seed=setup.seed, inner_steps=setup.inner_steps, segment_len=setup.segment_len,
         sampled_segments=setup.sampled_segments, batch_size=setup.batch_size, seq_len=setup.seq_len,
         data_shards=max(8, setup.hosts), codec=Codec(setup.codec), threads=1, inner=setup.inner(),
-        outer=OuterOptim(lr=setup.outer_lr, momentum=setup.outer_momentum),
+        outer=OuterOptim(lr=setup.outer_lr, momentum=setup.outer_momentum, rule=OuterRule(setup.outer_rule)),
+        **sparse,
     )  # fmt: skip
     return Env(setup, cfg, corpus, host_names(setup.hosts))
 
@@ -205,6 +222,8 @@ class Host:
     model: nn.Module
     opt: torch.optim.Optimizer
     prev_optimizer_hash: str | None = None
+    ef: Params | None = None
+    """Sparse codec: the error-feedback accumulator the chain names (of its last accepted Δ; None = 0)."""
     kept: dict[int, tuple[dict[str, Any], str]] = dataclasses.field(default_factory=dict)
     """Final optimizer states of recent accepted contributions, by outer step (delayed schedule)."""
 
@@ -279,10 +298,12 @@ def verify_contribution(
     g: Params,
     store: MemStore,
     verifier: nn.Module,
+    on_final: Callable[[Mapping[str, Tensor]], None] | None = None,
 ) -> tuple[bool, str, int]:
     """Challenge from a per-step pseudo block hash, then the verifier node's own `verify`.
 
-    Returns (accepted, reason name, replayed inner steps).
+    Returns (accepted, reason name, replayed inner steps). `on_final` gets the verifier's own
+    replayed θ_H (`ReplayContext.on_derived`: all checks passed, bit for bit the host's).
     """
     from verifier.verify import Job, OpeningData, ReplayContext, verify
 
@@ -297,7 +318,13 @@ def verify_contribution(
         leaf_count=c.leaf_count, delta_hash=c.delta_hash, final_optimizer_hash=c.final_optimizer_hash,
         tokens=c.tokens, env=c.env, sampled=tuple(sampled), openings=ops, prev_optimizer_hash=prev_opt,
     )  # fmt: skip
-    out = verify(job, store, ReplayContext(verifier, lm_loss, env.corpus, g))
+    derived = None
+    if on_final is not None:
+
+        def derived(state: Mapping[str, Tensor], payload: bytes) -> None:
+            on_final({k[len("param/") :]: v.clone() for k, v in state.items() if k.startswith("param/")})
+
+    out = verify(job, store, ReplayContext(verifier, lm_loss, env.corpus, g, on_derived=derived))
     return out.accept, out.reason.name, out.replay_steps
 
 
@@ -322,8 +349,15 @@ def run_diloco(
     stand_in: str = "own",
     endpoint: bool = False,
     correct_at: float | None = None,
+    ef_attack: str | None = None,
 ) -> dict[str, Any]:
     """T outer steps of M hosts; the last `adversaries` hosts (sorted order) lie with `attack`.
+
+    Codec "sparse" (specs §4.1): every host sends C(β·e + Δ) and carries e − C(…) (`protocol.
+    errorfeedback.ef_step`); a verifier rebuilds both from its replayed θ_H and the host's carried e
+    and compares the hashes (DELTA_MISMATCH otherwise); accepted payloads are summed sparse into
+    the mean (`SparseAccumulator`). `ef_attack` names a forger of `gonka_diloco.adversaries.
+    sparse.EF_FORGERS` that the adversaries use for their payload and carried e instead.
 
     `outer_delay` d: the overlapped schedule (specs §2.2.1; d = 1 is `Overlap.DELAYED`): step n
     trains from, and is verified against, G_{max(0, n−d)}; its accepted Δs update the latest G_n.
@@ -364,6 +398,16 @@ def run_diloco(
     store = MemStore() if (verify or attack) else None  # boundary states only when someone reads them
     # G_{n−d} … G_n (the oldest is the base), each with the mean Δ that made it
     history: deque[tuple[Params, Params, Params | None]] = deque([(g, mom, None)], maxlen=outer_delay + 1)
+    sparse = cfg.codec is Codec.SPARSE
+    ef_cfg = EFConfig.of(cfg) if sparse else None
+    layout = {k: tuple(t.shape) for k, t in g.items()}
+    if sparse and (eager or outer_delay or aggregator != "protocol" or endpoint or attack):
+        raise ValueError("the sparse codec runs the sequential protocol aggregator only")
+    forger = None
+    if ef_attack:
+        from gonka_diloco.adversaries.sparse import EF_FORGERS
+
+        forger = EF_FORGERS[ef_attack]
     prev_starts: dict[str, tuple[Params, str]] = {}  # eager_rebase: what each host last trained from
     parents: dict[str, tuple[Params, bool, bool]] = {}
     own: dict[str, tuple[Params, bool, bool]] = {}  # eager: each host's last Δ, entered?, eligible?
@@ -409,17 +453,35 @@ def run_diloco(
                 bad = ATTACKS[attack](contribs[h].delta, honest, len(bad_hosts), rng)
                 assert store is not None
                 contribs[h] = forge(env, contribs[h], bad, starts[h][0], store, hosts[h])
+        sparse_out: dict[str, tuple[bytes, Params, str, str]] = {}  # payload, e_next, their hashes
+        for h in active if sparse else ():
+            assert ef_cfg is not None
+            make = forger if forger is not None and h in bad_hosts else ef_step
+            payload, e_next = make(hosts[h].ef, contribs[h].delta, ef_cfg)
+            sparse_out[h] = (payload, e_next, delta_hash(payload, cfg.state_chunk_bytes),
+                             ef_hash(e_next, cfg.state_chunk_bytes))  # fmt: skip
         entering = list(active)
         if verify:
             assert verifier is not None and store is not None
             t0 = time.perf_counter()
             entering = []
             for h in active:
+                replayed: list[Mapping[str, Tensor]] = []
                 ok, reason, steps = verify_contribution(
-                    env, contribs[h], h, hosts[h].prev_optimizer_hash, starts[h][0], store, verifier
-                )
+                    env, contribs[h], h, hosts[h].prev_optimizer_hash, starts[h][0], store, verifier,
+                    replayed.append if sparse else None,
+                )  # fmt: skip
                 if ok and eager and h in parents and not parents[h][1]:
                     ok, reason = False, "PARENT_NOT_ACCEPTED"
+                if ok and sparse:  # from the verifier's own θ_H, bit for bit the host's
+                    assert ef_cfg is not None and replayed
+                    final, start = replayed[0], starts[h][0]
+                    mine = ((k, start[k] - final[k]) for k in sorted(start, key=str.encode))
+                    check = verify_ef_step(hosts[h].ef, mine, layout, ef_cfg, delta_hash=sparse_out[h][2],
+                                           ef_hash_committed=sparse_out[h][3],
+                                           chunk_bytes=cfg.state_chunk_bytes)  # fmt: skip
+                    if not check.ok:
+                        ok, reason = False, "DELTA_MISMATCH"
                 replay_steps += steps
                 key = f"{'adversary' if h in bad_hosts else 'honest'}:{reason}"
                 verdicts[key] = verdicts.get(key, 0) + 1
@@ -432,22 +494,33 @@ def run_diloco(
                 hosts[h].keep_optimizer(n, contribs[h].final_optimizer_hash, h in entering, outer_delay)
         if eager:
             entering = [h for h in entering if h not in parents or parents[h][1]]
+        for h in entering if sparse else ():  # the chain names e_next of an accepted Δ next time
+            hosts[h].ef = sparse_out[h][1]
         decoded: dict[str, Params] = {}
-        sizes = []
-        for h in active if eager else entering:
+        sizes = [len(sparse_out[h][0]) for h in entering] if sparse else []
+        for h in () if sparse else active if eager else entering:
             decoded[h], size = roundtrip(contribs[h].delta, cfg.codec, cfg.codec_block_size)
             if h in entering:
                 sizes.append(size)
         if eager:  # eligible as the next parent: no parent of its own, or one that entered
             own = {h: (decoded[h], h in entering, h not in parents or parents[h][1]) for h in active}
         sent += sum(sizes) / max(1, len(sizes))
-        if aggregator == "protocol":
+        rule = cfg.outer.rule
+        if sparse:
+            mean = None
+            if entering:
+                acc = SparseAccumulator(layout, {h: contribs[h].tokens for h in entering},
+                                        chunk=cfg.codec_block_size, topk=cfg.sparse_topk)  # fmt: skip
+                for h in sorted(entering):
+                    acc.add(h, sparse_out[h][0])
+                g, mom = acc.finish(g, mom, cfg.outer.lr, cfg.outer.momentum, rule)
+        elif aggregator == "protocol":
             accepted = [(h, contribs[h].tokens, decoded[h]) for h in entering]
             if endpoint:  # research: each Δ measured from G (the endpoint), not from the host's start
                 accepted = [(h, w, {k: d[k] + (g[k] - starts[h][0][k]) for k in d}) for h, w, d in accepted]
             mean = weighted_mean(accepted, g) if accepted else None  # outer_update's own mean, once
             if mean is not None:
-                g, mom = nesterov(g, mom, mean, cfg.outer.lr, cfg.outer.momentum)
+                g, mom = apply_rule(rule, g, mom, mean, cfg.outer.lr, cfg.outer.momentum)
         else:
             agg = AGGREGATORS[aggregator]([decoded[h] for h in sorted(decoded)], len(bad_hosts))
             mean = agg

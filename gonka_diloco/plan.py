@@ -45,6 +45,8 @@ GLOBAL_BYTES_PER_PARAM = 8
 GRAD_BYTES_PER_PARAM = 4
 """fp32 gradients of the fp32 master weights (bf16 autocast computes, fp32 accumulates)."""
 FP32_DELTA_BYTES_PER_PARAM = 4
+EF_BYTES_PER_PARAM = 4
+"""Codec sparse: the host's carried error-feedback accumulator, fp32 (specs §4.1)."""
 RUNTIME_BYTES_PER_GPU = 3e9
 """CUDA context, cuBLAS workspace, NCCL buffers, allocator slack: a flat allowance per GPU."""
 BLOCK_AFTER_COMMIT = 3
@@ -106,16 +108,19 @@ class Constants:
     hash_efficiency: float = 0.8
     """Parallel leaf hashing GB/s ÷ (threads × one core's SHA-256)."""
     codec_ratio: dict[str, float] = field(
-        default_factory=lambda: {"fp32": 1.0, "bf16": 2.0, "int8": 4.0, "int4": 8.0}
+        default_factory=lambda: {"fp32": 1.0, "bf16": 2.0, "int8": 4.0, "int4": 8.0, "sparse": 141.0}
     )
-    """fp32 Δ bytes ÷ transport blob bytes, per codec."""
+    """fp32 Δ bytes ÷ transport blob bytes, per codec (sparse: `sparse_bytes_per_param` is used)."""
     codec_encode: dict[str, float] = field(default_factory=lambda: dict.fromkeys(Codec, 5e8))
     codec_decode: dict[str, float] = field(default_factory=lambda: dict.fromkeys(Codec, 5e8))
     """fp32 bytes per second per thread."""
     codec_error: dict[str, float] = field(
-        default_factory=lambda: {"fp32": 0.0, "bf16": 2e-3, "int8": 5e-3, "int4": 9e-2}
+        default_factory=lambda: {"fp32": 0.0, "bf16": 2e-3, "int8": 5e-3, "int4": 9e-2, "sparse": 1.0}
     )
     """Relative L2 error of a decoded Δ: the sweep's quality floor (convergence is not modelled)."""
+    """The sparse codec sends 1.6% of an accumulator per step and carries the rest (error
+    feedback): its per-step error says nothing of convergence, so the sweep never picks it;
+    `--codec sparse` plans it and `bench.convergence --only sparse` measures it."""
     chain_ms_per_msg: float = 0.1
     sources: dict[str, str] = field(default_factory=dict)
     """Where each constant came from (a results file or 'default')."""
@@ -164,6 +169,10 @@ class Inputs:
     v: int = run_default("verifiers_per_contribution")
     m: int = 10
     codec: Codec = RUN_CODEC
+    codec_chunk: int = 4096
+    """Codec sparse: the chunk C (`codec_block_size`)."""
+    codec_topk: int = 64
+    """Codec sparse: entries kept per chunk (`codec_topk`): 64 of 4096 = 1.5625%."""
     tokens_per_step: int = 1 << 20
     micro_tokens: int = 8192
     sharding: Sharding = Sharding.FSDP
@@ -228,9 +237,25 @@ def state_bytes(params: float) -> float:
     return STATE_BYTES_PER_PARAM * params
 
 
-def delta_bytes(params: float, codec: Codec, c: Constants) -> float:
-    """The Δ transport blob: fp32 bytes ÷ the codec's measured ratio (quantization + zstd)."""
+def sparse_bytes_per_param(chunk: int, topk: int) -> float:
+    """The sparse payload per parameter (specs §4.1): per chunk of C, one fp32 scale, k indices of
+    bitlen(C − 1) bits and k 2-bit codes; exact for whole chunks (headers and short last chunks
+    are ≪ 1% at ≥ 1B)."""
+    bits = max(1, (chunk - 1).bit_length())
+    return (32 + topk * (bits + 2)) / (8 * chunk)
+
+
+def delta_bytes(params: float, codec: Codec, c: Constants, chunk: int = 4096, topk: int = 64) -> float:
+    """The Δ transport blob: fp32 bytes ÷ the codec's measured ratio (quantization + zstd); the
+    sparse payload from its layout (`sparse_bytes_per_param`)."""
+    if Codec(codec) is Codec.SPARSE:
+        return params * sparse_bytes_per_param(chunk, topk)
     return FP32_DELTA_BYTES_PER_PARAM * params / c.codec_ratio[codec]
+
+
+def run_delta_bytes(i: Inputs, c: Constants) -> float:
+    """`delta_bytes` of a plan's inputs."""
+    return delta_bytes(i.params, i.codec, c, i.codec_chunk, i.codec_topk)
 
 
 # ---------------------------------------------------------------- hashing and checkpoints
@@ -298,7 +323,7 @@ def disk_states(i: Inputs) -> float:
 
 
 def disk_bytes(i: Inputs, c: Constants) -> float:
-    extra = delta_bytes(i.params, i.codec, c) if i.pipeline is Pipeline.TODAY else 0.0
+    extra = run_delta_bytes(i, c) if i.pipeline is Pipeline.TODAY else 0.0
     return disk_states(i) * state_bytes(i.params) + extra
 
 
@@ -341,12 +366,16 @@ def verifier_bytes_per_contribution(i: Inputs, c: Constants) -> float:
 
     today: s start states + Δ. sparse: s − 1 start states (segment 0's is rebuilt from G_n) +
     the previous optimizer state + Δ only in tolerance mode (bitwise derives Δ from the replay).
+    Codec sparse adds the host's carried error-feedback accumulator (4·P: the verifier rebuilds
+    C(β·e + Δ) from it).
     """
     S = state_bytes(i.params)
-    d = delta_bytes(i.params, i.codec, c)
+    d = run_delta_bytes(i, c)
     if i.pipeline is Pipeline.TODAY:
         return i.s * S + d
     opt = OPTIMIZER_BYTES_PER_PARAM * i.params
+    if i.codec is Codec.SPARSE:
+        opt += EF_BYTES_PER_PARAM * i.params
     return (i.s - 1) * S + opt + (d if i.replay is ReplayMode.TOLERANCE else 0.0)
 
 
@@ -367,7 +396,7 @@ def host_upload_bytes(i: Inputs, c: Constants) -> dict[str, float]:
     G_{n+1} itself). sparse: multi-source fetching spreads serving, so a host uploads about what
     it downloads, (A − 1)·Δ.
     """
-    d = delta_bytes(i.params, i.codec, c)
+    d = run_delta_bytes(i, c)
     openings = checks_per_contribution(i) * verifier_bytes_per_contribution(i, c)
     peers = (i.hosts - 1 + i.verifiers) if i.pipeline is Pipeline.TODAY else (i.hosts - 1)
     return {"openings": openings, "delta": peers * d, "total": openings + peers * d}
@@ -375,14 +404,13 @@ def host_upload_bytes(i: Inputs, c: Constants) -> dict[str, float]:
 
 def host_download_bytes(i: Inputs, c: Constants) -> float:
     """The other A − 1 accepted Δs, streamed one at a time into the fixed-order sum."""
-    return (i.hosts - 1) * delta_bytes(i.params, i.codec, c)
+    return (i.hosts - 1) * run_delta_bytes(i, c)
 
 
 def verifier_download_bytes(i: Inputs, c: Constants) -> float:
     """Per verifier per outer step: its contributions' openings + the A Δs to compute G_{n+1}."""
-    return contributions_per_verifier(i) * verifier_bytes_per_contribution(i, c) + i.hosts * delta_bytes(
-        i.params, i.codec, c
-    )
+    checks = contributions_per_verifier(i) * verifier_bytes_per_contribution(i, c)
+    return checks + i.hosts * run_delta_bytes(i, c)
 
 
 # ---------------------------------------------------------------- detection and deterrence
@@ -522,7 +550,8 @@ def verify_seconds(i: Inputs, c: Constants, t_step: float) -> dict[str, float]:
 
 
 def aggregate_seconds(i: Inputs, c: Constants) -> float:
-    """Fetch the A − 1 other Δs (link-bound; decoding streams alongside) and serve one's own."""
+    """Fetch the A − 1 other Δs (link-bound; decoding streams alongside) and serve one's own.
+    Decoding is measured per fp32 byte of Δ (sparse: decoded into the running sum, never dense)."""
     up = host_upload_bytes(i, c)["delta"] / i.up
     down = host_download_bytes(i, c) / i.down
     decode = (
@@ -649,7 +678,7 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
     t = step_seconds(i)
     t_gpu = t + step_overhead_seconds(i)
     tl = timeline(i, c)
-    S, d = state_bytes(i.params), delta_bytes(i.params, i.codec, c)
+    S, d = state_bytes(i.params), run_delta_bytes(i, c)
     up = host_upload_bytes(i, c)
     ver = verify_seconds(i, c, t_gpu)
     poc_share = i.poc_blocks / i.epoch_blocks if i.epoch_blocks else 0.0

@@ -131,6 +131,8 @@ def from_run_config(path: Path) -> tuple[dict[str, Any], Any]:
         "H": cfg.inner_steps, "k": cfg.segment_len, "s": cfg.sampled_segments,
         "v": cfg.verifiers_per_contribution, "audit_p": cfg.audit_bps / 10_000,
         "auditors": cfg.audit_verifiers, "codec": cfg.codec, "replay": cfg.replay_mode,
+        **({"codec_chunk": cfg.codec_block_size, "codec_topk": cfg.sparse_topk}
+           if cfg.codec is Codec.SPARSE else {}),
         "tokens_per_step": cfg.batch_size * cfg.seq_len,
         "phases": PhaseBlocks(train=ph.train_blocks, reveal=ph.reveal_blocks, verify=ph.verify_blocks),
         "epoch_blocks": ph.epoch_length, "poc_blocks": ph.poc_window,
@@ -237,7 +239,8 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("network", "Δ blob per host", f"{fmt_bytes(n['delta_bytes'])} ({i['codec']}); upload "
          f"{fmt_seconds(n['delta_upload_s'])}"),
         ("network", "aggregation", f"download {fmt_bytes(n['host_download_bytes'])} "
-         f"({i['hosts'] - 1} Δs), {fmt_seconds(n['aggregate_s'])}"),
+         f"({i['hosts'] - 1} Δs), {fmt_seconds(n['aggregate_s'])} = "
+         f"{fmt_pct(n['aggregate_s'] / max(tl['train'], 1e-12))} of training"),
         ("network", "host upload per step", f"{fmt_bytes(n['host_upload_bytes'])} (openings "
          f"{fmt_bytes(n['host_upload_openings_bytes'])}, Δs {fmt_bytes(n['host_upload_delta_bytes'])})"),
         ("verification", "bytes per contribution", fmt_bytes(ver["bytes_per_contribution"])),
@@ -445,6 +448,12 @@ def plan_command(
         int | None, Opt("-m", "--persist-every", help=f"m: persist every m-th boundary (default {D.m}).")
     ] = None,
     codec: Annotated[Codec | None, Opt(help="Δ codec (default int8).")] = None,
+    codec_chunk: Annotated[
+        int | None, Opt("--codec-chunk", help=f"Codec sparse: chunk C (default {D.codec_chunk}).")
+    ] = None,
+    codec_topk: Annotated[
+        int | None, Opt("--codec-topk", help=f"Codec sparse: k per chunk (default {D.codec_topk}).")
+    ] = None,
     replay: Annotated[ReplayMode | None, Opt(help="Replay mode (default bitwise).")] = None,
     sharding: Annotated[
         Sharding | None, Opt(help="State sharding across a host's ranks (default fsdp).")
@@ -538,7 +547,8 @@ def plan_command(
         "tokens_per_step": tokens_per_step, "micro_tokens": micro_tokens, "cpu_cores": cores, "up": up,
         "down": down, "disk_write": disk_write, "disk_budget": disk_budget, "host_ram": host_ram,
         "H": inner_steps, "k": segment_len, "s": sampled, "v": verifiers_per, "m": persist_every,
-        "codec": codec, "replay": replay, "sharding": sharding, "pipeline": pipeline, "chunk_bytes": chunk,
+        "codec": codec, "codec_chunk": codec_chunk, "codec_topk": codec_topk, "replay": replay,
+        "sharding": sharding, "pipeline": pipeline, "chunk_bytes": chunk,
         "block_seconds": block_seconds, "epoch_blocks": epoch_blocks, "poc_blocks": poc_blocks,
         "fake_fraction": fake_fraction, "dishonest_stake": dishonest_stake, "audit_p": audit_p,
         "auditors": auditors, "host_stake": host_stake, "host_slash_bps": host_slash_bps,

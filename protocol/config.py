@@ -24,6 +24,9 @@ class Codec(StrEnum):
     BF16 = "bf16"
     INT8 = "int8"
     INT4 = "int4"
+    SPARSE = "sparse"
+    """Chunk-wise top-k of `codec_topk` entries per chunk of `codec_block_size`, 2-bit values, sent
+    through the host's error-feedback accumulator (`protocol.errorfeedback`, specs §4.1)."""
 
 
 class ReplayMode(StrEnum):
@@ -65,6 +68,17 @@ class Overlap(StrEnum):
     NONE = "none"
     DELAYED = "delayed"
     EAGER = "eager"
+
+
+class OuterRule(StrEnum):
+    """How G_{n+1} is made from the mean of the accepted Δs (specs §7).
+
+    NESTEROV: DiLoCo's SGD with Nesterov momentum over the mean (b' = μ·b + g; θ' = θ − lr·(g + μ·b')).
+    AVERAGE: SparseLoCo's rule, θ' = θ − lr·g with the momentum left as it is (zero from G_0): the
+    hosts' error-feedback accumulators take momentum's place (Sarfi et al. 2025)."""
+
+    NESTEROV = "nesterov"
+    AVERAGE = "average"
 
 
 class Frozen(BaseModel):
@@ -112,10 +126,26 @@ class InnerOptim(Frozen):
 
 
 class OuterOptim(Frozen):
-    """SGD with Nesterov momentum with DiLoCo's defaults."""
+    """SGD with Nesterov momentum with DiLoCo's defaults; `rule` AVERAGE drops the momentum."""
 
     lr: float = Field(0.7, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
+    rule: OuterRule = Field(OuterRule.NESTEROV, description="outer update rule (specs §7)")
+
+    @field_validator("rule", mode="before")
+    @classmethod
+    def _rule_unset(cls, value: Any) -> Any:
+        """An unset proto3 string reads as "": DiLoCo's Nesterov."""
+        return OuterRule.NESTEROV if value == "" else value
+
+    @model_serializer(mode="wrap")
+    def _omit_default_rule(self, handler: Any) -> dict[str, Any]:
+        """`rule` is in the dump (config hash, wire bytes, chain state) only when it is not
+        NESTEROV: existing runs keep their hashes bit for bit."""
+        data = handler(self)
+        if self.rule is OuterRule.NESTEROV:
+            data.pop("rule", None)
+        return data
 
 
 class Phases(Frozen):
@@ -210,6 +240,12 @@ class RunConfig(Frozen):
     data_shards: int = Field(8, ge=1, le=4096)
     codec: Codec = Codec.INT8
     codec_block_size: int = Field(256, ge=8, le=1 << 20)
+    codec_topk: int = Field(
+        0, ge=0, le=65535, description="sparse: entries kept per chunk of codec_block_size (0 = ⌊C/64⌋)"
+    )
+    codec_ef_decay: float = Field(
+        1.0, gt=0, le=1, description="sparse: β of the error-feedback accumulator, a = β·e + Δ (specs §4.1)"
+    )
     inner: InnerOptim = InnerOptim()
     outer: OuterOptim = OuterOptim()
     phases: Phases = Phases()
@@ -251,7 +287,35 @@ class RunConfig(Frozen):
         for name in ("tolerance_update", "tolerance_denominator"):  # likewise, when unset (0)
             if not getattr(self, name):
                 data.pop(name, None)
+        if not self.codec_topk:  # the sparse codec's parameters, likewise, at their defaults
+            data.pop("codec_topk", None)
+        if self.codec_ef_decay == 1.0:
+            data.pop("codec_ef_decay", None)
         return data
+
+    @field_validator("codec_ef_decay", mode="before")
+    @classmethod
+    def _decay_unset(cls, value: Any) -> Any:
+        """An unset proto3 double reads as 0.0 (never a valid β): no decay."""
+        return 1.0 if value == 0 else value
+
+    @model_validator(mode="after")
+    def _sparse_consistent(self) -> RunConfig:
+        if self.codec is Codec.SPARSE:
+            if self.codec_block_size > 1 << 16:
+                raise ValueError(f"codec 'sparse' needs codec_block_size ≤ 65536 ({self.codec_block_size})")
+            if self.codec_topk > self.codec_block_size:
+                raise ValueError(f"codec_topk = {self.codec_topk} exceeds codec_block_size = "
+                                 f"{self.codec_block_size}")  # fmt: skip
+        elif self.codec_topk or self.codec_ef_decay != 1.0:
+            raise ValueError(f"codec_topk and codec_ef_decay apply to codec 'sparse' only, not "
+                             f"{self.codec.value!r}")  # fmt: skip
+        return self
+
+    @property
+    def sparse_topk(self) -> int:
+        """The sparse codec's k per chunk (`codec_topk`, or ⌊C/64⌋ when 0)."""
+        return self.codec_topk or max(1, self.codec_block_size // 64)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

@@ -9,13 +9,15 @@ rounded to float32 once, by a rule another implementation can reproduce exactly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
 
 import numpy as np
 import torch
 
+from protocol import codecs
 from protocol.chunks import DEFAULT_CHUNK_BYTES
+from protocol.config import Codec, OuterRule
 from protocol.tensors import StateKind, tensor_hash
 
 Tensors = Mapping[str, torch.Tensor]
@@ -79,9 +81,16 @@ def weighted_mean(deltas: Sequence[tuple[str, int, Tensors]], like: Tensors) -> 
 
 
 def outer_update(
-    params: Tensors, momentum: Tensors, deltas: Sequence[tuple[str, int, Tensors]], lr: float, mu: float
+    params: Tensors,
+    momentum: Tensors,
+    deltas: Sequence[tuple[str, int, Tensors]],
+    lr: float,
+    mu: float,
+    *,
+    rule: OuterRule = OuterRule.NESTEROV,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Nesterov as torch.optim.SGD(nesterov=True, dampening=0): b = μ·b + g; p = p − lr·(g + μ·b).
+    """Nesterov as torch.optim.SGD(nesterov=True, dampening=0): b = μ·b + g; p = p − lr·(g + μ·b)
+    (or, `rule` AVERAGE, p = p − lr·g with b unchanged).
 
     `deltas` are (host address, tokens, decoded Δ = θ_global − θ_local). No deltas: G unchanged.
     Inputs are never mutated; new tensors are returned.
@@ -89,7 +98,38 @@ def outer_update(
     _check(params, momentum, "momentum")
     if not deltas:
         return {n: t.clone() for n, t in params.items()}, {n: t.clone() for n, t in momentum.items()}
-    return nesterov(params, momentum, weighted_mean(deltas, params), lr, mu)
+    return apply_rule(rule, params, momentum, weighted_mean(deltas, params), lr, mu)
+
+
+def average(
+    params: Tensors, momentum: Tensors, g: Tensors, lr: float, *, consume: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """SparseLoCo's outer step: θ' = θ − lr·g (separate mul and sub), the momentum unchanged (the
+    hosts' error-feedback accumulators stand in for it). `consume` as in `nesterov`."""
+    lr32 = _scalar(f32_nearest(Fraction(lr)))
+    new_params, new_momentum = {}, {}
+    for name in sorted(params):
+        new_params[name] = torch.sub(params[name], torch.mul(g[name], lr32))
+        new_momentum[name] = momentum[name].clone()
+        if consume:
+            del g[name]  # type: ignore[attr-defined]
+    return new_params, new_momentum
+
+
+def apply_rule(
+    rule: OuterRule,
+    params: Tensors,
+    momentum: Tensors,
+    g: Tensors,
+    lr: float,
+    mu: float,
+    *,
+    consume: bool = False,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The run's outer rule (`RunConfig.outer.rule`) applied to the mean g."""
+    if OuterRule(rule) is OuterRule.AVERAGE:
+        return average(params, momentum, g, lr, consume=consume)
+    return nesterov(params, momentum, g, lr, mu, consume=consume)
 
 
 def nesterov(
@@ -149,14 +189,154 @@ class Accumulator:
         self.added += 1
 
     def finish(
-        self, params: Tensors, momentum: Tensors, lr: float, mu: float
+        self, params: Tensors, momentum: Tensors, lr: float, mu: float, rule: OuterRule = OuterRule.NESTEROV
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """G_{n+1}; every accepted Δ must have been added. Consumes the running sum."""
         if self.added != len(self.hosts):
             raise OuterError(f"{len(self.hosts) - self.added} accepted Δs were not added")
         if set(params) != set(self.shapes) or set(momentum) != set(self.shapes):
             raise OuterError("params/momentum names differ from the accumulated Δs")
-        return nesterov(params, momentum, self.acc, lr, mu, consume=True)
+        return apply_rule(rule, params, momentum, self.acc, lr, mu, consume=True)
+
+
+def _sparse_header(payload: bytes | memoryview, layout: Mapping[str, tuple[int, ...]], chunk: int, topk: int,
+                   host: str) -> codecs.PayloadHeader:  # fmt: skip
+    try:
+        h = codecs.checked_header(payload, layout)
+    except codecs.CodecError as e:
+        raise OuterError(f"Δ of {host}: {e}") from e
+    if h.codec is not Codec.SPARSE or h.block_size != chunk or h.topk != topk:
+        raise OuterError(f"Δ of {host}: {h.codec.value} payload (chunk {h.block_size}, topk {h.topk}), "
+                         f"the run aggregates sparse chunk {chunk} topk {topk}")  # fmt: skip
+    return h
+
+
+def _entries(
+    payload: bytes | memoryview, h: codecs.PayloadHeader, name: str, host: str
+) -> codecs.SparseEntries:
+    start, end = h.spans()[name]
+    n = int(np.prod(h.shapes[name], dtype=np.int64))
+    try:
+        return codecs.sparse_decode(memoryview(payload).cast("B")[start:end], n, h.block_size, h.topk, name)
+    except codecs.CodecError as e:
+        raise OuterError(f"Δ of {host}: {e}") from e
+
+
+def _add_entries(acc: torch.Tensor, entries: codecs.SparseEntries, c: torch.Tensor) -> None:
+    """acc[j] = acc[j] + c·v_j at the kept positions (unique), separate mul and add. Adding c·(+0)
+    at the others would change nothing: a sum that starts at +0 is never −0, and x + (+0) = x."""
+    flat = acc.view(-1)
+    flat[entries.positions] = torch.add(flat[entries.positions], torch.mul(entries.values, c))
+
+
+class SparseAccumulator:
+    """The mean of sparse Δs (specs §7, sparse codec) host by host in sorted order: g = +0, then
+    g = g + c_i·Δ̂_i for each accepted host, each payload's kept entries decoded straight into the
+    running sum, so no Δ is ever dense. Holds the sum (the model's size) and one tensor's entries.
+    Same bits as `sparse_outer_tensors` (tensor by tensor, all payloads at hand)."""
+
+    def __init__(self, layout: Mapping[str, tuple[int, ...]], tokens: Mapping[str, int], *, chunk: int,
+                 topk: int) -> None:  # fmt: skip
+        self.hosts = sorted(tokens)
+        self.coeffs = [_scalar(c) for c in mean_weights([tokens[h] for h in self.hosts])]
+        self.layout = {n: tuple(int(d) for d in s) for n, s in layout.items()}
+        self.chunk, self.topk = chunk, topk
+        self.acc = {n: torch.zeros(s, dtype=torch.float32) for n, s in self.layout.items()}
+        self.added = 0
+
+    @property
+    def next_host(self) -> str | None:
+        return self.hosts[self.added] if self.added < len(self.hosts) else None
+
+    def add(self, host: str, payload: bytes | memoryview) -> None:
+        """Add `host`'s canonical sparse payload (e.g. a memory-mapped file), tensor by tensor.
+        A payload that does not decode raises OuterError and leaves the sum untouched."""
+        if host != self.next_host:
+            raise OuterError(f"Δ of {host} added out of order (expected {self.next_host})")
+        h = _sparse_header(payload, self.layout, self.chunk, self.topk, host)
+        decoded = [(name, _entries(payload, h, name, host)) for name in h.shapes]  # all checked first
+        c = self.coeffs[self.added]
+        for name, entries in decoded:
+            _add_entries(self.acc[name], entries, c)
+        self.added += 1
+
+    def finish(
+        self, params: Tensors, momentum: Tensors, lr: float, mu: float, rule: OuterRule = OuterRule.NESTEROV
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """G_{n+1}; every accepted Δ must have been added. Consumes the running sum."""
+        if self.added != len(self.hosts):
+            raise OuterError(f"{len(self.hosts) - self.added} accepted Δs were not added")
+        _check(params, momentum, "momentum")
+        if set(params) != set(self.layout):
+            raise OuterError("params names differ from the accumulated Δs")
+        return apply_rule(rule, params, momentum, self.acc, lr, mu, consume=True)
+
+
+def sparse_outer_tensors(
+    params: Iterable[tuple[str, torch.Tensor]],
+    momentum: Mapping[str, torch.Tensor] | Callable[[str], torch.Tensor],
+    payloads: Sequence[tuple[str, int, bytes | memoryview]],
+    layout: Mapping[str, tuple[int, ...]],
+    *,
+    chunk: int,
+    topk: int,
+    lr: float,
+    mu: float,
+    rule: OuterRule = OuterRule.NESTEROV,
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """G_{n+1} tensor by tensor with every accepted payload at hand (memory-mapped): for each name
+    in order, g = +0, then g = g + c_i·Δ̂_i[name] over the hosts in sorted order, then the rule on
+    that tensor. Memory: one dense tensor (its sum, θ and b). Same bits as `SparseAccumulator`.
+    `params` come in name order; `momentum` is read by name. Every payload's header is checked
+    before the first tensor is yielded; a body that fails its decoder raises OuterError."""
+    ordered = sorted(payloads, key=lambda p: p[0])
+    hosts = [h for h, _, _ in ordered]
+    if len(set(hosts)) != len(hosts):
+        raise OuterError("a host appears twice among the accepted deltas")
+    shapes = {n: tuple(int(d) for d in s) for n, s in layout.items()}
+    heads = [_sparse_header(p, shapes, chunk, topk, h) for h, _, p in ordered]
+    coeffs = [_scalar(c) for c in mean_weights([w for _, w, _ in ordered])] if ordered else []
+    names = sorted(shapes, key=lambda n: n.encode())
+    it = iter(params)
+    for name in names:
+        got = next(it, None)
+        if got is None or got[0] != name:
+            raise OuterError(f"params must come in name order; expected {name!r}")
+        theta = got[1]
+        b = momentum(name) if callable(momentum) else momentum[name]
+        for t, what in ((theta, "params"), (b, "momentum")):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shapes[name]:
+                raise OuterError(f"{what}: {name} must be float32 of shape {shapes[name]}")
+        if not ordered:
+            yield name, theta.clone(), b.clone()
+            continue
+        g = torch.zeros(shapes[name], dtype=torch.float32)
+        for (host, _, payload), h, c in zip(ordered, heads, coeffs, strict=True):
+            _add_entries(g, _entries(payload, h, name, host), c)
+        p2, m2 = apply_rule(rule, {name: theta}, {name: b}, {name: g}, lr, mu, consume=True)
+        yield name, p2[name], m2[name]
+
+
+def sparse_outer_update(
+    params: Tensors,
+    momentum: Tensors,
+    payloads: Sequence[tuple[str, int, bytes | memoryview]],
+    lr: float,
+    mu: float,
+    *,
+    chunk: int,
+    topk: int,
+    rule: OuterRule = OuterRule.NESTEROV,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """`outer_update` for sparse payloads (host, tokens, canonical payload): the vectors' form."""
+    _check(params, momentum, "momentum")
+    layout = {n: tuple(t.shape) for n, t in params.items()}
+    names = sorted(params, key=lambda n: n.encode())
+    new_p, new_m = {}, {}
+    for name, p2, m2 in sparse_outer_tensors(((n, params[n]) for n in names), momentum, payloads, layout,
+                                             chunk=chunk, topk=topk, lr=lr, mu=mu, rule=rule):  # fmt: skip
+        new_p[name], new_m[name] = p2, m2
+    return new_p, new_m
 
 
 def eager_scale(lr: float, mu: float) -> np.float32:

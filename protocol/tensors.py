@@ -52,6 +52,8 @@ class StateKind(StrEnum):
     TRAINING = "training"
     PSEUDO_GRADIENT = "pseudo_gradient"
     GLOBAL = "global"
+    ERROR_FEEDBACK = "error_feedback"
+    """A host's carried error-feedback accumulator e (sparse codec; `protocol.errorfeedback`)."""
 
 
 class TensorFormatError(ValueError):

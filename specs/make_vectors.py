@@ -170,7 +170,7 @@ def merkle_vectors() -> list[dict[str, Any]]:
 def codec_vectors() -> list[dict[str, Any]]:
     delta = {"a": ramp(21, (3, 7)) / 8, "b": ramp(5, (5,), mul=3) / 1024, "z": torch.zeros(9)}
     out = []
-    for codec in Codec:
+    for codec in (c for c in Codec if c is not Codec.SPARSE):
         payload = codecs.encode(delta, codec, 8)
         layout = {n: tuple(t.shape) for n, t in delta.items()}
         out.append(
@@ -184,6 +184,34 @@ def codec_vectors() -> list[dict[str, Any]]:
             }
         )
     return out
+    return out + sparse_codec_vectors(delta)
+
+
+def sparse_codec_vectors(delta: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """§4.1: the sparse codec (ties, a short last chunk, an all-zero chunk) and error feedback."""
+    from protocol.errorfeedback import EFConfig, ef_hash, ef_step
+
+    layout = {n: tuple(t.shape) for n, t in delta.items()}
+    ties = {**delta, "t": torch.tensor([1.0, -1.0, 0.5, -1.0, 1.0, 0.25, -0.5, 1.0, 2.0, -2.0, 2.0])}
+    out = []
+    for tensors, chunk, topk in [(delta, 8, 3), (ties, 8, 2), (delta, 16, 1)]:
+        lay = {n: tuple(t.shape) for n, t in tensors.items()}
+        payload = codecs.encode(tensors, Codec.SPARSE, chunk, topk)
+        out.append({
+            "input": {"codec": "sparse", "block_size": chunk, "topk": topk, "tensors": set_to_json(tensors)},
+            "output": {"payload": payload.hex(), "delta_hash": codecs.delta_hash(payload),
+                       "decoded": set_to_json(codecs.decode(payload, lay))},
+        })  # fmt: skip
+    e = {n: ramp(int(torch.tensor(s).prod()), s, mul=7) / 256 for n, s in layout.items()}
+    for beta in (1.0, 0.95):
+        payload, e_next = ef_step(e, delta, EFConfig(8, 3, beta))
+        out.append({
+            "input": {"codec": "sparse", "block_size": 8, "topk": 3, "ef_decay": beta, "e": set_to_json(e),
+                      "tensors": set_to_json(delta)},
+            "output": {"payload": payload.hex(), "delta_hash": codecs.delta_hash(payload),
+                       "e_next": set_to_json(e_next), "ef_hash": ef_hash(e_next),
+                       "decoded": set_to_json(codecs.decode(payload, layout))},
+        })  # fmt: skip
 
 
 def prf_vectors() -> dict[str, Any]:
@@ -257,7 +285,7 @@ def outer_vectors() -> list[dict[str, Any]]:
         ("gonka1hosta", 100, {"w": ramp(6, (2, 3), mul=17) / 256, "b": ramp(3, (3,), mul=19) / 256}),
         ("gonka1hostc", 7, {"w": ramp(6, (2, 3), mul=23) / 256, "b": ramp(3, (3,), mul=29) / 256}),
     ]
-    out = []
+    out = sparse_outer_vectors(params, momentum, deltas)
     for lr, mu, ds in [(0.7, 0.9, deltas), (0.7, 0.9, deltas[:1]), (0.5, 0.0, deltas), (0.7, 0.9, [])]:
         new_p, new_m = outer_update(params, momentum, ds, lr, mu)
         out.append(
@@ -286,6 +314,31 @@ def outer_vectors() -> list[dict[str, Any]]:
 
 
 def wire_vectors() -> list[dict[str, Any]]:
+Deltas = list[tuple[str, int, dict[str, torch.Tensor]]]
+
+
+def sparse_outer_vectors(params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
+                         deltas: Deltas) -> list[dict[str, Any]]:  # fmt: skip
+    """§7 over sparse payloads (g from +0, kept entries only), both outer rules."""
+    from protocol.config import OuterRule
+    from protocol.outer import sparse_outer_update
+
+    payloads = [(h, w, codecs.encode(d, Codec.SPARSE, 8, 3)) for h, w, d in deltas]
+    out = []
+    cases = [(OuterRule.NESTEROV, 0.7, 0.9, payloads), (OuterRule.AVERAGE, 1.0, 0.9, payloads),
+             (OuterRule.AVERAGE, 0.7, 0.0, payloads[:1])]
+    for rule, lr, mu, ps in cases:
+        new_p, new_m = sparse_outer_update(params, momentum, ps, lr, mu, chunk=8, topk=3, rule=rule)
+        out.append({
+            "input": {"lr": lr, "mu": mu, "rule": rule.value, "chunk": 8, "topk": 3,
+                      "params": set_to_json(params), "momentum": set_to_json(momentum),
+                      "payloads": [{"host": h, "tokens": w, "payload": p.hex()} for h, w, p in ps]},
+            "output": {"params": set_to_json(new_p), "momentum": set_to_json(new_m),
+                       "global_model_hash": global_model_hash(new_p, new_m)},
+        })  # fmt: skip
+    return out
+
+
     h = hashlib.sha256(b"x").hexdigest()
     cfg = RunConfig(
         model=ModelSpec(factory="trainer.model:gpt", config={"n_layer": 2, "dropout": 0.1, "act": "gelu"}),

@@ -170,3 +170,130 @@ def test_streaming_accumulator_has_the_bits_of_outer_update() -> None:
         assert torch.equal(got_m[n].view(torch.int32), want_m[n].view(torch.int32))
     with pytest.raises(OuterError, match="out of order"):
         Accumulator(params, {h: 1 for h in hosts}).add("gonka1zz", deltas[0][2].items())
+
+
+# ---------------------------------------------------------------- sparse payloads (specs §7, codec sparse)
+
+
+def _sparse_case(seed: int = 11) -> tuple[dict, dict, list[tuple[str, int, bytes]], dict]:
+    from protocol.codecs import encode
+
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"a": (50, 9), "b": (9,), "c": (4, 4, 3)}
+    params = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+    momentum = {n: torch.randn(s, generator=g) * 0.1 for n, s in shapes.items()}
+    payloads = []
+    for i, h in enumerate(["gonka1zz", "gonka1aa", "gonka1mm"]):
+        d = {n: torch.randn(s, generator=g) * 1e-2 for n, s in shapes.items()}
+        payloads.append((h, 1000 + 37 * i, encode(d, "sparse", 64, 5)))
+    return params, momentum, payloads, shapes
+
+
+def _dense_reference(params: dict, payloads: list, shapes: dict) -> dict[str, torch.Tensor]:
+    """specs §7 for sparse payloads, densely: g = +0, then g = g + c_i·decode(payload_i), sorted."""
+    from protocol.codecs import decode
+
+    ordered = sorted(payloads, key=lambda p: p[0])
+    cs = [torch.tensor(float(c)) for c in mean_weights([w for _, w, _ in ordered])]
+    g = {n: torch.zeros(s) for n, s in shapes.items()}
+    for (_, _, p), c in zip(ordered, cs, strict=True):
+        d = decode(p, shapes)
+        g = {n: torch.add(g[n], torch.mul(d[n], c)) for n in shapes}
+    return g
+
+
+@pytest.mark.parametrize("rule", ["nesterov", "average"])
+def test_sparse_aggregation_has_the_bits_of_the_dense_rule(rule: str) -> None:
+    from protocol.config import OuterRule
+    from protocol.outer import SparseAccumulator, apply_rule, sparse_outer_update
+
+    params, momentum, payloads, shapes = _sparse_case()
+    want_p, want_m = apply_rule(OuterRule(rule), params, momentum, _dense_reference(params, payloads, shapes),
+                                0.7, 0.9)  # fmt: skip
+    acc = SparseAccumulator(shapes, {h: w for h, w, _ in payloads}, chunk=64, topk=5)
+    for h, _, p in sorted(payloads):
+        acc.add(h, memoryview(p))
+    got = [acc.finish(params, momentum, 0.7, 0.9, OuterRule(rule)),
+           sparse_outer_update(params, momentum, payloads, 0.7, 0.9, chunk=64, topk=5, rule=OuterRule(rule))]
+    for got_p, got_m in got:
+        for n in shapes:
+            assert torch.equal(got_p[n].view(torch.int32), want_p[n].view(torch.int32))
+            assert torch.equal(got_m[n].view(torch.int32), want_m[n].view(torch.int32))
+    if rule == "average":  # θ − lr·g, the momentum untouched
+        assert all(torch.equal(got[0][1][n], momentum[n]) for n in shapes)
+
+
+def test_sparse_aggregation_refuses_what_does_not_fit() -> None:
+    import struct
+
+    from protocol.codecs import encode, read_header
+    from protocol.outer import SparseAccumulator, sparse_outer_update
+
+    params, momentum, payloads, shapes = _sparse_case()
+    tokens = {h: w for h, w, _ in payloads}
+    acc = SparseAccumulator(shapes, tokens, chunk=64, topk=5)
+    with pytest.raises(OuterError, match="out of order"):
+        acc.add("gonka1zz", payloads[0][2])
+    with pytest.raises(OuterError, match="int8 payload"):
+        acc.add("gonka1aa", encode({n: torch.zeros(s) for n, s in shapes.items()}, "int8", 64))
+    with pytest.raises(OuterError, match="topk 5"):
+        acc.add("gonka1aa", encode({n: torch.zeros(s) for n, s in shapes.items()}, "sparse", 64, 4))
+    broken = bytearray(payloads[1][2])
+    start = read_header(payloads[1][2]).spans()["c"][0]
+    broken[start : start + 4] = struct.pack("<f", float("nan"))  # the last tensor's first scale
+    with pytest.raises(OuterError, match="NaN"):
+        acc.add("gonka1aa", bytes(broken))
+    assert acc.added == 0 and all(int(torch.count_nonzero(t)) == 0 for t in acc.acc.values())  # untouched
+    with pytest.raises(OuterError, match="not added"):
+        acc.finish(params, momentum, 0.7, 0.9)
+    with pytest.raises(OuterError, match="twice"):
+        sparse_outer_update(params, momentum, [payloads[0], payloads[0]], 0.7, 0.9, chunk=64, topk=5)
+    same_p, same_m = sparse_outer_update(params, momentum, [], 0.7, 0.9, chunk=64, topk=5)
+    assert all(torch.equal(same_p[n], params[n]) and torch.equal(same_m[n], momentum[n]) for n in shapes)
+
+
+_SPARSE_CHILD = textwrap.dedent(
+    """
+    import sys, torch
+    torch.set_num_threads(int(sys.argv[1]))
+    from protocol.codecs import encode
+    from protocol.config import OuterRule
+    from protocol.outer import SparseAccumulator, global_model_hash
+    g = torch.Generator().manual_seed(0)
+    shapes = {"a": (512, 1024), "b": (300, 700), "c": (1000,)}
+    def rand(scale):
+        return {n: torch.randn(s, generator=g) * scale for n, s in shapes.items()}
+    params, momentum = rand(1.0), rand(0.1)
+    payloads = [(f"gonka1h{i}", 1000 + 37 * i, encode(rand(0.01), "sparse", 4096, 64)) for i in range(3)]
+    for rule in (OuterRule.NESTEROV, OuterRule.AVERAGE):
+        acc = SparseAccumulator(shapes, {h: w for h, w, _ in payloads}, chunk=4096, topk=64)
+        for h, _, p in payloads:
+            acc.add(h, p)
+        params, momentum = acc.finish(params, momentum, 0.7, 0.9, rule)
+    print(torch.get_num_threads(), global_model_hash(params, momentum))
+    """
+)
+
+
+def test_sparse_aggregation_is_bitwise_identical_across_thread_counts() -> None:
+    out = {}
+    for threads in (1, 2):
+        cmd = [sys.executable, "-c", _SPARSE_CHILD, str(threads)]
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        got_threads, digest = res.stdout.split()
+        assert int(got_threads) == threads
+        out[threads] = digest
+    assert out[1] == out[2]
+
+
+def test_average_rule_on_dense_deltas() -> None:
+    from protocol.config import OuterRule
+
+    params, momentum = tensors(1, SHAPES), tensors(2, SHAPES, 0.1)
+    deltas = [("gonka1b", 3, tensors(3, SHAPES, 0.01)), ("gonka1a", 1, tensors(4, SHAPES, 0.01))]
+    new_p, new_m = outer_update(params, momentum, deltas, 0.5, 0.9, rule=OuterRule.AVERAGE)
+    g = weighted_mean(deltas, params)
+    for n in SHAPES:
+        assert torch.equal(new_p[n], torch.sub(params[n], torch.mul(g[n], torch.tensor(0.5))))
+        assert torch.equal(new_m[n], momentum[n])

@@ -72,7 +72,16 @@ def test_merkle_vectors() -> None:
 def test_codec_vectors() -> None:
     for v in load("codecs"):
         ts = set_from_json(v["input"]["tensors"])
-        payload = codecs.encode(ts, v["input"]["codec"], v["input"]["block_size"])
+        if "e" in v["input"]:  # §4.1 error feedback: C(β·e + Δ) and the carried e − C(…)
+            from protocol.errorfeedback import EFConfig, ef_hash, ef_step
+
+            i = v["input"]
+            ef = EFConfig(i["block_size"], i["topk"], i["ef_decay"])
+            payload, e_next = ef_step(set_from_json(i["e"]), ts, ef)
+            assert set_to_json(e_next) == v["output"]["e_next"]
+            assert ef_hash(e_next) == v["output"]["ef_hash"]
+        else:
+            payload = codecs.encode(ts, v["input"]["codec"], v["input"]["block_size"], v["input"].get("topk"))
         assert payload.hex() == v["output"]["payload"]
         assert codecs.delta_hash(payload) == v["output"]["delta_hash"]
         layout = {n: tuple(t.shape) for n, t in ts.items()}
@@ -113,6 +122,17 @@ def test_outer_vectors() -> None:
     for v in load("outer"):
         i = v["input"]
         params, momentum = set_from_json(i["params"]), set_from_json(i["momentum"])
+        if "payloads" in i:  # §7 over sparse payloads (§4.1)
+            from protocol.config import OuterRule
+            from protocol.outer import sparse_outer_update
+
+            ps = [(p["host"], p["tokens"], bytes.fromhex(p["payload"])) for p in i["payloads"]]
+            new_p, new_m = sparse_outer_update(params, momentum, ps, i["lr"], i["mu"], chunk=i["chunk"],
+                                               topk=i["topk"], rule=OuterRule(i["rule"]))  # fmt: skip
+            assert set_to_json(new_p) == v["output"]["params"]
+            assert set_to_json(new_m) == v["output"]["momentum"]
+            assert global_model_hash(new_p, new_m) == v["output"]["global_model_hash"]
+            continue
         deltas = [(d["host"], d["tokens"], set_from_json(d["delta"])) for d in i["deltas"]]
         new_p, new_m = outer_update(params, momentum, deltas, i["lr"], i["mu"])
         assert set_to_json(new_p) == v["output"]["params"]

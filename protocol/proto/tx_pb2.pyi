@@ -55,12 +55,14 @@ class InnerOptim(_message.Message):
     def __init__(self, lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., min_lr_fraction: _Optional[float] = ...) -> None: ...
 
 class OuterOptim(_message.Message):
-    __slots__ = ("lr", "momentum")
+    __slots__ = ("lr", "momentum", "rule")
     LR_FIELD_NUMBER: _ClassVar[int]
     MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
     lr: float
     momentum: float
-    def __init__(self, lr: _Optional[float] = ..., momentum: _Optional[float] = ...) -> None: ...
+    rule: str
+    def __init__(self, lr: _Optional[float] = ..., momentum: _Optional[float] = ..., rule: _Optional[str] = ...) -> None: ...
 
 class Phases(_message.Message):
     __slots__ = ("join_blocks", "train_blocks", "reveal_blocks", "verify_blocks", "escalation_blocks", "max_escalations", "result_blocks", "epoch_length", "poc_window", "audit_blocks", "confirm_blocks", "result_rounds", "min_hosts", "min_verifiers", "early_close")
@@ -115,7 +117,7 @@ class Stake(_message.Message):
     def __init__(self, min_host_stake: _Optional[int] = ..., min_verifier_stake: _Optional[int] = ..., host_slash_bps: _Optional[int] = ..., verifier_slash_bps: _Optional[int] = ..., reward_per_outer_step: _Optional[int] = ..., fraud_host_slash_bps: _Optional[int] = ..., fraud_verifier_slash_bps: _Optional[int] = ...) -> None: ...
 
 class RunConfig(_message.Message):
-    __slots__ = ("name", "model", "dataset_manifest_hash", "initial_model_hash", "seed", "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution", "batch_size", "seq_len", "data_shards", "codec", "codec_block_size", "inner", "outer", "phases", "stake", "replay_mode", "tolerance", "threads", "max_outer_steps", "state_chunk_bytes", "audit_bps", "audit_verifiers", "tolerance_exp_avg", "tolerance_exp_avg_sq", "numerics", "overlap", "tolerance_update", "tolerance_denominator")
+    __slots__ = ("name", "model", "dataset_manifest_hash", "initial_model_hash", "seed", "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution", "batch_size", "seq_len", "data_shards", "codec", "codec_block_size", "inner", "outer", "phases", "stake", "replay_mode", "tolerance", "threads", "max_outer_steps", "state_chunk_bytes", "audit_bps", "audit_verifiers", "tolerance_exp_avg", "tolerance_exp_avg_sq", "numerics", "overlap", "tolerance_update", "tolerance_denominator", "codec_topk", "codec_ef_decay")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATASET_MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +149,8 @@ class RunConfig(_message.Message):
     OVERLAP_FIELD_NUMBER: _ClassVar[int]
     TOLERANCE_UPDATE_FIELD_NUMBER: _ClassVar[int]
     TOLERANCE_DENOMINATOR_FIELD_NUMBER: _ClassVar[int]
+    CODEC_TOPK_FIELD_NUMBER: _ClassVar[int]
+    CODEC_EF_DECAY_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: ModelSpec
     dataset_manifest_hash: str
@@ -178,7 +182,9 @@ class RunConfig(_message.Message):
     overlap: str
     tolerance_update: float
     tolerance_denominator: float
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ..., state_chunk_bytes: _Optional[int] = ..., audit_bps: _Optional[int] = ..., audit_verifiers: _Optional[int] = ..., tolerance_exp_avg: _Optional[float] = ..., tolerance_exp_avg_sq: _Optional[float] = ..., numerics: _Optional[_Union[Numerics, _Mapping]] = ..., overlap: _Optional[str] = ..., tolerance_update: _Optional[float] = ..., tolerance_denominator: _Optional[float] = ...) -> None: ...
+    codec_topk: int
+    codec_ef_decay: float
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ..., state_chunk_bytes: _Optional[int] = ..., audit_bps: _Optional[int] = ..., audit_verifiers: _Optional[int] = ..., tolerance_exp_avg: _Optional[float] = ..., tolerance_exp_avg_sq: _Optional[float] = ..., numerics: _Optional[_Union[Numerics, _Mapping]] = ..., overlap: _Optional[str] = ..., tolerance_update: _Optional[float] = ..., tolerance_denominator: _Optional[float] = ..., codec_topk: _Optional[int] = ..., codec_ef_decay: _Optional[float] = ...) -> None: ...
 
 class Numerics(_message.Message):
     __slots__ = ("precision", "tf32", "attention")
