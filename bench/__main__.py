@@ -17,6 +17,7 @@ import traceback
 BENCHES = [
     "bench.hashing",
     "bench.codecs",
+    "bench.aggregation",  # issue 26: plan's aggregation vs training at large M (reads codecs.json)
     "bench.host_overhead",
     "bench.convergence",
     "bench.overlap_convergence",  # issue 16: overlap none vs delayed on the convergence setting

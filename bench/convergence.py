@@ -15,8 +15,17 @@ lr/momentum pairs), warm-up and cosine decay as the DiLoCo paper, from scratch a
 data-parallel warm start computed once; the best of each is reported, with the bytes each
 needed to reach the best DiLoCo's final loss.
 
-Run: `.venv/bin/python -m bench.convergence [--quick] [--only compare|sweep]`
-→ bench/results/convergence.json, convergence_sweep.json.
+Part three, the sparse codec (`--only sparse`, → convergence_sparse.json; issue 26): the same
+Llama path with M = 4 hosts, every contender over the same inner-lr sweep at equal compute, from
+the same warm start: data-parallel, int8 DiLoCo (Nesterov), and the sparse codec (top-k 64 of
+4096, 2-bit values) through each host's error-feedback accumulator, with either outer rule —
+DiLoCo's Nesterov over the sparse mean, or SparseLoCo's plain average (momentum replaced by error
+feedback; β = 1 and 0.95). In the quick run every DiLoCo contribution is replay-verified, the
+sparse ones also rebuilt from the verifier's θ_H and the host's carried e (all accepted); the full
+run skips verification, which changes no loss, to fit the 2 shared cores.
+
+Run: `.venv/bin/python -m bench.convergence [--quick] [--only compare|sweep|sparse]`
+→ bench/results/convergence.json, convergence_sweep.json, convergence_sparse.json.
 """
 
 from __future__ import annotations
@@ -120,6 +129,8 @@ def main(quick: bool = False, only: str = "") -> dict[str, Any]:
         out["compare"] = compare(quick)
     if only in ("", "sweep"):
         out["sweep"] = sweep(quick)
+    if only in ("", "sparse"):
+        out["sparse"] = sparse(quick)
     return out
 
 
@@ -297,15 +308,165 @@ def sweep(
     return result
 
 
+# ---------------------------------------------------------------- part three: the sparse codec
+
+
+_NESTEROV = {"outer_lr": 0.7, "outer_momentum": 0.9}
+_AVERAGE = {"codec": "sparse", "outer_rule": "average", "outer_lr": 1.0}
+SPARSE_CONTENDERS: dict[str, dict[str, Any]] = {
+    "dp": {"kind": "data_parallel"},
+    "int8_nesterov": {"kind": "diloco", "setup": {"codec": "int8", **_NESTEROV}},
+    "sparse_nesterov": {"kind": "diloco", "setup": {"codec": "sparse", **_NESTEROV}},
+    "sparse_average": {"kind": "diloco", "setup": _AVERAGE},
+    "sparse_average_b0.95": {"kind": "diloco", "setup": {**_AVERAGE, "ef_decay": 0.95}},
+    # the mean of M sparse Δs with (mostly) different supports moves a coordinate one host kept by
+    # v/M while that host's accumulator drops all of v: larger outer lrs make up for it
+    "sparse_average_lr2": {"kind": "diloco", "setup": {**_AVERAGE, "outer_lr": 2.0}},
+    "sparse_average_lr4": {"kind": "diloco", "setup": {**_AVERAGE, "outer_lr": 4.0}},
+    # denser: what it takes to reach int8's loss (`--sparse-contenders …k256 --sparse-name density`)
+    **{f"sparse_average_lr2_k{k}": {"kind": "diloco", "setup": {**_AVERAGE, "outer_lr": 2.0, "codec_topk": k}}
+       for k in (128, 256, 512, 1024)},
+}
+"""Contenders of the sparse comparison; each runs at every inner lr of the sweep."""
+
+
+def sparse_plan(quick: bool, shape_ht: tuple[int, int] | None = None) -> dict[str, Any]:
+    """M = 4 hosts on Llama-tiny; full: H = 100, T = 6 (2,400 batch gradients per contender,
+    sized for 2 shared cores), quick: H = 10, T = 6. `shape_ht` (H, T): another split of the same
+    compute (e.g. H = 25, T = 24: SparseLoCo's regime of many short outer steps)."""
+    from trainer.hf import spec_config
+
+    if quick:
+        shape = dict(hosts=4, inner_steps=10, outer_steps=6, segment_len=5, eval_batches=8, warmup_steps=3)
+        plan = {"inner_lrs": [2e-3, 5e-3], "warm_start": 60}
+    else:
+        shape = dict(hosts=4, inner_steps=100, outer_steps=6, segment_len=20, eval_batches=8, warmup_steps=30)
+        plan = {"inner_lrs": [2e-3, 5e-3], "warm_start": 500}
+    if shape_ht is not None:
+        h, t = shape_ht
+        shape.update(inner_steps=h, outer_steps=t, segment_len=5 if h % 5 == 0 else 1)
+    model = tuple(spec_config("llama", "tiny").items())
+    plan["base"] = Setup(**shape, factory="trainer.hf:llama", model=model, cosine=True,  # type: ignore[arg-type]
+                         codec_chunk=4096, codec_topk=64)  # fmt: skip
+    plan["verify"] = quick  # the full run unverified, as part two: honest work replays bitwise (quick)
+    return plan
+
+
+def sparse_jobs(plan: dict[str, Any], warm: str, only: list[str] | None = None) -> list[dict[str, Any]]:
+    base = {**plan["base"].to_json(), "init_params": warm}
+    jobs = []
+    for lr in plan["inner_lrs"]:
+        for name, c in SPARSE_CONTENDERS.items():
+            if only and name not in only:
+                continue
+            job: dict[str, Any] = {"label": f"{name}/lr{lr:g}", "kind": c["kind"],
+                                   "setup": {**base, **c.get("setup", {}), "inner_lr": lr}}  # fmt: skip
+            if c["kind"] == "diloco":
+                job["verify"] = plan["verify"]
+            jobs.append(job)
+    return jobs
+
+
+def sparse_summary(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Best inner lr per contender; bytes vs int8; bytes data-parallel needs to reach each loss."""
+    from bench.communication import dp_bytes_to_reach
+
+    rows = []
+    for r in runs:
+        name, lr = r["label"].split("/lr")
+        rows.append({"contender": name, "inner_lr": float(lr), "final_val_loss": r.get("final_val_loss"),
+                     "mb_per_host": r["bytes_per_host"] / 1e6 if "bytes_per_host" in r else None,
+                     "verdicts": r.get("verdicts"), "wall_s": r.get("wall_s"),
+                     "error": r.get("error", "")[-400:]})  # fmt: skip
+    ok = [r for r in runs if "final_val_loss" in r]
+    best: dict[str, dict[str, Any]] = {}
+    for r in ok:
+        name = r["label"].split("/lr")[0]
+        if name not in best or r["final_val_loss"] < best[name]["final_val_loss"]:
+            best[name] = r
+    dps = [r for r in ok if r["job"]["kind"] == "data_parallel"]
+    out: dict[str, Any] = {"setup": plan["base"].to_json(), "inner_lrs": plan["inner_lrs"], "rows": rows,
+                           "runs": runs, "best": {}}  # fmt: skip
+    int8 = best.get("int8_nesterov")
+    for name, r in best.items():
+        entry: dict[str, Any] = {"label": r["label"], "final_val_loss": r["final_val_loss"],
+                                 "bytes_per_host": r["bytes_per_host"]}  # fmt: skip
+        if r["job"]["kind"] == "diloco":
+            reach = [b for d in dps if (b := dp_bytes_to_reach(d["curve"], r["final_val_loss"])) is not None]
+            entry["dp_reached"] = bool(reach)
+            dp_bytes = min(reach) if reach else max((d["bytes_per_host"] for d in dps), default=None)
+            entry["dp_bytes_to_equal_loss"] = dp_bytes
+            entry["ratio_vs_dp_at_equal_loss"] = dp_bytes / r["bytes_per_host"] if dp_bytes else None
+            if int8 is not None:
+                entry["bytes_vs_int8"] = int8["bytes_per_host"] / r["bytes_per_host"]
+                entry["loss_le_int8"] = r["final_val_loss"] <= int8["final_val_loss"]
+        out["best"][name] = entry
+    return out
+
+
+def sparse(
+    quick: bool = False, shape_ht: tuple[int, int] | None = None, only: list[str] | None = None,
+    suffix: str = "",
+    inner_lrs: list[float] | None = None,
+) -> dict[str, Any]:
+    """The comparison of part three; the warm start is computed once, before the contenders.
+    `shape_ht`, `only`: another (H, T) split of the same compute, some contenders only
+    (→ convergence_sparse_H<H>_T<T>.json)."""
+    import os
+    import tempfile
+
+    plan = sparse_plan(quick, shape_ht)
+    if inner_lrs:
+        plan["inner_lrs"] = inner_lrs
+    result: dict[str, Any] = {"quick": quick, "load_before": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as tmp:
+        warm = f"{tmp}/warm.safetensors"
+        pre = {**plan["base"].to_json(), "warm_start": plan["warm_start"]}
+        pre_job = {"label": "pretrain", "kind": "pretrain", "setup": pre, "save_params": warm}
+        pretrained = run_jobs([pre_job])[0]
+        result["warm_start_loss"] = pretrained.get("final_val_loss")
+        runs = run_jobs(sparse_jobs(plan, warm, only), per_child=1) if "error" not in pretrained else []
+    result["load_after"] = os.getloadavg()
+    result["warm_start"] = plan["warm_start"]
+    result["setting"] = sparse_summary(plan, runs)
+    st = result["setting"]["setup"]
+    print(f"\nsparse codec: Llama-tiny, M={st['hosts']} H={st['inner_steps']} T={st['outer_steps']}, "
+          f"top-k {st['codec_topk']} of {st['codec_chunk']}")  # fmt: skip
+    print("| contender | inner lr | final val loss | MB/host | verdicts |\n|---|---|---|---|---|")
+    for r in result["setting"]["rows"]:
+        loss = f"{r['final_val_loss']:.4f}" if r["final_val_loss"] is not None else "error"
+        mb = f"{r['mb_per_host']:.4g}" if r["mb_per_host"] is not None else ""
+        print(f"| {r['contender']} | {r['inner_lr']:g} | {loss} | {mb} | {r['verdicts'] or ''} |")
+    for name, b in result["setting"]["best"].items():
+        extra = ""
+        if "bytes_vs_int8" in b:
+            extra = (f"; {b['bytes_vs_int8']:.1f}x fewer bytes than int8, loss ≤ int8: {b['loss_le_int8']}; "
+                     f"DP needs {b['ratio_vs_dp_at_equal_loss'] or float('nan'):.0f}x the bytes to reach it"
+                     + ("" if b["dp_reached"] else " (never reached: lower bound)"))  # fmt: skip
+        print(f"best {name}: {b['label']} {b['final_val_loss']:.4f}{extra}")
+    name = "convergence_sparse" if shape_ht is None else f"convergence_sparse_H{shape_ht[0]}_T{shape_ht[1]}"
+    name += f"_{suffix}" if suffix else ""
+    write_result(name, result)
+    return result
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["compare", "sweep"], default="")
+    ap.add_argument("--only", choices=["compare", "sweep", "sparse"], default="")
     ap.add_argument("--outer-steps", type=int, default=None, help="sweep only: a longer full run (T)")
     ap.add_argument("--inner-lrs", default="", help="sweep only: comma-separated inner lrs (both contenders)")
     ap.add_argument("--warm-only", action="store_true", help="sweep only: skip the from-scratch contenders")
+    ap.add_argument("--sparse-shape", default="", help="sparse only: HxT, another split of the same compute")
+    ap.add_argument("--sparse-contenders", default="", help="sparse only: comma-separated contender names")
+    ap.add_argument("--sparse-name", default="", help="sparse only: a suffix of the results file")
     args = ap.parse_args()
-    if args.outer_steps is not None or args.inner_lrs or args.warm_only:
+    if args.sparse_shape or args.sparse_contenders:
+        shape_ht = tuple(int(x) for x in args.sparse_shape.split("x")) if args.sparse_shape else None
+        names = [x for x in args.sparse_contenders.split(",") if x] or None
+        lrs = [float(x) for x in args.inner_lrs.split(",") if x] or None
+        sparse(args.quick, shape_ht, names, args.sparse_name, lrs)  # type: ignore[arg-type]
+    elif args.outer_steps is not None or args.inner_lrs or args.warm_only:
         lrs = [float(x) for x in args.inner_lrs.split(",") if x]
         sweep(args.quick, args.outer_steps, lrs or None, scratch=not args.warm_only)
     else:

@@ -445,6 +445,101 @@ def overlap_detection(d: dict[str, Any]) -> Lines:
                         "final val loss"], rows)  # fmt: skip
 
 
+def codecs_table(d: dict[str, Any]) -> Lines:
+    """The dense codecs as before; the sparse codec's densities, exact sizes, 2-bit levels (issue 26)."""
+    dense = [r for r in d["rows"] if not str(r["codec"]).startswith("sparse")]
+    sparse = [r for r in d["rows"] if str(r["codec"]).startswith("sparse")]
+    out = generic({k: v for k, v in d.items() if k not in ("rows", "sparse_layouts", "sparse_levels")})
+    cols = ["codec", "payload_bytes", "blob_bytes", "ratio_vs_fp32", "rel_l2_error", "encode_mb_s",
+            "decode_mb_s"]  # fmt: skip
+    out += ["*rows*", "", *table(cols, [[r.get(c) for c in cols] for r in dense])]
+    if sparse:
+        out += ["*sparse codec* (specs §4.1): the payload is served as is; rel. L2 error of one C(Δ), "
+                "which error feedback carries to later steps; decode = adding the payload into a running "
+                "sum, per fp32 MB of Δ; one core", ""]  # fmt: skip
+        head = ["codec", "k / C", "payload bytes", "ratio vs fp32", "ratio vs int8", "kept energy",
+                "rel. L2 error", "encode MB/s", "decode into sum MB/s", "dense decode MB/s"]  # fmt: skip
+        keys = ["payload_bytes", "ratio_vs_fp32", "ratio_vs_int8", "kept_energy", "rel_l2_error",
+                "encode_mb_s", "decode_mb_s", "dense_decode_mb_s"]  # fmt: skip
+        body = [[r["codec"], f"{r['topk']} / {r['chunk']}", *(r[k] for k in keys)] for r in sparse]
+        out += table(head, body)
+    if lay := d.get("sparse_layouts"):
+        out += ["*sparse payload sizes from the layout alone* (`payload_len`; Llama presets)", ""]
+        out += table(["model", "params", "k / C", "payload bytes", "ratio vs fp32", "ratio vs int8"],
+                     [[r["model"], r["params"], f"{r['topk']} / {r['chunk']}", r["payload_bytes"],
+                       r["ratio_vs_fp32"], r["ratio_vs_int8"]] for r in lay])  # fmt: skip
+    if lv := d.get("sparse_levels"):
+        out += [f"*2-bit levels*: the kept entries of the accumulators a = e + Δ of a one-host "
+                f"error-feedback run ({lv['outer_steps']} outer steps of {lv['inner_steps']} AdamW steps, "
+                f"top-{lv['topk']} of {lv['chunk']}): relative L2 error of each quantizer, mean over the "
+                "steps", ""]  # fmt: skip
+        out += table(["quantizer", "mean rel. L2 error", "first step", "last step"],
+                     [[q, v["mean_rel_l2"], v["per_step"][0], v["per_step"][-1]]
+                      for q, v in lv["quantizers"].items()])  # fmt: skip
+    return out
+
+
+def _nan(x: float | None) -> float:
+    return float("nan") if x is None else x
+
+
+def convergence_sparse(d: dict[str, Any]) -> Lines:
+    """Sparse codec + error feedback (both outer rules) vs int8 DiLoCo vs data-parallel (issue 26)."""
+    s = d["setting"]
+    st = s["setup"]
+    lrs = ", ".join(f"{x:g}" for x in s["inner_lrs"])
+    load = [", ".join(f"{x:.1f}" for x in d.get(k, [])) for k in ("load_before", "load_after")]
+    out = [
+        "Llama-style model (`trainer.hf:llama`, preset tiny) on Shakespeare's prepared byte-token manifest, "
+        f"**M = {st['hosts']} hosts, H = {st['inner_steps']}, T = {st['outer_steps']}** (every contender "
+        f"does M·H·T = {st['hosts'] * st['inner_steps'] * st['outer_steps']:,} batch gradients), from a "
+        f"{d['warm_start']}-step data-parallel warm start (val loss {fmt(d.get('warm_start_loss'))}), the "
+        f"same inner-lr sweep ({lrs}) with warm-up and cosine decay for every contender. *int8_nesterov*: "
+        f"today's DiLoCo (outer 0.7 / 0.9). *sparse_…*: the sparse codec, top-{st['codec_topk']} of "
+        f"{st['codec_chunk']} with 2-bit values, sent through each host's error-feedback accumulator "
+        "(specs §4.1); *sparse_nesterov*: DiLoCo's Nesterov over the sparse mean (0.7 / 0.9); "
+        "*sparse_average*: SparseLoCo's rule θ − lr·mean (lr 1, no momentum), β = 1 or 0.95 (*_lr2*, *_lr4*: "
+        "outer lr 2, 4). MB sent per "
+        "host: the Δ payloads (int8: zstd blobs); data-parallel: its ring all-reduce. Load average "
+        f"{load[0]} before, {load[1]} after (2 shared cores).",
+        "",
+    ]
+    rows = [[r["contender"], r["inner_lr"],
+             r["final_val_loss"] if r["final_val_loss"] is not None else "error: " + r["error"][-120:],
+             r["mb_per_host"], _verdicts(r.get("verdicts"))] for r in s["rows"]]  # fmt: skip
+    out += table(["contender", "inner lr", "final val loss", "MB sent per host", "verdicts"], rows)
+    for name, b in s["best"].items():
+        line = f"- best {name}: {b['label']} → {b['final_val_loss']:.4f}, {b['bytes_per_host'] / 1e6:.4g} MB"
+        if "bytes_vs_int8" in b:
+            bound = "≥ " if not b["dp_reached"] else ""
+            line += (f"; {b['bytes_vs_int8']:.1f}× fewer bytes than int8; final loss ≤ int8's: "
+                     f"**{b['loss_le_int8']}**; data-parallel needs {bound}"
+                     f"{_nan(b['ratio_vs_dp_at_equal_loss']):,.0f}× the bytes to reach it")  # fmt: skip
+        out.append(line)
+    return [*out, ""]
+
+
+def aggregation(d: dict[str, Any]) -> Lines:
+    """`gonka-diloco plan`'s aggregation against training as M grows (issue 26)."""
+    speeds = ", ".join(f"{k} {v / 1e6:.0f} MB/s" for k, v in d["decode_bytes_per_s"].items())
+    out = [
+        f"30B on 8×H100 hosts at {d['link_bytes_per_s'] * 8 / 1e9:g} Gbit/s, H = {d['H']} (the published "
+        "plan's k = 25, s = 4, v = 2, m = 1): every host downloads the other M − 1 accepted Δs and sums them "
+        "itself; aggregation = the longer of that download and decoding into the running sum (per rank "
+        f"{speeds}, from {d['constants_source']}). Sparse: top-{d['codec_topk']} of {d['codec_chunk']}.",
+        "",
+    ]
+    rows = [[r["codec"], r["hosts"], f"{r['delta_bytes'] / 1e9:.3g} GB",
+             f"{r['download_bytes'] / 1e12:.3g} TB",
+             f"{r['aggregate_s'] / 3600:.2f} h", f"{r['train_s'] / 3600:.2f} h",
+             f"{100 * r['aggregate_over_train']:.1f}%"] for r in d["rows"]]  # fmt: skip
+    out += table(["codec", "hosts", "Δ per host", "download per host", "aggregation", "training",
+                  "aggregation ÷ training"], rows)  # fmt: skip
+    out += [f"- {k}: aggregation reaches half the training time at M = {m:,} hosts"
+            for k, m in d["hosts_at_half_training"].items()]  # fmt: skip
+    return [*out, ""]
+
+
 def overlap_convergence(d: dict[str, Any]) -> Lines:
     """Overlap none vs delayed and eager at equal compute; the wall-clock time model and its inputs."""
     st = d["setup"]
@@ -507,13 +602,22 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      ".venv/bin/python -m bench.convergence --only sweep [--quick]", convergence_sweep),
     ("overlap_convergence", "1d. Overlap: convergence cost of the delayed and eager schedules (issue 16)",
      "bench.overlap_convergence", overlap_convergence),
+    ("convergence_sparse", "1e. Sparse codec with error feedback vs int8 DiLoCo vs data-parallel (issue 26)",
+     ".venv/bin/python -m bench.convergence --only sparse [--quick]", convergence_sparse),
+    ("convergence_sparse_H25_T24", "1f. The same compute in SparseLoCo's regime: H = 25, T = 24",
+     ".venv/bin/python -m bench.convergence --sparse-shape 25x24 --sparse-contenders dp,int8_nesterov,"
+     "sparse_nesterov,sparse_average,sparse_average_lr2,sparse_average_lr4", convergence_sparse),
+    ("convergence_sparse_H25_T24_density", "1g. Denser sparse payloads (H = 25, T = 24)",
+     ".venv/bin/python -m bench.convergence --sparse-shape 25x24 --sparse-name density --inner-lrs 0.002 "
+     "--sparse-contenders dp,int8_nesterov,sparse_average_lr2_k128,sparse_average_lr2_k256,"
+     "sparse_average_lr2_k512,sparse_average_lr2_k1024", convergence_sparse),
     ("overlap_detection", "2b. Overlap: detection and false rejection with the eager schedule (issue 16)",
      "bench.overlap_detection", overlap_detection),
     ("attack", "2. Under attack: robust aggregation vs replay verification", "bench.attack", attack),
     ("communication", "3. Communication: bytes per host per outer step vs data-parallel",
      "bench.communication",
      communication),
-    ("codecs", "4. Codecs", "bench.codecs", generic),
+    ("codecs", "4. Codecs", "bench.codecs", codecs_table),
     ("detection", "5. Verification cost vs detection", "bench.detection", generic),
     ("collusion", "5b. Collusion: colluding verifiers vs stake-weighted draws, audits and disputes",
      "bench.collusion", collusion),
@@ -529,6 +633,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("scale", "8. Scale: the state pipeline at the largest GPT this box holds", "bench.scale", scale),
     ("plan", "9. Cost model: `gonka-diloco plan` against measurements, and the published plan", "bench.plan",
      plan),
+    ("aggregation", "9b. Aggregation at large M: int8 vs the sparse codec (issue 26)", "bench.aggregation",
+     aggregation),
     ("gpu_check", "10. GPU: bitwise replay, ≈1B throughput with commitments, device-vs-CPU noise",
      "python3 bench/gpu_check.py --out bench/results/gpu_check.json (on the GPU machine)", gpu_check),
     ("gpu_check_cpu", "10b. The same script on CPU (tiny sizes: what CI runs)",
@@ -537,6 +643,44 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
      "--out bench/results/calibration.json", generic),
 ]  # fmt: skip
+
+
+def sparse_goals(res: dict[str, Any]) -> Lines:
+    """Issue 26: the sparse codec's size, its convergence against int8 DiLoCo, aggregation at 256 hosts."""
+    out = []
+    cd = res.get("codecs") or {}
+    row = next((r for r in cd.get("rows", []) if r["codec"] == "sparse"), None)
+    if row:
+        same = (row["chunk"], row["topk"])
+        big = [r for r in cd.get("sparse_layouts", []) if (r["chunk"], r["topk"]) == same]
+        at = "".join(f"; {r['model']} layout {r['ratio_vs_fp32']:.0f}× ({r['ratio_vs_int8']:.1f}× vs int8)"
+                     for r in big)  # fmt: skip
+        ok = min([row["ratio_vs_fp32"], *(r["ratio_vs_fp32"] for r in big)]) >= 100
+        out.append(f"- sparse codec, top-{row['topk']} of {row['chunk']}: {row['ratio_vs_fp32']:.0f}× fewer "
+                   f"bytes than fp32 on the real Δ{at} (goal ≥ 100×: **{'met' if ok else 'NOT met'}**)")
+    for stem in sorted(k for k in res if k.startswith("convergence_sparse")):
+        s = res[stem]["setting"]
+        st, best = s["setup"], s["best"]
+        sparse = [b for n, b in best.items() if n.startswith("sparse")]
+        if not sparse or "int8_nesterov" not in best:
+            continue
+        b = min(sparse, key=lambda x: x["final_val_loss"])
+        i8 = best["int8_nesterov"]
+        met = b["loss_le_int8"] and b["bytes_vs_int8"] >= 25
+        out.append(f"- sparse + error feedback vs int8 DiLoCo (M = {st['hosts']}, H = {st['inner_steps']}, "
+                   f"T = {st['outer_steps']}): best sparse {b['label']} {b['final_val_loss']:.4f} vs int8 "
+                   f"{i8['final_val_loss']:.4f} at {b['bytes_vs_int8']:.1f}× fewer bytes (goal: loss ≤ "
+                   f"int8's at ≥ 25× fewer bytes: **{'met' if met else 'NOT met'}**); data-parallel needs "
+                   f"{_nan(b['ratio_vs_dp_at_equal_loss']):,.0f}× its bytes to reach its loss (int8: "
+                   f"{_nan(i8['ratio_vs_dp_at_equal_loss']):,.0f}×)")  # fmt: skip
+    ag = res.get("aggregation") or {}
+    r = next((r for r in ag.get("rows", []) if r["codec"] == "sparse" and r["hosts"] == 256), None)
+    if r:
+        ok = r["aggregate_over_train"] <= 0.5
+        out.append(f"- aggregation at 30B, 256 hosts, 1 Gbit/s, sparse: {r['aggregate_s'] / 3600:.2f} h "
+                   f"= {100 * r['aggregate_over_train']:.1f}% of the {r['train_s'] / 3600:.2f} h of training "
+                   f"(goal ≤ 50%: **{'met' if ok else 'NOT met'}**)")  # fmt: skip
+    return out
 
 
 def goals(res: dict[str, Any]) -> Lines:
@@ -681,6 +825,7 @@ def goals(res: dict[str, Any]) -> Lines:
                    f"outer steps (≤ {100 * w['pass_bound_sup']:.2f}% bound, "
                    f"≤ {100 * w['pass_exact_max']:.2f}% exact) and faking has negative expected profit: "
                    f"**{'met' if both else 'NOT met'}**")  # fmt: skip
+    out += sparse_goals(res)
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:
         out.append(f"- chain: {tps['committed_tps']} committed tx/s (goal {tps.get('goal_tps', '?')})")
