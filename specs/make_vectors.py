@@ -183,7 +183,6 @@ def codec_vectors() -> list[dict[str, Any]]:
                 },
             }
         )
-    return out
     return out + sparse_codec_vectors(delta)
 
 
@@ -212,6 +211,7 @@ def sparse_codec_vectors(delta: dict[str, torch.Tensor]) -> list[dict[str, Any]]
                        "e_next": set_to_json(e_next), "ef_hash": ef_hash(e_next),
                        "decoded": set_to_json(codecs.decode(payload, layout))},
         })  # fmt: skip
+    return out
 
 
 def prf_vectors() -> dict[str, Any]:
@@ -313,7 +313,6 @@ def outer_vectors() -> list[dict[str, Any]]:
     return out
 
 
-def wire_vectors() -> list[dict[str, Any]]:
 Deltas = list[tuple[str, int, dict[str, torch.Tensor]]]
 
 
@@ -339,6 +338,7 @@ def sparse_outer_vectors(params: dict[str, torch.Tensor], momentum: dict[str, to
     return out
 
 
+def wire_vectors() -> list[dict[str, Any]]:
     h = hashlib.sha256(b"x").hexdigest()
     cfg = RunConfig(
         model=ModelSpec(factory="trainer.model:gpt", config={"n_layer": 2, "dropout": 0.1, "act": "gelu"}),
