@@ -40,6 +40,7 @@ from protocol.messages import (
 from protocol.outer import eager_scale, eager_start, global_model_hash, outer_update
 from protocol.tensors import StateKind, canonical_bytes, domain, tensor_hash
 from protocol.wire import _MODEL_OF, to_any
+from specs.strict_vectors import modelsize_vectors, strict_vectors
 from specs.tolerance_vectors import tolerance_vectors
 
 VECTORS = Path(__file__).resolve().parent / "vectors"
@@ -631,7 +632,8 @@ class _Scenario:
 def _vector_config(**kw: Any) -> RunConfig:
     h = hashlib.sha256(b"vector").hexdigest()
     base: dict[str, Any] = dict(
-        model=ModelSpec(factory="trainer.model:tiny"), dataset_manifest_hash=h, initial_model_hash=h,
+        model=ModelSpec(factory="trainer.model:tiny", config={"param_count": 1000}),  # declared (§2.4)
+        dataset_manifest_hash=h, initial_model_hash=h,
         inner_steps=4, segment_len=2, sampled_segments=1, verifiers_per_contribution=1, audit_bps=0,
         batch_size=2, seq_len=8, codec=Codec.INT8,
         phases=Phases(join_blocks=1, train_blocks=2, reveal_blocks=2, verify_blocks=2, audit_blocks=2,
@@ -751,14 +753,35 @@ def chain_vectors() -> list[dict[str, Any]]:
     # 7. early close (§2.3.1): every host commits at the training start, every challenged host
     # reveals at the challenge height and every verifier judges at once, so each window closes in
     # the block its last message landed in and the step is adopted far before its fixed deadlines.
+    # A join window of 3 blocks: the verifiers bonded at height 2 have served the bonding delay
+    # (§2.3, 4 blocks) by the challenge at height 6 that the train window's early close brings.
     cfg = _vector_config()
-    sc = _Scenario(cfg.model_copy(update={"phases": cfg.phases.model_copy(update={"early_close": True})}))
+    early = cfg.phases.model_copy(update={"early_close": True, "join_blocks": 3})
+    sc = _Scenario(cfg.model_copy(update={"phases": early}))
     sc.commit(0, HOST_ADDRESSES)
     sc.reveal(0, HOST_ADDRESSES)
     s0 = sc.step()
     sc.verdicts(s0["challenge_height"] + 1)
     sc.add(sc.finalized_at() + 1, *[_vote(h, "g1") for h in HOST_ADDRESSES[:2]])  # 2 of 3: adopted
     out.append({"label": "early_close", "blocks": sc.blocks})
+
+    # 8. the bonding delay (§2.3): the authority bonds as a verifier, with 125x the others' stake, in
+    # the block before step 0's challenge: step 0's pool is fixed 4 blocks before the challenge, so it
+    # is drawn for nobody there (nor in step 0's audit or dispute); in step 1 it is drawn like anyone.
+    sc = _Scenario(_vector_config())
+    s0 = sc.step()
+    sc.add(s0["challenge_height"] - 1, MsgJoinRun(creator=AUTHORITY, run_id=1, role=Role.VERIFIER,
+                                                  endpoint="http://late", stake=500 * GNK))  # fmt: skip
+    sc.commit_and_reveal()
+    assert all(AUTHORITY not in vs for vs in sc.assigned(s0["challenge_height"]).values())
+    sc.verdicts(s0["challenge_height"] + 1)
+    sc.add(sc.finalized_at() + 1, *[_vote(h, "g1") for h in HOST_ADDRESSES[:2]])  # 2 of 3: adopted
+    sc.commit(1, HOST_ADDRESSES)
+    s1 = queries.outer_step(sc.state(), 1, 1)
+    sc.run_to(s1["challenge_height"] + 1)
+    step1 = queries.challenges(sc.state(), 1, 1)["challenges"]
+    assert any(AUTHORITY in c["verifier_rounds"] for c in step1)
+    out.append({"label": "bonding_delay", "blocks": sc.blocks})
 
     for v in out:
         v["genesis"] = vector_genesis().model_dump(mode="json")
@@ -777,6 +800,8 @@ BUILDERS = {
     "envclass": envclass_vectors,
     "chain": chain_vectors,
     "tolerance": tolerance_vectors,  # specs/tolerance_vectors.py (§6.3)
+    "modelsize": modelsize_vectors,  # specs/strict_vectors.py (§2.4.1)
+    "strict": strict_vectors,  # specs/strict_vectors.py (§1)
 }
 
 
