@@ -12,7 +12,9 @@ Four tables (all with the real committed loop, store, codec and `verifier.verify
 3. honest false rejections: bitwise (same environment) and tolerance mode with the host in a
    2-thread process and the verifier at 1 thread, thresholds (params and both moments) from
    `verifier.calibrate`; and a moment-steering host in tolerance mode, judged by the whole state
-   and by the parameters alone (what the verifier compared before);
+   and by the parameters alone (what the verifier compared before), and `budget_steer` (0.9 of
+   every threshold at every boundary), judged by every check and by the group norms alone (what
+   it compared before issue 23; how far it steers: `bench.steering`);
 4. verification cost as a fraction of the host's inner loop on the default small GPT.
 
     .venv/bin/python -m bench.detection [--quick] [--only-adversaries]
@@ -56,8 +58,8 @@ from protocol.messages import EnvFingerprint, Reason
 from trainer.behaviour import HostBehaviour
 from trainer.commit import Contribution
 from trainer.step import configure_determinism
-from verifier.calibrate import calibrate
-from verifier.verify import param_distance, replay_segment, verify
+from verifier.calibrate import CONFIG_FIELDS, calibrate
+from verifier.verify import group_mismatch, param_distance, replay_segment, verify
 
 A = "gonka1" + "a" * 38
 B = "gonka1" + "b" * 38
@@ -80,6 +82,7 @@ ADVERSARIES: list[tuple[str, dict[str, Any]]] = [
     ("noise", {}), ("zero", {}), ("scaled", {}), ("sign_flip", {}), ("lazy", {"fraction": 0.5}),
     ("wrong_data", {}), ("stale", {}), ("copycat", {}), ("bad_tokens", {}),
     ("no_reveal", {"mode": "chain"}), ("no_reveal", {"mode": "serve"}), ("moment_steer", {}),
+    ("budget_steer", {}),
     *[("malformed", {"kind": k}) for k in MALFORMED_KINDS],
     ("withhold", {}), ("forge_result", {}), ("silent_after_accept", {}),
 ]  # fmt: skip
@@ -236,7 +239,10 @@ def host_worker(job: dict[str, Any]) -> None:
     out = []
     for t in range(job["trials"]):
         kinds = (("honest", HostBehaviour()), ("lazy", LazyHost(0.5, seed=t)),
-                 ("moment_steer", resolve_host("moment_steer", {"seed": t})))  # fmt: skip
+                 ("moment_steer", resolve_host("moment_steer", {"seed": t})),
+                 ("budget_steer", resolve_host("budget_steer", {"seed": t})),
+                 ("budget_steer_update",
+                  resolve_host("budget_steer", {"target": "update", "seed": t})))  # fmt: skip
         for kind, behaviour in kinds:
             run = lab.train(behaviour, host_addr(t), 0, g0)
             c = run.contribution
@@ -257,16 +263,15 @@ def _load_run(lab: Lab, r: dict[str, Any], root: Path) -> HostRun:
         mean_loss=0.0, losses=[],
     )  # fmt: skip
     store = StateStore(r["store"])
-    blobs = {c.delta_hash: codecs.to_blob(payload)}
+    blobs = {c.delta_hash: payload}  # nodes serve the committed payload itself (as `Lab.train`)
     return HostRun(r["host"], HostBehaviour(), c, store, blobs, None, store.get(c.leaves[-1]))
 
 
 def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Path) -> dict[str, Any]:
     k = cfg.segment_len
     proposal = calibrate(cfg, CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5)
-    tau = proposal.rows[0].threshold  # per group: params, exp_avg, exp_avg_sq
-    fields = {"tolerance": tau["param"], "tolerance_exp_avg": tau["exp_avg"],
-              "tolerance_exp_avg_sq": tau["exp_avg_sq"]}  # fmt: skip
+    tau = proposal.rows[0].threshold  # per distance: the three groups, update, denominator
+    fields = {CONFIG_FIELDS[g]: v for g, v in tau.items()}
     tcfg = cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, **fields})
     job = {"cfg": tcfg.model_dump(mode="json"), "root": str(root), "trials": trials, "threads": 2}
     (root / "job.json").write_text(json.dumps(job))
@@ -277,9 +282,10 @@ def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Pa
         raise RuntimeError(proc.stderr[-2000:])
     lab = Lab(tcfg, synthetic_corpus(), root)
     g0 = GlobalModel.from_module(lab.build()[0])
-    counts = {"honest": [0, 0], "lazy": [0, 0], "moment_steer": [0, 0]}
+    counts = {"honest": [0, 0], "lazy": [0, 0], "moment_steer": [0, 0], "budget_steer": [0, 0],
+              "budget_steer_update": [0, 0]}  # fmt: skip
     dists: list[float] = []
-    params_only_accepts = 0
+    params_only_accepts = group_only_accepts = 0
     for r in json.loads((root / "runs.json").read_text()):
         run = _load_run(lab, r, root)
         if r["kind"] == "lazy":  # open a faked segment: does tolerance mode still see it?
@@ -294,6 +300,8 @@ def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Pa
             dists.append(float(out.detail.rsplit("distance ", 1)[1].split()[0]))
         if r["kind"] == "moment_steer":  # the old rule: parameters alone, every opened segment
             params_only_accepts += params_only_accept(job, run, lab, g0, tau["param"])
+        if r["kind"] == "budget_steer":  # the rule before issue 23: group norms alone
+            group_only_accepts += group_only_accept(job, run, lab, g0)
     return {
         "mode": "tolerance (host 2 threads, verifier 1)", "k": k, "threshold": tau["param"],
         "threshold_exp_avg": tau["exp_avg"], "threshold_exp_avg_sq": tau["exp_avg_sq"],
@@ -307,6 +315,12 @@ def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Pa
         "lazy_min_distance": min(dists) if dists else None,
         "moment_steer_rejected": counts["moment_steer"][0] / counts["moment_steer"][1],
         "moment_steer_accepted_by_params_only": params_only_accepts / counts["moment_steer"][1],
+        "threshold_update": tau["update"], "threshold_denominator": tau["denominator"],
+        "calibrated_noise_update": proposal.rows[0].noise["update"],
+        "calibrated_noise_denominator": proposal.rows[0].noise["denominator"],
+        "budget_steer_rejected": counts["budget_steer"][0] / counts["budget_steer"][1],
+        "budget_steer_accepted_by_group_norms": group_only_accepts / counts["budget_steer"][1],
+        "budget_steer_update_rejected": counts["budget_steer_update"][0] / counts["budget_steer_update"][1],
     }  # fmt: skip
 
 
@@ -317,6 +331,17 @@ def params_only_accept(job: Any, run: HostRun, lab: Lab, g0: GlobalModel, tau: f
         start, claim = run.store.get(o.start_leaf), run.store.get(o.end_leaf)
         end = replay_segment(job, ctx, start, o.segment)
         if not param_distance(end, claim, start) < tau:
+            return False
+    return True
+
+
+def group_only_accept(job: Any, run: HostRun, lab: Lab, g0: GlobalModel) -> bool:
+    """Would the rule before issue 23 (the group norms alone, every opened segment) have accepted?"""
+    ctx = lab.replay_context(g0)
+    for o in job.openings:
+        start, claim = run.store.get(o.start_leaf), run.store.get(o.end_leaf)
+        end = replay_segment(job, ctx, start, o.segment)
+        if group_mismatch(end, claim, start, lab.cfg.tolerances) is not None:
             return False
     return True
 
@@ -350,7 +375,8 @@ def cost_row(cfg: RunConfig, root: Path, repeats: int = 3) -> dict[str, Any]:
 # ---------------------------------------------------------------- main
 
 
-GROUP_SUFFIXES = (("param", ""), ("exp_avg", "_exp_avg"), ("exp_avg_sq", "_exp_avg_sq"))
+GROUP_SUFFIXES = (("param", ""), ("exp_avg", "_exp_avg"), ("exp_avg_sq", "_exp_avg_sq"),
+                  ("update", "_update"), ("denominator", "_denominator"))  # fmt: skip
 
 
 def pct(x: float | None) -> str:
@@ -388,11 +414,19 @@ def report(result: dict[str, Any]) -> None:
     )  # fmt: skip
     tol = [r for r in result["honest"] if "moment_steer_rejected" in r]
     table(
-        "3b. tolerance mode, per group (params, exp_avg, exp_avg_sq), and a moment-steering host",
-        ["group", "noise", "threshold", "moment_steer rejected", "accepted by params only"],
+        "3b. tolerance mode, per check (the three groups, the moments in update space), and steering hosts",
+        ["check", "noise", "threshold", "moment_steer rejected", "accepted by params only"],
         [[g, f"{r.get('calibrated_noise' + suffix, 0):.2e}", f"{r.get('threshold' + suffix, 0):.2e}",
           pct(r["moment_steer_rejected"]), pct(r["moment_steer_accepted_by_params_only"])]
          for r in tol for g, suffix in GROUP_SUFFIXES],
+    )  # fmt: skip
+    table(
+        "3c. budget_steer (0.9 of every threshold at every boundary, one way), tolerance mode",
+        ["target", "rejected", "accepted by the group norms alone"],
+        [row for r in tol if "budget_steer_rejected" in r for row in (
+            ["group (exp_avg where exp_avg_sq = 0)", pct(r["budget_steer_rejected"]),
+             pct(r["budget_steer_accepted_by_group_norms"])],
+            ["update (within every check: bench.steering)", pct(r["budget_steer_update_rejected"]), "n/a"])],
     )  # fmt: skip
     table(
         "4. one verifier's cost vs the host's inner loop on the default small GPT",
@@ -402,9 +436,10 @@ def report(result: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-def main(quick: bool, only_adversaries: bool = False) -> dict[str, Any]:
+def main(quick: bool, only_adversaries: bool = False, only_tolerance: bool = False) -> dict[str, Any]:
     """`only_adversaries`: recompute table 1 alone (a new adversary's row) and keep the other
-    tables of the last run in the results file (their own `quick` flag and timings stay)."""
+    tables of the last run in the results file (their own `quick` flag and timings stay);
+    `only_tolerance` likewise for table 3's tolerance-mode row (3b, 3c)."""
     configure_determinism(1)
     trials = 20
     # The adversary table runs at the devnet's short outer step (H=50, k=5, s=2) so 20 trials per
@@ -423,17 +458,25 @@ def main(quick: bool, only_adversaries: bool = False) -> dict[str, Any]:
     result: dict[str, Any] = {"quick": quick, "torch": torch.__version__, "machine": platform.machine(),
                               "detection_config": {"H": det_cfg.inner_steps, "k": det_cfg.segment_len,
                                                     "s": det_cfg.sampled_segments}}  # fmt: skip
-    if only_adversaries:
+    if only_adversaries or only_tolerance:
         last = json.loads(RESULTS.read_text())
         if last.get("quick") != quick or last.get("detection_config") != result["detection_config"]:
             raise SystemExit(f"{RESULTS} was written with another configuration: run it whole")
         with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
             t0 = time.perf_counter()
-            last["adversaries"] = adversary_table(det_cfg, trials, Path(tmp) / "adv")
-            last["adversaries_seconds"] = round(time.perf_counter() - t0, 1)
+            if only_adversaries:
+                last["adversaries"] = adversary_table(det_cfg, trials, Path(tmp) / "adv")
+                last["adversaries_seconds"] = round(time.perf_counter() - t0, 1)
+                what = f"table 1 recomputed in {last['adversaries_seconds']} s"
+            else:
+                (Path(tmp) / "tol").mkdir()
+                row = tolerance_cross_env(det_cfg, trials, 12 if quick else 24, Path(tmp) / "tol")
+                last["honest"] = [r for r in last["honest"] if "threshold" not in r] + [row]
+                last["tolerance_seconds"] = round(time.perf_counter() - t0, 1)
+                what = f"the tolerance row recomputed in {last['tolerance_seconds']} s"
         report(last)
         RESULTS.write_text(json.dumps(last, indent=2))
-        print(f"\nwrote {RESULTS} (table 1 recomputed in {last['adversaries_seconds']} s)")
+        print(f"\nwrote {RESULTS} ({what})")
         return last
     with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
         root = Path(tmp)
@@ -462,9 +505,14 @@ if __name__ == "__main__":
         action="store_true",
         help="recompute table 1 only, keeping the other tables of the last results file",
     )
+    parser.add_argument(
+        "--only-tolerance",
+        action="store_true",
+        help="recompute table 3's tolerance-mode row only, keeping the other tables of the last results file",
+    )
     parser.add_argument("--host-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.host_worker:
         host_worker(json.loads(args.host_worker.read_text()))
     else:
-        main(args.quick, args.only_adversaries)
+        main(args.quick, args.only_adversaries, args.only_tolerance)

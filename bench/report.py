@@ -445,6 +445,41 @@ def overlap_detection(d: dict[str, Any]) -> Lines:
                         "final val loss"], rows)  # fmt: skip
 
 
+def steering(d: dict[str, Any]) -> Lines:
+    """Bounded-budget steering of tolerance mode (issue 23): old checks vs every check of specs §6."""
+    h = d["honest"]
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.3g}%"  # noqa: E731
+    ths = ", ".join(f"{g} {v:.2e}" for g, v in d["thresholds"].items())
+    out = [
+        f"{d['precision']}, tiny GPT, H = {d['H']}, k = {d['k']}, all {d['segments_opened']} segments of "
+        f"every outer step opened and replayed by a 1-thread verifier, T = {d['outer_steps']} outer steps, "
+        f"Δ in fp32. Thresholds (8× the largest honest 1- vs 2-thread noise of `verifier calibrate` and of "
+        f"whole honest 2-thread runs of {d.get('calibration_hosts', 3)} other hosts): {ths}.",
+        "",
+        f"Honest 1 vs 2 threads, from the same start: Δ deviation at most **{pct(h['max_dev'])}** over "
+        f"{h['samples']} host-steps ({h['nonzero']} not bitwise equal); honest 2-thread hosts accepted "
+        f"{h['two_thread_accepted']} / {h['two_thread_hosts']} (every segment, every outer step; largest "
+        "distance ÷ threshold "
+        + ", ".join(f"{g} {v:.2f}" for g, v in h["two_thread_worst_over_threshold"].items()) + ").",
+        "",
+    ]
+    rows = []
+    for a in d["attacks"]:
+        dev = a["max_dev_accepted_new"]
+        old = a["max_dev_accepted_old"]
+        ref = h["max_dev"]
+        rows.append([a["label"], f"{a['accepted_old']} / {a['steps']}", pct(old),
+                     "n/a" if old is None or not ref else f"{old / ref:,.3g}×",
+                     f"{a['accepted_new']} / {a['steps']}", pct(dev),
+                     "n/a" if dev is None or not ref else f"{dev / ref:,.3g}×",
+                     f"{a['min_cos_accepted_new'] if dev is not None else a['min_cos_accepted_old']:.6f}",
+                     pct(a["final_drift"])])  # fmt: skip
+    out += table(["host (0.9 of every threshold, every boundary)", "accepted, group norms alone", "max Δ dev",
+                  "× honest", "accepted, every check", "max Δ dev", "× honest", "min cos", "model drift"],
+                 rows)  # fmt: skip
+    return out
+
+
 def codecs_table(d: dict[str, Any]) -> Lines:
     """The dense codecs as before; the sparse codec's densities, exact sizes, 2-bit levels (issue 26)."""
     dense = [r for r in d["rows"] if not str(r["codec"]).startswith("sparse")]
@@ -619,6 +654,10 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      communication),
     ("codecs", "4. Codecs", "bench.codecs", codecs_table),
     ("detection", "5. Verification cost vs detection", "bench.detection", generic),
+    ("steering", "5c. Tolerance mode: steering left to a bounded budget (issue 23)", "bench.steering",
+     steering),
+    ("steering_bf16", "5d. The same with bf16 autocast",
+     ".venv/bin/python -m bench.steering --precision bf16", steering),
     ("collusion", "5b. Collusion: colluding verifiers vs stake-weighted draws, audits and disputes",
      "bench.collusion", collusion),
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
