@@ -25,7 +25,7 @@ segment_len = 5
 sampled_segments = 1
 [model]
 factory = "trainer.model:small_gpt"
-config = { n_layer = 1, n_head = 2, n_embd = 16, block_size = 32 }
+config = { n_layer = 1, n_head = 2, n_embd = 16, block_size = 64 }  # the default seq_len's context
 [phases]
 join_blocks = 100000  # outer step 0 stays PENDING however slowly the test runs
 """
@@ -155,7 +155,13 @@ def test_run_create_dry_run_fills_in_the_hashes(tmp_path: Path) -> None:
         ("inner_steps = 10", "[model] is required"),
         (TINY_RUN.replace("segment_len = 5", "segment_len = 3"), "multiple of segment_len"),
         (TINY_RUN + "bogus = 1\n", "bogus: Extra inputs are not permitted"),
-        (TINY_RUN.replace("trainer.model:small_gpt", "os:system"), "not on this node's allow-list"),
+        (TINY_RUN.replace("trainer.model:small_gpt", "os:system"), "not a factory the chain can count"),
+        (
+            TINY_RUN.replace("trainer.model:small_gpt", "os:system").replace(
+                "block_size = 64 }", "block_size = 64, param_count = 4096 }"
+            ),
+            "not on this node's allow-list",
+        ),
     ],
 )
 def test_run_create_bad_config(tmp_path: Path, text: str, message: str) -> None:

@@ -91,7 +91,8 @@ def test_run_create_measure_times_the_runs_model(tmp_path: Path) -> None:
         (("--step-seconds", "1", "--measure"), RUN, "not both"),
         (("--step-seconds", "-1"), RUN, "step seconds must be a positive number"),
         (("--step-seconds", "1", "--margin", "0.5"), RUN, "margin must be >= 1"),
-        (("--measure",), RUN.replace("seq_len = 32", "seq_len = 64"), "cannot time the run's inner step"),
+        (("--measure",), RUN.replace("seq_len = 32", "seq_len = 64"), "exceeds the model's context 32"),
+            (("--measure",), RUN.replace("batch_size = 2", "batch_size = 0"), "batch_size"),
     ],
 )
 def test_run_create_sizing_errors(tmp_path: Path, flags: tuple[str, ...], text: str, message: str) -> None:
