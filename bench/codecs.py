@@ -34,8 +34,8 @@ BLOCK = 256
 
 
 def real_delta(steps: int) -> tuple[dict[str, torch.Tensor], str]:
-    from trainer.data import shakespeare_corpus, windows
-    from trainer.model import lm_loss, small_gpt
+    from replay.data import shakespeare_corpus, windows
+    from replay.model import lm_loss, small_gpt
 
     model = small_gpt(seed=0)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -165,7 +165,7 @@ def large_layout_rows() -> list[dict]:
     on the meta device: what the ratio is once headers and short tensors no longer matter."""
     out = []
     try:
-        from trainer.hf import llama, spec_config
+        from replay.hf import llama, spec_config
     except ImportError:
         return out
     for preset in ("125m", "1b"):
@@ -213,8 +213,8 @@ def ef_regime(outer_steps: int, inner_steps: int) -> dict:
     """One host, SparseLoCo's loop at the recommended density (e ← a − C(a), θ ← θ_start − C(a)):
     the accumulators the codec actually sees, and each quantizer's error on their kept entries."""
     from protocol.errorfeedback import EFConfig, ef_step
-    from trainer.data import shakespeare_corpus, windows
-    from trainer.model import lm_loss, small_gpt
+    from replay.data import shakespeare_corpus, windows
+    from replay.model import lm_loss, small_gpt
 
     chunk, k = RECOMMENDED
     model = small_gpt(seed=0)

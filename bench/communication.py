@@ -23,9 +23,9 @@ from bench.sim import RESULTS_DIR, Host, Setup, make_env, n_params, ring_allredu
 from nodekit.store import state_to_bytes
 from protocol.codecs import encode, to_blob
 from protocol.config import Codec
+from replay.spec import build_model
+from replay.step import configure_determinism, training_state
 from trainer.commit import param_tensors
-from trainer.spec import build_model
-from trainer.step import configure_determinism, training_state
 
 M = 8  # workers in the data-parallel ring (the DiLoCo paper's 8)
 VERIFIERS = 1  # v, the protocol default

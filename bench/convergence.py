@@ -174,7 +174,7 @@ def sweep_plan(
 ) -> dict[str, Any]:
     """The grid both contenders share, and the run shape (same total inner-step compute);
     `outer_steps` lengthens the full run (warm-up stays 5% of each host's steps)."""
-    from trainer.hf import spec_config
+    from replay.hf import spec_config
 
     if quick:
         shape = dict(hosts=4, inner_steps=10, outer_steps=6, segment_len=5, eval_batches=8, warmup_steps=6)
@@ -334,7 +334,7 @@ def sparse_plan(quick: bool, shape_ht: tuple[int, int] | None = None) -> dict[st
     """M = 4 hosts on Llama-tiny; full: H = 100, T = 6 (2,400 batch gradients per contender,
     sized for 2 shared cores), quick: H = 10, T = 6. `shape_ht` (H, T): another split of the same
     compute (e.g. H = 25, T = 24: SparseLoCo's regime of many short outer steps)."""
-    from trainer.hf import spec_config
+    from replay.hf import spec_config
 
     if quick:
         shape = dict(hosts=4, inner_steps=10, outer_steps=6, segment_len=5, eval_batches=8, warmup_steps=3)

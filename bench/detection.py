@@ -55,9 +55,9 @@ from nodekit.store import StateStore
 from protocol import codecs
 from protocol.config import ModelSpec, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, Reason
+from replay.step import configure_determinism
 from trainer.behaviour import HostBehaviour
 from trainer.commit import Contribution
-from trainer.step import configure_determinism
 from verifier.calibrate import CONFIG_FIELDS, calibrate
 from verifier.verify import group_mismatch, param_distance, replay_segment, verify
 

@@ -2,7 +2,7 @@
 throughput with commitments on vs off, and device-vs-CPU honest replay noise.
 
 How to run it on the GPU machine (a python3 with torch and numpy is all it needs: no install, no
-network; it imports this repo's `trainer.step`, `trainer.device`, `trainer.model`,
+network; it imports this repo's `replay.step`, `replay.device`, `replay.model`,
 `trainer.sharded`, `protocol.tensors`, `protocol.chunks` and `protocol.envclass`, which need
 nothing else), from the repo root:
 
@@ -25,7 +25,7 @@ Sections (each fails soft: an error is recorded and the next section runs; each 
    for information bf16 with the flash kernel. A replay that skips one step must differ (so the
    check can fail).
 2. throughput: a ≈1B-parameter GPT (20 layers, width 2048, context 1024, batch 8, bf16, math
-   attention) trained by `trainer.step.train_steps`: tokens/s and MFU with commitments off, with
+   attention) trained by `replay.step.train_steps`: tokens/s and MFU with commitments off, with
    boundary snapshots every k = 5 steps (`snapshot_to_host`: the device-side cost), and end to end
    with the boundary states hashed as `trainer.commit` does (one boundary worker, the chunked
    content hash of `protocol.chunks`: 64 MiB chunks on all cores), plus the hashing rate of one
@@ -70,22 +70,22 @@ from torch import Tensor, nn  # noqa: E402
 from protocol import chunks  # noqa: E402
 from protocol.envclass import replay_class  # noqa: E402
 from protocol.tensors import StateKind, canonical_pieces, domain, tensor_hash_and_digests  # noqa: E402
-from trainer.device import (  # noqa: E402
+from replay.device import (  # noqa: E402
     configure_determinism,
     env_facts,
     pinned_memory,
     resolve_device,
     snapshot_to_host,
 )
-from trainer.model import GPT, GPTConfig  # noqa: E402
-from trainer.sharded import LocalGroup, ShardedState, ShardedStep, ShardPlan, make_shard_optimizer  # noqa: E402
-from trainer.step import (  # noqa: E402
+from replay.model import GPT, GPTConfig  # noqa: E402
+from replay.step import (  # noqa: E402
     load_training_state,
     make_optimizer,
     train_steps,
     training_hash,
     training_state,
 )
+from trainer.sharded import LocalGroup, ShardedState, ShardedStep, ShardPlan, make_shard_optimizer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 INNER = SimpleNamespace(

@@ -23,10 +23,9 @@ import torch
 from nodekit.store import StateStore, clone_state
 from protocol.codecs import encode, to_blob
 from protocol.config import Codec, ModelSpec, RunConfig
-from trainer.commit import param_tensors, run_committed
-from trainer.data import shakespeare_corpus
-from trainer.spec import build_model
-from trainer.step import (
+from replay.data import shakespeare_corpus
+from replay.spec import build_model
+from replay.step import (
     configure_determinism,
     load_training_state,
     make_optimizer,
@@ -34,6 +33,7 @@ from trainer.step import (
     training_hash,
     training_state,
 )
+from trainer.commit import param_tensors, run_committed
 
 MODEL = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128}
 RESULTS = Path(__file__).parent / "results" / "host_overhead.json"

@@ -73,9 +73,9 @@ def _time_steps(
     worker times another's start-up), putting (role, seconds per step) on `out`."""
     from gonka_diloco.devnet import model_spec, run_config
     from gonka_diloco.devnet_config import DevnetConfig
-    from trainer.data import shakespeare_corpus
-    from trainer.spec import build_model
-    from trainer.step import configure_determinism, make_optimizer, train_segment
+    from replay.data import shakespeare_corpus
+    from replay.spec import build_model
+    from replay.step import configure_determinism, make_optimizer, train_segment
 
     configure_determinism(1)
     cfg = DevnetConfig.model_validate_json(cfg_json)

@@ -220,9 +220,9 @@ def _probe(setting: dict[str, Any], steps: int, repeats: int) -> tuple[float, in
 
     from gonka_diloco.devnet import run_config
     from gonka_diloco.devnet_config import make_config
-    from trainer.data import shakespeare_corpus
-    from trainer.spec import build
-    from trainer.step import make_optimizer, train_segment
+    from replay.data import shakespeare_corpus
+    from replay.spec import build
+    from replay.step import make_optimizer, train_segment
 
     torch.set_num_threads(1)
     rc = run_config(make_config(setting))

@@ -133,7 +133,7 @@ def calibrate(model: torch.nn.Module, state_bytes: int) -> tuple[float, float, f
     from protocol.codecs import encode_pieces
     from protocol.config import Codec, InnerOptim, Numerics
     from protocol.tensors import StateKind, tensor_hash
-    from trainer.step import make_optimizer, train_steps
+    from replay.step import make_optimizer, train_steps
 
     opt = make_optimizer(model, InnerOptim())
     x = torch.zeros((1, 16), dtype=torch.long)
@@ -167,8 +167,8 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
     from protocol.config import ModelSpec, Phases, RunConfig, Stake
     from protocol.keys import test_wallet
     from protocol.messages import MsgCreateRun
-    from trainer.data import shakespeare_manifest
-    from trainer.spec import build_model
+    from replay.data import shakespeare_manifest
+    from replay.spec import build_model
 
     preset = PRESETS["quick" if quick else "full"]
     spec = ModelSpec(factory="trainer.model:small_gpt", config={**preset["model"], "seed": 0})

@@ -45,11 +45,10 @@ from protocol.outer import (
     weighted_mean,
 )
 from protocol.prf import sample_segments
-from trainer.commit import Contribution, openings, param_tensors, run_committed
-from trainer.data import Corpus, batch, eval_loss, open_dataset
-from trainer.model import lm_loss
-from trainer.spec import build_model
-from trainer.step import (
+from replay.data import Corpus, batch, eval_loss, open_dataset
+from replay.model import lm_loss
+from replay.spec import build_model
+from replay.step import (
     State,
     configure_determinism,
     lr_at,
@@ -57,6 +56,7 @@ from trainer.step import (
     training_hash,
     training_state,
 )
+from trainer.commit import Contribution, openings, param_tensors, run_committed
 
 Params = dict[str, Tensor]
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -251,7 +251,7 @@ class Host:
         `tau`, train on; Δ = g − θ_H. Uncommitted: only Δ, tokens and the loss matter here."""
         from types import SimpleNamespace
 
-        from trainer.step import train_segment
+        from replay.step import train_segment
 
         with torch.no_grad():
             for k, p in self.model.named_parameters():

@@ -45,9 +45,9 @@ from nodekit.store import StateStore
 from protocol import codecs
 from protocol.config import Codec, Numerics, Precision, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint
+from replay.step import configure_determinism, optimizer_hash
 from trainer.behaviour import HostBehaviour
 from trainer.commit import Contribution
-from trainer.step import configure_determinism, optimizer_hash
 from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate
 from verifier.verify import TOLERANCE_CHECKS, group_mismatch, replay_segment, tolerance_distances, verify
 

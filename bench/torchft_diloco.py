@@ -2,7 +2,7 @@
 
 Each replica has its own torchft `Manager`, `ProcessGroupGloo` and TCPStore; an in-process
 `LighthouseServer` forms the quorum. The inner loop is the same as ours: the same model init, the
-same PRF batches per host, `trainer.step.make_optimizer` (AdamW, DiLoCo defaults) and grad clipping;
+same PRF batches per host, `replay.step.make_optimizer` (AdamW, DiLoCo defaults) and grad clipping;
 the outer optimizer is `torch.optim.SGD(lr=0.7, momentum=0.9, nesterov=True)` as in torchft's own
 tests. torchft averages fp32 pseudo-gradients with an all-reduce: no codec, no verification.
 
@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from bench.sim import Setup, evaluate, make_env, n_params
+from replay.data import batch
+from replay.model import lm_loss
+from replay.spec import build_model
+from replay.step import make_optimizer
 from trainer.commit import param_tensors
-from trainer.data import batch
-from trainer.model import lm_loss
-from trainer.spec import build_model
-from trainer.step import make_optimizer
 
 
 def run_torchft(setup: Setup, *, save_params: str | None = None, timeout_s: float = 120.0) -> dict[str, Any]:

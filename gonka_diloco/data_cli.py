@@ -61,9 +61,9 @@ def prepare(
     from pydantic import ValidationError
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from trainer.data import DataError
-    from trainer.prepare import PrepareOptions, remove_partial
-    from trainer.prepare import prepare as run_prepare
+    from replay.data import DataError
+    from replay.prepare import PrepareOptions, remove_partial
+    from replay.prepare import prepare as run_prepare
 
     try:
         opts = PrepareOptions(
@@ -116,7 +116,7 @@ def info(
     verify: Annotated[bool, typer.Option(help="Fetch and hash-check every shard too.")] = False,
 ) -> None:
     """Print a dataset's manifest hash and sizes; with --verify, check every shard's SHA-256."""
-    from trainer.data import DataError, TokenStream, cache_root, open_dataset
+    from replay.data import DataError, TokenStream, cache_root, open_dataset
 
     try:
         corpus = open_dataset(source, cache_root() / "datasets")

@@ -116,7 +116,7 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
     momentum) and the Shakespeare manifest's hash — what every host recomputes and checks."""
     from gonka_diloco.run_cli import dataset_manifest_hash
     from nodekit.globalmodel import GlobalModel
-    from trainer.spec import build_model
+    from replay.spec import build_model
 
     model = model_spec(cfg)
     phases = Phases(
@@ -171,7 +171,7 @@ def model_spec(cfg: DevnetConfig) -> ModelSpec:
             factory="trainer.model:small_gpt",
             config={**MODEL_SIZES[cfg.model_size], "seed": cfg.seed, **sized},
         )
-    from trainer.hf import spec_config
+    from replay.hf import spec_config
 
     arch, preset = HF_MODELS[cfg.model]
     return ModelSpec(factory=f"trainer.hf:{arch}", config=spec_config(arch, preset, seed=cfg.seed, **sized))
@@ -185,7 +185,7 @@ def check_dataset(cfg: DevnetConfig) -> None:
     if not cfg.dataset:
         return
     from protocol.keys import test_wallet
-    from trainer.data import DataError, TokenStream, check_vocab, host_shard, open_dataset
+    from replay.data import DataError, TokenStream, check_vocab, host_shard, open_dataset
 
     run = RunConfig(
         model=model_spec(cfg), dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64, seed=cfg.seed,

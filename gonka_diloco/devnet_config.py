@@ -37,7 +37,7 @@ ModelSize = Literal["tiny", "small", "base"]
 HF_MODELS: dict[str, tuple[str, str]] = {
     f"{arch}-{preset}": (arch, preset) for arch in ("llama", "qwen2") for preset in ("tiny", "small")
 }
-"""`--model` names for Hugging Face architectures (`trainer.hf`), e.g. llama-tiny; 'gpt' = small_gpt."""
+"""`--model` names for Hugging Face architectures (`replay.hf`), e.g. llama-tiny; 'gpt' = small_gpt."""
 ModelName = Literal["gpt", "llama-tiny", "llama-small", "qwen2-tiny", "qwen2-small"]
 
 
@@ -154,7 +154,7 @@ class DevnetConfig(Strict):
         if self.model == "gpt" and self.seq_len > MODEL_SIZES[self.model_size]["block_size"]:
             raise ValueError(f"seq_len exceeds the {self.model_size} model's context")
         if self.model != "gpt":
-            from trainer.hf import PRESETS
+            from replay.hf import PRESETS
 
             if self.seq_len > PRESETS[HF_MODELS[self.model][1]]["max_position_embeddings"]:
                 raise ValueError(f"seq_len exceeds the {self.model} model's context")
@@ -252,7 +252,7 @@ def dataset_vocab(source: str) -> int | None:
     Only the manifest is read."""
     if not source:
         return None
-    from trainer.data import DataError, open_dataset
+    from replay.data import DataError, open_dataset
 
     try:
         corpus = open_dataset(source)

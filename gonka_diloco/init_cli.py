@@ -26,7 +26,7 @@ HF_ARCHS = ("llama", "qwen2")
 HF_PRESETS = ("tiny", "small", "125m", "1b")
 MODELS = (*(f"gpt-{p}" for p in GPT_PRESETS), *(f"{a}-{p}" for a in HF_ARCHS for p in HF_PRESETS))
 BYTE_VOCAB = 256
-"""`trainer.model.VOCAB_SIZE`, the GPT presets' byte vocabulary (not imported: that imports torch)."""
+"""`replay.model.VOCAB_SIZE`, the GPT presets' byte vocabulary (not imported: that imports torch)."""
 FEE_RESERVE = 1_000_000_000
 """ngonka funded beside each stake for fees: at the devnet's gas price (1 ngonka/gas; `chain.app.Limits`:
 20k + 10/byte + 10k/msg, ×1.3) a 1 kB tx costs ≈ 53k ngonka and a 10 kB reveal ≈ 0.2M, so 1 GNK pays
@@ -74,7 +74,7 @@ def model_table(model: str, seed: int, vocab: int | None) -> tuple[dict[str, Any
             )
         size = MODEL_SIZES[preset]
         return {"factory": "trainer.model:small_gpt", "config": {**size, "seed": seed}}, size["block_size"]
-    from trainer.hf import PRESETS  # imports torch: only for the Hugging Face presets
+    from replay.hf import PRESETS  # imports torch: only for the Hugging Face presets
 
     config: dict[str, Any] = {"preset": preset, "seed": seed}
     if vocab is not None:
@@ -114,7 +114,7 @@ def plan_configs(
         raise InitError("--outer-steps must be at least 1 (a run ends after it; 0 would run for ever)")
     vocab = manifest_hash = None
     if dataset is not None:
-        from trainer.data import DataError, open_dataset
+        from replay.data import DataError, open_dataset
 
         try:
             corpus = open_dataset(str(dataset))

@@ -86,9 +86,9 @@ def measure_step_seconds(cfg: Any, *, steps: int = 3, warmup: int = 1, device: s
     its loss read back, so a GPU step is timed to completion."""
     import torch
 
-    from trainer.data import model_vocab
-    from trainer.spec import build_model
-    from trainer.step import make_optimizer, train_steps
+    from replay.data import model_vocab
+    from replay.spec import build_model
+    from replay.step import make_optimizer, train_steps
 
     if steps < 1 or warmup < 0:
         raise PhaseSizingError(f"measure at least one step (got steps={steps}, warmup={warmup})")

@@ -147,7 +147,7 @@ def count_params(spec: Any) -> int:
     factory, any size) but no memory is allocated and nothing is initialised."""
     import torch
 
-    from trainer.spec import BadModelSpec, ModelNotAllowed, build_model
+    from replay.spec import BadModelSpec, ModelNotAllowed, build_model
 
     try:
         with torch.device("meta"):

@@ -79,7 +79,7 @@ def _expand_model(path: Path, data: dict[str, Any]) -> None:
     """A `trainer.hf:*` preset expanded in place into the complete config (imports torch)."""
     model = data["model"]
     if isinstance(model, dict) and isinstance(model.get("config", {}), dict):
-        from trainer.hf import expand
+        from replay.hf import expand
 
         try:
             model["config"] = expand(str(model.get("factory", "")), model.get("config", {}))
@@ -135,7 +135,7 @@ def load_run_config(
         data[key] = value
     cfg = _validate(path, data)
     if dataset is not None:
-        from trainer.data import DataError, check_vocab, open_dataset
+        from replay.data import DataError, check_vocab, open_dataset
 
         try:
             check_vocab(cfg, open_dataset(dataset))
@@ -185,7 +185,7 @@ def size_train_phase(
 
 def dataset_manifest_hash(source: str) -> str:
     """The manifest hash of a prepared dataset (folder, manifest.json or URL; '' = Shakespeare)."""
-    from trainer.data import DataError, open_dataset, shakespeare_manifest
+    from replay.data import DataError, open_dataset, shakespeare_manifest
 
     if not source:
         return shakespeare_manifest()[1].manifest_hash()
@@ -200,8 +200,8 @@ def initial_model_hash(spec: Any, checkpoint: Path | None = None, chunk_bytes: i
     a chunked content hash at the run's chunk size."""
     from nodekit.node import NodeError
     from protocol.config import RunConfig
-    from trainer.checkpoint import CheckpointError, initial_global
-    from trainer.spec import BadModelSpec, Holder, ModelNotAllowed, build_model, check_fits
+    from replay.checkpoint import CheckpointError, initial_global
+    from replay.spec import BadModelSpec, Holder, ModelNotAllowed, build_model, check_fits
 
     try:
         check_fits(spec, "cpu", Holder.BUILD)  # refused in one line before anything is allocated
@@ -231,7 +231,7 @@ def save_final_model(chain: Any, run_id: int, out: Path) -> Path:
     """`fetch_final_model` over any chain client: the finished run's G by hash from its nodes,
     streamed chunk by chunk (each verified) into a scratch content store beside `out`, then written
     as a safetensors global-model file (`param/<n>`, `momentum/<n>`), a checkpoint form
-    `trainer.checkpoint` reads."""
+    `replay.checkpoint` reads."""
     import tempfile
 
     from safetensors.torch import save_file
@@ -240,7 +240,7 @@ def save_final_model(chain: Any, run_id: int, out: Path) -> Path:
     from nodekit.globalmodel import GlobalModelError, GlobalStore
     from nodekit.store import ContentStore
     from protocol.config import RunConfig
-    from trainer.spec import BadModelSpec, ModelNotAllowed, build_model
+    from replay.spec import BadModelSpec, ModelNotAllowed, build_model
 
     try:
         run = chain.run(run_id)

@@ -77,7 +77,7 @@ class ObjectRef:
 
 
 def training_specs(model: nn.Module) -> list[TensorSpec]:
-    """The training state's tensors (trainer.step.training_state) as the model implies them."""
+    """The training state's tensors (replay.step.training_state) as the model implies them."""
     out: list[TensorSpec] = [("step", torch.float32, ())]
     for name, p in model.named_parameters():
         out += [(f"{k}/{name}", p.dtype, tuple(p.shape)) for k in ("param", *MOMENTS)]

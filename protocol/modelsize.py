@@ -1,7 +1,7 @@
 """How big a run's model is, from its `ModelSpec` alone: exact parameter and tensor counts.
 
 The chain refuses a run whose model no node could hold (`MsgCreateRun`, specs §2.4), and a node
-refuses to build one it cannot hold (`trainer.spec.check_fits`), both before anything is
+refuses to build one it cannot hold (`replay.spec.check_fits`), both before anything is
 allocated. Neither may import a model library, so the counts of the allow-listed factories are
 written out here analytically — exact, the numel that `named_parameters()` of the built module
 sums to (tests/test_model_bounds.py builds the real modules and compares). A factory the chain does
@@ -91,7 +91,7 @@ def _known_keys(config: Mapping[str, Any], known: frozenset[str]) -> None:
         raise ModelSizeError(f"unknown config keys: {unknown}"[:300])
 
 
-# ---- trainer.model:small_gpt (trainer/model.py: GPTConfig and GPT) ------------------------------
+# ---- trainer.model:small_gpt (replay/model.py: GPTConfig and GPT) ------------------------------
 
 _GPT_KEYS = frozenset({"n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout", "bias", "seed"})
 
@@ -117,7 +117,7 @@ def small_gpt_size(config: Mapping[str, Any]) -> ModelSize:
     return ModelSize(SMALL_GPT, params, tensors, hidden=e, layers=n_layer, vocab=v, context=t)
 
 
-# ---- trainer.hf:llama / trainer.hf:qwen2 (trainer/hf.py: the complete config) -------------------
+# ---- trainer.hf:llama / trainer.hf:qwen2 (replay/hf.py: the complete config) -------------------
 
 HF_ARCH_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "max_position_embeddings")  # fmt: skip
@@ -132,7 +132,7 @@ def hf_size(config: Mapping[str, Any], *, qkv_bias: bool, factory: str) -> Model
     (d = h / heads), gate/up/down 3·h·I, two RMSNorms h; Qwen2 adds q, k, v biases.
 
     The head is counted untied whatever `tie_word_embeddings` says, because that is what
-    `trainer.hf.build` builds: transformers 5 ties weights in the initialisation that the build
+    `replay.hf.build` builds: transformers 5 ties weights in the initialisation that the build
     skips (`_no_init`), so the flag changes the config hash but not the model (pinned by
     tests/test_model_bounds.py against real builds)."""
     if "preset" in config:

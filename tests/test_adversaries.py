@@ -22,8 +22,8 @@ from gonka_diloco.adversaries.lab import Lab, synthetic_corpus, tiny_config
 from nodekit.globalmodel import GlobalModel
 from protocol import codecs
 from protocol.messages import Reason
+from replay.step import configure_determinism
 from trainer import behaviour as host_behaviour
-from trainer.step import configure_determinism
 from verifier.verify import Job, Outcome
 
 A = "gonka1" + "a" * 38

@@ -16,6 +16,7 @@ from protocol.codecs import decode, delta_hash
 from protocol.config import Codec, ReplayMode
 from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, domain, tensor_hash
+from replay.step import load_training_state, train_segment, training_hash, training_state
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer import commit
 from trainer.commit import (
@@ -29,7 +30,6 @@ from trainer.commit import (
     run_committed,
     warm_spill,
 )
-from trainer.step import load_training_state, train_segment, training_hash, training_state
 
 CREATOR = HOST
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from gonka_diloco.adversaries.mirror import DatasetMirror, Tamper
 from protocol.config import ModelSpec, RunConfig
-from trainer.data import (
+from replay.data import (
     Corpus,
     DataError,
     TokenStream,
@@ -29,8 +29,8 @@ from trainer.data import (
     shakespeare_files,
     shakespeare_manifest,
 )
-from trainer.model import small_gpt
-from trainer.prepare import PrepareOptions, load_tokenizer, prepare
+from replay.model import small_gpt
+from replay.prepare import PrepareOptions, load_tokenizer, prepare
 
 HOST_A = "gonka1" + "q" * 38
 HOST_B = "gonka1" + "p" * 38
@@ -324,7 +324,7 @@ def test_batches_are_rebuildable_and_differ_per_step_and_host() -> None:
 
 def test_batch_offsets_reach_every_part_of_a_large_dataset(tmp_path: Path) -> None:
     """A shard range of 10^11 tokens (memory-mapped, never read whole): offsets land all over it."""
-    from trainer.data import Shard, ShardFile
+    from replay.data import Shard, ShardFile
 
     n = 10**11
     fake = [ShardFile(Shard(name=f"s{i}", tokens=n // 4, bytes=n // 2, sha256="0" * 64), "uint16", "", None)

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from nodekit.store import StateStore
-from tests.test_step_replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
-from trainer.step import (
+from replay.step import (
     configure_determinism,
     load_training_state,
     train_segment,
     training_hash,
     training_state,
 )
+from tests.test_step_replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
 
 RANK = """
 import json, sys
@@ -27,7 +27,7 @@ sys.path.insert(0, {root!r})
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer.commit import param_tensors
 from trainer.ddp import init_from_env, run_committed_ddp
-from trainer.step import configure_determinism
+from replay.step import configure_determinism
 from nodekit.store import StateStore
 configure_determinism(1)
 ex = init_from_env("gloo")

@@ -19,8 +19,7 @@ from protocol.config import Numerics, Precision
 from protocol.envclass import ReplayDecision, class_pair, replay_class, replay_decision
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
 from protocol.wire import WireError, from_any, to_any
-from tests.test_step_replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
-from trainer.device import (
+from replay.device import (
     CUBLAS_WORKSPACE,
     DeviceError,
     env_facts,
@@ -29,8 +28,7 @@ from trainer.device import (
     pin_numerics,
     resolve_device,
 )
-from trainer.node_config import HostConfig
-from trainer.step import (
+from replay.step import (
     configure_determinism,
     env_fingerprint,
     load_training_state,
@@ -39,6 +37,8 @@ from trainer.step import (
     training_hash,
     training_state,
 )
+from tests.test_step_replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
+from trainer.node_config import HostConfig
 
 BF16 = Numerics(precision=Precision.BF16)
 
@@ -118,8 +118,8 @@ sys.path.insert(0, {str(ROOT)!r})
 from safetensors.torch import load_file
 from protocol.config import Numerics
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
-from trainer.step import configure_determinism, load_training_state, train_segment
-from trainer.step import training_hash, training_state
+from replay.step import configure_determinism, load_training_state, train_segment
+from replay.step import training_hash, training_state
 configure_determinism(1)
 cfg = tiny_cfg(numerics=Numerics(precision="bf16"))
 model, opt = fresh(cfg)

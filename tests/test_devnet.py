@@ -193,8 +193,8 @@ def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
     from gonka_diloco.devnet import run_config
     from gonka_diloco.devnet_config import DevnetConfig
     from nodekit.globalmodel import GlobalModel
-    from trainer.data import shakespeare_manifest
-    from trainer.spec import build_model
+    from replay.data import shakespeare_manifest
+    from replay.spec import build_model
 
     cfg = DevnetConfig(model_size="tiny", seed=5, block_interval=0.5, outer_steps=3)
     rc = run_config(cfg)

@@ -20,7 +20,7 @@ from rich.console import Console
 from gonka_diloco.devnet import check_dataset, model_spec
 from gonka_diloco.devnet_config import DevnetConfig, DevnetConfigError
 from gonka_diloco.live import LiveState, NodeView, progress_line, render
-from trainer.prepare import PrepareOptions, prepare
+from replay.prepare import PrepareOptions, prepare
 
 BIN = Path(sys.executable).parent / "gonka-diloco"
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from protocol.config import Overlap
 from protocol.messages import Reason
+from replay.data import eval_loss
+from replay.spec import build_model
 from tests.test_host_node import (
     SPEC,
     LockstepChain,
@@ -27,9 +29,7 @@ from tests.test_host_node import (
     verifier_node,
 )
 from tests.test_overlap_nodes import counted, host
-from trainer.data import eval_loss
 from trainer.node import VAL_BATCHES
-from trainer.spec import build_model
 
 STEPS = 4
 

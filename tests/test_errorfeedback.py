@@ -130,7 +130,7 @@ def test_sparse_runs_catch_a_forger_by_replay() -> None:
     plausible but wrong indices is rejected every step after its accumulator fills; the honest
     host next to it is accepted every step."""
     from bench.sim import Setup, run_diloco
-    from trainer.step import configure_determinism
+    from replay.step import configure_determinism
 
     configure_determinism(1)
     st = Setup(hosts=2, inner_steps=10, outer_steps=2, segment_len=5, eval_batches=1, codec="sparse",

@@ -29,14 +29,14 @@ from nodekit.globalmodel import GlobalModel
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
 from protocol.keys import test_wallet
 from protocol.messages import MsgCreateRun
+from replay.data import Corpus, shakespeare_manifest
+from replay.spec import build_model
+from replay.step import configure_determinism, make_optimizer
 from tests.test_devnet import gone
 from tests.test_host_node import TINY
 from tests.test_step_replay import HOST as ADDRESS
 from tests.test_step_replay import ROOT, fresh, tiny_cfg, tiny_corpus
 from trainer.commit import param_tensors, run_committed
-from trainer.data import Corpus, shakespeare_manifest
-from trainer.spec import build_model
-from trainer.step import configure_determinism, make_optimizer
 
 HOST, VERIFIER = 1, 2
 STAKE = 1000
@@ -220,7 +220,7 @@ from tests.test_host_ddp import corpus
 from tests.test_step_replay import HOST, fresh, tiny_cfg
 from trainer import ddp
 from trainer.commit import param_tensors
-from trainer.step import configure_determinism, make_optimizer
+from replay.step import configure_determinism, make_optimizer
 configure_determinism(1)
 ex = ddp.launch()
 cfg = tiny_cfg(dataset_manifest_hash="0" * 64)
@@ -318,7 +318,7 @@ from tests.test_host_ddp import TOLERANCE
 from nodekit.objects import Kind
 from trainer import ddp
 from trainer.commit import param_tensors
-from trainer.step import configure_determinism
+from replay.step import configure_determinism
 from nodekit.store import StateStore
 configure_determinism(1)
 ex = ddp.launch()

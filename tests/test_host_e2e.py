@@ -15,6 +15,8 @@ import httpx
 from nodekit.globalmodel import GlobalModel
 from nodekit.store import ContentStore
 from protocol.config import ReplayMode
+from replay.data import eval_loss
+from replay.spec import build_model
 from tests.test_host_node import (
     SPEC,
     LockstepChain,
@@ -28,9 +30,7 @@ from tests.test_host_node import (
     verdicts,
     verifier_node,
 )
-from trainer.data import eval_loss
 from trainer.node import VAL_BATCHES, HostNode
-from trainer.spec import build_model
 
 STEPS = 3
 

@@ -28,10 +28,10 @@ from protocol.codecs import delta_hash
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
 from protocol.keys import test_wallet
 from protocol.messages import MsgCreateRun
-from trainer.data import Corpus, shakespeare_files
+from replay.data import Corpus, shakespeare_files
+from replay.spec import build_model
 from trainer.node import HostNode
 from trainer.node_config import ConfigError, HostConfig, KeySource, load_host_config
-from trainer.spec import build_model
 from verifier.behaviour import VerifierBehaviour
 from verifier.node import VerifierNode
 from verifier.node_config import VerifierConfig

@@ -1,10 +1,11 @@
 """DESIGN §3's import table, enforced on the source (AST, no imports run).
 
-protocol/ imports no other package of ours; chain/ only protocol; nodekit/ protocol and the
-chain's client side (client, errors, params); trainer/ protocol, the chain client and nodekit;
-verifier/ protocol, the chain client, nodekit and trainer's replayable parts (step, device, model,
-hf, data, spec, checkpoint, node_config), never the host node; nobody but tests, benches and the
-composition root imports gonka_diloco, except the CLIs' documented lazy resolution of adversary behaviours.
+protocol/ imports no other package of ours; chain/ only protocol; nodekit/ (the node runtime:
+store, fetch, serve, config) protocol and the chain's client side (client, errors, params);
+replay/ (the engine a host runs and a verifier re-runs) protocol and nodekit; trainer/ (the host)
+and verifier/ protocol, the chain client, nodekit and replay, never each other; nobody but tests,
+benches and the composition root imports gonka_diloco, except the CLIs' documented lazy
+resolution of adversary behaviours.
 """
 
 from __future__ import annotations
@@ -15,26 +16,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ("protocol", "chain", "nodekit", "trainer", "verifier", "gonka_diloco", "specs", "tests", "bench")
+OURS = (
+    "protocol", "chain", "nodekit", "replay", "trainer", "verifier",
+    "gonka_diloco", "specs", "tests", "bench",
+)  # fmt: skip
 CHAIN_CLIENT = ("chain.client", "chain.errors", "chain.params")
-REPLAYABLE = (
-    "trainer.step",
-    "trainer.device",
-    "trainer.model",
-    "trainer.hf",
-    "trainer.data",
-    "trainer.spec",
-    "trainer.checkpoint",  # G_0 from the run's init checkpoint: what replays start from
-    "trainer.node_config",
-)
 
 # package -> module prefixes of ours it may import (its own package is always allowed)
 ALLOWED: dict[str, tuple[str, ...]] = {
     "protocol": (),
     "chain": ("protocol",),
     "nodekit": ("protocol", *CHAIN_CLIENT),
-    "trainer": ("protocol", "chain.client", "nodekit"),
-    "verifier": ("protocol", "chain.client", "nodekit", *REPLAYABLE),
+    "replay": ("protocol", "nodekit"),
+    "trainer": ("protocol", "chain.client", "nodekit", "replay"),
+    "verifier": ("protocol", "chain.client", "nodekit", "replay"),
 }
 LAZY_ADVERSARIES = ("gonka_diloco.adversaries",)
 """What a package's cli.py may import inside a function: the composition root's behaviours."""
@@ -80,7 +75,7 @@ def violations(package: str) -> list[str]:
                 continue
             if any(_under(module, p) for p in ALLOWED[package]):
                 continue
-            if _names_a_symbol(module):  # `from trainer.step import State` also yields trainer.step.State
+            if _names_a_symbol(module):  # `from replay.step import State` also yields replay.step.State
                 continue
             if path.name == "cli.py" and not top and any(_under(module, p) for p in LAZY_ADVERSARIES):
                 continue
@@ -108,6 +103,7 @@ def test_the_checker_catches_what_it_must(tmp_path: Path) -> None:
         "trainer": "from chain.module import process_msg\n",
         "nodekit": "import gonka_diloco.adversaries\n",
         "protocol": "from nodekit.store import ContentStore\n",
+        "replay": "from trainer.node import HostNode\n",
     }
     for package, text in fake.items():
         path = ROOT / package / "_import_rule_probe.py"

@@ -81,7 +81,7 @@ def test_the_node_defaults_fit_the_run_defaults() -> None:
 
 
 def test_byte_vocabulary_matches_the_model() -> None:
-    from trainer.model import VOCAB_SIZE
+    from replay.model import VOCAB_SIZE
 
     assert BYTE_VOCAB == VOCAB_SIZE
 
@@ -105,7 +105,7 @@ def test_bad_choices_are_one_line(tmp_path: Path, args: list[str], needles: list
 
 
 def test_a_dataset_sizes_the_vocabulary_and_pins_its_hash(tmp_path: Path) -> None:
-    from trainer.prepare import PrepareOptions, prepare
+    from replay.prepare import PrepareOptions, prepare
 
     (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 400)
     prepare([str(tmp_path / "corpus.txt")], tmp_path / "data", PrepareOptions(train_bpe=300))
@@ -115,7 +115,7 @@ def test_a_dataset_sizes_the_vocabulary_and_pins_its_hash(tmp_path: Path) -> Non
     assert r.exit_code == 0, r.output
     text = (tmp_path / "cfg" / "run.toml").read_text()
     data = tomllib.loads(text)
-    from trainer.data import open_dataset
+    from replay.data import open_dataset
 
     corpus = open_dataset(str(tmp_path / "data"))
     assert corpus.manifest is not None and corpus.manifest.tokenizer.vocab_size > 256

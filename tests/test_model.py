@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from protocol.config import ModelSpec
-from trainer.model import GPT, GPTConfig, lm_loss, small_gpt
-from trainer.spec import BadModelSpec, ModelNotAllowed, build, build_model
+from replay.model import GPT, GPTConfig, lm_loss, small_gpt
+from replay.spec import BadModelSpec, ModelNotAllowed, build, build_model
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 

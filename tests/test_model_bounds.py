@@ -1,4 +1,4 @@
-"""Model size is bounded before anything is allocated (specs §2.4 MsgCreateRun, `trainer.spec.check_fits`).
+"""Model size is bounded before anything is allocated (specs §2.4 MsgCreateRun, `replay.spec.check_fits`).
 
 The chain counts a run's model from its spec alone (`protocol.modelsize`, exact for the allow-listed
 factories: checked here against the numel of real builds) and refuses it above `max_model_params`
@@ -22,10 +22,9 @@ from chain.params import MAX_MODEL_PARAMS, MAX_MODEL_TENSORS, ModuleParams
 from nodekit.node import NodeError
 from protocol.config import ModelSpec, RunConfig
 from protocol.modelsize import PARAM_COUNT_KEY, ModelSizeError, model_size
-from tests.test_chain_module import AUTH, Sim, make_config, make_state
-from trainer import hf
-from trainer.model import small_gpt
-from trainer.spec import (
+from replay import hf
+from replay.model import small_gpt
+from replay.spec import (
     BYTES_PER_PARAM,
     Holder,
     ModelTooLarge,
@@ -35,6 +34,7 @@ from trainer.spec import (
     check_fits,
     meta_param_count,
 )
+from tests.test_chain_module import AUTH, Sim, make_config, make_state
 
 H = "0" * 64
 GPT = "trainer.model:small_gpt"

@@ -17,6 +17,8 @@ import pytest
 
 from protocol.config import Overlap
 from protocol.messages import Reason
+from replay.data import eval_loss
+from replay.spec import build_model
 from tests.test_host_node import (
     SPEC,
     LockstepChain,
@@ -31,9 +33,7 @@ from tests.test_host_node import (
     verifier_node,
 )
 from tests.test_host_resume import _commit_txs, _crash_on
-from trainer.data import eval_loss
 from trainer.node import VAL_BATCHES, HostNode
-from trainer.spec import build_model
 
 STEPS = 3
 

@@ -10,7 +10,7 @@ import pytest
 
 from bench.overlap_convergence import steps_to_reach, wall_seconds
 from bench.sim import Setup, run_diloco
-from trainer.step import configure_determinism
+from replay.step import configure_determinism
 
 TINY = Setup(
     hosts=3, inner_steps=2, outer_steps=3, segment_len=1, sampled_segments=2, batch_size=2, seq_len=16,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nodekit.objects import Kind, ObjectPolicy
+from replay.spec import build_model
 from tests.test_host_node import (
     LockstepChain,
     create_run,
@@ -24,7 +25,6 @@ from tests.test_host_node import (
     verifier_node,
 )
 from trainer.node import HostNode
-from trainer.spec import build_model
 
 CHUNK = 4096
 

@@ -439,7 +439,7 @@ def test_plan_reads_the_readme_run_toml(tmp_path: Path) -> None:
     """Every run.toml `run create` accepts: here the README's own, a transformers preset (counted on
     the meta device, without building the weights), with flags on top."""
     from gonka_diloco.run_cli import parse_run_config
-    from trainer.hf import PRESETS
+    from replay.hf import PRESETS
 
     toml = tmp_path / "run.toml"
     toml.write_text(_readme_run_toml())

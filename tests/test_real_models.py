@@ -20,6 +20,11 @@ from nodekit.node import NodeError
 from nodekit.store import ContentStore
 from protocol.config import ModelSpec
 from protocol.messages import Reason
+from replay.checkpoint import CheckpointError, initial_global, load_params
+from replay.data import open_dataset, shakespeare_files
+from replay.hf import hf_names, spec_config
+from replay.prepare import PrepareOptions, prepare
+from replay.spec import build_model
 from tests.test_host_node import (
     LockstepChain,
     create_run,
@@ -29,12 +34,7 @@ from tests.test_host_node import (
     then_stop,
     verdicts,
 )
-from trainer.checkpoint import CheckpointError, initial_global, load_params
-from trainer.data import open_dataset, shakespeare_files
-from trainer.hf import hf_names, spec_config
 from trainer.node import HostNode
-from trainer.prepare import PrepareOptions, prepare
-from trainer.spec import build_model
 from verifier.behaviour import VerifierBehaviour
 from verifier.node import VerifierNode
 from verifier.node_config import VerifierConfig

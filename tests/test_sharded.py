@@ -19,6 +19,13 @@ from nodekit.objects import Kind
 from nodekit.store import ContentStore, StoreError
 from protocol import chunks
 from protocol.tensors import StateKind, canonical_bytes, tensor_hash
+from replay.step import (
+    configure_determinism,
+    optimizer_state,
+    train_segment,
+    training_hash,
+    training_state,
+)
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer.sharded import (
     LocalGroup,
@@ -27,13 +34,6 @@ from trainer.sharded import (
     ShardPlan,
     make_shard_optimizer,
     shard_ranges,
-)
-from trainer.step import (
-    configure_determinism,
-    optimizer_state,
-    train_segment,
-    training_hash,
-    training_state,
 )
 
 

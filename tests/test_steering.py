@@ -24,15 +24,15 @@ from nodekit.globalmodel import GlobalModel
 from nodekit.store import clone_state
 from protocol.config import Numerics, Precision, ReplayMode
 from protocol.messages import Reason
-from trainer.behaviour import HostBehaviour, OuterContext
-from trainer.commit import Contribution
-from trainer.step import (
+from replay.step import (
     configure_determinism,
     load_training_state,
     optimizer_hash,
     train_segment,
     training_state,
 )
+from trainer.behaviour import HostBehaviour, OuterContext
+from trainer.commit import Contribution
 from verifier.verify import group_mismatch, replay_segment, tolerance_mismatch, verify
 
 HOST = "gonka1" + "s" * 38

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from protocol.config import ModelSpec, RunConfig
-from trainer.data import Corpus
-from trainer.spec import build_model
-from trainer.step import (
+from replay.data import Corpus
+from replay.spec import build_model
+from replay.step import (
     StateError,
     configure_determinism,
     env_fingerprint,
@@ -58,8 +58,8 @@ import json, sys, torch
 from safetensors.torch import load_file
 sys.path.insert(0, {root!r})
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
-from trainer.step import configure_determinism, load_training_state, train_segment
-from trainer.step import training_hash, training_state
+from replay.step import configure_determinism, load_training_state, train_segment
+from replay.step import training_hash, training_state
 configure_determinism(1)
 cfg = tiny_cfg(inner=json.loads({inner!r}))
 model, opt = fresh(cfg)

@@ -168,7 +168,7 @@ def test_verifier_node_metrics_and_status_are_served(tmp_path: Path) -> None:
 
 def test_unreachable_host_is_missing_data_fast() -> None:
     from nodekit.objects import ObjectPolicy
-    from trainer.spec import build_model
+    from replay.spec import build_model
 
     cfg = run_config(tiny_corpus())
     objects = ObjectPolicy.of(build_model(cfg.model), cfg)

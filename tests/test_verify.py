@@ -24,9 +24,9 @@ from nodekit.globalmodel import GlobalModel
 from protocol.config import ReplayMode
 from protocol.envclass import ReplayDecision
 from protocol.messages import EnvFingerprint, Reason
+from replay.step import State, configure_determinism, env_fingerprint, optimizer_state
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, run_committed
-from trainer.step import State, configure_determinism, env_fingerprint, optimizer_state
 from verifier.verify import (
     TOLERANCE_CHECKS,
     CannotVerify,
@@ -379,8 +379,8 @@ def test_tolerance_mismatch_names_what_differs() -> None:
 def test_fresh_optimizer_hash_streams_zeros_equal_to_a_real_fresh_optimizer(chunk: int) -> None:
     """The verifier's fresh start (no optimizer built, no copy; the hash from streamed zeros) is
     bit for bit what a host's `make_optimizer` starts from."""
-    from trainer.spec import build_model
-    from trainer.step import make_optimizer, optimizer_hash, training_state
+    from replay.spec import build_model
+    from replay.step import make_optimizer, optimizer_hash, training_state
 
     cfg = tiny_config()
     model = build_model(cfg.model)

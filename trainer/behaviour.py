@@ -34,10 +34,10 @@ from protocol.codecs import delta_hash, encode, payload_len
 from protocol.config import RunConfig
 from protocol.merkle import merkle_root
 from protocol.messages import MsgCommitPseudoGradient
+from replay.data import Corpus
+from replay.step import LossFn, env_fingerprint, optimizer_hash
 from trainer.commit import Contribution, pseudo_gradient, run_committed
-from trainer.data import Corpus
 from trainer.ddp import Team
-from trainer.step import LossFn, env_fingerprint, optimizer_hash
 
 
 class BehaviourError(ValueError):

@@ -57,7 +57,7 @@ def _resolve(name: str, params: dict[str, Any]) -> behaviour.HostBehaviour:
 def _follower_corpus(config: Path) -> Any:
     """A DDP follower's dataset: the one host.toml names (`follow` checks it against the run).
     Remote shards go to the user's cache, not `data_dir`, which only rank 0 writes."""
-    from trainer.data import cache_root, open_dataset
+    from replay.data import cache_root, open_dataset
 
     source = load_host_config(config).dataset_source
     return lambda: open_dataset(source, cache_root() / "datasets")

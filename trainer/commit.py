@@ -31,11 +31,10 @@ from protocol.config import Codec, ReplayMode, RunConfig
 from protocol.merkle import merkle_root, pair_proof
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient, SegmentOpening
 from protocol.tensors import StateKind, canonical_pieces, domain, tensor_hash_and_digests
-from trainer.data import Corpus
-from trainer.device import host_view
-from trainer.model import lm_loss
-from trainer.sharded import ShardedState, ShardedStep
-from trainer.step import (
+from replay.data import Corpus
+from replay.device import host_view
+from replay.model import lm_loss
+from replay.step import (
     LossFn,
     SliceExchange,
     env_fingerprint,
@@ -44,6 +43,7 @@ from trainer.step import (
     train_segment,
     training_state,
 )
+from trainer.sharded import ShardedState, ShardedStep
 
 
 @dataclass(frozen=True)

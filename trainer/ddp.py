@@ -2,7 +2,7 @@
 
 Every rank holds the full model and optimizer, on its own device (`cuda:LOCAL_RANK` on a GPU
 host). Rank r takes slice r of the PRF batch; the slice gradients are all-*gathered* and summed
-in rank order by `trainer.step` itself, exactly as a single process does with
+in rank order by `replay.step` itself, exactly as a single process does with
 `micro_batches = world size`. An all-reduce would be cheaper but its
 summation order is up to the backend, and then the host's trajectory could not be replayed
 bitwise by a verifier on one machine. Rank 0 speaks for the host: it hashes, saves and encodes.
@@ -34,6 +34,18 @@ from torch import Tensor, nn
 from nodekit.store import ContentStore, StateStore
 from protocol.config import RunConfig
 from protocol.tensors import StateKind
+from replay.data import Corpus, shakespeare_corpus
+from replay.device import resolve_device
+from replay.model import lm_loss
+from replay.spec import DEFAULT_ALLOW_LIST, BuiltModel, Factory, build
+from replay.step import (
+    LossFn,
+    configure_determinism,
+    load_training_state,
+    make_optimizer,
+    train_segment,
+    training_state,
+)
 from trainer.commit import (
     Contribution,
     OpeningPlan,
@@ -43,19 +55,7 @@ from trainer.commit import (
     recompute_openings,
     run_committed,
 )
-from trainer.data import Corpus, shakespeare_corpus
-from trainer.device import resolve_device
-from trainer.model import lm_loss
 from trainer.sharded import DistCollectives, ShardedState, ShardedStep, ShardPlan, make_shard_optimizer
-from trainer.spec import DEFAULT_ALLOW_LIST, BuiltModel, Factory, build
-from trainer.step import (
-    LossFn,
-    configure_determinism,
-    load_training_state,
-    make_optimizer,
-    train_segment,
-    training_state,
-)
 
 FOLLOW_TIMEOUT = timedelta(days=30)
 """How long a collective may wait. Followers wait for rank 0's next training call through whole
@@ -66,7 +66,7 @@ PR_SET_PDEATHSIG = 1
 
 
 class GatherExchange:
-    """`trainer.step.SliceExchange` over a torch.distributed process group; `device` is this rank's.
+    """`replay.step.SliceExchange` over a torch.distributed process group; `device` is this rank's.
 
     `boundary` is a second (gloo) group over the same ranks for the boundary worker's collectives
     (sharded hashing and saving), so they never interleave with the training thread's."""

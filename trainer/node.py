@@ -74,21 +74,21 @@ from protocol.messages import (
     MsgSubmitOuterResult,
     Role,
 )
-from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
-from trainer.checkpoint import node_initial_global
-from trainer.commit import Contribution, load_params, materialize_openings, openings
-from trainer.data import Corpus, eval_loss, node_corpus
-from trainer.ddp import Team
-from trainer.metrics import HostMetrics
-from trainer.node_config import HostConfig
-from trainer.spec import DEFAULT_ALLOW_LIST, Factory, Holder, build, check_fits
-from trainer.step import (
+from replay.checkpoint import node_initial_global
+from replay.data import Corpus, eval_loss, node_corpus
+from replay.spec import DEFAULT_ALLOW_LIST, Factory, Holder, build, check_fits
+from replay.step import (
     DeviceError,
     make_optimizer,
     optimizer_state,
     pin_device,
     training_state,
 )
+from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
+from trainer.commit import Contribution, load_params, materialize_openings, openings
+from trainer.ddp import Team
+from trainer.metrics import HostMetrics
+from trainer.node_config import HostConfig
 
 __all__ = ["VAL_BATCHES", "HostNode", "NodeError", "Record"]
 

@@ -4,7 +4,7 @@ A data-parallel host (`trainer.ddp`) with `shard_state` keeps, on each of its W 
 parameters (a replica, as before) but only 1/W of the AdamW moments, and each rank hashes and
 saves only its part of every boundary state. The trajectory stays exactly the one a verifier
 replays in one process with `micro_batches = W`, because every floating-point operation of the
-unsharded step (`trainer.step._compute_grads` + `clip_grad_norm_` + AdamW) is repeated on the
+unsharded step (`replay.step._compute_grads` + `clip_grad_norm_` + AdamW) is repeated on the
 same bits:
 
 1. each rank computes the flat gradient of its slice of the batch (full replica), laid out in
@@ -48,7 +48,7 @@ from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype, _has_
 
 from protocol import chunks
 from protocol.tensors import StateKind, TensorSpec, canonical_header, canonical_size, data_offsets, domain
-from trainer.step import MOMENTS, LossFn, _flat_grad, make_optimizer
+from replay.step import MOMENTS, LossFn, _flat_grad, make_optimizer
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -287,7 +287,7 @@ class DistCollectives:
 
 
 class ShardedStep:
-    """One rank's side of the sharded inner step; `trainer.step.train_steps` calls `update` (it is
+    """One rank's side of the sharded inner step; `replay.step.train_steps` calls `update` (it is
     a `ShardedUpdate`). `opt` is the rank's AdamW over its own tensors (`make_shard_optimizer`)."""
 
     def __init__(self, plan: ShardPlan, comm: Collectives, *, bucket_elems: int = BUCKET_ELEMS) -> None:

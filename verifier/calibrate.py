@@ -41,11 +41,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from protocol.config import RunConfig
-from trainer.data import Corpus, shakespeare_corpus
-from trainer.device import host_state, resolve_device
-from trainer.spec import build
-from trainer.step import State, configure_determinism, load_training_state, make_optimizer, train_segment
-from trainer.step import training_state as live_state
+from replay.data import Corpus, shakespeare_corpus
+from replay.device import host_state, resolve_device
+from replay.spec import build
+from replay.step import State, configure_determinism, load_training_state, make_optimizer, train_segment
+from replay.step import training_state as live_state
 from verifier.verify import TOLERANCE_CHECKS, tolerance_distances
 
 HOST = "calibration"

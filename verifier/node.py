@@ -47,10 +47,10 @@ from nodekit.store import BytesSink, ContentStore, StoreError, TensorSink
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Overlap, RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
-from trainer.checkpoint import node_initial_global
-from trainer.data import Corpus, node_corpus
-from trainer.spec import DEFAULT_ALLOW_LIST, Factory, Holder, build, check_fits
-from trainer.step import DeviceError, State, env_fingerprint, optimizer_state, pin_device
+from replay.checkpoint import node_initial_global
+from replay.data import Corpus, node_corpus
+from replay.spec import DEFAULT_ALLOW_LIST, Factory, Holder, build, check_fits
+from replay.step import DeviceError, State, env_fingerprint, optimizer_state, pin_device
 from verifier.behaviour import VerifierBehaviour
 from verifier.metrics import VerifierMetrics
 from verifier.node_config import VerifierConfig

@@ -1,6 +1,6 @@
 """verifier.toml: what a verifier operator configures, validated with named errors.
 
-Same shape as host.toml (DEVELOPERS-nodes.md; one model, `trainer.node_config.NodeConfig`) so one
+Same shape as host.toml (DEVELOPERS-nodes.md; one model, `nodekit.config.NodeConfig`) so one
 orchestrator writes both; `threads` is the replay thread count (bitwise mode needs the run's), and
 the pool bounds are the verifier's own.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from trainer.node_config import ConfigError, KeySource, NodeConfig, load_node_config
+from nodekit.config import ConfigError, KeySource, NodeConfig, load_node_config
 
 __all__ = ["ConfigError", "KeySource", "VerifierConfig", "load_verifier_config"]
 

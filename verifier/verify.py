@@ -33,9 +33,9 @@ from protocol.envclass import ReplayDecision, replay_decision
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
 from protocol.tensors import StateKind, canonical_header, canonical_size, domain
-from trainer.data import Corpus
-from trainer.device import host_state, host_view
-from trainer.step import (
+from replay.data import Corpus
+from replay.device import host_state, host_view
+from replay.step import (
     MOMENTS,
     LossFn,
     State,
@@ -432,7 +432,7 @@ def _fetch(source: BlobSource, method: str, key: str, into: State | None) -> Sta
 
 def fill_live(ctx: ReplayContext, live: State, state: State) -> None:
     """Copy a start into the replay model and optimizer in place, refusing one that does not fit
-    (the checks of `trainer.step.load_training_state`); a no-op when it was fetched in place."""
+    (the checks of `replay.step.load_training_state`); a no-op when it was fetched in place."""
     if set(state) != set(live):
         missing, extra = sorted(set(live) - set(state)), sorted(set(state) - set(live))
         raise StateError(f"state names do not match the model: missing {missing[:3]}, extra {extra[:3]}")

@@ -81,9 +81,9 @@ from nodekit.store import clone_state
 from protocol import codecs
 from protocol.config import ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
+from replay.step import State, load_training_state, train_segment, training_hash, training_state
 from trainer.behaviour import HostBehaviour, OuterContext, register
 from trainer.commit import Contribution, run_committed
-from trainer.step import State, load_training_state, train_segment, training_hash, training_state
 
 PARAM = "param/"
 

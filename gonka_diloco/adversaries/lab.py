@@ -21,11 +21,11 @@ from nodekit.store import StateStore, StoreError, state_from_bytes
 from protocol import codecs
 from protocol.config import ModelSpec, RunConfig
 from protocol.prf import sample_segments
+from replay.data import Corpus
+from replay.spec import build
+from replay.step import State, load_training_state, make_optimizer, optimizer_hash, training_state
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, openings
-from trainer.data import Corpus
-from trainer.spec import build
-from trainer.step import State, load_training_state, make_optimizer, optimizer_hash, training_state
 from verifier.verify import Job, MalformedBlob, MissingData, OpeningData, ReplayContext
 
 TINY_GPT = ModelSpec(

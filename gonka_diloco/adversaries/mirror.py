@@ -1,7 +1,7 @@
 """A malicious dataset mirror: serves a prepared dataset over HTTP with its shards tampered.
 
 The rule it attacks: a node hash-checks every shard against the manifest its run names before
-using it (`trainer.data.ShardFile`). Served next to an honest mirror of the same folder, the
+using it (`replay.data.ShardFile`). Served next to an honest mirror of the same folder, the
 honest one is read and the tampering one is refused, whatever the tampering.
 """
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from protocol.config import InnerOptim, RunConfig
-from trainer.step import State
+from replay.step import State
 from verifier.calibrate import FLOOR
 from verifier.update_space import bias_corrections, genuine_bound, update_distances
 from verifier.verify import group_distance

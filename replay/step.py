@@ -9,7 +9,7 @@ of its slice of the PRF batch and the slices are gathered and summed in slice or
 a single process with `micro_batches = world size` does it, so a DDP trajectory replays bitwise
 in one process.
 
-Devices (`trainer.device`): the model, its optimizer state and the batches live on the model's
+Devices (`replay.device`): the model, its optimizer state and the batches live on the model's
 device (cpu or cuda); the run's numerics (fp32 or bf16 autocast over float32 master state, TF32,
 the attention kernel) are pinned at the start of every call. States cross to the host only to be
 hashed or stored. This module's import needs torch and numpy alone (pydantic models are imported
@@ -27,17 +27,17 @@ from torch import Tensor, nn
 
 from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.tensors import StateKind, tensor_hash
-from trainer.device import DeviceError as DeviceError  # re-exported
-from trainer.device import configure_determinism as configure_determinism  # re-exported
-from trainer.device import env_facts, forward_context, host_state, pin_numerics, to_device
-from trainer.device import pin_device as pin_device  # re-exported
-from trainer.device import snapshot_to_host as snapshot_to_host  # re-exported
-from trainer.model import lm_loss
+from replay.device import DeviceError as DeviceError  # re-exported
+from replay.device import configure_determinism as configure_determinism  # re-exported
+from replay.device import env_facts, forward_context, host_state, pin_numerics, to_device
+from replay.device import pin_device as pin_device  # re-exported
+from replay.device import snapshot_to_host as snapshot_to_host  # re-exported
+from replay.model import lm_loss
 
 if TYPE_CHECKING:  # pydantic models; at run time only `train_segment`/`env_fingerprint` import them
     from protocol.config import InnerOptim, Numerics, RunConfig
     from protocol.messages import EnvFingerprint
-    from trainer.data import Corpus
+    from replay.data import Corpus
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 State = dict[str, Tensor]
@@ -315,7 +315,7 @@ def train_segment(
     exchange: SliceExchange | ShardedUpdate | None = None,
 ) -> list[float]:
     """Run inner steps `start_inner .. start_inner + n_steps - 1` on their PRF batches; their losses."""
-    from trainer.data import batch  # imported here so that the step's core needs no pydantic
+    from replay.data import batch  # imported here so that the step's core needs no pydantic
 
     if micro_batches < 1 or n_steps < 0 or start_inner < 0:
         raise ValueError("micro_batches must be >= 1 and steps non-negative")

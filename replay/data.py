@@ -401,7 +401,7 @@ def model_vocab(cfg: RunConfig) -> int | None:
     if isinstance(v, int) and not isinstance(v, bool):
         return v
     if cfg.model.factory == "trainer.model:small_gpt":
-        from trainer.model import VOCAB_SIZE
+        from replay.model import VOCAB_SIZE
 
         return VOCAB_SIZE
     return None
@@ -451,7 +451,7 @@ def shakespeare_manifest() -> tuple[Path, DatasetManifest]:
     The preparation is deterministic, so every machine gets the same manifest hash. Several
     processes preparing at once each write a private folder and rename it into place.
     """
-    from trainer.prepare import PrepareOptions, prepare
+    from replay.prepare import PrepareOptions, prepare
 
     _, files = shakespeare_files()
     opts = PrepareOptions(name=SHAKESPEARE_NAME, val_fraction=VAL_FRACTION)
@@ -536,7 +536,7 @@ def eval_loss(
     loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> float:
     """Mean loss over `n_batches` PRF-chosen validation windows (same windows for every caller)."""
-    from trainer.model import lm_loss
+    from replay.model import lm_loss
 
     loss_fn = loss_fn or lm_loss
     n_positions = val_data.numel() - seq_len

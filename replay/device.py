@@ -67,7 +67,7 @@ def _pin_cublas_workspace() -> None:
     if torch.cuda.is_initialized():
         raise DeviceError(
             f"CUBLAS_WORKSPACE_CONFIG must be {CUBLAS_WORKSPACE} before CUDA starts "
-            f"(it is {os.environ.get('CUBLAS_WORKSPACE_CONFIG')!r}); import trainer.device first"
+            f"(it is {os.environ.get('CUBLAS_WORKSPACE_CONFIG')!r}); import replay.device first"
         )
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
 

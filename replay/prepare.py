@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import Field
 
 from protocol.config import Frozen
-from trainer.data import DTYPES, MANIFEST, DataError, DatasetManifest, Shard, TokenizerInfo
+from replay.data import DTYPES, MANIFEST, DataError, DatasetManifest, Shard, TokenizerInfo
 
 CHUNK_BYTES = 1 << 20  # text tokenized per call
 DEFAULT_SHARD_TOKENS = 100_000_000  # nanoGPT/FineWeb-style shards: 200 MB of uint16

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from nodekit.node import NodeError
 from protocol.config import ModelSpec, RunConfig
 from protocol.modelsize import ModelSize, ModelSizeError, factory_config, model_size
-from trainer import hf
-from trainer.model import lm_loss, small_gpt
+from replay import hf
+from replay.model import lm_loss, small_gpt
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 Factory = Callable[..., nn.Module | tuple[nn.Module, LossFn]]
