@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
@@ -32,6 +33,10 @@ MAX_ERROR_ECHO = 64
 Loader = Callable[[], bytes]
 ServeFilter = Callable[[str, str, bytes], "bytes | None"]
 """`HostBehaviour.serve_blob`: the bytes to send, or None to refuse."""
+ServeRate = Callable[[str, str], "float | None"]
+"""`HostBehaviour.serve_bytes_per_s`: a pace to send an object at (an adversary's trickle), or None."""
+PACED_PIECE = 16
+"""Bytes per write when an object is paced: small, so a trickle really is one."""
 
 
 # ---------------------------------------------------------------- what a node serves
@@ -128,10 +133,11 @@ def build_app(
     registry: CollectorRegistry | None = None,
     *,
     serve_filter: ServeFilter | None = None,
+    serve_rate: ServeRate | None = None,
     on_sent: Callable[[str, int], None] | None = None,
 ) -> FastAPI:
     """The node's HTTP routes. `serve_filter` (an adversary's hook) sees and may replace whole
-    objects; without it objects stream from disk."""
+    objects, `serve_rate` (another) paces them; without them objects stream from disk at once."""
     app = FastAPI(title="gonka-diloco node", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
@@ -187,11 +193,18 @@ def build_app(
             status = 206
         headers["Content-Length"] = str(end - start)
 
+        rate = serve_rate(kind, blob_hash) if serve_rate is not None else None
+
+        def paced(piece: bytes) -> Iterator[bytes]:
+            for a in range(0, len(piece), PACED_PIECE):
+                time.sleep(PACED_PIECE / rate)  # type: ignore[operator]
+                yield piece[a : a + PACED_PIECE]
+
         def body() -> Iterator[bytes]:
             for piece in obj.read(start, end):
                 if on_sent is not None:
                     on_sent(kind, len(piece))
-                yield piece
+                yield from paced(piece) if rate else (piece,)
 
         return StreamingResponse(
             body(), status_code=status, headers=headers, media_type="application/octet-stream"

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from chain.inprocess import InProcessChain
 from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from nodekit.blobs import BlobCatalog, Served
@@ -40,13 +42,14 @@ QUICK: dict[str, Any] = {"poll_timeout": 0.5, "blob_retries": 0, "blob_backoff":
 
 def start(
     tmp: Path, chain: LockstepChain, cfg: RunConfig, hosts: dict[int, str], verifiers: dict[int, str],
-    logs: list[dict[str, Any]],
+    logs: list[dict[str, Any]], host_kwargs: dict[str, Any] | None = None,
 ) -> tuple[int, dict[int, HostNode], dict[int, VerifierNode]]:  # fmt: skip
     run_id = create_run(chain, cfg)
+    kwargs = {**QUICK, **(host_kwargs or {})}
     corpus = tiny_corpus()
     h = {
         i: HostNode(host_config(tmp, i, run_id), chain, corpus=corpus, behaviour=resolve_host(name),
-                    log=logs.append, **QUICK)
+                    log=logs.append, **kwargs)
         for i, name in hosts.items()
     }  # fmt: skip
     v = {
@@ -237,3 +240,45 @@ def test_a_silent_half_closes_the_step_with_g_n_and_the_next_step_moves_on(tmp_p
         e["round"] for e in logs if e["event"] == "result" and e["node"] == "host-1" and e["outer_step"] == 0
     ]
     assert votes == list(range(cfg.phases.result_rounds))  # a vote in every round
+
+
+@pytest.mark.parametrize("verifiers", ["honest", "lazy"])
+def test_a_trickling_author_cannot_stall_the_step(tmp_path: Path, verifiers: str) -> None:
+    """Issue 23: an accepted host that serves its own Δ at a byte a second. The fetch drops it at
+    the rate floor (a 2 s grace here, 30 s by default) instead of waiting for every byte, so the
+    honest hosts vote on time: with honest verifiers, which serve the Δ they derived, the Δ comes
+    from them and everyone is in the new model; with lazy ones nobody else holds it, so it is
+    reported like a withheld Δ, dropped and slashed, and the honest majority's model is adopted."""
+    chain = LockstepChain()
+    cfg = run_config(tiny_corpus(), max_outer_steps=1)
+    names = {1: "honest", 2: "honest", 3: "honest", 4: "trickle"}
+    logs: list[dict[str, Any]] = []
+    run_id, hosts, vs = start(
+        tmp_path, chain, cfg, names, {11: verifiers, 12: verifiers}, logs, {"blob_timeout": 2.0}
+    )
+    with running(nodes(hosts, vs), chain):
+        pass
+
+    addr = {i: n.address for i, n in hosts.items()}
+    honest, trickler = [addr[1], addr[2], addr[3]], addr[4]
+    step = chain.query("outer_step", run_id=run_id, step=0)
+    assert step["phase"] == "DONE", diagnosis(step, addr, logs)
+    g = step["result_hash"]
+    assert g == chain.run(run_id)["global_model_hash"] != cfg.initial_model_hash  # a new model
+    assert set(step["result_votes"].values()) == {g}  # a vote came in time, none for another model
+    applied = {e["node"]: e["model_hash"] for e in logs if e["event"] == "outer_step_applied"}
+    assert all(applied[f"host-{i}"] == g for i in (1, 2, 3)), applied  # every honest host adopted it
+    s = stakes(chain, run_id)
+    assert all(s[h] == STAKE for h in honest)
+    if verifiers == "honest":  # the others fetched the Δ (from the verifiers, hedged)
+        assert step["outcomes"] == dict.fromkeys(addr.values(), "accepted"), diagnosis(step, addr, logs)
+        assert step["dropped"] == [] and events(chain, "withheld") == []
+        got = [e for e in logs if e["event"] == "fetched" and e.get("host") == trickler]
+        assert {"host-1", "host-2", "host-3"} <= {e["node"] for e in got}  # (a verifier may fetch it too)
+    else:  # only its author holds it: unavailable, dropped and slashed like a withheld Δ
+        assert step["accepted"] == sorted(honest)
+        assert step["outcomes"] == {**dict.fromkeys(honest, "accepted"), trickler: "withheld"}
+        assert [e["host"] for e in events(chain, "withheld")] == [trickler]
+        assert s[trickler] == STAKE - STAKE * cfg.stake.host_slash_bps // 10_000
+        slow = [e for e in logs if e["event"] == "delta_unavailable" and e.get("host") == trickler]
+        assert slow, "the honest hosts never gave up on the trickle"

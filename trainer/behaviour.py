@@ -216,6 +216,11 @@ class HostBehaviour:
         """The bytes to answer a GET with, or None to refuse (malformed-blob adversaries tamper)."""
         return data
 
+    def serve_bytes_per_s(self, kind: str, blob_hash: str) -> float | None:
+        """A pace to serve an object at, or None for as fast as the link goes (a trickler paces
+        its own Δ to stall whoever waits for it)."""
+        return None
+
     def finalized(self, contribution: Contribution | None, accepted: bool, ctx: OuterContext) -> None:
         """The step's verification is over: `accepted` says whether this host's contribution (None if
         it made none) is in the result set. A withholder stops serving its Δ from here on."""

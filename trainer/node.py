@@ -311,11 +311,13 @@ class HostNode:
 
         # an honest host streams from disk; a behaviour that tampers with what it serves sees whole objects
         tampers = type(self.behaviour).serve_blob is not HostBehaviour.serve_blob
+        paces = type(self.behaviour).serve_bytes_per_s is not HostBehaviour.serve_bytes_per_s
         app = build_app(
             self.catalog,
             self.snapshot,
             self.board.registry,
             serve_filter=self.behaviour.serve_blob if tampers else None,
+            serve_rate=self.behaviour.serve_bytes_per_s if paces else None,
             on_sent=sent,
         )
         return ServerThread(app, listen)

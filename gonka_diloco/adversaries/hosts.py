@@ -645,6 +645,27 @@ class Withhold(HostAdversary):
         return None if kind == "delta" and blob_hash in self.withheld else data
 
 
+class Trickle(Withhold):
+    """Trains honestly and is accepted like a withholder, but instead of refusing its Δ it serves
+    it to everyone at a trickle (`bytes_per_s`, default a byte a second): it never says no, so an
+    aggregator that waits for every byte never votes, and a step whose hosts wait for it closes
+    unchanged while the trickler stays accepted. Fetches drop it at the rate floor instead."""
+
+    name = "trickle"
+
+    def __init__(self, bytes_per_s: float = 1.0) -> None:
+        super().__init__()
+        if not 0 < bytes_per_s < 1e12:
+            raise ValueError(f"bytes_per_s must be in (0, 1e12), got {bytes_per_s}")
+        self.bytes_per_s = bytes_per_s
+
+    def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
+        return data
+
+    def serve_bytes_per_s(self, kind: str, blob_hash: str) -> float | None:
+        return self.bytes_per_s if kind == "delta" and blob_hash in self.withheld else None
+
+
 class ForgeResult(Withhold):
     """Withholds its accepted Δ and votes for a G_{n+1} hash it made up, in every result round: if
     the honest hosts could not fetch its Δ they could not compute the real result, and its lone
@@ -728,6 +749,7 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "budget_steer": BudgetSteer,
     "withhold": Withhold,
     "forge_result": ForgeResult,
+    "trickle": Trickle,
     "silent_after_accept": SilentAfterAccept,
     "loss_liar": LossLiar,
     "eager": EagerStart,
