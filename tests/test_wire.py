@@ -35,7 +35,10 @@ pos = st.integers(1, 2**40)
 positive_float = st.floats(min_value=1e-30, max_value=1e30, allow_nan=False)
 unit = st.floats(min_value=0.0, max_value=1.0, exclude_max=True, allow_nan=False)
 config_values = st.one_of(
-    st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), st.text(max_size=20), st.booleans()
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+    st.booleans(),
 )
 
 
