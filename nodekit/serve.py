@@ -195,16 +195,16 @@ def build_app(
 
         rate = serve_rate(kind, blob_hash) if serve_rate is not None else None
 
-        def paced(piece: bytes) -> Iterator[bytes]:
-            for a in range(0, len(piece), PACED_PIECE):
-                time.sleep(PACED_PIECE / rate)  # type: ignore[operator]
-                yield piece[a : a + PACED_PIECE]
-
         def body() -> Iterator[bytes]:
             for piece in obj.read(start, end):
                 if on_sent is not None:
                     on_sent(kind, len(piece))
-                yield from paced(piece) if rate else (piece,)
+                if not rate:
+                    yield piece
+                    continue
+                for a in range(0, len(piece), PACED_PIECE):
+                    time.sleep(PACED_PIECE / rate)
+                    yield piece[a : a + PACED_PIECE]
 
         return StreamingResponse(
             body(), status_code=status, headers=headers, media_type="application/octet-stream"

@@ -659,8 +659,7 @@ class Trickle(Withhold):
             raise ValueError(f"bytes_per_s must be in (0, 1e12), got {bytes_per_s}")
         self.bytes_per_s = bytes_per_s
 
-    def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
-        return data
+    serve_blob = HostBehaviour.serve_blob  # every byte, streamed from disk as an honest host does
 
     def serve_bytes_per_s(self, kind: str, blob_hash: str) -> float | None:
         return self.bytes_per_s if kind == "delta" and blob_hash in self.withheld else None
