@@ -210,7 +210,7 @@ class ErrNotRevealPhase(ChainError):
 
 
 class ErrLateReveal(ChainError):
-    """The reveal deadline has passed."""
+    """The reveal window has closed: the reveal deadline and its grace (`reveal_closes`)."""
 
     code = 32
 

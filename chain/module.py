@@ -24,6 +24,7 @@ from chain.params import (
     BPS_DENOMINATOR,
     CHALLENGE_DELAY,
     MODULE_ACCOUNT,
+    REVEAL_GRACE_SHARE,
     REWARD_POOL_ACCOUNT,
     SEED_BLOCKS,
     SLASHED_OUTCOMES,
@@ -133,6 +134,13 @@ def new_outer_step(index: int, open_height: int, config: RunConfig, base_model_h
         base_model_hash=base_model_hash,
         round_deadline=verify_deadline,
     )
+
+
+def reveal_closes(step: OuterStep, phases: Phases) -> int:
+    """The last height a reveal is taken: the reveal deadline, then a grace of part of the verify
+    window (`REVEAL_GRACE_SHARE`). A late reveal is verified like any other; only a commitment
+    still unrevealed after this is `missing_reveal` (§2.2, lateness is not fraud)."""
+    return step.reveal_deadline + phases.verify_blocks // REVEAL_GRACE_SHARE
 
 
 def active_verifiers(run: Run, bonded_by: int | None = None) -> list[str]:
@@ -562,8 +570,11 @@ def process_reveal(state: ChainState, msg: MsgRevealContribution, ctx: TxContext
         raise errors.ErrNoCommitment(f"{msg.creator} in outer step {step.index}")
     if step.challenge_seed is None:
         raise errors.ErrNotRevealPhase(f"challenge at height {step.commit_deadline + CHALLENGE_DELAY}")
-    if ctx.height > step.reveal_deadline:
-        raise errors.ErrLateReveal(f"height {ctx.height} > reveal deadline {step.reveal_deadline}")
+    last = reveal_closes(step, run_config(run).phases)
+    if ctx.height > last:
+        raise errors.ErrLateReveal(
+            f"height {ctx.height} > {last} (reveal deadline {step.reveal_deadline} and its grace)"
+        )
     if contribution.reveal_height is not None:
         raise errors.ErrAlreadyRevealed(f"at height {contribution.reveal_height}")
     segments = [o.segment for o in msg.openings]
@@ -1302,6 +1313,7 @@ def _close_early(run: Run, step: OuterStep, h: int) -> list[Event]:
         step.phase in (Phase.VERIFY, Phase.ESCALATION, Phase.AUDIT, Phase.CONFIRM)
         and h < step.round_deadline
         and not _waiting_for_verdicts(step)
+        and not (h < reveal_closes(step, run_config(run).phases) and _waiting_for_reveals(step))
     ):
         if step.phase == Phase.VERIFY:
             step.verify_deadline = h

@@ -32,6 +32,12 @@ CHALLENGE_DELAY = 2
 block commit_deadline + 1 is the first whose hash no committer could know), the audit at the close
 of the verdict rounds + 2."""
 
+REVEAL_GRACE_SHARE = 2
+"""Lateness is not fraud (DESIGN §7): a reveal is still taken for the first 1/REVEAL_GRACE_SHARE of
+the verify window after the reveal deadline (`reveal_closes`), so a host slowed by a loaded machine
+or a jittery link is verified, not slashed as `missing_reveal`; the other half is its verifiers'
+(and escalation rounds follow when they need more)."""
+
 SEED_BLOCKS = 3
 """A challenge or audit seed hashes the last SEED_BLOCKS block hashes (`recent_block_hashes`):
 once consecutive blocks have different proposers, none of them controls more than one input."""
@@ -51,7 +57,7 @@ class Phase(StrEnum):
     TRAIN = "TRAIN"  # commits accepted until commit_deadline inclusive
     CHALLENGE = "CHALLENGE"  # the block after the deadline, whose hash seeds the challenge
     REVEAL = "REVEAL"  # reveals accepted until reveal_deadline inclusive; verdicts too
-    VERIFY = "VERIFY"  # verdicts until verify_deadline inclusive
+    VERIFY = "VERIFY"  # verdicts until verify_deadline inclusive; late reveals until reveal_closes
     ESCALATION = "ESCALATION"  # verdicts from escalated verifiers until the round deadline
     AUDIT = "AUDIT"  # accepted contributions drawn for audit at audit_height; auditors' verdicts
     CONFIRM = "CONFIRM"  # disputed contributions: every bonded verifier's stake decides

@@ -14,7 +14,15 @@ import dataclasses
 from typing import Any
 
 from chain import errors
-from chain.module import apply_to_hash, eager_parent, next_base, start_optimizer, steps_in_flight
+from chain.module import (
+    apply_to_hash,
+    eager_parent,
+    next_base,
+    reveal_closes,
+    run_config,
+    start_optimizer,
+    steps_in_flight,
+)
 from chain.params import DENOM, MODULE_ACCOUNT, REWARD_POOL_ACCOUNT
 from chain.state import ChainState, Contribution, OuterStep, Run, app_hash, total_supply
 
@@ -92,6 +100,7 @@ def outer_step(state: ChainState, run_id: int, step: int | None = None) -> dict[
         "commit_deadline": s.commit_deadline,
         "challenge_height": s.commit_deadline + 2,
         "reveal_deadline": s.reveal_deadline,
+        "reveal_closes": reveal_closes(s, run_config(r).phases),
         "verify_deadline": s.verify_deadline,
         "round": s.round,
         "round_deadline": s.round_deadline,

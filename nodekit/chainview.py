@@ -53,6 +53,8 @@ class StepInfo:
     train_start: int
     commit_deadline: int
     reveal_deadline: int
+    reveal_closes: int
+    """The last height a reveal is taken: the deadline and its grace (a late reveal is still judged)."""
     verify_deadline: int
     round_deadline: int
     base_model_hash: str

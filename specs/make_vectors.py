@@ -556,9 +556,9 @@ class _Scenario:
             env=EnvFingerprint(torch_version="2.13.0", threads=1),
         ) for h in hosts])  # fmt: skip
 
-    def reveal(self, index: int, hosts: list[str]) -> None:
-        """`hosts` reveal their openings of outer step `index` at its challenge height."""
-        height = queries.outer_step(self.state(), 1, index)["challenge_height"]
+    def reveal(self, index: int, hosts: list[str], height: int | None = None) -> None:
+        """`hosts` reveal their openings of outer step `index` at `height` (its challenge height)."""
+        height = height or queries.outer_step(self.state(), 1, index)["challenge_height"]
         state = self.peek(height)
         reveals = []
         for c in queries.challenges(state, 1, index)["challenges"]:
@@ -782,6 +782,20 @@ def chain_vectors() -> list[dict[str, Any]]:
     step1 = queries.challenges(sc.state(), 1, 1)["challenges"]
     assert any(AUTHORITY in c["verifier_rounds"] for c in step1)
     out.append({"label": "bonding_delay", "blocks": sc.blocks})
+
+    # 9. late is not withheld (§2.2.2): host 2 reveals after the reveal deadline, at the last height
+    # of its grace (reveal_closes); it is judged like the others, accepted, paid and not slashed.
+    sc = _Scenario(_vector_config())
+    sc.commit(0, HOST_ADDRESSES)
+    sc.reveal(0, HOST_ADDRESSES[:2])
+    s0 = sc.step()
+    sc.verdicts(s0["challenge_height"] + 1, only=tuple(HOST_ADDRESSES[:2]))
+    assert s0["reveal_closes"] > s0["reveal_deadline"]
+    sc.reveal(0, HOST_ADDRESSES[2:], height=s0["reveal_closes"])
+    sc.verdicts(s0["reveal_closes"], only=tuple(HOST_ADDRESSES[2:]))  # in the block of the reveal
+    assert queries.outer_step(sc.peek(sc.finalized_at()), 1, 0)["accepted"] == sorted(HOST_ADDRESSES)
+    sc.add(sc.finalized_at() + 1, *[_vote(h, "g1") for h in HOST_ADDRESSES[:2]])  # 2 of 3: adopted
+    out.append({"label": "late_reveal_in_grace", "blocks": sc.blocks})
 
     for v in out:
         v["genesis"] = vector_genesis().model_dump(mode="json")

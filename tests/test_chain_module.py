@@ -544,11 +544,56 @@ def test_reveal_errors() -> None:
     assert [e.type for e in good] == ["reveal"] and isinstance(again, errors.ErrAlreadyRevealed)
 
 
-def test_late_reveal() -> None:
+def test_a_late_reveal_in_the_grace_is_judged_and_accepted_not_slashed() -> None:
+    """Lateness is not fraud: past the reveal deadline, through `reveal_closes` (half the verify
+    window), a reveal is still taken and judged like an on-time one."""
     sim = started()
-    to_reveal(sim, [HOSTS[0]])
-    sim.until(sim.step()["reveal_deadline"] + 1)
+    to_reveal(sim, HOSTS[:2])
+    step = sim.step()
+    assert step["reveal_closes"] == step["reveal_deadline"] + 6 // 2
+    stakes = [stake_of(sim, h) for h in HOSTS[:2]]
+    sim.ok(reveal_msg(sim, HOSTS[1]))
+    sim.until(step["reveal_closes"])  # the next block is the last that takes a reveal
+    assert sim.step()["phase"] == Phase.VERIFY
+    sim.ok(reveal_msg(sim, HOSTS[0]))
+    sim.block(*[verdict_msg(assigned(sim, h)[0], h) for h in HOSTS[:2]])
+    to_verify_deadline(sim)
+    assert sim.step()["accepted"] == sorted(HOSTS[:2])
+    assert [stake_of(sim, h) for h in HOSTS[:2]] == stakes
+
+
+def test_reveals_close_after_the_grace_and_a_missing_one_is_slashed() -> None:
+    """The adversary: a host that saw its challenge and keeps its openings back. Past the grace it
+    cannot reveal, and it ends `missing_reveal`, slashed; the honest host beside it is accepted."""
+    sim = started()
+    to_reveal(sim, HOSTS[:2])
+    stake = stake_of(sim, HOSTS[0])
+    sim.ok(reveal_msg(sim, HOSTS[1]))
+    sim.ok(verdict_msg(assigned(sim, HOSTS[1])[0], HOSTS[1]))
+    sim.until(sim.step()["reveal_closes"] + 1)
     sim.fails(reveal_msg(sim, HOSTS[0]), errors.ErrLateReveal)
+    to_verify_deadline(sim)
+    step = sim.step()
+    assert step["outcomes"] == {HOSTS[0]: Outcome.MISSING_REVEAL, HOSTS[1]: Outcome.ACCEPTED}
+    assert step["accepted"] == [HOSTS[1]]
+    assert stake_of(sim, HOSTS[0]) < stake and stake_of(sim, HOSTS[1]) == stake
+
+
+def test_verify_does_not_close_early_while_a_reveal_is_owed_in_the_grace() -> None:
+    """Early close (§2.3.1) must not cut a late host's grace short: even with every verdict in
+    (here its verifier already reported the data missing), the window stays open until reveals close."""
+    sim = started(make_config(phases={"early_close": True}))
+    to_reveal(sim, HOSTS[:2])
+    sim.ok(reveal_msg(sim, HOSTS[1]))
+    sim.until(sim.step()["reveal_deadline"] + 1)
+    closes = sim.step()["reveal_closes"]
+    sim.block(
+        verdict_msg(assigned(sim, HOSTS[1])[0], HOSTS[1]),
+        verdict_msg(assigned(sim, HOSTS[0])[0], HOSTS[0], Reason.MISSING_DATA),
+    )
+    sim.until(closes)
+    assert sim.step()["phase"] == Phase.VERIFY and sim.step()["reveal_closes"] == closes
+    sim.ok(reveal_msg(sim, HOSTS[0]))
 
 
 def test_verdict_errors() -> None:

@@ -522,12 +522,13 @@ class VerifierNode:
                 h = self.view.next_block(max(h, info.height))
 
     def _job(self, n: int, host: str, info: StepInfo) -> Job | None:
-        """The job once the host revealed; after the reveal deadline, a job with nothing opened."""
+        """The job once the host revealed; once reveals close (deadline and grace), a job with
+        nothing opened."""
         c = self.view.commitment(host, n)
         if c is None:
             return None
         reveal = self.view.reveal(host, n)
-        if reveal is None and info.height <= info.reveal_deadline:
+        if reveal is None and info.height <= info.reveal_closes:
             return None
         segments = self.view.segments(host, n) or []
         opened = tuple(  # the chain checked each pair proof at reveal and keeps only the leaves
@@ -613,7 +614,7 @@ class VerifierNode:
             self.metrics.errors.labels(type(e).__name__).inc()
             self.log("verify_error", outer_step=n, host=host, error=f"{type(e).__name__}: {e}")
             return None
-        early = self.chain.height() <= info.reveal_deadline
+        early = self.chain.height() <= info.reveal_closes
         if out is not None and out.reason is Reason.MISSING_DATA and early:
             self.log("data_not_yet_served", outer_step=n, host=host, detail=out.detail)
             raise _Retry

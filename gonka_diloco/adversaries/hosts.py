@@ -356,6 +356,30 @@ MALFORMED_KINDS = ("zstd_bomb", "wrong_shapes", "nan", "garbage_state")
 GARBAGE_SAFETENSORS = b"\x08\x00\x00\x00\x00\x00\x00\x00" + b'{"a":1}'
 
 
+class LateReveal(HostAdversary):
+    """Honest work, revealed late: its reveal lands `blocks` blocks after the reveal deadline (a
+    loaded machine, a jittery link; or a cheater stalling its verifiers). Inside the grace
+    (`reveal_closes`, half the verify window) it is judged like any reveal: accepted, paid, not
+    slashed. Past it the chain refuses the reveal, and the commitment ends `missing_reveal`,
+    slashed: what a host that hides its openings after seeing its challenge gets."""
+
+    name = "late_reveal"
+    honest_work = True
+
+    def __init__(self, blocks: int = 1) -> None:
+        super().__init__()
+        if blocks < 1:
+            raise ValueError(f"blocks must be >= 1 (0 is on time), got {blocks}")
+        self.blocks = blocks
+
+    def should_reveal(self, contribution: Contribution, ctx: OuterContext) -> bool:
+        target = ctx.chain.outer_step(ctx.run_id, ctx.outer_step)["reveal_deadline"] + self.blocks
+        height = ctx.chain.height()
+        while height + 1 < target:  # the reveal tx lands in the block after the one we saw
+            height = ctx.chain.wait_for_block(height, timeout=600).height
+        return True
+
+
 class MalformedBlob(HostAdversary):
     """Commits honestly, then serves a Δ (zstd bomb, wrong shapes, NaN) or state that must not decode."""
 
@@ -740,6 +764,7 @@ HOSTS: dict[str, Callable[..., HostAdversary]] = {
     "stale": StaleDelta,
     "copycat": Copycat,
     "no_reveal": NoReveal,
+    "late_reveal": LateReveal,
     "malformed": MalformedBlob,
     "equivocation": Equivocation,
     "bad_tokens": BadTokens,
