@@ -267,31 +267,35 @@ its commit deadlines on a 2-core machine shared with other work (trained 4–7.8
 
 
 def size_train_phase(
-    cfg: DevnetConfig, measure: Callable[[DevnetConfig], float] | None = None
+    cfg: DevnetConfig, measure: Callable[[DevnetConfig], list[float]] | None = None
 ) -> DevnetConfig:
     """`cfg` with `phases.train` derived from compute when neither the TOML nor a flag set it:
     H × (seconds per inner step) × margin + the commit's slack blocks
     (`gonka_diloco.phase_sizing`). The step time is `step_seconds` if declared, else measured
     (`measure`, default: a few inner steps of the devnet's model here), times the node processes
     that share this machine's cores ((hosts + verifiers) × threads ÷ cores, at least 1: verifiers
-    replay while hosts train), with `DEVNET_MARGIN`: one machine runs every node and the chain.
+    replay while hosts train), with `DEVNET_MARGIN` or the measured samples' noise where that is
+    larger (`sizing_margin`): one machine runs every node and the chain.
     Never shorter than the default phase: a step timed alone here ran 5× faster than the same step
     in four hosts next to the verifiers and the chain on 2 cores, so only longer work lengthens it."""
-    from gonka_diloco.phase_sizing import COMMIT_SLACK_BLOCKS, train_phase_seconds
+    import statistics
+
+    from gonka_diloco.phase_sizing import COMMIT_SLACK_BLOCKS, sizing_margin, train_phase_seconds
 
     if "train" in cfg.phases.model_fields_set:
         return cfg
-    step = cfg.step_seconds if cfg.step_seconds is not None else (measure or measure_devnet_step)(cfg)
+    samples = [cfg.step_seconds] if cfg.step_seconds is not None else (measure or measure_devnet_step)(cfg)
     contention = max(1.0, (cfg.hosts + cfg.verifiers) * cfg.threads / (os.cpu_count() or 1))
-    train = train_phase_seconds(cfg.inner_steps, step * contention, margin=DEVNET_MARGIN)
+    margin = sizing_margin(DEVNET_MARGIN, samples)  # the measured jitter, where it beats the margin
+    train = train_phase_seconds(cfg.inner_steps, statistics.median(samples) * contention, margin=margin)
     train = max(train + COMMIT_SLACK_BLOCKS * cfg.block_interval, PhaseSeconds().train)
     return cfg.model_copy(update={"phases": cfg.phases.model_copy(update={"train": train})})
 
 
-def measure_devnet_step(cfg: DevnetConfig) -> float:
+def measure_devnet_step(cfg: DevnetConfig) -> list[float]:
     """A few inner steps of the devnet's own model, batch shape and thread count, timed here."""
     from gonka_diloco.devnet import model_spec
-    from gonka_diloco.phase_sizing import measure_step_seconds
+    from gonka_diloco.phase_sizing import measure_step_samples
     from protocol.config import RunConfig
 
     run = RunConfig(
@@ -299,11 +303,11 @@ def measure_devnet_step(cfg: DevnetConfig) -> float:
         inner_steps=cfg.inner_steps, segment_len=cfg.segment_len, sampled_segments=cfg.sampled_segments,
         batch_size=cfg.batch_size, seq_len=cfg.seq_len, threads=cfg.threads,
     )  # fmt: skip
-    return measure_step_seconds(run)
+    return measure_step_samples(run)
 
 
 def load_config(
-    path: Path | None, overrides: dict[str, Any], measure: Callable[[DevnetConfig], float] | None = None
+    path: Path | None, overrides: dict[str, Any], measure: Callable[[DevnetConfig], list[float]] | None = None
 ) -> DevnetConfig:
     """TOML file (if any) first, then every flag the user actually set on top of it; then the train
     phase sized from compute if neither set it (`size_train_phase`)."""

@@ -79,8 +79,20 @@ def train_phase_blocks(
     return max(1, math.ceil(seconds / block_seconds)) + slack_blocks
 
 
+MEASURE_STEPS = 5
+"""Inner steps timed by `run create --measure` and the devnet: their median sizes the phase, their
+spread its margin (`noise_margin`)."""
+
+
 def measure_step_seconds(cfg: Any, *, steps: int = 3, warmup: int = 1, device: str = "cpu") -> float:
-    """Median seconds of one inner step of `cfg`'s model (a `RunConfig`) on this machine: its
+    """Median seconds of one inner step of `cfg`'s model (`measure_step_samples`)."""
+    return statistics.median(measure_step_samples(cfg, steps=steps, warmup=warmup, device=device))
+
+
+def measure_step_samples(
+    cfg: Any, *, steps: int = MEASURE_STEPS, warmup: int = 1, device: str = "cpu"
+) -> list[float]:
+    """Seconds of each of `steps` inner steps of `cfg`'s model (a `RunConfig`) on this machine: its
     optimizer, batch shape, numerics and thread count, random tokens (the time does not depend on
     them). The first `warmup` steps (allocation, lazy init) are not counted; each step ends with
     its loss read back, so a GPU step is timed to completion."""
@@ -109,7 +121,14 @@ def measure_step_seconds(cfg: Any, *, steps: int = 3, warmup: int = 1, device: s
                 seconds.append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)
-    return statistics.median(seconds)
+    return seconds
+
+
+def sizing_margin(margin: float, samples: list[float]) -> float:
+    """The margin a phase gets: the configured one, or the measured noise where that is larger (one
+    sample measures no noise: the configured margin). Lateness is not fraud: a window sized below
+    the jitter it will meet makes honest hosts late."""
+    return max(margin, noise_margin(samples)) if len(samples) > 1 else margin
 
 
 def noise_margin(samples: list[float], *, sigmas: float = NOISE_SIGMAS, floor: float = MIN_MARGIN) -> float:

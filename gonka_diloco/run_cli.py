@@ -399,16 +399,23 @@ def create(
         sizing: dict[str, Any] = {}
         if step_seconds is not None and measure:
             _fail("give --step-seconds or --measure, not both")
+        samples: list[float] = []
         if measure:
-            from gonka_diloco.phase_sizing import measure_step_seconds
+            import statistics
+
+            from gonka_diloco.phase_sizing import measure_step_samples, sizing_margin
 
             try:
-                step_seconds = measure_step_seconds(cfg)
+                samples = measure_step_samples(cfg)
             except (ValueError, RuntimeError) as e:  # the model cannot run this config's batches
                 raise RunConfigFileError(f"cannot time the run's inner step: {e}") from None
+            step_seconds = statistics.median(samples)
+            margin = sizing_margin(margin, samples)  # the measured jitter, where it beats --margin
         if step_seconds is not None:
             cfg, sizing = size_train_phase(cfg, step_seconds, block_seconds, margin)
             sizing["measured"] = measure
+            if samples:
+                sizing["samples"] = [round(x, 6) for x in samples]
     except RunConfigFileError as e:
         _fail(str(e))
         return

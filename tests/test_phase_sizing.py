@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from gonka_diloco.cli import app
-from gonka_diloco.devnet_config import PhaseSeconds, load_config
+from gonka_diloco.devnet_config import DEVNET_MARGIN, PhaseSeconds, load_config
 from gonka_diloco.phase_sizing import (
     COMMIT_SLACK_BLOCKS,
+    MEASURE_STEPS,
     MIN_MARGIN,
     PhaseSizingError,
     measure_step_seconds,
@@ -80,7 +82,12 @@ def test_run_create_measure_times_the_runs_model(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["phase_sizing"]["measured"] is True and out["phase_sizing"]["step_seconds"] > 0
-    want = train_phase_blocks(10, out["phase_sizing"]["step_seconds"], 0.001)
+    sizing = out["phase_sizing"]
+    samples = sizing["samples"]  # the jitter measured: the margin covers it, and --margin at least
+    assert len(samples) == MEASURE_STEPS
+    assert sizing["step_seconds"] == pytest.approx(statistics.median(samples), abs=1e-6)
+    assert sizing["margin"] == pytest.approx(max(1.5, noise_margin(samples)), rel=1e-4)
+    want = train_phase_blocks(10, sizing["step_seconds"], 0.001, margin=sizing["margin"])
     assert out["config"]["phases"]["train_blocks"] == want > COMMIT_SLACK_BLOCKS
 
 
@@ -119,9 +126,9 @@ def test_devnet_sizes_train_from_compute_unless_set(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     calls: list[int] = []
 
-    def fake_measure(cfg: object) -> float:
+    def fake_measure(cfg: object) -> list[float]:
         calls.append(1)
-        return 0.04
+        return [0.04, 0.04, 0.04]
 
     # declared: 4 hosts + 2 verifiers on 2 cores run at a third of the speed:
     # 50 × 0.125 × 3 × DEVNET_MARGIN (2) + 2 blocks of 0.5 s
@@ -136,6 +143,11 @@ def test_devnet_sizes_train_from_compute_unless_set(monkeypatch: pytest.MonkeyPa
         None, {"hosts": 1, "verifiers": 1, "adversaries": [], "inner_steps": 200}, measure=fake_measure
     )
     assert longer.phases.train == pytest.approx(200 * 0.04 * 2.0 + 1.0) and calls == [1, 1]
+    # jittery timings (one step in four 3× slower): the margin is the measured noise, not the fixed 2
+    jitter = load_config(None, {"hosts": 1, "verifiers": 1, "adversaries": [], "inner_steps": 200},
+                         measure=lambda cfg: [0.04, 0.04, 0.04, 0.12])  # fmt: skip
+    assert jitter.phases.train == pytest.approx(200 * 0.04 * noise_margin([0.04, 0.04, 0.04, 0.12]) + 1.0)
+    assert noise_margin([0.04, 0.04, 0.04, 0.12]) > DEVNET_MARGIN
     # an explicit phases.train (flag or TOML) is never overridden, and nothing is measured
     explicit = load_config(None, {"phases": {"train": 8.0}}, measure=fake_measure)
     assert explicit.phases.train == 8.0 and calls == [1, 1]
