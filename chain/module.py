@@ -149,7 +149,7 @@ def active_verifiers(run: Run, bonded_by: int | None = None) -> list[str]:
     return sorted(
         a
         for a, p in run.participants.items()
-        if p.role == Role.VERIFIER.value
+        if p.role == Role.VERIFIER
         and not p.leaving
         and (bonded_by is None or p.joined_height <= bonded_by)
     )
@@ -450,7 +450,7 @@ def process_join_run(state: ChainState, msg: MsgJoinRun, ctx: TxContext) -> list
     if run.status != RunStatus.ACTIVE:
         raise errors.ErrRunFinished(f"run {run.id}")
     existing = run.participants.get(msg.creator)
-    if existing is not None and existing.role == msg.role.value:
+    if existing is not None and existing.role == msg.role:
         raise errors.ErrAlreadyJoined(f"already a {existing.role}")
     if existing is not None:
         raise errors.ErrRoleConflict(f"already a {existing.role}")
@@ -466,7 +466,7 @@ def process_join_run(state: ChainState, msg: MsgJoinRun, ctx: TxContext) -> list
     get_or_create_account(state, msg.creator).balance -= msg.stake
     run.participants[msg.creator] = Participant(
         address=msg.creator,
-        role=msg.role.value,
+        role=Role(msg.role),
         stake=msg.stake,
         endpoint=msg.endpoint,
         joined_height=ctx.height,
@@ -525,7 +525,7 @@ def process_commit(state: ChainState, msg: MsgCommitPseudoGradient, ctx: TxConte
     if step.phase != Phase.TRAIN:
         raise errors.ErrNotTrainPhase(f"training starts at {step.train_start}")
     participant = run.participants.get(msg.creator)
-    if participant is None or participant.role != Role.HOST.value or participant.leaving:
+    if participant is None or participant.role != Role.HOST or participant.leaving:
         raise errors.ErrNotHost(f"{msg.creator} in run {run.id}")
     if msg.base_model_hash != step.base_model_hash:  # sequential runs: the run's global model hash
         raise errors.ErrBaseModelMismatch(f"the step's base model hash is {step.base_model_hash}")
@@ -928,9 +928,9 @@ def _quorum_joined(run: Run, height: int, delay: int) -> bool:
         return True
     phases = run_config(run).phases
     active = [p for p in run.participants.values() if not p.leaving]
-    hosts = sum(1 for p in active if p.role == Role.HOST.value)
+    hosts = sum(1 for p in active if p.role == Role.HOST)
     drawable = height + CHALLENGE_DELAY - delay
-    verifiers = sum(1 for p in active if p.role == Role.VERIFIER.value and p.joined_height <= drawable)
+    verifiers = sum(1 for p in active if p.role == Role.VERIFIER and p.joined_height <= drawable)
     return hosts >= phases.min_hosts and verifiers >= phases.min_verifiers
 
 
@@ -1003,7 +1003,7 @@ def _tally(c: Contribution) -> tuple[int, int]:
     return accepts, len(c.verdicts) - accepts
 
 
-def _initial_review(c: Contribution, final_round: bool) -> str | None:
+def _initial_review(c: Contribution, final_round: bool) -> Outcome | Review | None:
     """At the end of an initial round: an outcome, a review stage, or None to escalate."""
     if c.reveal_height is None:
         return Outcome.MISSING_REVEAL
@@ -1019,7 +1019,7 @@ def _initial_review(c: Contribution, final_round: bool) -> str | None:
     return Review.PROVISIONAL if accepts else Outcome.UNVERIFIED  # no verdicts: nobody slashed
 
 
-def _confirmed(run: Run, c: Contribution) -> str:
+def _confirmed(run: Run, c: Contribution) -> Outcome:
     """A dispute's outcome: the stake-weighted majority of every bonded verifier assigned to it
     (after `_open_dispute`, every active verifier). No majority either way: unverified."""
     panel = sum(stake_of(run, v) for v in c.verifier_rounds)
@@ -1157,7 +1157,7 @@ def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> lis
         c = step.contributions[host]
         if c.outcome is None and c.review is None:
             review = _initial_review(c, final_round)
-            if review in (Review.CONFIRM, Review.PROVISIONAL):
+            if isinstance(review, Review):
                 c.review = review
             else:
                 c.outcome = review
@@ -1277,7 +1277,7 @@ def _shift_deadlines(step: OuterStep, by: int) -> None:
 
 
 def _waiting_for_commits(run: Run, step: OuterStep) -> bool:
-    hosts = [a for a, p in run.participants.items() if p.role == Role.HOST.value and not p.leaving]
+    hosts = [a for a, p in run.participants.items() if p.role == Role.HOST and not p.leaving]
     return not step.contributions or any(a not in step.contributions for a in hosts)
 
 

@@ -25,6 +25,7 @@ from chain.module import (
 )
 from chain.params import DENOM, MODULE_ACCOUNT, REWARD_POOL_ACCOUNT
 from chain.state import ChainState, Contribution, OuterStep, Run, app_hash, total_supply
+from protocol.messages import Role
 
 
 def _run(state: ChainState, run_id: int) -> Run:
@@ -71,8 +72,8 @@ def _run_summary(run: Run) -> dict[str, Any]:
         "phase": step.phase,
         "overlap": run.config.get("overlap", "none"),
         "steps_in_flight": [s.index for s in steps_in_flight(run)],
-        "hosts": sum(1 for p in run.participants.values() if p.role == "host"),
-        "verifiers": sum(1 for p in run.participants.values() if p.role == "verifier"),
+        "hosts": sum(1 for p in run.participants.values() if p.role == Role.HOST),
+        "verifiers": sum(1 for p in run.participants.values() if p.role == Role.VERIFIER),
     }
 
 

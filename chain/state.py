@@ -18,6 +18,7 @@ InProcessChain: a lock).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import operator
@@ -29,7 +30,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
-from chain.params import MODULE_ACCOUNT, REWARD_POOL_ACCOUNT, ModuleParams, Phase, RunStatus
+from chain.params import MODULE_ACCOUNT, REWARD_POOL_ACCOUNT, ModuleParams, Outcome, Phase, Review, RunStatus
+from protocol.messages import Role
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Participant:
     """A bonded host or verifier of one run; `stake` left the account balance when it joined."""
 
     address: str
-    role: str  # protocol.messages.Role value
+    role: Role
     stake: int
     endpoint: str
     joined_height: int
@@ -97,9 +99,9 @@ class Contribution:
     reveal_height: int | None = None
     openings: list[Opening] = field(default_factory=list)
     verdicts: dict[str, Verdict] = field(default_factory=dict)
-    review: str | None = None  # chain.params.Review: the stage after the initial rounds (kept once decided)
+    review: Review | None = None  # the stage after the initial rounds (kept once decided)
     audited: bool = False  # drawn by the audit lottery (with at least one auditor)
-    outcome: str | None = None  # chain.params.Outcome
+    outcome: Outcome | None = None
     reward: int = 0  # paid when the step's result is adopted (never for a Δ that was dropped)
     slashed: int = 0
     parent_delta_hash: str | None = None  # eager runs: the own previous Δ the start was built on (§2.2.1)
@@ -116,7 +118,7 @@ class OuterStep:
     reveal_deadline: int
     verify_deadline: int
     base_model_hash: str
-    phase: str = Phase.PENDING
+    phase: Phase = Phase.PENDING
     round: int = 0
     round_deadline: int = 0  # the verdict deadline of the current round
     challenge_height: int | None = None
@@ -145,7 +147,7 @@ class Run:
     config_hash: str
     created_height: int
     global_model_hash: str
-    status: str = RunStatus.ACTIVE
+    status: RunStatus = RunStatus.ACTIVE
     current_step: int = 0
     participants: dict[str, Participant] = field(default_factory=dict)
     steps: dict[int, OuterStep] = field(default_factory=dict)
@@ -226,7 +228,12 @@ _FLAT: dict[type, bool] = {}
 def _is_scalar_type(hint: Any) -> bool:
     if typing.get_origin(hint) in (types.UnionType, typing.Union):
         return all(_is_scalar_type(arg) for arg in typing.get_args(hint))
-    return hint in _SCALARS
+    return hint in _SCALARS or _is_str_enum(hint)
+
+
+def _is_str_enum(hint: Any) -> bool:
+    """Phases, outcomes, roles: str-valued enums, so their JSON form is their value as is."""
+    return isinstance(hint, type) and issubclass(hint, enum.StrEnum)
 
 
 def _is_flat(cls: type) -> bool:
@@ -287,6 +294,8 @@ def _decoder(tp: Any) -> Callable[[Any], Any] | None:
         some = _decoder(inner)
         if some is not None:
             decode = lambda data: None if data is None else some(data)  # noqa: E731
+    elif _is_str_enum(tp):
+        decode = tp
     elif dataclasses.is_dataclass(tp):
         fields = tuple((name, _decoder(hint)) for name, hint in _field_hints(tp))
         decode = lambda data: tp(  # noqa: E731

@@ -33,7 +33,7 @@ from test_chain_module import (
 
 from chain import state as chain_state
 from chain.module import BlockContext, TxContext, begin_block, end_block, process_msg
-from chain.params import Phase
+from chain.params import Outcome, Phase, RunStatus
 from chain.state import (
     app_hash,
     balance_of,
@@ -43,7 +43,7 @@ from chain.state import (
     total_supply,
     transfer,
 )
-from protocol.messages import MsgSubmitOuterResult
+from protocol.messages import MsgSubmitOuterResult, Role
 
 
 def test_round_trip_of_a_state_with_runs_commitments_and_reveals() -> None:
@@ -141,6 +141,10 @@ def _apply(tree: Any, path: tuple[Any, ...], kind: str, change: Any) -> Any:
     return tree
 
 
+ENUM_FIELDS = {"role", "phase", "status", "outcome", "review"}
+"""Typed fields (StrEnums): a value outside the enum is refused when the state is read."""
+
+
 def test_changing_any_field_or_key_anywhere_changes_the_app_hash() -> None:
     sim = _history()
     before = app_hash(sim.state)
@@ -150,7 +154,7 @@ def test_changing_any_field_or_key_anywhere_changes_the_app_hash() -> None:
         try:
             mutated = state_from_json(json.dumps(_apply(tree, path, kind, change)))
         except (KeyError, TypeError, ValueError):  # a renamed dataclass field: not a state at all
-            assert kind == "key"
+            assert kind == "key" or path[-1] in ENUM_FIELDS, (kind, path)  # nor a phase nobody knows
             continue
         assert app_hash(mutated) != before, f"{kind} at {path} is not committed to"
         where = "/".join(map(str, path[:4])) if path[:3] == ("runs", "1", "steps") else str(path[:1])
@@ -246,3 +250,20 @@ def test_the_app_hash_is_the_one_the_spec_defines() -> None:
     assert app_hash(make_state()) == _spec_app_hash(json.loads(state_to_json(make_state())))
     classes = (chain_state.Account, chain_state.Participant, chain_state.Verdict, chain_state.OuterStep)
     assert [chain_state.kind(c) for c in classes] == ["account", "participant", "verdict", "outer-step"]
+
+
+def test_phases_outcomes_and_roles_are_enums_in_the_state_and_plain_strings_in_its_json() -> None:
+    """Issue 24: the state holds StrEnums, read back as such; their JSON (and so the app hash and
+    every vector) is the bare value, and a value outside an enum is refused on read."""
+    sim = _history()
+    text = state_to_json(sim.state)
+    back = state_from_json(text)
+    run = back.runs[1]
+    assert isinstance(run.status, RunStatus) and all(isinstance(s.phase, Phase) for s in run.steps.values())
+    assert all(isinstance(p.role, Role) for p in run.participants.values())
+    outcomes = [c.outcome for s in run.steps.values() for c in s.contributions.values() if c.outcome]
+    assert outcomes and all(isinstance(o, Outcome) for o in outcomes)
+    assert state_to_json(back) == text and app_hash(back) == app_hash(sim.state)
+    assert '"phase":"DONE"' in text
+    with pytest.raises(ValueError, match="not a valid Phase"):
+        state_from_json(text.replace('"phase":"DONE"', '"phase":"DONNE"', 1))
