@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from chain.params import Phase
 from gonka_diloco.report import (
     UNKNOWN,
     ChainStats,
@@ -29,6 +30,7 @@ from gonka_diloco.report import (
     StepRow,
     ValidatorRow,
 )
+from protocol.messages import Reason, Role
 
 MAX_STATUS_BYTES = 1 << 20
 MAX_DELTA_BYTES = 64 << 20
@@ -36,17 +38,12 @@ MAX_SCAN_BLOCKS = 20_000
 """A report scans every block of the run's span for txs, slashes and rewards; a span longer than
 this is not scanned (the report says so) rather than read block by block for minutes."""
 
-REASONS = {
-    0: "ACCEPT",
-    1: "BAD_PROOF",
-    2: "WRONG_START",
-    3: "REPLAY_MISMATCH",
-    4: "DELTA_MISMATCH",
-    5: "MISSING_DATA",
-    6: "MALFORMED_BLOB",
-    7: "BAD_TOKENS",
-    8: "BAD_ENVIRONMENT",
-}
+def reason_name(code: Any) -> str:
+    """A verdict's reason code as its `protocol.messages.Reason` name (an unknown code as is)."""
+    try:
+        return Reason(code).name
+    except ValueError:
+        return str(code)
 
 
 class Chain(Protocol):
@@ -153,12 +150,12 @@ def sit_outs(participants: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[
     participants and are not listed."""
     out = []
     for s in steps:
-        if s["phase"] in ("PENDING", "TRAIN"):
+        if s["phase"] in (Phase.PENDING, Phase.TRAIN):
             continue
         committed = set(s.get("committed") or [])
         for p in participants:
             joined = p.get("joined_height")
-            if p["role"] != "host" or p["address"] in committed or joined is None:
+            if p["role"] != Role.HOST or p["address"] in committed or joined is None:
                 continue
             deadline = s.get("commit_deadline")
             if deadline is not None and joined <= int(deadline):
@@ -307,7 +304,7 @@ def collect(
         verdicts: dict[str, list[str]] = {}
         for v in client.query("verdicts", run_id=run_id, step=index)["verdicts"]:
             verdicts.setdefault(v["host"], []).append(
-                f"{nm(v['verifier'])}: {REASONS.get(v['reason'], v['reason'])}"
+                f"{nm(v['verifier'])}: {reason_name(v['reason'])}"
             )
         for c in commits:
             host = c["host"]

@@ -17,18 +17,21 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-PHASE_STYLE = {
-    "PENDING": "dim",
-    "TRAIN": "cyan",
-    "CHALLENGE": "magenta",
-    "REVEAL": "yellow",
-    "VERIFY": "blue",
-    "ESCALATION": "red",
-    "AUDIT": "blue",
-    "CONFIRM": "red",
-    "AWAITING_RESULT": "green",
-    "DONE": "bold green",
+from chain.params import Phase
+
+PHASE_STYLE: dict[str, str] = {
+    Phase.PENDING: "dim",
+    Phase.TRAIN: "cyan",
+    Phase.CHALLENGE: "magenta",
+    Phase.REVEAL: "yellow",
+    Phase.VERIFY: "blue",
+    Phase.ESCALATION: "red",
+    Phase.AUDIT: "blue",
+    Phase.CONFIRM: "red",
+    Phase.AWAITING_RESULT: "green",
+    Phase.DONE: "bold green",
 }
+"""Keyed by `chain.params.Phase` (str-valued: a phase read from JSON finds its style)."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gonka_diloco.collect import REASONS, short
+from gonka_diloco.collect import reason_name, short
 from gonka_diloco.live import PHASE_STYLE
 
 app = typer.Typer(help="Show the runs on a chain.")
@@ -54,7 +54,7 @@ def contributions_table(client: Any, run_id: int, step: int) -> Table:
     verdicts: dict[str, list[str]] = {}
     for v in client.query("verdicts", run_id=run_id, step=step)["verdicts"]:
         verdicts.setdefault(v["host"], []).append(
-            f"{short(v['verifier'])}:{REASONS.get(v['reason'], v['reason'])}"
+            f"{short(v['verifier'])}:{reason_name(v['reason'])}"
         )
     title = f"run {run_id} · outer step {step} · {s['phase']} · block {s['height']}"
     table = Table("host", "outcome", "tokens", "Δ hash", "verdicts", title=title)
