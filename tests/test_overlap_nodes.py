@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from protocol.config import Overlap
 from protocol.messages import Reason
 from replay.data import eval_loss

@@ -533,7 +533,7 @@ class HostNode:
 
     def _eager_start(self, n: int, gm: GlobalModel, s: StartState | None = None) -> EagerStart | None:
         """An eager run's start params of step n (specs §2.2.1), None where the start is G_{n−1}
-        (not eager, or no parent: the base with the last accepted optimizer). The chain names the parent (`start_state`):
+        (not eager, or no parent: the base alone). The chain names the parent (`start_state`):
         this host's own step n − 1 Δ, decoded from exactly the bytes whose hash it committed (read
         from disk, every chunk checked; fetched by hash from step n − 1's holders if lost), on
         G_{n−1} = `gm`; the start's tensors are computed when read, never held whole."""
