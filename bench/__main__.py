@@ -20,7 +20,7 @@ BENCHES = [
     "bench.aggregation",  # issue 26: plan's aggregation vs training at large M (reads codecs.json)
     "bench.host_overhead",
     "bench.convergence",
-    "bench.overlap_convergence",  # issue 16: overlap none vs delayed on the convergence setting
+    "bench.overlap_convergence",  # issue 16: overlap none vs eager on the convergence setting
     "bench.communication",
     "bench.attack",
     "bench.overlap_detection",  # issue 16: detection and false rejection, sequential vs eager

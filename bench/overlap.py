@@ -1,8 +1,8 @@
 """Host utilization and wall-clock to the same loss, with and without the overlapped schedule (issue 16).
 
 Runs the real devnet (chain, hosts, verifier: separate processes over HTTP) twice on the same
-settings, `overlap = "none"` then the overlapped schedule (`--overlap`, default `delayed`,
-specs/protocol.md §2.2.1; `eager` once `protocol.config.Overlap` has it), with one sign-flipping
+settings, `overlap = "none"` then the overlapped schedule (`--overlap eager`, the only one since
+issue 22 removed `delayed`; specs/protocol.md §2.2.1), with one sign-flipping
 host among them, and phases sized per mode to the compute its hosts see: the hosts' H steps timed
 while they all train at once (and, overlapped, the verifier replays its share beside them), the
 margin covering the noise of those timings (`phase_sizing.noise_margin`), and the post-training
@@ -16,7 +16,7 @@ D ≤ T + 1). Then, from the nodes' own logs and the chain:
   loss first reaches the sequential run's final loss, in each mode, and their ratio;
 - the adversary rejected in every step and the loss falling, in both modes.
 
-    .venv/bin/python -m bench.overlap [--quick] [--overlap delayed|eager] [--keep DIR]
+    .venv/bin/python -m bench.overlap [--quick] [--overlap eager] [--keep DIR]
 
 Writes bench/results/overlap.json. About 7 minutes on a loaded 2-core machine (`--quick`: ~5).
 The machine is shared with other work: the load average before and after is recorded.
@@ -42,11 +42,10 @@ HOSTS, VERIFIERS = 3, 1  # two honest hosts and one sign-flipper; one verifier
 ADVERSARY = "sign_flip"
 BLOCK_S = 0.25
 CHECKPOINT_EVERY = 1  # hosts persist every boundary (tiny model): a reveal recomputes nothing
-OUTER = {"delayed": (0.5, 0.0), "eager": (0.7, 0.9)}
-"""Outer lr and momentum of both runs, by the overlapped mode compared: with DiLoCo's Nesterov
-momentum 0.9 the one-step-delayed outer step diverges here (val loss 2.92 → 5.9 in six steps of
-the in-process check; 2.92 → 4.99 in this devnet), momentum 0 is stable; eager keeps DiLoCo's
-0.7 / 0.9 (bench §1d)."""
+OUTER = {"eager": (0.7, 0.9)}
+"""Outer lr and momentum of both runs, by the overlapped mode compared: eager keeps DiLoCo's
+0.7 / 0.9 (bench §1d). (The removed delayed schedule needed momentum 0 here: with 0.9 it diverged,
+val loss 2.92 → 4.99 in this devnet.)"""
 EARLY_CLOSE_MARGIN = 4.0
 """With early close (specs §2.3.1) a window ends when its last message is in (a result round when a
 majority agrees), so its length costs nothing when everyone is on time: the margin only has to
@@ -316,7 +315,7 @@ def time_to(curve: list[dict[str, float]], target: float) -> float | None:
 def render(d: dict[str, Any]) -> list[str]:
     """RESULTS.md lines (bench.report): one row per mode, where the hosts' time goes, then the two
     ratios and the goals."""
-    st, modes = d["settings"], d.get("modes", ["none", "delayed"])
+    st, modes = d["settings"], d.get("modes", ["none", "delayed"])  # older results: delayed (removed)
     sz = d.get("sizing", {})
     out = [
         f"Devnet: {st['hosts']} hosts (one `{st['adversary']}`), {st['verifiers']} verifier, H = "

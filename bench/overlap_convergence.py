@@ -1,24 +1,25 @@
-"""Convergence cost of the overlapped schedule (issue 16): overlap "none" vs "delayed" at equal compute.
+"""Convergence cost of the overlapped schedule (issue 16): overlap "none" vs "eager" at equal compute.
 
 On the convergence benchmark's settings (`bench.convergence`: the same model, data, hosts, H,
-int8 Δs, every contribution replay-verified), the same `bench.sim.run_diloco` runs twice:
-`outer_delay=0` (today: step n+1 starts from G_{n+1}) and `outer_delay=1` (`Overlap.DELAYED`:
-step n+1 starts from G_n while step n is verified and aggregated; its accepted Δs then update
-G_{n+1}). Both do the same M·H·T inner steps. Reported: the final validation loss of each and
-their relative difference (goal ≤ 1%), plus the delayed schedule with the literature's remedy for
-a stale outer gradient — a lower outer momentum / learning rate — where the plain one misses.
+int8 Δs, every contribution replay-verified), the same `bench.sim.run_diloco` runs as `none`
+(step n+1 starts from G_{n+1}) and as `eager` (`Overlap.EAGER`: step n+1 trains while step n is
+verified and aggregated, from G_n moved by the host's own step n Δ; its accepted Δs then update
+G_{n+1}), plus research variants of eager. All do the same M·H·T inner steps. Reported: the final
+validation loss of each and the relative difference to `none` (goal ≤ 1%). The one-step-delayed
+schedule without the stand-in ("delayed") was measured here (+92%, bench/RESULTS.md §1d) and
+removed from the protocol (issue 22); it no longer runs.
 
 Wall-clock to the same loss comes from a per-step time model whose inputs are printed: a step
 trains `train_s` seconds and then spends `post_s` seconds in commit, challenge, reveal,
 verification, finalization and the result vote. Without overlap the G after n steps exists after
-n·(train + post); with the delayed schedule one step trains while the previous is checked, so the
+n·(train + post); with the overlapped schedule one step trains while the previous is checked, so the
 period is max(train, post) and the G after n steps exists after (n − 1)·max(train, post) + train +
 post. The research contenders `eager_c<c>` need step n − 1's result after c of step n's training, so
 their period is max(train, post + (1 − c)·train). The steps each schedule needs come from its own
 loss curve (linear between outer steps).
 
 Run: `.venv/bin/python -m bench.overlap_convergence [--quick] [--train-s 1.6 --post-s 17.9]`
-→ bench/results/overlap_convergence.json; `--only delayed_mu0.6,...` runs just those contenders
+→ bench/results/overlap_convergence.json; `--only eager_a1,...` runs just those contenders
 and merges them into the existing results of the same setting.
 """
 
@@ -52,23 +53,16 @@ Contender = tuple[str, int, float, float, bool, bool]
 def contenders(quick: bool) -> list[Contender]:
     """(name, outer delay, outer lr, outer momentum, verified, carry optimizer).
 
-    `delayed` is the chain's schedule (specs §2.2.1): step n starts from G_{n−1} with the inner
-    optimizer state the host committed in step n − 2 if it was accepted (else fresh), so a start
-    is made of finalized data only. `delayed_carry` keeps the latest optimizer state instead (what
-    `trainer.diloco.DiLoCo(outer_delay=1)` does). Remedies for a stale outer gradient: a lower
-    outer momentum (asynchrony acts as implicit momentum, Mitliagkas et al. 2016) and a lower outer
-    lr. The extra runs are unverified: honest contributions replay bitwise and are all accepted
+    An outer delay of 1 is the eager schedule (specs §2.2.1) or one of its research variants; 0 is
+    `none`. The extra runs are unverified: honest contributions replay bitwise and are all accepted
     (the verified runs show it), so verification changes no loss and only lengthens the benchmark."""
-    rows: list[Contender] = [("none", 0, 0.7, 0.9, True, False), ("delayed", 1, 0.7, 0.9, True, False),
-                             ("delayed_carry", 1, 0.7, 0.9, False, True)]  # fmt: skip
+    rows: list[Contender] = [("none", 0, 0.7, 0.9, True, False), ("eager", 1, 0.7, 0.9, True, True)]
     if quick:
         return rows
     return [*rows, *(r for r in REMEDIES if r[0] in FULL_REMEDIES)]
 
 
 REMEDIES: list[Contender] = [
-    # Overlap.EAGER: α·own Δ_{n−1} stands in for the aggregate, α = 1/(lr·(1+μ)) = 0.752 (specs §2.2.1)
-    ("eager", 1, 0.7, 0.9, True, True),
     ("eager_a1", 1, 0.7, 0.9, True, True),  # α = 1: the host's deviation grows ×lr·(1+μ) per step
     ("eager_a1_mu0.8", 1, 0.7, 0.8, False, True),
     ("eager_a0.5", 1, 0.7, 0.9, False, True),
@@ -80,7 +74,6 @@ REMEDIES: list[Contender] = [
     # research: the stand-in rebased on the base, G_{n−1} − θ_H (needs the host's previous start)
     ("eager_rebase", 1, 0.7, 0.9, False, True),
     ("eager_rebase_a1", 1, 0.7, 0.9, False, True),
-    ("lookahead", 1, 0.7, 0.9, False, False),  # start from G_{n−1} moved by its momentum's forecast
     # research: the last known mean Δ as a stand-in shared by every host (no own Δ in any start)
     ("eager_inmean", 1, 0.7, 0.9, False, True),
     # research: Δ measured from G (the endpoint), i.e. the host's Δ plus G_latest − its start
@@ -88,15 +81,10 @@ REMEDIES: list[Contender] = [
     # research: the step n − 1 result applied mid-step — at inner step c·H the host moves by
     # G_{n−1} − its eager start and trains on (so the post-training phases must end within c·H)
     *((f"eager_c{c}", 1, 0.7, 0.9, False, True) for c in ("0.1", "0.25", "0.5", "0.75", "0.9", "0.96")),
-    ("delayed_mu0.8", 1, 0.7, 0.8, False, False),
-    ("delayed_lr0.5", 1, 0.5, 0.9, False, False),
-    ("delayed_mu0.6", 1, 0.7, 0.6, False, False),
-    ("delayed_mu0.5", 1, 0.7, 0.5, False, False),
-    ("delayed_mu0.3", 1, 0.7, 0.3, False, False),
-    ("delayed_lr1_mu0", 1, 1.0, 0.0, False, False),  # plain outer SGD, lr 1: G_{n+1} = G_n − mean Δ_n
+    # (the removed delayed schedule's remedies, delayed_mu* / delayed_lr*: bench/RESULTS.md §1d)
 ]
-"""Every remedy `--only` may name; the full run's default list is `FULL_REMEDIES`."""
-FULL_REMEDIES = ("delayed_mu0.8", "delayed_lr0.5")
+"""Every variant `--only` may name; the full run's default list is `FULL_REMEDIES`."""
+FULL_REMEDIES = ("eager_a1",)
 
 
 def research_options(name: str) -> dict[str, Any]:
@@ -153,7 +141,8 @@ def time_model(
     train_s: float,
     post_s: float,
 ) -> dict[str, Any]:
-    """Wall time for `none` and for the delayed contender `name` to reach the loss both reach."""
+    """Wall time for `none` and for the overlapped contender `name` to reach the loss both reach
+    (the `*_delayed` keys name the overlapped side: the results files' historical schema)."""
     target = max(finals["none"], finals[name])
     s_none, s_del = steps_to_reach(curves["none"], target), steps_to_reach(curves[name], target)
     assert s_none is not None and s_del is not None  # both end at or below the larger final loss
@@ -191,13 +180,12 @@ def main(
     table = {c[0]: c for c in [*contenders(quick), *REMEDIES]}
     chosen = [table[n] for n in only] if only else contenders(quick)
     jobs = []
-    for name, delay, olr, mu, verify, carry in chosen:
+    for name, delay, olr, mu, verify, _carry in chosen:
         s = {**setup.to_json(), "outer_lr": olr, "outer_momentum": mu}
         jobs.append({"label": f"{tag}/{name}", "kind": "diloco", "setup": s, "verify": verify,
-                     "outer_delay": delay, "carry_optimizer": carry,
-                     "eager": name.startswith("eager"), "eager_rebase": name.startswith("eager_rebase"),
+                     "eager": bool(delay), "eager_rebase": name.startswith("eager_rebase"),
                      "eager_scale": float(m[1]) if (m := re.search(r"_a([0-9.]+)(?:_|$)", name)) else None,
-                     "lookahead": name.startswith("lookahead"), **research_options(name)})  # fmt: skip
+                     **research_options(name)})  # fmt: skip
     fresh = {c[0]: r for c, r in zip(chosen, run_jobs(jobs, per_child=1), strict=True)}
     named = {}
     if only:  # read after the runs: another invocation may have written its results meanwhile
@@ -252,12 +240,13 @@ def summarize(
                 row["within_1pct"] = (
                     abs(row["loss_vs_none_pct"]) <= 1.0 or row["final_val_loss"] < finals["none"]
                 )
-        delayed = [n for n in finals if n != "none"]
+        overlapped = [n for n in finals if n != "none"]
         result["time_model"] = [
             {"contender": n, "scenario": label, **time_model(curves, finals, n, tr, po)}
-            for n in delayed
+            for n in overlapped
             for label, tr, po in scenarios(train_s, post_s)
         ]
+        # the removed delayed schedule (historical results only; the keys below are report.py's)
         plain = next((r for r in rows if r["contender"] == "delayed" and "final_val_loss" in r), None)
         passing = [r["contender"] for r in rows if r["contender"] != "none" and r.get("within_1pct")]
         at = {r["contender"]: research_options(r["contender"]).get("correct_at") for r in rows}
@@ -287,8 +276,8 @@ def print_result(result: dict[str, Any]) -> None:
     ti = result["time_model_inputs"]
     print(f"time model inputs: train_s={ti['train_s']:g} post_s={ti['post_s']:g} (devnet per issue 16: "
           f"{ti['devnet_train_s']:g} s training of a {ti['devnet_step_s']:g} s step)")  # fmt: skip
-    print("| contender | scenario | train s | post s | target loss | steps none / delayed "
-          "| wall none / delayed | speedup |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    print("| contender | scenario | train s | post s | target loss | steps none / overlapped "
+          "| wall none / overlapped | speedup |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
     for t in result.get("time_model", []):
         num = or_never
         print(f"| {t['contender']} | {t['scenario']} | {t['train_s']:g} | {t['post_s']:g} "

@@ -22,7 +22,7 @@ from bench.aggregators import ATTACKS
 from bench.sim import Setup, run_jobs, write_result
 
 ADVERSARIES = 2
-SCHEDULES = {"none": {}, "eager": {"outer_delay": 1, "eager": True, "carry_optimizer": True}}
+SCHEDULES = {"none": {}, "eager": {"eager": True}}
 
 
 def setup_for(quick: bool) -> Setup:

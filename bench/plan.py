@@ -521,7 +521,7 @@ def plot_30b(c: Constants, rec: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def overlap_summary(p: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The delayed schedule (specs §2.2.1) at a published setting: two steps in flight, the next
+    """The overlapped (eager) schedule (specs §2.2.1) at a published setting: two steps in flight, the next
     step's GPU work against the previous step's commit … result path, and what hosts wait."""
     if p is None:
         return None
@@ -542,12 +542,12 @@ def overlap_line(o: dict[str, Any]) -> str:
     fits = ("fits: hosts never wait" if o["fits"]
             else f"does not quite fit: hosts wait {fmt_seconds(o['host_wait_s'])} per step")  # fmt: skip
     return (
-        f"**Overlap (`overlap = \"delayed\"`, two steps in flight) at {o['params'] / 1e9:g}B**: step n+1 "
+        f"**Overlap (`overlap = \"eager\"`, two steps in flight) at {o['params'] / 1e9:g}B**: step n+1 "
         f"trains ({fmt_seconds(o['gpu_s'])} of GPU work, H = {o['H']}) while step n is committed, "
         f"challenged, revealed, verified, finalized and aggregated ({fmt_seconds(o['after_training_s'])}): "
         f"{fits}. Outer step {fmt_seconds(o['period_overlapped_s'])} instead of "
         f"{fmt_seconds(o['period_sequential_s'])}; predicted host utilization "
-        f"**{fmt_pct(o['utilization_overlapped'])}** with the delayed schedule, "
+        f"**{fmt_pct(o['utilization_overlapped'])}** with the eager schedule, "
         f"{fmt_pct(o['utilization_sequential'])} without (goal ≥ 90%: "
         f"**{'met' if o['utilization_overlapped'] >= 0.9 else 'NOT met'}**)."
     )

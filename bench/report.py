@@ -576,16 +576,20 @@ def aggregation(d: dict[str, Any]) -> Lines:
 
 
 def overlap_convergence(d: dict[str, Any]) -> Lines:
-    """Overlap none vs delayed and eager at equal compute; the wall-clock time model and its inputs."""
+    """Overlap none vs delayed and eager at equal compute; the wall-clock time model and its inputs.
+    The delayed rows are the measurement that removed that schedule (issue 22)."""
     st = d["setup"]
     out = [
+        "The delayed schedule was removed from the protocol (issue 22); these figures are why.",
+        "",
         f"**M = {st['hosts']} hosts, H = {st['inner_steps']}, T = {st['outer_steps']} outer steps** "
         f"(the convergence benchmark's setting: same model, data, int8 Δs; every contender does "
         f"M·H·T = {st['hosts'] * st['inner_steps'] * st['outer_steps']:,} inner steps). *none*: step n+1 "
         "starts from G_{n+1}. *delayed* (`overlap = \"delayed\"`, specs §2.2.1): step n+1 starts from G_n "
         "with the optimizer state its host committed in step n − 1 (if accepted, else fresh) while step n "
         "is verified; its accepted Δs update G_{n+1}. *delayed_carry*: the same with the latest optimizer "
-        "state (what `trainer.diloco.DiLoCo(outer_delay=1)` does). *eager* (`overlap = \"eager\"`, "
+        "state (what `trainer.diloco.DiLoCo(outer_delay=1)` did before issue 22). *eager* "
+        "(`overlap = \"eager\"`, "
         "§2.2.1): as delayed, but a host starts step n from G_{n−1} moved by the outer step with α × its own "
         "step n − 1 Δ standing in for the aggregate, α = 1/(lr·(1 + μ)) = 0.752, and the optimizer it ended "
         "that step with; *eager_a<α>*: other α (α = 1: the own Δ as is). Research variants of eager, not "
@@ -771,7 +775,7 @@ def goals(res: dict[str, Any]) -> Lines:
     if (ov := res.get("overlap_convergence")) and "goal" in ov:
         st = ov["setup"]
         by = {r["contender"]: r for r in ov["rows"]}
-        plain = by.get("delayed", {})
+        plain = by.get("delayed", {})  # the removed delayed schedule: in historical results only
         gap = plain.get("loss_vs_none_pct")
         fixes = [c for c in ov["goal"]["delayed_variants_within_1pct"] if c.startswith("delayed_")]
         speed = [t for t in ov.get("time_model", []) if t["contender"] == "delayed"]
@@ -786,9 +790,11 @@ def goals(res: dict[str, Any]) -> Lines:
                           f"μ {best['outer_momentum']:g}) {best['loss_vs_none_pct']:+.2f}%")  # fmt: skip
         else:
             fixes_note = f"; within 1% with {', '.join(fixes)}" if fixes else ""
-        out.append(f"- overlap, delayed vs none at equal compute (M = {st['hosts']}, "
-                   f"H = {st['inner_steps']}, T = {st['outer_steps']}): final loss {gap:+.2f}% (goal ≤ 1%: "
-                   f"**{met}**" + fixes_note + f"); time model (plain delayed): {sp}")  # fmt: skip
+        if gap is not None:
+            out.append(f"- overlap, delayed vs none at equal compute (M = {st['hosts']}, "
+                       f"H = {st['inner_steps']}, T = {st['outer_steps']}): final loss {gap:+.2f}% "
+                       f"(goal ≤ 1%: **{met}**" + fixes_note
+                       + f"); time model (plain delayed; removed, issue 22): {sp}")  # fmt: skip
         if (eager := by.get("eager")) and "loss_vs_none_pct" in eager:
             ok = "met" if eager["within_1pct"] else "NOT met"
             gap_eager = eager["loss_vs_none_pct"]

@@ -13,7 +13,6 @@ JSON, never pickle.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -224,22 +223,6 @@ class Host:
     prev_optimizer_hash: str | None = None
     ef: Params | None = None
     """Sparse codec: the error-feedback accumulator the chain names (of its last accepted Δ; None = 0)."""
-    kept: dict[int, tuple[dict[str, Any], str]] = dataclasses.field(default_factory=dict)
-    """Final optimizer states of recent accepted contributions, by outer step (delayed schedule)."""
-
-    def keep_optimizer(self, n: int, opt_hash: str, accepted: bool, delay: int) -> None:
-        if accepted:
-            self.kept[n] = (copy.deepcopy(self.opt.state_dict()), opt_hash)
-        for old in [m for m in self.kept if m <= n - 1 - delay]:
-            del self.kept[old]
-
-    def restore_optimizer(self, env: Env, n: int) -> None:
-        """Start from step n's accepted final optimizer state, or fresh if there is none."""
-        if n in self.kept:
-            state, self.prev_optimizer_hash = self.kept[n]
-            self.opt.load_state_dict(copy.deepcopy(state))
-        else:
-            self.opt, self.prev_optimizer_hash = make_optimizer(self.model, env.cfg.inner), None
 
     @classmethod
     def new(cls, env: Env, name: str) -> Host:
@@ -340,10 +323,7 @@ def run_diloco(
     verify: bool = False,
     exclude_adversaries: bool = False,
     save_params: str | None = None,
-    outer_delay: int = 0,
-    carry_optimizer: bool = False,
     eager: bool = False,
-    lookahead: bool = False,
     eager_scale: float | None = None,
     eager_rebase: bool = False,
     stand_in: str = "own",
@@ -359,15 +339,13 @@ def run_diloco(
     the mean (`SparseAccumulator`). `ef_attack` names a forger of `gonka_diloco.adversaries.
     sparse.EF_FORGERS` that the adversaries use for their payload and carried e instead.
 
-    `outer_delay` d: the overlapped schedule (specs §2.2.1; d = 1 is `Overlap.DELAYED`): step n
-    trains from, and is verified against, G_{max(0, n−d)}; its accepted Δs update the latest G_n.
-    Its inner optimizer state is the one the host committed in step n − 1 − d if that contribution
-    was accepted, else a fresh one (the chain's rule: a start state is made of finalized data only);
-    `carry_optimizer` keeps the latest state instead (what `trainer.diloco.DiLoCo` does).
-    `eager` (with d = 1, `Overlap.EAGER`): a host whose step n − 1 contribution exists starts step
-    n from Nesterov(G_{n−1}, its own decoded Δ_{n−1}) — its own Δ standing in for the aggregate
-    not yet known (Kale et al. 2025) — with the optimizer state committed with that Δ; its step n
-    contribution enters only if the step n − 1 one was accepted (the parent rule).
+    `eager`: the overlapped schedule (`Overlap.EAGER`, specs §2.2.1): step n builds on G_{n−1}
+    and its accepted Δs update the latest G_n; a host whose step n − 1 contribution is a parent
+    starts step n from Nesterov(G_{n−1}, its own decoded Δ_{n−1}) — its own Δ standing in for the
+    aggregate not yet known (Kale et al. 2025) — else from G_{n−1}, with its latest optimizer state
+    (the one committed with that Δ); its step n contribution enters only if the step n − 1 one was
+    accepted (the parent rule). (The one-step-delayed schedule without the stand-in was removed,
+    issue 22: bench/RESULTS.md §1d.)
     Research variants of eager (unverified: they change what a host trains, not what nodes check):
     `stand_in="mean"` starts every host from G_{n−1} moved by the last known mean Δ (the one that
     made G_{n−1}) instead of its own Δ; `endpoint` adds G_latest − start to each Δ before the mean
@@ -396,12 +374,12 @@ def run_diloco(
     t_train = t_verify = 0.0
     replay_steps = 0
     store = MemStore() if (verify or attack) else None  # boundary states only when someone reads them
-    # G_{n−d} … G_n (the oldest is the base), each with the mean Δ that made it
-    history: deque[tuple[Params, Params, Params | None]] = deque([(g, mom, None)], maxlen=outer_delay + 1)
+    # G_{n−1}, G_n (eager) or G_n alone (the oldest is the base), each with the mean Δ that made it
+    history: deque[tuple[Params, Params, Params | None]] = deque([(g, mom, None)], maxlen=2 if eager else 1)
     sparse = cfg.codec is Codec.SPARSE
     ef_cfg = EFConfig.of(cfg) if sparse else None
     layout = {k: tuple(t.shape) for k, t in g.items()}
-    if sparse and (eager or outer_delay or aggregator != "protocol" or endpoint or attack):
+    if sparse and (eager or aggregator != "protocol" or endpoint or attack):
         raise ValueError("the sparse codec runs the sequential protocol aggregator only")
     forger = None
     if ef_attack:
@@ -414,15 +392,7 @@ def run_diloco(
     for n in range(setup.outer_steps):
         base, base_mom, base_mean = history[0]
         g_hash = global_model_hash(base, base_mom)
-        if outer_delay and not carry_optimizer and not eager:
-            for h in active:
-                hosts[h].restore_optimizer(env, n - 1 - outer_delay)
         starts = {h: (base, g_hash) for h in active}
-        if lookahead:  # the outer momentum's own forecast of the update not yet known: g ≈ (1 − μ)·b
-            guess = {k: torch.mul(b, 1.0 - cfg.outer.momentum) for k, b in base_mom.items()}
-            lr, mu = cfg.outer.lr, cfg.outer.momentum
-            e, e_mom = outer_update(base, base_mom, [("lookahead", 1, guess)], lr, mu)
-            starts = {h: (e, global_model_hash(e, e_mom)) for h in active}
         if eager:
             lr, mu = cfg.outer.lr, cfg.outer.momentum
             parents = {h: o for h, o in own.items() if o[2]}  # the chain's parent rule (§2.2.1)
@@ -490,8 +460,6 @@ def run_diloco(
             t_verify += time.perf_counter() - t0
         for h in active:
             hosts[h].prev_optimizer_hash = contribs[h].final_optimizer_hash
-            if outer_delay and not carry_optimizer:
-                hosts[h].keep_optimizer(n, contribs[h].final_optimizer_hash, h in entering, outer_delay)
         if eager:
             entering = [h for h in entering if h not in parents or parents[h][1]]
         for h in entering if sparse else ():  # the chain names e_next of an accepted Δ next time

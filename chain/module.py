@@ -264,8 +264,9 @@ def _require_run(state: ChainState, run_id: int) -> Run:
 
 
 def overlapped(run: Run) -> bool:
-    """Does the run train step n+1 while step n is verified and aggregated (§2.2.1)?"""
-    return run_config(run).overlap in (Overlap.DELAYED, Overlap.EAGER)
+    """Does the run train step n+1 while step n is verified and aggregated (§2.2.1)? Only the
+    eager schedule does."""
+    return run_config(run).overlap is Overlap.EAGER
 
 
 def entered(step: OuterStep) -> list[str]:
@@ -280,7 +281,7 @@ def eager_parent(run: Run, host: str, outer_step: int) -> Contribution | None:
     It is the parent when it was committed without equivocation and is *eligible*: it has no
     parent itself, or its parent's Δ entered step n − 2's result (step n − 2 is done whenever
     step n is open, so the parent is fixed when step n opens and never changes after)."""
-    if run_config(run).overlap is not Overlap.EAGER or outer_step < 1:
+    if not overlapped(run) or outer_step < 1:
         return None
     before = run.steps.get(outer_step - 1)
     c = before.contributions.get(host) if before is not None else None
@@ -353,8 +354,8 @@ def start_optimizer(run: Run, host: str, outer_step: int | None = None) -> str |
 
 def apply_to_hash(run: Run, step: OuterStep) -> str | None:
     """The global model G the step's accepted Δs are applied to by the outer optimizer: the step's
-    base (sequential runs, and step 0), or the previous step's result (overlapped runs: a
-    one-step-delayed outer gradient), None while that result is not adopted yet."""
+    base (sequential runs, and step 0), or the previous step's result (overlapped runs: Δs
+    measured from an earlier start), None while that result is not adopted yet."""
     if not overlapped(run) or step.index == 0:
         return step.base_model_hash
     before = run.steps[step.index - 1]
@@ -672,10 +673,10 @@ def _open_overlapped(run: Run, open_height: int) -> list[Event]:
 def _start_results(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
     """Overlapped runs: the previous step just closed, so this finalized step's Δs can be applied to
     its result: result round 0 starts now (or, with nothing accepted, the step closes unchanged).
-    Eager runs first drop every accepted Δ whose start was built on a parent Δ that is not in that
+    It first drops every accepted Δ whose start was built on a parent Δ that is not in that
     result (§2.2.1): nothing that did not enter the model reaches it through a child."""
     events: list[Event] = []
-    if run_config(run).overlap is Overlap.EAGER and step.index > 0:
+    if step.index > 0:
         in_model = set(entered(run.steps[step.index - 1]))
         for host in list(step.accepted):
             c = step.contributions[host]

@@ -198,8 +198,8 @@ def devnet(
     overlap: Annotated[
         str | None,
         typer.Option(
-            help="none; delayed: train step n+1 while step n is verified; eager: delayed, starting "
-            f"from G_(n-1) moved by the host's own step n-1 Δ (default {D.overlap.value})."
+            help="none, or eager: train step n+1 while step n is verified, starting from G_(n-1) "
+            f"moved by the host's own step n-1 Δ (default {D.overlap.value})."
         ),
     ] = None,
     early_close: Annotated[

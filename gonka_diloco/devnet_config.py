@@ -110,8 +110,8 @@ class DevnetConfig(Strict):
     )
     overlap: Overlap = Field(
         Overlap.NONE,
-        description="none; delayed: train step n+1 while step n is verified; eager: delayed, each host "
-        "starting from G_{n-1} moved by its own step n-1 Δ (specs §2.2.1)",
+        description="none, or eager: train step n+1 while step n is verified, each host starting "
+        "from G_{n-1} moved by its own step n-1 Δ (specs §2.2.1)",
     )
     early_close: bool = Field(
         True, description="a phase window closes once every message it waits for is in (specs §2.3.1)"

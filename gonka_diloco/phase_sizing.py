@@ -9,7 +9,7 @@ declared by the run's creator or measured here by timing a few inner steps of th
 
 `margin` covers step-time noise and the boundary hashing that shares the host (≈ 2% measured by
 `bench.host_overhead`); the slack blocks cover seeing the step open and the commit's inclusion.
-With `overlap = "delayed"` the train phase is also the period in which the previous step must be
+With `overlap = "eager"` the train phase is also the period in which the previous step must be
 verified and aggregated (`gonka-diloco plan` says whether it fits: its `phases` row and warnings):
 the overlapped period is `T + 1` blocks only when the post-training blocks `D ≤ T + 1`
 (specs/protocol.md §2.2.1), else `(T + 1 + D) / 2` and hosts wait for the next step to open.

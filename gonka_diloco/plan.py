@@ -520,7 +520,7 @@ class Timeline:
 
     @property
     def overlapped(self) -> float:
-        """Period of the delayed schedule (`overlap = "delayed"`, specs §2.2.1): two steps in
+        """Period of the overlapped schedule (`overlap = "eager"`, specs §2.2.1): two steps in
         flight, step n+1 training (with step n's opening recompute on the same GPUs) while step n
         is committed, challenged, revealed, verified, finalized and aggregated. Step n+2 opens
         once step n+1's training is over and step n's result is adopted (it trains from it), so
@@ -619,7 +619,7 @@ def configured_period(phases: PhaseBlocks, block_seconds: float, aggregate: floa
 
 
 def configured_overlapped_period(phases: PhaseBlocks, block_seconds: float, aggregate: float) -> float:
-    """The delayed schedule with fixed phases (specs §2.2.1): step n opens at
+    """The overlapped (eager) schedule with fixed phases (specs §2.2.1): step n opens at
     max(commit_deadline(n−1) + 1, done(n−2) + 1), i.e. P ≥ train + 1 blocks after step n − 1 and
     2P ≥ one whole sequential step after step n − 2: the mean period is the larger of the two."""
     sequential = configured_period(phases, block_seconds, aggregate)

@@ -260,7 +260,7 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
          f"+ replicated {fmt_bytes(mem['replicated'])} + activations {fmt_bytes(mem['activations'])}"),
         ("time", "outer step", f"{fmt_seconds(tl['sequential'])} sequential, {fmt_seconds(tl['overlapped'])} "
          "overlapped"),
-        ("time", "overlap (delayed)", f"step n+1's GPU work {fmt_seconds(tl['gpu'])} vs step n's "
+        ("time", "overlap (eager)", f"step n+1's GPU work {fmt_seconds(tl['gpu'])} vs step n's "
          f"commit … result {fmt_seconds(tl['after_training'])}: "
          + ("fits: training never waits" if tl["after_training"] <= tl["gpu"] else "too long: hosts wait")),
         ("utilization", "compute ÷ wall", f"{fmt_pct(u['sequential'])} sequential, "

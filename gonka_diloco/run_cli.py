@@ -383,7 +383,7 @@ def create(
         str | None,
         typer.Option(
             "--overlap",
-            help="Outer-loop schedule, overriding the TOML's: none, delayed, or eager (specs §2.2.1).",
+            help="Outer-loop schedule, overriding the TOML's: none or eager (specs §2.2.1).",
         ),
     ] = None,
 ) -> None:

@@ -97,12 +97,13 @@ class RunInfo:
 
     @property
     def overlapped(self) -> bool:
-        """Step n+1 trains while step n is verified and aggregated (specs §2.2.1)."""
-        return self.overlap in ("delayed", "eager")
+        """Step n+1 trains while step n is verified and aggregated (specs §2.2.1): `eager`, the
+        only overlapped schedule."""
+        return self.eager
 
     @property
     def eager(self) -> bool:
-        """Overlapped, and a host's own previous Δ stands in for the aggregate (specs §2.2.1)."""
+        """Overlapped, a host's own previous Δ standing in for the aggregate (specs §2.2.1)."""
         return self.overlap == "eager"
 
 

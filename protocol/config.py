@@ -57,16 +57,15 @@ class Attention(StrEnum):
 class Overlap(StrEnum):
     """The outer-loop schedule of a run (specs/protocol.md §2.2.1).
 
-    NONE: step n+1 opens once step n is done, from its result. DELAYED: step n+1 trains while step
-    n is verified and aggregated (one-step-delayed outer gradients, Streaming DiLoCo's overlapped
-    communication with τ = 1): its base is the latest adopted model when it opens, its accepted Δs
-    are applied to the latest one. EAGER: as DELAYED, but a host whose step n contribution may
-    still enter starts step n+1 from its base moved by the outer step with its own committed Δ
-    standing in for the aggregate (Kale et al. 2025); a child whose parent does not enter the
-    model is dropped (specs §2.2.1)."""
+    NONE: step n+1 opens once step n is done, from its result. EAGER: step n+1 trains while step
+    n is verified and aggregated (Streaming DiLoCo's overlapped communication with τ = 1): its base
+    is the latest adopted model when it opens, its accepted Δs are applied to the latest one, and
+    a host whose step n contribution may still enter starts step n+1 from that base moved by the
+    outer step with its own committed Δ standing in for the aggregate (Kale et al. 2025); a child
+    whose parent does not enter the model is dropped (specs §2.2.1). A one-step-delayed schedule
+    without the stand-in ("delayed") was measured and removed (issue 22, bench/RESULTS.md §1d)."""
 
     NONE = "none"
-    DELAYED = "delayed"
     EAGER = "eager"
 
 

@@ -1,7 +1,7 @@
 """The eager schedule (`overlap = "eager"`, specs/protocol.md §2.2.1) on the state machine.
 
-Everything of the delayed schedule holds (tests/test_chain_overlap.py); what differs is a host's
-start state: its own step n − 1 Δ, applied to the base by the outer step, stands in for the
+The two-steps-in-flight mechanics are in tests/test_chain_overlap.py; here a host's start
+state: its own step n − 1 Δ, applied to the base by the outer step, stands in for the
 aggregate not known yet. The chain fixes that parent when step n opens and drops a child whose
 parent did not enter the model, so a Δ that was rejected, withheld or never adopted reaches no
 global model through the step that started from it.
@@ -87,7 +87,7 @@ def test_a_hosts_start_is_its_own_committed_delta_on_the_base_fixed_when_the_ste
     assert s["parent_codec"] == "int8" and s["parent_outer_step"] == 0
     assert s["optimizer_hash"] == h32("opt", HOSTS[0], 0)  # the state it ended step 0 with
     assert queries.prev_optimizer_hash(sim.state, 1, HOSTS[0], 1) == s["optimizer_hash"]
-    no_parent = start(sim, HOSTS[2], 1)  # nothing of its own to stand in: the delayed start
+    no_parent = start(sim, HOSTS[2], 1)  # nothing of its own to stand in: the base alone
     assert no_parent["parent_delta_hash"] is None and no_parent["optimizer_hash"] is None
     ok_block(sim, commit_msg(HOSTS[0], step=1), commit_msg(HOSTS[2], step=1))
     recorded = sim.state.runs[1].steps[1].contributions
@@ -140,15 +140,6 @@ def test_a_step_that_closes_unchanged_drops_every_child_built_on_it() -> None:
     assert s1["accepted"] == [] and s1["result_hash"] == h32("g0")
     sim.block()
     assert all(start(sim, h, 2)["parent_delta_hash"] is None for h in HOSTS[:2])
-
-
-def test_delayed_runs_have_no_parent() -> None:
-    sim = started(make_config(overlap=Overlap.DELAYED, phases={"result_blocks": 30}))
-    ok_block(sim, commit_msg(HOSTS[0]))
-    sim.until(step_of(sim, 0)["commit_deadline"] + 2)
-    assert start(sim, HOSTS[0], 1)["parent_delta_hash"] is None
-    ok_block(sim, commit_msg(HOSTS[0], step=1))
-    assert sim.state.runs[1].steps[1].contributions[HOSTS[0]].parent_delta_hash is None
 
 
 def nxt(sim: Sim, host: str) -> dict | None:

@@ -1,4 +1,4 @@
-"""The overlapped schedule (`overlap = "delayed"`, specs/protocol.md §2.2.1) on the state machine.
+"""The overlapped schedule (`overlap = "eager"`, specs/protocol.md §2.2.1) on the state machine.
 
 Two outer steps in flight: step n+1 trains while step n is challenged, revealed, verified and
 aggregated; messages name their step and meet that step's phase rules; step n+2 opens only once
@@ -27,8 +27,8 @@ from tests.test_chain_module import (
 )
 
 
-def delayed(**phases: int) -> RunConfig:
-    return make_config(overlap=Overlap.DELAYED, phases=phases)
+def overlapped(**phases: int) -> RunConfig:
+    return make_config(overlap=Overlap.EAGER, phases=phases)
 
 
 def step_of(sim: Sim, index: int) -> dict:
@@ -79,7 +79,7 @@ def test_none_is_the_default_and_keeps_one_step_in_flight() -> None:
 
 
 def test_two_steps_in_flight_each_with_its_own_phases_deadlines_and_named_errors() -> None:
-    sim = started(delayed(result_blocks=30))
+    sim = started(overlapped(result_blocks=30))
     s0 = step_of(sim, 0)
     ok_block(sim, *[commit_msg(h) for h in HOSTS[:2]])
     sim.fails(commit_msg(HOSTS[0], step=1), errors.ErrStepNotInFlight)  # not open yet
@@ -142,7 +142,7 @@ def test_a_step_finalized_before_its_predecessor_is_done_waits_for_its_result() 
     (ErrPreviousResultPending), its result round starts when step 0 closes, and without votes
     it closes unchanged on step 0's result after its bounded rounds."""
     sim = started(
-        delayed(train_blocks=1, reveal_blocks=2, verify_blocks=2, result_blocks=20, result_rounds=1)
+        overlapped(train_blocks=1, reveal_blocks=2, verify_blocks=2, result_blocks=20, result_rounds=1)
     )
     ok_block(sim, commit_msg(HOSTS[0]))
     sim.until(step_of(sim, 0)["commit_deadline"] + 2)
@@ -168,16 +168,17 @@ def test_a_step_finalized_before_its_predecessor_is_done_waits_for_its_result() 
 
 def test_a_rejected_contribution_never_enters_a_later_start_state() -> None:
     """Host 1's Δ of step 0 is rejected: step 2's base is step 0's result, aggregated over the
-    accepted set without it, and its start optimizer is fresh, not the one it committed in step 0;
-    step 1, which trained during step 0's verification, started from G_0 alone."""
+    accepted set without it, and its start optimizer is fresh, not the one it committed in step 0
+    or in step 1 (a child of the rejected Δ); step 1, which trained during step 0's verification,
+    started from G_0 and each host's own step 0 Δ and optimizer (its parent, tests/test_chain_eager.py)."""
     cheat, honest = HOSTS[1], HOSTS[0]
-    sim = started(delayed(result_blocks=30), verifiers=VERIFIERS[:3])
+    sim = started(overlapped(result_blocks=30), verifiers=VERIFIERS[:3])
     ok_block(sim, commit_msg(honest), commit_msg(cheat))
     sim.until(step_of(sim, 0)["commit_deadline"] + 2)
     s1 = step_of(sim, 1)
     assert s1["base_model_hash"] == h32("g0")
-    for host in (honest, cheat):  # step 1's start: G_0 and fresh optimizers (no step −1)
-        assert queries.prev_optimizer_hash(sim.state, 1, host, 1) is None
+    for host in (honest, cheat):  # step 1's start: G_0 and the optimizer of its step 0 parent
+        assert queries.prev_optimizer_hash(sim.state, 1, host, 1) == h32("opt", host, 0)
     ok_block(sim, commit_msg(honest, step=1), commit_msg(cheat, step=1))
     until_phase(sim, 0, Phase.REVEAL)
     ok_block(sim, reveal_for(sim, honest, 0), reveal_for(sim, cheat, 0))
@@ -191,8 +192,8 @@ def test_a_rejected_contribution_never_enters_a_later_start_state() -> None:
     ok_block(sim, vote(honest, "g0 + honest delta", step=0))
     s2 = step_of(sim, 2)
     assert s2["base_model_hash"] == h32("g0 + honest delta")
-    assert queries.prev_optimizer_hash(sim.state, 1, honest, 2) == h32("opt", honest, 0)
-    assert queries.prev_optimizer_hash(sim.state, 1, cheat, 2) is None  # not its rejected state
+    assert queries.prev_optimizer_hash(sim.state, 1, honest, 2) == h32("opt", honest, 1)  # its parent's
+    assert queries.prev_optimizer_hash(sim.state, 1, cheat, 2) is None  # not a rejected state or its child's
     # a commit on anything but the adopted result (e.g. step 1's base) is refused
     sim.block()
     sim.fails(commit_msg(cheat, step=2, base=h32("g0")), errors.ErrBaseModelMismatch)
@@ -203,7 +204,7 @@ def test_a_host_that_crashes_during_overlap_is_slashed_once_and_rejoins_from_the
     """Host 1 commits step 0, crashes before revealing it and misses step 1; it comes back for
     step 2: still bonded (less the missing-reveal slash), it commits on step 0's result with a
     fresh optimizer, while host 0 carried on throughout."""
-    sim = started(delayed(result_blocks=30))
+    sim = started(overlapped(result_blocks=30))
     ok_block(sim, commit_msg(HOSTS[0]), commit_msg(HOSTS[1]))
     sim.until(step_of(sim, 0)["commit_deadline"] + 2)
     ok_block(sim, commit_msg(HOSTS[0], step=1))
@@ -215,13 +216,13 @@ def test_a_host_that_crashes_during_overlap_is_slashed_once_and_rejoins_from_the
     ok_block(sim, vote(HOSTS[0], "g1", step=0))
     sim.block()
     assert queries.prev_optimizer_hash(sim.state, 1, HOSTS[1], 2) is None
-    assert queries.prev_optimizer_hash(sim.state, 1, HOSTS[0], 2) == h32("opt", HOSTS[0], 0)
+    assert queries.prev_optimizer_hash(sim.state, 1, HOSTS[0], 2) == h32("opt", HOSTS[0], 1)  # its parent's
     ok_block(sim, commit_msg(HOSTS[1], step=2, base=h32("g1")), commit_msg(HOSTS[0], step=2, base=h32("g1")))
     assert sorted(step_of(sim, 2)["committed"]) == sorted(HOSTS[:2])
 
 
 def test_an_overlapped_run_finishes_after_its_last_step_and_a_leaver_stays_bonded_while_needed() -> None:
-    sim = started(make_config(overlap=Overlap.DELAYED, max_outer_steps=2, phases={"result_blocks": 30}))
+    sim = started(make_config(overlap=Overlap.EAGER, max_outer_steps=2, phases={"result_blocks": 30}))
     ok_block(sim, commit_msg(HOSTS[0]))
     sim.until(step_of(sim, 0)["commit_deadline"] + 2)
     ok_block(sim, commit_msg(HOSTS[0], step=1))

@@ -180,7 +180,26 @@ def test_run_create_overlap_option_sets_the_schedule(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert '"overlap": "eager"' in result.output
     bad = invoke("run", "create", str(path), "--dry-run", "--overlap", "eagre")
-    assert bad.exit_code == 2 and "expected one of none, delayed, eager" in bad.output
+    assert bad.exit_code == 2 and "expected one of none, eager" in bad.output
+
+
+def test_the_removed_delayed_schedule_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Issue 22: `overlap = "delayed"` is gone; the flag and the run config name the field and
+    the allowed values in one line, never a traceback."""
+    path = tmp_path / "run.toml"
+    path.write_text('overlap = "delayed"' + TINY_RUN)
+    result = invoke("run", "create", str(path), "--dry-run")
+    assert result.exit_code == 2, result.output
+    assert "overlap: Input should be 'none' or 'eager'" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    (tmp_path / "ok.toml").write_text(TINY_RUN)
+    flag = invoke("run", "create", str(tmp_path / "ok.toml"), "--dry-run", "--overlap", "delayed")
+    assert flag.exit_code == 2 and "--overlap 'delayed': expected one of none, eager" in flag.output
+    out = tmp_path / "devnet"
+    devnet = invoke("devnet", "--overlap", "delayed", "--out-dir", str(out))
+    assert devnet.exit_code == 2, devnet.output
+    assert devnet.output.strip() == "error: invalid devnet config: overlap: Input should be 'none' or 'eager'"
+    assert not out.exists()  # nothing was started or written
 
 
 def test_run_create_missing_file(tmp_path: Path) -> None:

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -32,6 +34,20 @@ def test_config_hash_is_stable_and_sensitive():
 def test_bad_configs_are_refused(kw):
     with pytest.raises(ValidationError):
         _cfg(**kw)
+
+
+def test_a_run_config_with_the_removed_delayed_schedule_is_refused():
+    """Issue 22: a run config JSON naming `overlap = "delayed"` fails on that field alone, with
+    the allowed values; `none` and `eager` keep their wire spellings (and hashes)."""
+    data = _cfg(overlap="eager").model_dump(mode="json")
+    assert data["overlap"] == "eager"
+    with pytest.raises(ValidationError) as e:
+        RunConfig.model_validate_json(json.dumps({**data, "overlap": "delayed"}))
+    assert [(err["loc"], err["msg"]) for err in e.value.errors()] == [
+        (("overlap",), "Input should be 'none' or 'eager'")
+    ]
+    assert "overlap" not in _cfg(overlap="none").model_dump()  # none: the field-less config's hash
+    assert _cfg(overlap="none").config_hash() == _cfg().config_hash()
 
 
 def test_model_spec_factory_format():

@@ -92,8 +92,8 @@ H, T = 3, 4
 POISON = 1e3  # a rejected Δ this large would show in any global model or start it reached
 
 
-def _delayed_reference(delay: int, accept: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]], list]:
-    """The recurrence written out by hand: step n trains from base_n = G_{max(0, n − d)},
+def _sequential_reference(accept: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]], list]:
+    """The recurrence written out by hand: step n trains from base_n = G_n,
     Δ_n = base_n − θ_{n,H}, G_{n+1} = Nesterov(G_n, mean of the accepted Δ_n), inner state carried."""
     model = _toy(3)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -103,7 +103,7 @@ def _delayed_reference(delay: int, accept: list[list[str]]) -> tuple[list[dict[s
     buf = {n: torch.zeros_like(t) for n, t in globals_[0].items()}
     starts = []
     for n in range(T):
-        base = globals_[max(0, n - delay)]
+        base = globals_[n]
         starts.append(base)
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -124,10 +124,8 @@ def _delayed_reference(delay: int, accept: list[list[str]]) -> tuple[list[dict[s
     return globals_, starts
 
 
-def _delayed_wrapper(
-    delay: int, accept: list[list[str]], eager: bool = False
-) -> tuple[list[dict[str, torch.Tensor]], list]:
-    """The same run through `DiLoCo(outer_delay=delay)`; the aggregation hands back only the
+def _wrapper(accept: list[list[str]], eager: bool = False) -> tuple[list[dict[str, torch.Tensor]], list]:
+    """The same run through `DiLoCo(eager=eager)`; the aggregation hands back only the
     accepted Δs of each step (ours and/or a peer's), never the rejected poisoned one."""
     model = _toy(3)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -146,7 +144,7 @@ def _delayed_wrapper(
         step[0] += 1
         return out
 
-    dl = DiLoCo(model, opt, sync_every=H, aggregate=aggregate, outer_delay=delay, eager=eager)
+    dl = DiLoCo(model, opt, sync_every=H, aggregate=aggregate, eager=eager)
     globals_ = [dict(dl.global_params)]
     starts = [{n: p.detach().clone() for n, p in model.named_parameters()}]
     for i in range(H * T):
@@ -166,28 +164,15 @@ def _delayed_wrapper(
 ACCEPT = [["me", "peer"], ["peer"], [], ["me"]]
 
 
-@pytest.mark.parametrize("delay", [0, 1])
-def test_outer_delay_matches_the_hand_written_recurrence(delay: int) -> None:
-    got_g, got_starts = _delayed_wrapper(delay, ACCEPT)
-    want_g, want_starts = _delayed_reference(delay, ACCEPT)
+def test_sequential_matches_the_hand_written_recurrence() -> None:
+    got_g, got_starts = _wrapper(ACCEPT)
+    want_g, want_starts = _sequential_reference(ACCEPT)
     for got, want in zip(got_g, want_g, strict=True):
         assert all(torch.allclose(got[n], want[n], atol=1e-5, rtol=1e-5) for n in want)
     for got, want in zip(got_starts, want_starts, strict=True):
         assert all(torch.allclose(got[n], want[n], atol=1e-5, rtol=1e-5) for n in want)
     # only accepted Δs: the liar's 1e3 entries reached no global model and no start state
     assert max(float(t.abs().max()) for g in got_g for t in g.values()) < 10
-
-
-def test_outer_delay_one_differs_from_zero_and_starts_from_the_previous_global() -> None:
-    g0, s0 = _delayed_wrapper(0, ACCEPT)
-    g1, s1 = _delayed_wrapper(1, ACCEPT)
-    assert not all(torch.equal(g0[-1][n], g1[-1][n]) for n in g0[-1])
-    # delayed: step n starts from G_{n−1} (G_0 for steps 0 and 1); undelayed from G_n
-    for n in range(T):
-        assert all(torch.equal(s1[n][k], g1[max(0, n - 1)][k]) for k in s1[n])
-        assert all(torch.equal(s0[n][k], g0[n][k]) for k in s0[n])
-    with pytest.raises(ValueError, match="outer_delay"):
-        DiLoCo(_toy(0), torch.optim.SGD(_toy(0).parameters(), lr=0.1), sync_every=1, outer_delay=-1)
 
 
 # ---------------------------------------------------------------- the eager schedule (issue 16)
@@ -238,16 +223,13 @@ def _eager_reference(accept: list[list[str]]) -> tuple[list[dict[str, torch.Tens
 def test_eager_matches_the_hand_written_recurrence_and_keeps_rejected_deltas_out() -> None:
     """Step 1's own Δ is rejected: it is step 2's stand-in (its verdict is not known when step 2
     opens) but never reaches a global model, and step 3 (whose parent would be step 2, a child of
-    the rejected Δ) starts from G_2 without it, exactly as delayed."""
-    got_g, got_starts = _delayed_wrapper(1, ACCEPT, eager=True)
+    the rejected Δ) starts from G_2 without it."""
+    got_g, got_starts = _wrapper(ACCEPT, eager=True)
     want_g, want_starts = _eager_reference(ACCEPT)
     for got, want in zip(got_g, want_g, strict=True):
         assert all(torch.allclose(got[n], want[n], atol=1e-5, rtol=1e-5) for n in want)
     for got, want in zip(got_starts, want_starts, strict=True):
         assert all(torch.allclose(got[n], want[n], atol=1e-5, rtol=1e-5) for n in want)
     assert max(float(t.abs().max()) for g in got_g for t in g.values()) < 10
-    _, delayed_starts = _delayed_wrapper(1, ACCEPT)
-    assert not all(torch.equal(got_starts[1][k], delayed_starts[1][k]) for k in got_starts[1])
+    assert not all(torch.equal(got_starts[1][k], got_g[0][k]) for k in got_starts[1])  # own Δ moved it
     assert all(torch.equal(got_starts[3][k], got_g[2][k]) for k in got_starts[3])  # no parent: G_2
-    with pytest.raises(ValueError, match="eager"):
-        DiLoCo(_toy(0), torch.optim.SGD(_toy(0).parameters(), lr=0.1), sync_every=1, eager=True)

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from protocol.config import Overlap
 from protocol.messages import Reason
 from replay.data import eval_loss
@@ -62,8 +60,8 @@ def host(tmp: Path, i: int, run_id: int, chain: LockstepChain, corpus: Any, **kw
     return counted(chain, HostNode(host_config(tmp, i, run_id), chain, corpus=corpus, poll_timeout=0.5, **kw))
 
 
-def overlapped_config(corpus: Any, overlap: Overlap = Overlap.DELAYED, **kw: Any) -> Any:
-    return run_config(corpus, overlap=overlap, max_outer_steps=STEPS, **kw)
+def overlapped_config(corpus: Any, **kw: Any) -> Any:
+    return run_config(corpus, overlap=Overlap.EAGER, max_outer_steps=STEPS, **kw)
 
 
 def test_overlapped_run_rejects_an_eager_start_and_the_loss_falls(tmp_path: Path) -> None:
@@ -111,18 +109,16 @@ def test_overlapped_run_rejects_an_eager_start_and_the_loss_falls(tmp_path: Path
     assert all(h.snapshot()["training_seconds"] > 0 for h in honest)
 
 
-@pytest.mark.parametrize("overlap", [Overlap.DELAYED, Overlap.EAGER])
-def test_host_crash_during_overlap_then_restart_resumes_both_steps(tmp_path: Path, overlap: Overlap) -> None:
+def test_host_crash_during_overlap_then_restart_resumes_both_steps(tmp_path: Path) -> None:
     """Host 1 dies right after committing step 1, while step 0 (committed, not yet revealed or
     aggregated) is in flight; the chain is held while it is down. Restarted on its data_dir it
     reveals and aggregates step 0, reveals step 1 without retraining or recommitting, trains
-    step 2: accepted in every step, no equivocation. Eager: with segment 0 opened, the restarted
+    step 2: accepted in every step, no equivocation. With segment 0 opened, the restarted
     host recomputes step 1's opened start from its eager start (its own step 0 Δ, read back from
     disk) and trains step 2 from the one on its step 1 Δ."""
     corpus = tiny_corpus()
     chain = LockstepChain()
-    eager = {"sampled_segments": 2} if overlap is Overlap.EAGER else {}
-    run_id = create_run(chain, overlapped_config(corpus, overlap, **eager))
+    run_id = create_run(chain, overlapped_config(corpus, sampled_segments=2))
     verifier = counted(chain, verifier_node(tmp_path, 9, run_id, corpus))
     other = host(tmp_path, 2, run_id, chain, corpus)
     first = host(tmp_path, 1, run_id, chain, corpus)
@@ -152,8 +148,7 @@ def test_host_crash_during_overlap_then_restart_resumes_both_steps(tmp_path: Pat
         assert chain.query("commitment", run_id=run_id, host=first.address, step=n)["equivocation_tx"] is None
     final = chain.run(run_id)["global_model_hash"]
     assert node_globals(tmp_path / "host-1").load(final).hash == final
-    if overlap is Overlap.EAGER:  # steps 1 and 2 started from its own previous Δ
-        for n in (1, 2):
-            start = chain.query("start_state", run_id=run_id, host=first.address, step=n)
-            own = chain.query("commitment", run_id=run_id, host=first.address, step=n - 1)
-            assert start["parent_delta_hash"] == own["delta_hash"], n
+    for n in (1, 2):  # steps 1 and 2 started from its own previous Δ
+        start = chain.query("start_state", run_id=run_id, host=first.address, step=n)
+        own = chain.query("commitment", run_id=run_id, host=first.address, step=n - 1)
+        assert start["parent_delta_hash"] == own["delta_hash"], n

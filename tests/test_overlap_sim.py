@@ -1,5 +1,5 @@
-"""The delayed schedule in the benchmark's simulation (issue 16): replay stays exact from the
-delayed base, rejected Δs never reach a global model, and the time model's arithmetic."""
+"""The eager schedule in the benchmark's simulation (issue 16): replay stays exact from the
+eager start, rejected Δs never reach a global model, and the time model's arithmetic."""
 
 from __future__ import annotations
 
@@ -18,16 +18,16 @@ TINY = Setup(
 )  # fmt: skip
 
 
-def test_delayed_schedule_replays_exactly_and_keeps_rejected_deltas_out() -> None:
-    # host 2 forges a consistent sign-flipped Δ every step; verified against the delayed base
-    # (G_{n−1}, the optimizer state of step n − 2), the honest hosts are accepted and the liar
-    # rejected every time, so every global model is the honest-only run's, bit for bit.
+def test_eager_schedule_replays_exactly_and_keeps_rejected_deltas_out() -> None:
+    # host 2 forges a consistent sign-flipped Δ every step; verified against each host's eager
+    # start, the honest hosts are accepted and the liar rejected every time, so every global
+    # model is the honest-only run's, bit for bit.
     configure_determinism(1)  # what the benchmark's child processes run with (the env is checked)
-    attacked = run_diloco(TINY, attack="sign_flip", adversaries=1, verify=True, outer_delay=1)
+    attacked = run_diloco(TINY, attack="sign_flip", adversaries=1, verify=True, eager=True)
     assert attacked["verdicts"].get("honest:ACCEPT") == 2 * TINY.outer_steps
     assert sum(v for k, v in attacked["verdicts"].items() if k.startswith("adversary")) == TINY.outer_steps
     assert "adversary:ACCEPT" not in attacked["verdicts"]
-    honest_only = run_diloco(TINY, adversaries=1, exclude_adversaries=True, outer_delay=1)
+    honest_only = run_diloco(TINY, adversaries=1, exclude_adversaries=True, eager=True)
     assert attacked["final_global_hash"] == honest_only["final_global_hash"]
     assert [p["val_loss"] for p in attacked["curve"]] == [p["val_loss"] for p in honest_only["curve"]]
     # the schedule is really different from today's
@@ -60,7 +60,7 @@ def test_mid_step_result_dial_spans_sequential_to_eager() -> None:
     # training: Δ is measured from the eager start), up to float rounding of start + (G − start)
     configure_determinism(1)
     setup = dataclasses.replace(TINY, inner_steps=4)
-    eager = {"outer_delay": 1, "carry_optimizer": True, "eager": True}
+    eager = {"eager": True}
     ends = {c: run_diloco(setup, **eager, correct_at=c) for c in (0.0, 0.5, 1.0)}
     assert losses(ends[0.0]) == pytest.approx(losses(run_diloco(setup)), rel=1e-4)
     assert losses(ends[1.0]) == pytest.approx(losses(run_diloco(setup, **eager)), rel=1e-4)

@@ -192,7 +192,7 @@ def test_timeline_schedules() -> None:
     assert pm.run_cost(0.5, 0.1) == pytest.approx(2.1)
 
 
-def test_overlapped_period_is_the_delayed_schedule_with_two_steps_in_flight() -> None:
+def test_overlapped_period_is_the_eager_schedule_with_two_steps_in_flight() -> None:
     tl = Timeline(train=100, stall=0, commit=3, recompute=10, reveal=1, verify=50, finalize=1, aggregate=20,
                   result=1, poc_wait=0)  # fmt: skip
     # step n+1's GPU work (its training + step n's opening recompute) hides step n's 86 s tail

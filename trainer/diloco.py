@@ -5,21 +5,18 @@ hands it to a pluggable aggregation (in-process for a simulation, the verified n
 the node), applies the outer Nesterov step with `protocol.outer.outer_update` (bitwise identical
 on every worker), and resets the local parameters to the new global ones.
 
-`outer_delay` = d > 0 simulates the overlapped schedule (specs §2.2.1, `Overlap.DELAYED` for
-d = 1): while step n is verified and aggregated, step n+1 already trains, so it cannot start from
-G_{n+1}. Step n trains from base_n = G_{n−d} (G_0 for the first d steps), Δ_n = base_n − θ_{n,H}
-is measured against that base, and the outer step applies the accepted Δ_n to the LATEST global
-model: G_{n+1} = Nesterov(G_n, mean Δ_n) — one-step-delayed outer gradients (Streaming DiLoCo's
-overlapped communication with τ = d; Kale et al. 2025). The inner optimizer state carries on.
-A step's start is a finalized global model, never a Δ of its own or anyone's that was not accepted.
-
-`eager=True` (with d = 1; `Overlap.EAGER`, specs §2.2.1) changes only the start: a worker whose
-step n − 1 Δ is a *parent* (step n − 1 exists, and its own parent, if any, was accepted) starts
-step n from `protocol.outer.eager_start(G_{n−1}, b_{n−1}, own Δ_{n−1})` (the outer step with α·Δ
-as the only Δ; α = 1 today) — its own
-Δ standing in for the aggregate not yet known (Kale et al. 2025) — and Δ_n is measured against
-that start. The `aggregate` callback plays the chain and must apply the parent rule itself (a Δ
-whose parent was not accepted does not enter); the wrapper applies it to the starts.
+`eager=True` simulates the overlapped schedule (`Overlap.EAGER`, specs §2.2.1): while step n is
+verified and aggregated, step n+1 already trains, so it cannot start from G_{n+1}; Δ_n is measured
+against the step's own start and the outer step applies the accepted Δ_n to the LATEST global
+model: G_{n+1} = Nesterov(G_n, mean Δ_n) (Streaming DiLoCo's overlapped communication with τ = 1;
+Kale et al. 2025). The inner optimizer state carries on. A worker whose step n − 1 Δ is a
+*parent* (step n − 1 exists, and its own parent, if any, was accepted) starts step n from
+`protocol.outer.eager_start(G_{n−1}, b_{n−1}, own Δ_{n−1})` (the outer step with α·Δ as the only
+Δ) — its own Δ standing in for the aggregate not yet known (Kale et al. 2025); without a parent
+it starts from G_{n−1}. The `aggregate` callback plays the chain and must apply the parent rule
+itself (a Δ whose parent was not accepted does not enter); the wrapper applies it to the starts.
+(The one-step-delayed schedule without the stand-in was measured and removed, issue 22:
+bench/RESULTS.md §1d.)
 """
 
 from __future__ import annotations
@@ -75,15 +72,10 @@ class DiLoCo:
         outer_momentum: float = 0.9,
         name: str = "local",
         tokens_per_step: int = 1,
-        outer_delay: int = 0,
         eager: bool = False,
     ) -> None:
         if sync_every < 1:
             raise ValueError("sync_every must be >= 1")
-        if outer_delay < 0:
-            raise ValueError("outer_delay must be >= 0")
-        if eager and outer_delay != 1:
-            raise ValueError("eager needs outer_delay=1 (one step in flight beside training)")
         self.model, self.sync_every, self.aggregate = model, sync_every, aggregate
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.name, self.tokens_per_step = name, tokens_per_step
@@ -91,10 +83,9 @@ class DiLoCo:
         self.outer_steps = 0
         self.global_params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
         self.momentum = {n: torch.zeros_like(t) for n, t in self.global_params.items()}
-        self.outer_delay = outer_delay
-        # G_{n−d} … G_n; the oldest is the base the next step trains from (G_0 until d steps closed)
-        self._history: deque[dict[str, Tensor]] = deque([self.global_params], maxlen=outer_delay + 1)
-        self._momenta: deque[dict[str, Tensor]] = deque([self.momentum], maxlen=outer_delay + 1)
+        # G_{n−1}, G_n (eager) or G_n alone; the oldest is the base the next step builds on
+        self._history: deque[dict[str, Tensor]] = deque([self.global_params], maxlen=2 if eager else 1)
+        self._momenta: deque[dict[str, Tensor]] = deque([self.momentum], maxlen=2 if eager else 1)
         self.eager = eager
         self._start = self._history[0]  # what the current step trains from and measures Δ against
         self._parent_accepted: bool | None = None  # eager: whether this step's own parent entered
@@ -107,8 +98,8 @@ class DiLoCo:
 
     @property
     def base_params(self) -> dict[str, Tensor]:
-        """The params the current step trains from: G_n, or G_{n−d} with an outer delay, or with
-        `eager` the eager start built on G_{n−1}."""
+        """The params the current step trains from: G_n, or with `eager` the eager start built on
+        G_{n−1} (G_{n−1} itself without a parent)."""
         return self._start
 
     @torch.no_grad()
@@ -129,8 +120,8 @@ class DiLoCo:
         self.outer_steps += 1
 
     def _next_start(self, own: dict[str, Tensor], accepted: bool) -> dict[str, Tensor]:
-        """Delayed: G_{n−d}. Eager: the step just synced is the next step's parent unless its own
-        parent was rejected (then the start is G_{n−1}, exactly as delayed)."""
+        """Sequential: G_n. Eager: the step just synced is the next step's parent unless its own
+        parent was rejected (then the start is G_{n−1})."""
         base = self._history[0]
         if not self.eager:
             return base

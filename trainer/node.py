@@ -236,8 +236,7 @@ class HostNode:
         self._replica_lock = threading.Lock()  # the second model: recomputed openings, evaluation
         self._replica: nn.Module | None = None
         self._tails: dict[int, threading.Thread] = {}
-        self.overlapped = False
-        self.eager = False
+        self.overlapped = False  # the eager schedule, the only overlapped one
         self.server = self._bind_server()
 
     @property
@@ -362,8 +361,7 @@ class HostNode:
         built = build(self.cfg.model, self._allow_list)
         self.model: nn.Module = built.module.to(device)
         self.device = device
-        self.overlapped = self.cfg.overlap in (Overlap.DELAYED, Overlap.EAGER)
-        self.eager = self.cfg.overlap is Overlap.EAGER
+        self.overlapped = self.cfg.overlap is Overlap.EAGER
         self.loss_fn = built.loss_fn
         self.corpus = (
             self._corpus
@@ -535,11 +533,11 @@ class HostNode:
 
     def _eager_start(self, n: int, gm: GlobalModel, s: StartState | None = None) -> EagerStart | None:
         """An eager run's start params of step n (specs §2.2.1), None where the start is G_{n−1}
-        (not eager, or no parent: exactly as delayed). The chain names the parent (`start_state`):
+        (not eager, or no parent: the base alone). The chain names the parent (`start_state`):
         this host's own step n − 1 Δ, decoded from exactly the bytes whose hash it committed (read
         from disk, every chunk checked; fetched by hash from step n − 1's holders if lost), on
         G_{n−1} = `gm`; the start's tensors are computed when read, never held whole."""
-        if not self.eager:
+        if not self.overlapped:
             return None
         s = self.view.start_state(self.address, n) if s is None else s
         if s.parent_delta_hash is None:

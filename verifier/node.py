@@ -546,7 +546,7 @@ class VerifierNode:
 
     def _start_state(self, host: str, n: int) -> tuple[str | None, str | None]:
         """(optimizer hash, parent Δ hash) of the host's step n start, as the chain rules it: an
-        eager run's `start_state` (specs §2.2.1), else the previous optimizer and no parent."""
+        eager run's `start_state` (specs §2.2.1), else (sequential) the previous optimizer and no parent."""
         if self.cfg.overlap is not Overlap.EAGER:
             return self.view.prev_optimizer_hash(host, n), None
         s = self.view.start_state(host, n)
