@@ -318,6 +318,9 @@ class VerifierNode:
         c = self.cfg.state_chunk_bytes
         self.objects = ObjectPolicy.of(model, self.cfg)  # exact sizes of everything we fetch
         self.content = ContentStore(self.dir / "store", c)
+        gone = self.content.sweep()  # what a kill left half-written (fetch part files), before any fetch
+        if gone:
+            self.log("swept", removed=len(gone), files=[p.name for p in gone[:8]])
         self.globals = GlobalStore(self.content, {n: tuple(p.shape) for n, p in model.named_parameters()})
         self.catalog.chunk_bytes = c
         g0 = node_initial_global(self.cfg.initial_model_hash, model, self.config.init_checkpoint_source, c)
