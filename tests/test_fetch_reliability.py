@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from nodekit.holdings import fetch_to_store
 from nodekit.objects import Kind, ObjectRef, TransferPolicy
 from nodekit.serve import BlobCatalog, BytesObject, ServerThread, build_app
 from nodekit.store import BytesSink, ContentStore, stale_files
+from protocol import chunks
 from protocol.codecs import delta_hash
 
 CHUNK = 1024
@@ -315,3 +317,31 @@ def test_nodes_sweep_what_a_kill_left_at_start_up(tmp_path: Path) -> None:
     assert [p for p in ver_left[:4] if p.exists()] == []  # (a verifier writes no node.json)
     assert {e["node"] for e in logs if e["event"] == "swept"} == {"host-1", "verifier-9"}
     assert stale_files(tmp_path / "host-1" / "store") == stale_files(tmp_path / "verifier-9" / "store") == []
+
+
+class SlowSink(BytesSink):
+    """A sink whose writes take a while (a loaded disk): a fetch must wait for them."""
+
+    def write_at(self, offset: int, data: Any) -> None:
+        time.sleep(0.8)
+        super().write_at(offset, data)
+
+
+@pytest.mark.parametrize("size", [CHUNK - 24, 3 * CHUNK], ids=["one-chunk", "three-chunks"])
+def test_a_fetch_returns_only_once_every_chunk_is_in_the_sink(size: int) -> None:
+    """Issue 22 (chaos, a devnet host's 'stored chunk digests do not match its hash'): a chunk was
+    marked done before its bytes reached the sink (and, for a one-chunk object, before its digest
+    was recorded), so another worker's wake-up could end the fetch with the last chunk still being
+    written: the caller committed an empty digest list, or a file with that chunk missing. Two
+    holders: the second one's worker waits for a hedge, wakes while the first is writing."""
+    data, ref = obj(size)
+    a, b = serve((ref.hash, BytesObject(data, CHUNK))), serve((ref.hash, BytesObject(data, CHUNK)))
+    try:
+        with BlobClient([], timeout=10, retries=0) as client:
+            sink = SlowSink(ref.length)
+            report = client.fetch(ref, sink, [a.url, b.url])
+            assert bytes(sink.buf) == data
+            assert chunks.verify_manifest(ref.hash, ref.domain, CHUNK, ref.length, report.digests)
+    finally:
+        a.stop()
+        b.stop()
