@@ -1,7 +1,7 @@
 """Chaos devnets over several seeds (issue 22): how often a run of random SIGKILLs and restarts
 still ends on one model with every store intact.
 
-    .venv/bin/python -m bench.chaos [--runs 5] [--seed 0] [--kills 4] [--keep DIR]
+    .venv/bin/python -m bench.chaos [--runs 5] [--seed 0] [--kills 4] [--gap 1 5] [--down 0.2 3] [--keep DIR]
 
 Seeds `seed`, `seed + 1`, … each drive one `gonka_diloco.devnet_chaos.chaos_run` (the test's
 driver and checks, nothing else). Prints passed/total and each failure's seed, kills and cause,
@@ -25,12 +25,25 @@ from gonka_diloco.devnet_chaos import chaos_run
 RESULTS = Path(__file__).parent / "results"
 
 
-def main(runs: int = 5, seed: int = 0, kills: int = 4, keep: Path | None = None) -> dict[str, Any]:
+def log(line: str) -> None:
+    """The kills as they happen (the devnet's own start-up lines are left out)."""
+    if line.startswith("chaos:"):
+        print(f"  {line}", flush=True)
+
+
+def main(
+    runs: int = 5,
+    seed: int = 0,
+    kills: int = 4,
+    keep: Path | None = None,
+    gap_s: tuple[float, float] = (1.0, 5.0),
+    down_s: tuple[float, float] = (0.2, 3.0),
+) -> dict[str, Any]:
     base = keep or Path(tempfile.mkdtemp(prefix="chaos-"))
     rows = []
     for s in range(seed, seed + runs):
         folder = base / f"seed-{s}"
-        r = chaos_run(s, folder, kills=kills)
+        r = chaos_run(s, folder, kills=kills, gap_s=gap_s, down_s=down_s, log=log)
         rows.append(r.to_json())
         print(f"seed {s}: {'ok' if r.ok else 'FAILED'} in {r.wall_s:.0f}s, {len(r.kills)} kills", flush=True)
         if not r.ok:
@@ -43,6 +56,8 @@ def main(runs: int = 5, seed: int = 0, kills: int = 4, keep: Path | None = None)
         "total": len(rows),
         "seeds": [seed, seed + runs - 1],
         "kills_per_run": kills,
+        "gap_s": list(gap_s),
+        "down_s": list(down_s),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "runs": rows,
     }
@@ -57,6 +72,9 @@ if __name__ == "__main__":
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0, help="first seed")
     ap.add_argument("--kills", type=int, default=4, help="kills per run (fewer if the run ends first)")
+    ap.add_argument("--gap", type=float, nargs=2, default=(1.0, 5.0), help="seconds before each kill")
+    ap.add_argument("--down", type=float, nargs=2, default=(0.2, 3.0), help="seconds each victim is down")
     ap.add_argument("--keep", type=Path, default=None, help="keep every run's folder here")
     a = ap.parse_args()
-    raise SystemExit(0 if main(a.runs, a.seed, a.kills, a.keep)["passed"] == a.runs else 1)
+    out = main(a.runs, a.seed, a.kills, a.keep, tuple(a.gap), tuple(a.down))
+    raise SystemExit(0 if out["passed"] == a.runs else 1)

@@ -195,9 +195,24 @@ def wait_nodes_exit(dn: Devnet, timeout: float = 60.0) -> list[str]:
     return out
 
 
+LOCAL_CORRUPTION = ("StoreError", "corrupted on disk", "stored chunk digests")
+"""What a node logs when its own disk gave back bad bytes (a peer's bad bytes are BlobInvalid)."""
+
+
+def corruption_seen(name: str, log: Path) -> list[str]:
+    """A store read that failed during the run, even if the node then deleted and refetched the
+    object: a half-written or corrupted object was visible in a store, which must never happen."""
+    return [
+        f"{name}: {e.get('event')} at outer step {e.get('outer_step')}: {str(e['error'])[:160]}"
+        for e in node_events(log)
+        if any(s in str(e.get("error", "")) for s in LOCAL_CORRUPTION)
+    ]
+
+
 def check_run(dn: Devnet) -> list[str]:
     """What a chaos run must still give: every outer step DONE, every honest node's last applied
-    model the chain's global model (and held in its store), every store intact and swept."""
+    model the chain's global model (and held in its store), every store intact and swept, and no
+    node ever read a corrupted object back from its own store."""
     failures: list[str] = []
     run = dn.chain.query("run", run_id=dn.run_id)
     last = dn.cfg.outer_steps - 1
@@ -215,6 +230,7 @@ def check_run(dn: Devnet) -> list[str]:
         home = dn.folder / row.name
         failures += store_failures(row.name, home / "store", cfg.state_chunk_bytes)
         failures += temp_failures(row.name, home)
+        failures += corruption_seen(row.name, dn.folder / row.log)
         if row.behaviour != "honest":
             continue
         applied = {
@@ -238,6 +254,8 @@ def chaos_run(
     *,
     overrides: dict[str, Any] | None = None,
     kills: int = 4,
+    gap_s: tuple[float, float] = (1.0, 5.0),
+    down_s: tuple[float, float] = (0.2, 3.0),
     log: Callable[[str], None] = lambda line: None,
 ) -> ChaosResult:
     """One seeded chaos devnet in `folder`: start, kill and restart `kills` times, check the end.
@@ -249,7 +267,7 @@ def chaos_run(
     t0 = time.monotonic()
     with Devnet(cfg, folder) as dn:
         dn.echo = log
-        chaos = Chaos(dn, random.Random(seed), kills=kills, log=log)
+        chaos = Chaos(dn, random.Random(seed), kills=kills, gap_s=gap_s, down_s=down_s, log=log)
         try:
             dn.start()
             chaos.run()

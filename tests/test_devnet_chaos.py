@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from test_devnet import leftover_processes
 
-from gonka_diloco.devnet_chaos import Chaos, ChaosResult, Kill, chaos_run, store_failures
+from gonka_diloco.devnet_chaos import Chaos, ChaosResult, Kill, chaos_run, corruption_seen, store_failures
 from nodekit.objects import Kind
 from nodekit.store import ContentStore
 
@@ -92,3 +92,14 @@ def test_a_failure_message_names_the_seed_and_every_kill() -> None:
     text = r.summary()
     assert "seed 7" in text and "host-1 at 3.2s (step 1 TRAIN" in text and "boom" in text
     assert not r.ok and r.to_json()["ok"] is False
+
+
+def test_a_corrupt_read_during_the_run_is_a_failure_even_if_refetched(tmp_path: Path) -> None:
+    log = tmp_path / "host-0.log"
+    log.write_text(
+        'not json\n{"event": "fetched", "outer_step": 5}\n'
+        '{"event": "delta_unusable", "outer_step": 5, "error": "StoreError: x.delta: stored chunk digests '
+        'do not match its hash"}\n{"event": "delta_unavailable", "error": "BlobInvalid: peer garbage"}\n'
+    )
+    found = corruption_seen("host-0", log)
+    assert len(found) == 1 and "delta_unusable at outer step 5" in found[0]
