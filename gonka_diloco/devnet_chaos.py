@@ -211,8 +211,9 @@ def corruption_seen(name: str, log: Path) -> list[str]:
 
 def check_run(dn: Devnet) -> list[str]:
     """What a chaos run must still give: every outer step DONE, every honest node's last applied
-    model the chain's global model (and held in its store), every store intact and swept, and no
-    node ever read a corrupted object back from its own store."""
+    model the chain's global model (and held in its store), every store intact and swept, no
+    node ever read a corrupted object back from its own store, and every restarted node back at
+    the endpoint the chain gives its peers."""
     failures: list[str] = []
     run = dn.chain.query("run", run_id=dn.run_id)
     last = dn.cfg.outer_steps - 1
@@ -222,6 +223,8 @@ def check_run(dn: Devnet) -> list[str]:
         phase = dn.chain.query("outer_step", run_id=dn.run_id, step=n)["phase"]
         if phase != "DONE":
             failures.append(f"outer step {n} is {phase}, not DONE")
+    parts = dn.chain.query("participants", run_id=dn.run_id)["participants"]
+    endpoints = {p["address"]: p["endpoint"] for p in parts}
     final = run["global_model_hash"]
     cfg = RunConfig.model_validate(run["config"])
     for row in dn.rows.values():
@@ -231,6 +234,8 @@ def check_run(dn: Devnet) -> list[str]:
         failures += store_failures(row.name, home / "store", cfg.state_chunk_bytes)
         failures += temp_failures(row.name, home)
         failures += corruption_seen(row.name, dn.folder / row.log)
+        if row.address in endpoints and endpoints[row.address] != row.url:
+            failures.append(f"{row.name}: back at {row.url}, the chain names {endpoints[row.address]}")
         if row.behaviour != "honest":
             continue
         applied = {
