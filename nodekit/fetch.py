@@ -95,11 +95,14 @@ class _Broken(Exception):
 
 @dataclass
 class _Flight:
-    """One chunk being fetched: when it started, by whom, and whether a copy has won."""
+    """One chunk being fetched: when it started, by whom, whether a copy has won (`claimed`: its
+    verified bytes are being written, no other copy writes them) and whether they are in the sink
+    (`done`: only then may the fetch end, or a caller commit a file missing them)."""
 
     index: int
     started: float
     holders: set[str]
+    claimed: bool = False
     done: bool = False
 
 
@@ -397,7 +400,7 @@ class _Round:
                 return f
             now, soonest = time.monotonic(), None
             for f in self.flights.values():
-                if f.done or base in f.holders:
+                if f.claimed or base in f.holders:
                     continue
                 due = f.started + self._hedge_after(f) * len(f.holders)
                 if now >= due:
@@ -434,7 +437,7 @@ class _Round:
                 buf = bytearray(b - a)
             t0 = time.monotonic()
             verdict, detail, n = self.client._download(
-                url, (a, b, self.ref.length), buf, lambda f=f: f.done or self.over, self._resumed
+                url, (a, b, self.ref.length), buf, lambda f=f: f.claimed or self.over, self._resumed
             )
             if verdict is Chunk.OK:
                 verdict, detail = self._deliver(f, buf, base)
@@ -455,7 +458,7 @@ class _Round:
                     self.missing[base] = detail
                     if verdict is Chunk.SLOW:
                         self.report.slow.append(base)
-                if not f.done and not f.holders:  # nobody else is on it: back to the queue
+                if not f.claimed and not f.holders:  # nobody else is on it: back to the queue
                     del self.flights[f.index]
                     self.pending.appendleft(f.index)
                 self.working -= 1
@@ -480,17 +483,20 @@ class _Round:
         if not ok:
             return Chunk.INVALID, f"chunk {f.index} does not match its digest"
         with self.cond:
-            if f.done or self.over:
+            if f.claimed or self.over:
                 return Chunk.LOST, ""
-            f.done = True  # claimed: no other copy writes this chunk
+            f.claimed = True  # no other copy writes this chunk
         try:
             self.sink.write_at(self.ref.span(f.index)[0], memoryview(buf))
         except ValueError as e:  # verified bytes that do not fit our layout: nobody's will
             with self.cond:
-                f.done = False
+                f.claimed = False
             return Chunk.INVALID, f"{type(e).__name__}: {e}"
-        if not self.digests:
-            self.report.digests = [digest]
+        with self.cond:  # in the sink (and its digest recorded): now the fetch may end
+            if not self.digests:
+                self.report.digests = [digest]
+            f.done = True
+            self.cond.notify_all()
         return Chunk.OK, ""
 
 

@@ -9,11 +9,13 @@ by the node's holdings (`nodekit.holdings`): what is on disk and may be shown is
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path as FilePath
 from typing import Any, Literal, Protocol
 
 import uvicorn
@@ -23,7 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from nodekit.objects import Kind, check_ref
-from nodekit.store import ContentStore
+from nodekit.store import ContentStore, atomic_write
 from protocol import chunks
 
 BlobKind = Literal["state", "optimizer", "model", "delta"]
@@ -246,6 +248,25 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"listen must be HOST:PORT, got {listen!r}")
     return host, int(port)
+
+
+def bind_kept_port(
+    app: FastAPI, listen: str, path: FilePath, log: Callable[..., None] = lambda event, **kw: None
+) -> ServerThread:
+    """A server on `listen`; with port 0, on the port it got the first time (kept in `path`): a
+    node's endpoint is on chain, so a restarted node must come back where its peers look for it.
+    If that port is taken meanwhile, any free one (logged `port_taken`)."""
+    host, port = parse_listen(listen)
+    if port == 0 and path.is_file():
+        try:
+            kept = int(json.loads(path.read_bytes())["port"])
+            return ServerThread(app, f"{host}:{kept}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log("port_taken", port=path.read_text(errors="replace")[:40], error=f"{type(e).__name__}: {e}")
+    server = ServerThread(app, listen)
+    if port == 0:
+        atomic_write(path, json.dumps({"port": server.port}).encode())
+    return server
 
 
 class ServerThread:

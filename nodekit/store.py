@@ -496,17 +496,38 @@ class ContentStore:
         digest lists without their object, objects without their digests, rank files of sharded
         objects never sealed. Returns what was removed (each of those is unreadable anyway: a
         listing skips it and a read refuses it)."""
-        gone: list[Path] = []
-        for d in sorted(self.root.iterdir()):
-            if d.is_dir() and d.name.startswith(TRASH):
-                shutil.rmtree(d, ignore_errors=True)
-                gone.append(d)
-        for g in self.groups():
-            for p in sorted((self.root / g).iterdir()):
-                if _stale(p):
-                    p.unlink(missing_ok=True)
-                    gone.append(p)
+        gone = stale_files(self.root)
+        for p in gone:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
         return gone
+
+
+def stale_files(root: Path) -> list[Path]:
+    """What `ContentStore.sweep` would remove under `root`, removing nothing: a check that a
+    store holds complete objects only (the chaos test's, after a run of kills and restarts)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [d for d in sorted(root.iterdir()) if d.is_dir() and d.name.startswith(TRASH)]
+    for d in sorted(root.iterdir()):
+        if d.is_dir() and _GROUP.match(d.name):
+            found += [p for p in sorted(d.iterdir()) if _stale(p)]
+    return found
+
+
+def sweep_temps(folder: Path) -> list[Path]:
+    """`atomic_write` temps (`.tmp-*`) a killed process left directly in `folder` (a node's
+    node.json, its commit records), removed: call it at start-up, before the node writes there."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    gone = [p for p in sorted(folder.glob(".tmp-*")) if p.is_file()]
+    for p in gone:
+        p.unlink(missing_ok=True)
+    return gone
 
 
 SHARDS = ".shards"

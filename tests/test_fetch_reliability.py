@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,8 @@ from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.holdings import fetch_to_store
 from nodekit.objects import Kind, ObjectRef, TransferPolicy
 from nodekit.serve import BlobCatalog, BytesObject, ServerThread, build_app
-from nodekit.store import BytesSink, ContentStore
+from nodekit.store import BytesSink, ContentStore, stale_files
+from protocol import chunks
 from protocol.codecs import delta_hash
 
 CHUNK = 1024
@@ -261,3 +263,85 @@ def test_kill_9_mid_fetch_leaves_nothing_half_written_and_sweep_cleans(tmp_path:
     finally:
         fast.stop()
     assert store.read_bytes(Kind.DELTA, ref.hash) == data
+
+
+def _litter(home: Path, group: str) -> list[Path]:
+    """What a SIGKILL mid-write leaves in a node's data folder: a fetch's part file, a staged
+    write's temp, a group half dropped, digests without their object, an atomic_write temp."""
+    store = home / "store"
+    (store / group).mkdir(parents=True, exist_ok=True)
+    left = [
+        store / group / (("ab" * 32) + ".delta.part-x1"),
+        store / group / ".tmp-abc.delta",
+        store / group / (("cd" * 32) + ".delta.chunks"),
+        store / ".trash-9-1-2",
+        home / ".tmp-node.json",
+    ]
+    for p in left[:3]:
+        p.write_bytes(b"x" * 32)
+    left[3].mkdir()
+    left[4].write_bytes(b"{")
+    return left
+
+
+def test_nodes_sweep_what_a_kill_left_at_start_up(tmp_path: Path) -> None:
+    """Issue 22 (chaos): nodes never called `sweep`, so part and temp files a kill left stayed on
+    disk for good. Host and verifier now sweep their store (and the host its node.json temps)
+    when they set up, before anything writes there."""
+    from tests.test_host_node import (
+        LockstepChain,
+        create_run,
+        host_config,
+        run_config,
+        tiny_corpus,
+        verifier_node,
+    )
+    from trainer.node import HostNode
+
+    corpus = tiny_corpus()
+    chain = LockstepChain()
+    run_id = create_run(chain, run_config(corpus, max_outer_steps=1))
+    host_left = _litter(tmp_path / "host-1", "delta-0")
+    ver_left = _litter(tmp_path / "verifier-9", "global")
+    logs: list[dict] = []
+    host = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append)
+    verifier = verifier_node(tmp_path, 9, run_id, corpus)
+    verifier._log = logs.append
+    try:
+        host._setup()
+        verifier._setup()
+    finally:
+        host.server.stop()
+        verifier.server.stop()
+    assert [p for p in host_left if p.exists()] == []
+    assert [p for p in ver_left[:4] if p.exists()] == []  # (a verifier writes no node.json)
+    assert {e["node"] for e in logs if e["event"] == "swept"} == {"host-1", "verifier-9"}
+    assert stale_files(tmp_path / "host-1" / "store") == stale_files(tmp_path / "verifier-9" / "store") == []
+
+
+class SlowSink(BytesSink):
+    """A sink whose writes take a while (a loaded disk): a fetch must wait for them."""
+
+    def write_at(self, offset: int, data: Any) -> None:
+        time.sleep(0.8)
+        super().write_at(offset, data)
+
+
+@pytest.mark.parametrize("size", [CHUNK - 24, 3 * CHUNK], ids=["one-chunk", "three-chunks"])
+def test_a_fetch_returns_only_once_every_chunk_is_in_the_sink(size: int) -> None:
+    """Issue 22 (chaos, a devnet host's 'stored chunk digests do not match its hash'): a chunk was
+    marked done before its bytes reached the sink (and, for a one-chunk object, before its digest
+    was recorded), so another worker's wake-up could end the fetch with the last chunk still being
+    written: the caller committed an empty digest list, or a file with that chunk missing. Two
+    holders: the second one's worker waits for a hedge, wakes while the first is writing."""
+    data, ref = obj(size)
+    a, b = serve((ref.hash, BytesObject(data, CHUNK))), serve((ref.hash, BytesObject(data, CHUNK)))
+    try:
+        with BlobClient([], timeout=10, retries=0) as client:
+            sink = SlowSink(ref.length)
+            report = client.fetch(ref, sink, [a.url, b.url])
+            assert bytes(sink.buf) == data
+            assert chunks.verify_manifest(ref.hash, ref.domain, CHUNK, ref.length, report.digests)
+    finally:
+        a.stop()
+        b.stop()

@@ -203,3 +203,26 @@ def test_verifier_toml(tmp_path: Path) -> None:
             load_verifier_config(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_verifier_config(tmp_path / "missing.toml")
+
+
+def test_a_restarted_verifier_comes_back_on_its_port(tmp_path: Path) -> None:
+    """Issue 22 (chaos): a verifier listening on port 0 came back from a restart on a new port,
+    while the chain kept the endpoint it joined with, so no peer could fetch the Δs and states it
+    holds for the rest of the run. Like a host, it now picks a port once and keeps it."""
+    first = VerifierNode(verifier_config(tmp_path, 11, 1), chain=None, log=lambda e: None)  # type: ignore[arg-type]
+    port = first.server.port
+    first.server.stop()  # the process is gone (killed): its socket with it
+    second = VerifierNode(verifier_config(tmp_path, 11, 1), chain=None, log=lambda e: None)  # type: ignore[arg-type]
+    try:
+        assert second.server.port == port
+    finally:
+        second.server.stop()
+    taken = VerifierNode(verifier_config(tmp_path, 12, 1), chain=None, log=lambda e: None)  # type: ignore[arg-type]
+    logs: list[dict[str, Any]] = []
+    (tmp_path / "verifier-12" / "listen.json").write_text(json.dumps({"port": taken.server.port}))
+    try:  # its port taken meanwhile: any free one, said in the log (the chain still has the old one)
+        again = VerifierNode(verifier_config(tmp_path, 12, 1), chain=None, log=logs.append)  # type: ignore[arg-type]
+        again.server.stop()
+    finally:
+        taken.server.stop()
+    assert again.server.port != taken.server.port and [e["event"] for e in logs] == ["port_taken"]

@@ -63,7 +63,7 @@ from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import DOMAINS, Kind, ObjectPolicy, TransferPolicy
 from nodekit.reach import Reach, reach
-from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write
+from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write, sweep_temps
 from protocol.chunks import verify_manifest
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Codec, Overlap, RunConfig
@@ -213,6 +213,7 @@ class HostNode:
         self.view = ChainView(chain, config.run_id, poll_timeout=poll_timeout)
         self.dir = config.data_path
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._swept(sweep_temps(self.dir) + sweep_temps(self.dir / "commits"))  # before node.json is read
         self.state = self._load_state()
         self.board = Board(
             node=self.name, role="host", address=self.address, run_id=config.run_id, outer_step=None,
@@ -256,6 +257,11 @@ class HostNode:
         if state.get("address") != self.address or state.get("run_id") != self.config.run_id:
             raise NodeError(f"{self.dir} belongs to {state.get('address')} in run {state.get('run_id')}")
         return state
+
+    def _swept(self, gone: list[Path]) -> None:
+        """Log what a start-up sweep removed (temp and part files a killed process left)."""
+        if gone:
+            self.log("swept", removed=len(gone), files=[p.name for p in gone[:8]])
 
     def _save_state(self) -> None:
         with self._lock:
@@ -376,6 +382,7 @@ class HostNode:
         c = self.cfg.state_chunk_bytes
         self.objects = ObjectPolicy.of(self.model, self.cfg)
         self.content = ContentStore(self.dir / "store", c)
+        self._swept(self.content.sweep())  # what a kill left half-written, before anything writes
         self.store = StateStore(
             self.dir / "store", chunk_bytes=c, checkpoint_every=self.config.checkpoint_every
         )

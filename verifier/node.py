@@ -31,7 +31,6 @@ from nodekit.blobs import (
     BlobError,
     BlobInvalid,
     BlobUnavailable,
-    ServerThread,
     StoredObject,
     build_app,
     fetch_to_store,
@@ -43,7 +42,8 @@ from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
 from nodekit.reach import Reach, reach
-from nodekit.store import BytesSink, ContentStore, StoreError, TensorSink
+from nodekit.serve import bind_kept_port
+from nodekit.store import BytesSink, ContentStore, StoreError, TensorSink, sweep_temps
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Overlap, RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
@@ -262,9 +262,15 @@ class VerifierNode:
         self._workers: list[threading.Thread] = []  # ... one per step in flight
         self._lock = threading.Lock()  # pruning and following, between the loop and the follower
         app = build_app(self.catalog, self.snapshot, self.board.registry)
-        self.server = ServerThread(app, config.listen)
+        self._swept(sweep_temps(self.dir))  # a listen.json write a kill cut short
+        self.server = bind_kept_port(app, config.listen, self.dir / "listen.json", self.log)
 
     # ---------------------------------------------------------------- plumbing
+
+    def _swept(self, gone: list[Any]) -> None:
+        """Log what a start-up sweep removed (temp and part files a killed process left)."""
+        if gone:
+            self.log("swept", removed=len(gone), files=[p.name for p in gone[:8]])
 
     @property
     def status(self) -> dict[str, Any]:
@@ -318,6 +324,7 @@ class VerifierNode:
         c = self.cfg.state_chunk_bytes
         self.objects = ObjectPolicy.of(model, self.cfg)  # exact sizes of everything we fetch
         self.content = ContentStore(self.dir / "store", c)
+        self._swept(self.content.sweep())  # what a kill left half-written (part files), before any fetch
         self.globals = GlobalStore(self.content, {n: tuple(p.shape) for n, p in model.named_parameters()})
         self.catalog.chunk_bytes = c
         g0 = node_initial_global(self.cfg.initial_model_hash, model, self.config.init_checkpoint_source, c)
