@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint devnet bench bench-quick vectors proto clean cometbft
+.PHONY: venv test lint devnet bench bench-quick vectors soak proto clean cometbft
 
 # CometBFT, built from source at a pinned version (never a downloaded binary) into a project-local
 # folder named after the version: a second `make` finds the file and builds nothing, and changing
@@ -52,6 +52,9 @@ bench: $(STAMP) $(COMETBFT)
 	# torchft (the DiLoCo reference of bench.convergence) with torch pinned: never a CUDA build.
 	$(BIN)/python -c "import torchft" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0 -e '.[bench]'
 	$(BIN)/python -m bench
+
+soak: $(STAMP) $(COMETBFT)
+	$(BIN)/python -m bench.soak $(ARGS)
 
 vectors: $(STAMP)
 	$(BIN)/python -m specs.make_vectors
