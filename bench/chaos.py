@@ -5,7 +5,8 @@ still ends on one model with every store intact.
 
 Seeds `seed`, `seed + 1`, … each drive one `gonka_diloco.devnet_chaos.chaos_run` (the test's
 driver and checks, nothing else). Prints passed/total and each failure's seed, kills and cause,
-and writes bench/results/chaos.json. `--seed N --runs 1` reruns one failing plan; `--keep DIR`
+and writes bench/results/chaos.json (`--name NAME`: NAME.json, e.g. chaos_hard for a harsher
+plan). `--seed N --runs 1` reruns one failing plan; `--keep DIR`
 keeps every run's folder (node logs) there, else only failed runs' folders are kept, in a
 temporary directory whose path is printed.
 """
@@ -38,6 +39,7 @@ def main(
     keep: Path | None = None,
     gap_s: tuple[float, float] = (1.0, 5.0),
     down_s: tuple[float, float] = (0.2, 3.0),
+    name: str = "chaos",
 ) -> dict[str, Any]:
     base = keep or Path(tempfile.mkdtemp(prefix="chaos-"))
     rows = []
@@ -62,8 +64,8 @@ def main(
         "runs": rows,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "chaos.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(f"chaos: {passed}/{len(rows)} passed; results in {RESULTS / 'chaos.json'}; runs under {base}")
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(f"chaos: {passed}/{len(rows)} passed; results in {RESULTS / f'{name}.json'}; runs under {base}")
     return out
 
 
@@ -74,7 +76,8 @@ if __name__ == "__main__":
     ap.add_argument("--kills", type=int, default=4, help="kills per run (fewer if the run ends first)")
     ap.add_argument("--gap", type=float, nargs=2, default=(1.0, 5.0), help="seconds before each kill")
     ap.add_argument("--down", type=float, nargs=2, default=(0.2, 3.0), help="seconds each victim is down")
+    ap.add_argument("--name", default="chaos", help="results file bench/results/NAME.json")
     ap.add_argument("--keep", type=Path, default=None, help="keep every run's folder here")
     a = ap.parse_args()
-    out = main(a.runs, a.seed, a.kills, a.keep, tuple(a.gap), tuple(a.down))
+    out = main(a.runs, a.seed, a.kills, a.keep, tuple(a.gap), tuple(a.down), a.name)
     raise SystemExit(0 if out["passed"] == a.runs else 1)
