@@ -56,6 +56,29 @@ class StoreError(ValueError):
     """Missing, malformed or corrupted stored data."""
 
 
+# ---------------------------------------------------------------- the groups both nodes keep
+
+OPTIMIZER_GROUP = "optimizer"
+"""Carried optimizer states (a host's own, the starts a verifier needs), across outer steps."""
+_DELTA_PREFIX = "delta-"
+
+
+def delta_group(outer_step: int) -> str:
+    """The group of the Δs of one outer step (own, or held to serve)."""
+    return f"{_DELTA_PREFIX}{outer_step}"
+
+
+def delta_group_step(group: str) -> int | None:
+    """The outer step a Δ group holds, None for any other group (states, optimizers)."""
+    rest = group.removeprefix(_DELTA_PREFIX)
+    return int(rest) if rest != group and rest.isdigit() else None
+
+
+def state_group_step(group: str) -> int | None:
+    """The outer step a training-state group holds (its name is the step), None otherwise."""
+    return int(group) if group.isdigit() else None
+
+
 # ---------------------------------------------------------------- atomic files
 
 
@@ -943,7 +966,7 @@ class StateStore:
         return self.content.hashes(_KIND_OF[kind], _group(outer_step))
 
     def outer_steps(self) -> list[int]:
-        return sorted(int(g) for g in self.content.groups() if g.isdigit())
+        return sorted(m for g in self.content.groups() if (m := state_group_step(g)) is not None)
 
     def prune(self, before: int) -> list[int]:
         """Delete every outer step < `before` (those are finalized); returns what was removed."""

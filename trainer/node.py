@@ -63,7 +63,17 @@ from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import DOMAINS, Kind, ObjectPolicy, TransferPolicy
 from nodekit.reach import Reach, reach
-from nodekit.store import ContentStore, StateStore, StoreError, TensorSink, atomic_write, sweep_temps
+from nodekit.store import (
+    OPTIMIZER_GROUP,
+    ContentStore,
+    StateStore,
+    StoreError,
+    TensorSink,
+    atomic_write,
+    delta_group,
+    delta_group_step,
+    sweep_temps,
+)
 from protocol.chunks import verify_manifest
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Codec, Overlap, RunConfig
@@ -93,15 +103,10 @@ from trainer.node_config import HostConfig
 __all__ = ["VAL_BATCHES", "HostNode", "NodeError", "Record"]
 
 VAL_BATCHES = 4
-OPTIMIZER_GROUP = "optimizer"
 
 
 DELTA_FETCHES = 4
 """Accepted Δs fetched at once while aggregating (each from all of its holders at once)."""
-
-
-def delta_group(n: int) -> str:
-    return f"delta-{n}"
 
 
 @dataclass
@@ -1127,9 +1132,10 @@ class HostNode:
                 self.catalog.withdraw(Kind.DELTA, h)
                 del self._served_deltas[h]
         for group in self.content.groups():
-            if group.startswith("delta-") and int(group.removeprefix("delta-")) < n:
+            m = delta_group_step(group)
+            if m is not None and m < n:
                 self.content.drop_group(group)
-                self._record_path(int(group.removeprefix("delta-"))).unlink(missing_ok=True)
+                self._record_path(m).unlink(missing_ok=True)
         keep = self._start_optimizers() | self._own_pending_optimizers(n)
         for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
             if h not in keep:

@@ -43,7 +43,17 @@ from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
 from nodekit.reach import Reach, reach
 from nodekit.serve import bind_kept_port
-from nodekit.store import BytesSink, ContentStore, StoreError, TensorSink, sweep_temps
+from nodekit.store import (
+    OPTIMIZER_GROUP,
+    BytesSink,
+    ContentStore,
+    StoreError,
+    TensorSink,
+    delta_group,
+    delta_group_step,
+    state_group_step,
+    sweep_temps,
+)
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import Overlap, RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
@@ -68,7 +78,6 @@ from verifier.verify import (
 
 __all__ = ["HttpSource", "NodeError", "VerifierNode"]
 
-OPTIMIZER_GROUP = "optimizer"
 Pending = Future["Outcome | None"]
 RECOVERABLE = (httpx.HTTPError, OSError, ChainTimeout, BlobError)
 """The chain or every host unreachable (cosmpy's requests errors are OSErrors): wait, then resume."""
@@ -354,10 +363,10 @@ class VerifierNode:
         for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
             self._serve(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
         for group in self.content.groups():
-            if group.isdigit():
+            if state_group_step(group) is not None:
                 for h in self.content.hashes(Kind.STATE, group):
                     self._serve(Kind.STATE, h, group)
-            elif group.startswith("delta-"):
+            elif delta_group_step(group) is not None:
                 for h in self.content.hashes(Kind.DELTA, group):
                     self._serve(Kind.DELTA, h, group)
 
@@ -366,10 +375,11 @@ class VerifierNode:
         step is finalized (audit and dispute voters fetch them), Δs until the step after it is done,
         optimizer states while the chain names them."""
         self.catalog.publish(kind, h, StoredObject(self.content, kind, h, group))
-        if kind is Kind.STATE:
-            self._states[h] = int(group)
-        elif kind is Kind.DELTA:
-            self._deltas[h] = int(group.removeprefix("delta-"))
+        step = (state_group_step if kind is Kind.STATE else delta_group_step)(group)
+        if kind is Kind.STATE and step is not None:
+            self._states[h] = step
+        elif kind is Kind.DELTA and step is not None:
+            self._deltas[h] = step
 
     def _join(self) -> None:
         mine = self.behaviour.declared_class(self.env)
@@ -574,7 +584,7 @@ class VerifierNode:
             if job.parent_delta_hash is not None:  # eager: the parent Δ's holders are step n − 1's
                 parents = self.view.holders(job.outer_step - 1, exclude=self.address).get(job.host, [])
                 holders = list(dict.fromkeys([*holders, *parents]))
-                keep_deltas[job.parent_delta_hash] = f"delta-{job.outer_step - 1}"
+                keep_deltas[job.parent_delta_hash] = delta_group(job.outer_step - 1)
             source = HttpSource(self.blobs, holders, self.objects, self.content, on_fetched=fetched,
                                 group=str(job.outer_step), keep=self._serve,
                                 keep_deltas=keep_deltas)  # fmt: skip
@@ -605,7 +615,7 @@ class VerifierNode:
         payload, which we serve to everyone who aggregates, whatever its author does."""
         o = self.content.put_tensors(Kind.OPTIMIZER, optimizer_state(final), OPTIMIZER_GROUP)
         self._serve(Kind.OPTIMIZER, o, OPTIMIZER_GROUP)
-        group = f"delta-{job.outer_step}"
+        group = delta_group(job.outer_step)
         self._serve(Kind.DELTA, self.content.put_bytes(Kind.DELTA, payload, group), group)
 
     def _outcome(self, n: int, host: str, fut: Pending, info: StepInfo) -> Outcome | None:
@@ -715,7 +725,7 @@ class VerifierNode:
     def _fetch_delta(self, n: int, a: Accepted, holders: Sequence[str]) -> None:
         """An accepted Δ from its author, the verifiers that checked it and everyone else at once
         (every chunk checked), kept and served on to the others."""
-        group = f"delta-{n}"
+        group = delta_group(n)
         if not self.content.has(Kind.DELTA, a.delta_hash):
             endpoints = [e for e in [a.endpoint, *holders] if e and e != self.url]
             ref = self.objects.ref(Kind.DELTA, a.delta_hash)
@@ -732,7 +742,8 @@ class VerifierNode:
                 self.catalog.withdraw(Kind.STATE, h)
                 del self._states[h]
         for group in self.content.groups():
-            if group.isdigit() and int(group) <= before:
+            m = state_group_step(group)
+            if m is not None and m <= before:
                 self.content.drop_group(group)
 
     def _prune(self, n: int) -> None:
@@ -744,7 +755,8 @@ class VerifierNode:
                 self.catalog.withdraw(Kind.DELTA, h)
                 del self._deltas[h]
         for group in self.content.groups():
-            if group.startswith("delta-") and int(group.removeprefix("delta-")) < n - 1:
+            m = delta_group_step(group)
+            if m is not None and m < n - 1:
                 self.content.drop_group(group)
         hosts = [p.address for p in self.view.participants() if p.role == Role.HOST.value]
         run = self.view.run()
