@@ -16,9 +16,9 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+from gonka_diloco.adversaries.holders import SlowHolder
 from nodekit.fetch import BlobClient
 from nodekit.objects import Kind, ObjectRef, TransferPolicy
 from nodekit.serve import BlobCatalog, BytesObject, ServerThread, build_app
@@ -27,19 +27,6 @@ from protocol.codecs import delta_hash
 
 CHUNK = 64 << 10
 RESULTS = Path(__file__).parent / "results"
-
-
-class Slow(BytesObject):
-    """Correct bytes, `delay` seconds per `step` bytes: a holder on a bad link, or one stalling."""
-
-    def __init__(self, data: bytes, chunk: int, step: int, delay: float) -> None:
-        super().__init__(data, chunk)
-        self.step, self.delay = step, delay
-
-    def read(self, start: int, end: int) -> Iterator[bytes]:
-        for a in range(start, end, self.step):
-            time.sleep(self.delay)
-            yield self.data[a : min(end, a + self.step)]
 
 
 def serve(h: str, o: BytesObject) -> ServerThread:
@@ -64,8 +51,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     data = bytes((i * 7) % 251 for i in range(args.chunks * CHUNK))
     ref = ObjectRef(Kind.DELTA, delta_hash(data, CHUNK), len(data), CHUNK)
     honest = [serve(ref.hash, BytesObject(data, CHUNK)) for _ in range(2)]
-    slow = serve(ref.hash, Slow(data, CHUNK, step=1024, delay=0.5))
-    trickle = serve(ref.hash, Slow(data, CHUNK, step=1, delay=0.2))
+    slow = serve(ref.hash, SlowHolder(data, CHUNK, step=1024, delay=0.5))
+    trickle = serve(ref.hash, SlowHolder(data, CHUNK, step=1, delay=0.2))
     policy = TransferPolicy(min_bytes_per_s=10_000.0, base_s=2.0)  # floor 10 kB/s after 2 s
     cases = {
         "honest holders only": [h.url for h in honest],

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gonka_diloco.devnet import CHAIN_ROLES, Devnet
-from gonka_diloco.devnet_config import DevnetConfig, make_config
+from gonka_diloco.devnet_config import TINY_DEVNET, DevnetConfig, make_config
 from nodekit.objects import Kind
 from nodekit.store import ContentStore, StoreError, stale_files
 from protocol.config import RunConfig
@@ -69,21 +69,12 @@ class ChaosResult:
 
 
 CHAOS_DEVNET: dict[str, Any] = {
+    **TINY_DEVNET,
     "hosts": 2,
     "verifiers": 2,
     "adversaries": [],
     "outer_steps": 8,
-    "inner_steps": 10,
-    "segment_len": 5,
-    "sampled_segments": 1,
-    "verifiers_per_contribution": 1,
-    "batch_size": 4,
-    "seq_len": 32,
-    "model_size": "tiny",
-    "block_interval": 0.2,
-    "phases": {"join": 2.0, "train": 4.0, "reveal": 2.0, "verify": 3.0, "escalation": 2.0, "result": 3.0},
     "timeout": 240.0,
-    "live": False,
 }
 """Small enough for two cores (the fault tests' 1-layer GPT, H=10, 0.2 s blocks), honest nodes
 only, and long enough (eight outer steps, ~4 s each) for a few kills and restarts to land mid-run."""

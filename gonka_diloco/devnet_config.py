@@ -261,6 +261,21 @@ def dataset_vocab(source: str) -> int | None:
     return corpus.manifest.tokenizer.vocab_size if corpus.manifest is not None else None
 
 
+TINY_DEVNET: dict[str, Any] = {
+    "inner_steps": 10,
+    "segment_len": 5,
+    "sampled_segments": 1,
+    "verifiers_per_contribution": 1,
+    "batch_size": 4,
+    "seq_len": 32,
+    "model_size": "tiny",
+    "block_interval": 0.2,
+    "phases": {"join": 2.0, "train": 4.0, "reveal": 2.0, "verify": 3.0, "escalation": 2.0, "result": 3.0},
+    "live": False,
+}
+"""The shape of a devnet small enough for 2 cores in seconds (a 1-layer GPT, H = 10, 0.2 s blocks):
+the tests' and the chaos runs' devnets add their hosts, verifiers, steps and timeout to it."""
+
 DEVNET_MARGIN = 2.0
 """Step time × 2 in a devnet (`phase_sizing.DEFAULT_MARGIN` is 1.5): a `make devnet` at 1.5 missed
 its commit deadlines on a 2-core machine shared with other work (trained 4–7.8 s in a 5.1 s phase)."""

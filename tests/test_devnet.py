@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gonka_diloco.devnet_config import make_config
+from gonka_diloco.devnet_config import TINY_DEVNET, make_config
 from gonka_diloco.procs import NodeProcess, NodeStartError, Supervisor
 
 # A node stand-in: spawns a grandchild (as uvicorn or torchrun would), logs, announces itself, waits.
@@ -209,21 +209,12 @@ def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
 # ---------------------------------------------------------------- the end-to-end devnet
 
 QUICK = {
+    **TINY_DEVNET,
     "hosts": 3,
     "verifiers": 2,
     "adversaries": [{"behaviour": "noise"}],
     "outer_steps": 3,
-    "inner_steps": 10,
-    "segment_len": 5,
-    "sampled_segments": 1,
-    "verifiers_per_contribution": 1,
-    "batch_size": 4,
-    "seq_len": 32,
-    "model_size": "tiny",
-    "block_interval": 0.2,
-    "phases": {"join": 2.0, "train": 4.0, "reveal": 2.0, "verify": 3.0, "escalation": 2.0, "result": 3.0},
     "timeout": 150.0,
-    "live": False,
 }
 """A devnet small enough for CI: a 1-layer GPT, H=10, 0.2 s blocks, three outer steps."""
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gonka_diloco.adversaries.holders import SlowHolder
 from nodekit.fetch import BlobClient, BlobInvalid, BlobUnavailable
 from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.holdings import fetch_to_store
@@ -41,19 +42,6 @@ class Counting(BytesObject):
         for piece in super().read(start, end):
             type(self).sent += len(piece)
             yield piece
-
-
-class Slow(BytesObject):
-    """Correct bytes, `delay` seconds per `step` bytes: a holder on a bad link."""
-
-    def __init__(self, data: bytes, chunk: int, step: int, delay: float) -> None:
-        super().__init__(data, chunk)
-        self.step, self.delay = step, delay
-
-    def read(self, start: int, end: int) -> Iterator[bytes]:
-        for a in range(start, end, self.step):
-            time.sleep(self.delay)
-            yield self.data[a : min(end, a + self.step)]
 
 
 class Garbage(BytesObject):
@@ -150,7 +138,7 @@ def test_a_slow_holder_listed_first_costs_about_one_hedge() -> None:
     holder; the first verified copy wins. Without hedging the slow holder would keep its chunks
     for 5 s each (16 chunks of 1 kB at 100 B per 0.5 s, above the floor)."""
     data, ref = obj(16 * CHUNK)
-    slow = serve((ref.hash, Slow(data, CHUNK, step=100, delay=0.5)))
+    slow = serve((ref.hash, SlowHolder(data, CHUNK, step=100, delay=0.5)))
     fast = serve((ref.hash, BytesObject(data, CHUNK)))
     policy = TransferPolicy(min_bytes_per_s=100.0, base_s=30.0)  # the floor alone would not drop it
     try:
@@ -172,7 +160,7 @@ def test_a_trickling_holder_is_dropped_by_the_clock_not_resumed() -> None:
     only when a byte arrives never fires within the grace; the floor line does: once below it the
     holder is dropped (not resumed) and the chunk goes to the honest holder."""
     data, ref = obj(4 * CHUNK)
-    trickle = serve((ref.hash, Slow(data, CHUNK, step=1, delay=0.4)))
+    trickle = serve((ref.hash, SlowHolder(data, CHUNK, step=1, delay=0.4)))
     fast = serve((ref.hash, BytesObject(data, CHUNK)))
     policy = TransferPolicy(min_bytes_per_s=1000.0, base_s=1.0)
     try:
@@ -214,6 +202,7 @@ def test_a_holder_that_goes_silent_is_ended_by_the_clock() -> None:
 
 KILLED_FETCH = """
 import sys
+from gonka_diloco.adversaries.holders import SlowHolder
 from nodekit.fetch import BlobClient
 from nodekit.holdings import fetch_to_store
 from nodekit.objects import Kind, ObjectRef, TransferPolicy
@@ -228,7 +217,7 @@ fetch_to_store(BlobClient([], 30, 0, policy=TransferPolicy(10.0, 60.0)), store, 
 
 def test_kill_9_mid_fetch_leaves_nothing_half_written_and_sweep_cleans(tmp_path: Path) -> None:
     data, ref = obj(8 * CHUNK)
-    slow = serve((ref.hash, Slow(data, CHUNK, step=256, delay=0.05)))
+    slow = serve((ref.hash, SlowHolder(data, CHUNK, step=256, delay=0.05)))
     root = tmp_path / "store"
     store = ContentStore(root, CHUNK)
     store.put_bytes(Kind.DELTA, b"kept" * 100, "delta-0")

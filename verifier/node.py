@@ -375,11 +375,10 @@ class VerifierNode:
         step is finalized (audit and dispute voters fetch them), Δs until the step after it is done,
         optimizer states while the chain names them."""
         self.catalog.publish(kind, h, StoredObject(self.content, kind, h, group))
-        step = (state_group_step if kind is Kind.STATE else delta_group_step)(group)
-        if kind is Kind.STATE and step is not None:
-            self._states[h] = step
-        elif kind is Kind.DELTA and step is not None:
-            self._deltas[h] = step
+        if kind is Kind.STATE and (m := state_group_step(group)) is not None:
+            self._states[h] = m
+        elif kind is Kind.DELTA and (m := delta_group_step(group)) is not None:
+            self._deltas[h] = m
 
     def _join(self) -> None:
         mine = self.behaviour.declared_class(self.env)
