@@ -1,7 +1,7 @@
 """Soak (issue 22): the suite from fresh clones and the devnet in every overlap mode, under load.
 
     .venv/bin/python -m bench.soak [--suites 3] [--devnets 5] [--modes none,eager] [--burners 2]
-                                   [--outer-steps N] [--timeout S]
+                                   [--outer-steps N] [--timeout S] [--name soak]
     make soak ARGS="--suites 1 --devnets 2"
 
 The defaults are the issue's goal: 3 fresh-clone suites and 5 devnets per mode, each beside 2 CPU
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--burners", type=int, default=2, help="CPU burner processes beside every run")
     ap.add_argument("--outer-steps", type=int, default=None, help="devnet outer steps (its default)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    ap.add_argument("--name", default="soak", help="results file: bench/results/NAME.json")
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     runs: list[SoakRun] = []
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     Console().print(table)
     out = {"settings": vars(args), "summary": summary, "runs": [asdict(r) for r in runs]}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "soak.json").write_text(json.dumps(out, indent=1) + "\n")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(out, indent=1) + "\n")
     return out
 
 
