@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from bench.sim import RESULTS_DIR, Host, Setup, make_env, n_params, ring_allreduce_bytes, write_result
-from nodekit.store import state_to_bytes
+from nodekit.statestore import state_to_bytes
 from protocol.codecs import encode, to_blob
 from protocol.config import Codec
 from replay.spec import build_model

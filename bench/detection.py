@@ -51,7 +51,7 @@ from gonka_diloco.adversaries.lab import (
     tiny_config,
 )
 from nodekit.globalmodel import GlobalModel
-from nodekit.store import StateStore
+from nodekit.statestore import StateStore
 from protocol import codecs
 from protocol.config import ModelSpec, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, Reason

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from nodekit.store import StateStore, clone_state
+from nodekit.statestore import StateStore, clone_state
 from protocol.codecs import encode, to_blob
 from protocol.config import Codec, ModelSpec, RunConfig
 from replay.data import shakespeare_corpus

@@ -310,7 +310,7 @@ def run(quick: bool, folder: Path) -> dict[str, Any]:
     boundary_s = sum(e.get("boundary_seconds", 0.0) for e in trained)
     steps_s = sum(e.get("step_seconds", 0.0) for e in trained)  # the inner steps alone
     protocol_s = sum(e.get("protocol_seconds", 0.0) for e in trained)  # all the rest
-    waits: dict[str, float] = {}  # boundary_s by cause (trainer.commit.WAIT_CAUSES)
+    waits: dict[str, float] = {}  # boundary_s by cause (trainer.boundaries.WAIT_CAUSES)
     for e in trained:
         for k, v in (e.get("boundary_waits") or {}).items():
             waits[k] = round(waits.get(k, 0.0) + v, 3)
@@ -430,7 +430,7 @@ def render(d: dict[str, Any]) -> list[str]:
                                   f"(loading G_n, computing and encoding Δ) {rest:.1f} s)")  # fmt: skip
     if d.get("boundary_seconds_by_cause"):
         causes = ", ".join(f"{k} {v} s" for k, v in d["boundary_seconds_by_cause"].items() if v)
-        out.append(f"Boundary time by cause (`trainer.commit.WAIT_CAUSES`): {causes}.")
+        out.append(f"Boundary time by cause (`trainer.boundaries.WAIT_CAUSES`): {causes}.")
     return out
 
 

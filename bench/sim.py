@@ -175,7 +175,7 @@ def roundtrip(delta: Mapping[str, Tensor], codec: Codec, block: int) -> tuple[Pa
 
 
 class MemStore:
-    """In-memory stand-in for `nodekit.store.StateStore` that also serves as a verifier BlobSource.
+    """In-memory stand-in for `nodekit.statestore.StateStore` that also serves as a verifier BlobSource.
 
     Disk I/O is what `bench.host_overhead` measures; here it would only slow the runs down.
     """

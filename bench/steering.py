@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 from gonka_diloco.adversaries import resolve_host
 from gonka_diloco.adversaries.lab import HostRun, Lab, next_global, synthetic_corpus, tiny_config
 from nodekit.globalmodel import GlobalModel
-from nodekit.store import StateStore
+from nodekit.statestore import StateStore
 from protocol import codecs
 from protocol.config import Codec, Numerics, Precision, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint

@@ -21,7 +21,8 @@ from nodekit.fetch import BlobClient
 from nodekit.flight import FLIGHTS
 from nodekit.holdings import fetch_to_store, flight_key
 from nodekit.objects import Kind, ObjectRef, model_specs
-from nodekit.store import ContentStore, StoredTensors, StoreError, TensorSink
+from nodekit.store import ContentStore, StoreError, TensorSink
+from nodekit.storefiles import StoredTensors
 from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.codecs import Layout
 from protocol.config import OuterOptim

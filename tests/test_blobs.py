@@ -336,7 +336,8 @@ def test_single_byte_ranges_for_resumed_downloads(node) -> None:
 def test_stored_tensors_read_ahead_and_read_into(tmp_path: Path) -> None:
     """Chunks read and checked ahead on the hash pool give the same tensors, read straight into a
     caller's tensor too; a corrupted chunk is still an error when it is reached, ahead or not."""
-    from nodekit.store import StoredTensors, StoreError
+    from nodekit.store import StoreError
+    from nodekit.storefiles import StoredTensors
 
     chunk = 1024
     state, data, ref = state_object(chunk)

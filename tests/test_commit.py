@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nodekit.objects import Kind
-from nodekit.store import StateStore, StoreError, state_from_bytes, state_to_bytes
+from nodekit.statestore import StateStore, state_from_bytes, state_to_bytes
+from nodekit.store import StoreError
 from protocol import chunks
 from protocol.codecs import decode, delta_hash
 from protocol.config import Codec, ReplayMode
@@ -18,18 +19,10 @@ from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, domain, tensor_hash
 from replay.step import load_training_state, train_segment, training_hash, training_state
 from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
-from trainer import commit
-from trainer.commit import (
-    Boundaries,
-    Contribution,
-    LiveBoundary,
-    cool_spill,
-    materialize_openings,
-    openings,
-    param_tensors,
-    run_committed,
-    warm_spill,
-)
+from trainer import boundaries
+from trainer.boundaries import Boundaries, LiveBoundary, cool_spill, warm_spill
+from trainer.commit import Contribution, openings, param_tensors, run_committed
+from trainer.recompute import materialize_openings
 
 CREATOR = HOST
 
@@ -235,9 +228,9 @@ def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_
         leaves.append(chunks.content_hash(domain(StateKind.TRAINING), 4096, job.total, digests))
         assert leaves[-1] == want
     assert bufs[0] is bufs[1] is bufs[2] and len(set(leaves)) == 3
-    assert size in commit._SPILLS
+    assert size in boundaries._SPILLS
     cool_spill(size)
-    assert size not in commit._SPILLS  # freed: not held through reveal and aggregation
+    assert size not in boundaries._SPILLS  # freed: not held through reveal and aggregation
 
 
 def test_a_second_boundary_waits_for_the_spill_buffer_instead_of_making_another() -> None:

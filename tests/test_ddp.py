@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.store import StateStore
+from nodekit.statestore import StateStore
 from replay.step import (
     configure_determinism,
     load_training_state,
@@ -28,7 +28,7 @@ from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer.commit import param_tensors
 from trainer.ddp import init_from_env, run_committed_ddp
 from replay.step import configure_determinism
-from nodekit.store import StateStore
+from nodekit.statestore import StateStore
 configure_determinism(1)
 ex = init_from_env("gloo")
 cfg = tiny_cfg()

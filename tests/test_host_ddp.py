@@ -319,7 +319,7 @@ from nodekit.objects import Kind
 from trainer import ddp
 from trainer.commit import param_tensors
 from replay.step import configure_determinism
-from nodekit.store import StateStore
+from nodekit.statestore import StateStore
 configure_determinism(1)
 ex = ddp.launch()
 cfg = tiny_cfg(dataset_manifest_hash="0" * 64, inner_steps=30, state_chunk_bytes=1024, **TOLERANCE)

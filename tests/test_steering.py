@@ -21,7 +21,7 @@ from gonka_diloco.adversaries import resolve_host
 from gonka_diloco.adversaries.hosts import assemble, start_state
 from gonka_diloco.adversaries.lab import HostRun, Lab, next_global, synthetic_corpus, tiny_config
 from nodekit.globalmodel import GlobalModel
-from nodekit.store import clone_state
+from nodekit.statestore import clone_state
 from protocol.config import Numerics, Precision, ReplayMode
 from protocol.messages import Reason
 from replay.step import (

@@ -21,8 +21,9 @@ from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from nodekit.blobs import BlobClient
 from tests.test_host_node import LockstepChain, create_run, host_config, run_config, running, tiny_corpus
 from trainer.node import HostNode
-from verifier.node import HttpSource, VerifierNode
+from verifier.node import VerifierNode
 from verifier.node_config import ConfigError, KeySource, VerifierConfig, load_verifier_config
+from verifier.source import HttpSource
 from verifier.verify import MissingData
 
 HOSTS = {1: "honest", 2: "zero", 3: "malformed", 4: "no_reveal", 5: "copycat"}

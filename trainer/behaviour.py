@@ -29,7 +29,8 @@ from chain.client import ChainClient
 from nodekit.blobs import BlobClient
 from nodekit.globalmodel import GlobalModel
 from nodekit.objects import Kind, ObjectRef
-from nodekit.store import BytesSink, StateStore
+from nodekit.statestore import StateStore
+from nodekit.store import BytesSink
 from protocol.codecs import delta_hash, encode, payload_len
 from protocol.config import RunConfig
 from protocol.merkle import merkle_root

@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from nodekit.store import ContentStore, StateStore
+from nodekit.statestore import StateStore
+from nodekit.store import ContentStore
 from protocol.config import RunConfig
 from protocol.tensors import StateKind
 from replay.data import Corpus, shakespeare_corpus
@@ -46,15 +47,8 @@ from replay.step import (
     train_segment,
     training_state,
 )
-from trainer.commit import (
-    Contribution,
-    OpeningPlan,
-    drop_sources,
-    follow_committed,
-    plan_openings,
-    recompute_openings,
-    run_committed,
-)
+from trainer.commit import Contribution, follow_committed, run_committed
+from trainer.recompute import OpeningPlan, drop_sources, plan_openings, recompute_openings
 from trainer.sharded import DistCollectives, ShardedState, ShardedStep, ShardPlan, make_shard_optimizer
 
 FOLLOW_TIMEOUT = timedelta(days=30)
@@ -366,7 +360,7 @@ class Team:
         *,
         loss_fn: LossFn = lm_loss,
     ) -> list[int]:
-        """`trainer.commit.materialize_openings` for a sharded team: rank 0 plans (and deletes what
+        """`trainer.recompute.materialize_openings` for a sharded team: rank 0 plans (and deletes what
         is not needed); every rank recomputes its part of the missing opened boundaries from the
         persisted ones (or from G_n, which rank 0 broadcasts, and the carried optimizer state)."""
         if self.closed:

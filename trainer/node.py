@@ -63,10 +63,10 @@ from nodekit.memory import release, tune_allocator
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import DOMAINS, Kind, ObjectPolicy, TransferPolicy
 from nodekit.reach import Reach, reach
+from nodekit.statestore import StateStore
 from nodekit.store import (
     OPTIMIZER_GROUP,
     ContentStore,
-    StateStore,
     StoreError,
     TensorSink,
     atomic_write,
@@ -95,10 +95,11 @@ from replay.step import (
     training_state,
 )
 from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
-from trainer.commit import Contribution, load_params, materialize_openings, openings
+from trainer.commit import Contribution, load_params, openings
 from trainer.ddp import Team
 from trainer.metrics import HostMetrics
 from trainer.node_config import HostConfig
+from trainer.recompute import materialize_openings
 
 __all__ = ["VAL_BATCHES", "HostNode", "NodeError", "Record"]
 

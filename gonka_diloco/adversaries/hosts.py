@@ -77,7 +77,7 @@ import zstandard
 from torch import Tensor
 
 from gonka_diloco.adversaries.steer import TARGETS, WHERE, make_genuine, steer_boundary
-from nodekit.store import clone_state
+from nodekit.statestore import clone_state
 from protocol import codecs
 from protocol.config import ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient

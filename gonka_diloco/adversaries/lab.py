@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from nodekit.globalmodel import GlobalModel
-from nodekit.store import StateStore, StoreError, state_from_bytes
+from nodekit.statestore import StateStore, state_from_bytes
+from nodekit.store import StoreError
 from protocol import codecs
 from protocol.config import ModelSpec, RunConfig
 from protocol.prf import sample_segments

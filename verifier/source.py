@@ -1,0 +1,159 @@
+"""Where a verifier's replay gets what it cannot rebuild: a contribution's objects from their
+holders, each fetched chunk by chunk straight into the replay's tensors, and kept to serve on."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from nodekit.blobs import (
+    BlobClient,
+    BlobInvalid,
+    BlobUnavailable,
+    fetch_to_store,
+)
+from nodekit.objects import Kind, ObjectPolicy
+from nodekit.store import (
+    OPTIMIZER_GROUP,
+    BytesSink,
+    ContentStore,
+    StoreError,
+    TensorSink,
+)
+from replay.step import State
+from verifier.verify import (
+    MalformedBlob,
+    MissingData,
+)
+
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(store: ContentStore, h: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault((str(store.root), h), threading.Lock())
+
+
+class _Tee:
+    """A sink writing every verified byte twice: into the replay's tensors and into a store file,
+    so a fetched state is kept (and served to audit and dispute voters) without being read again."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = sinks
+        self.length = sinks[0].length
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        for sink in self.sinks:
+            sink.write_at(offset, data)
+
+
+class HttpSource:
+    """`BlobSource` over the holders of a contribution's objects (its author first, then the
+    verifiers that checked it, then the rest): each object fetched chunk by chunk (Range,
+    resumable, every chunk checked against its hash as it arrives) straight into fresh tensors, so
+    a state is hashed once and never buffered; errors become reasons.
+
+    With a `store`, what is fetched is also kept there and handed to `keep` (the node serves it):
+    opened states under `group` (written as they stream into the replay's tensors), optimizer
+    states (segment 0's start, fetched at most once per host) under `optimizer`. A state already
+    in the store is read from it, not fetched again."""
+
+    def __init__(
+        self,
+        client: BlobClient,
+        endpoints: str | Sequence[str],
+        objects: ObjectPolicy,
+        store: ContentStore | None = None,
+        on_fetched: Callable[[Any], None] | None = None,
+        *,
+        group: str | None = None,
+        keep: Callable[[Kind, str, str], None] | None = None,
+        keep_deltas: Mapping[str, str] | None = None,
+    ):
+        self.client = client
+        self.endpoints = [endpoints] if isinstance(endpoints, str) else [e for e in endpoints if e]
+        self.objects, self.store, self.group = objects, store, group
+        self.on_fetched = on_fetched or (lambda _r: None)
+        self.keep = keep or (lambda _k, _h, _g: None)
+        self.keep_deltas = dict(keep_deltas or {})  # Δ hash -> group: fetched Δs kept and served
+
+    def _fetch(self, kind: Kind, h: str, sink: Any) -> None:
+        try:
+            self.on_fetched(self.client.fetch(self.objects.ref(kind, h), sink, self.endpoints))
+        except BlobUnavailable as e:
+            raise MissingData(str(e)) from e
+        except (BlobInvalid, ValueError) as e:
+            raise MalformedBlob(str(e)) from e
+
+    def _tensors(self, kind: Kind, h: str, into: State | None = None) -> State:
+        sink = TensorSink(self.objects.specs[kind]) if into is None else TensorSink.into(into)
+        self._fetch(kind, h, sink)
+        return sink.tensors
+
+    def state(self, leaf_hash: str, into: State | None = None) -> State:
+        """Fetched into `into` (the replay model's own tensors) when given: no buffer state."""
+        if self.store is None or self.group is None:
+            return self._tensors(Kind.STATE, leaf_hash, into)
+        sink = TensorSink(self.objects.specs[Kind.STATE]) if into is None else TensorSink.into(into)
+        with _lock(self.store, leaf_hash):  # two jobs may open one state (e.g. two zero-Δ hosts)
+            if self.store.has(Kind.STATE, leaf_hash, self.group):  # fetched before: verified on read
+                self.store.load_into(Kind.STATE, leaf_hash, sink, self.group)
+                return sink.tensors
+            return self._fetch_kept(leaf_hash, sink)
+
+    def _fetch_kept(self, leaf_hash: str, sink: TensorSink) -> State:
+        assert self.store is not None and self.group is not None
+        ref = self.objects.ref(Kind.STATE, leaf_hash)
+        part = self.store.begin(Kind.STATE, leaf_hash, self.group, ref.length)
+        try:
+            report = self.client.fetch(ref, _Tee(sink, part), self.endpoints)
+        except BlobUnavailable as e:
+            self.store.abort(part)
+            raise MissingData(str(e)) from e
+        except (BlobInvalid, ValueError) as e:
+            self.store.abort(part)
+            raise MalformedBlob(str(e)) from e
+        except BaseException:
+            self.store.abort(part)
+            raise
+        self.store.commit(Kind.STATE, leaf_hash, self.group, part, report.digests)
+        self.on_fetched(report)
+        self.keep(Kind.STATE, leaf_hash, self.group)
+        return sink.tensors
+
+    def optimizer(self, optimizer_hash: str, into: State | None = None) -> State:
+        if self.store is None:
+            return self._tensors(Kind.OPTIMIZER, optimizer_hash, into)
+        if not self.store.has(Kind.OPTIMIZER, optimizer_hash, OPTIMIZER_GROUP):
+            try:
+                ref = self.objects.ref(Kind.OPTIMIZER, optimizer_hash)
+                report = fetch_to_store(self.client, self.store, ref, OPTIMIZER_GROUP, self.endpoints)
+                if report is not None:
+                    self.on_fetched(report)
+            except BlobUnavailable as e:
+                raise MissingData(str(e)) from e
+            except BlobInvalid as e:
+                raise MalformedBlob(str(e)) from e
+            self.keep(Kind.OPTIMIZER, optimizer_hash, OPTIMIZER_GROUP)
+        sink = TensorSink(self.objects.specs[Kind.OPTIMIZER]) if into is None else TensorSink.into(into)
+        self.store.load_into(Kind.OPTIMIZER, optimizer_hash, sink, OPTIMIZER_GROUP)
+        return sink.tensors
+
+    def delta(self, delta_hash: str) -> bytes:
+        """A Δ we hold (derived or fetched before: verified on read), else fetched. With a store, a
+        Δ named in `keep_deltas` (an eager run's parent Δ, under its step's group) is kept there and
+        served on: the next verifier of the child fetches it from us too."""
+        if self.store is not None and self.store.has(Kind.DELTA, delta_hash):
+            try:
+                return self.store.read_bytes(Kind.DELTA, delta_hash)
+            except (StoreError, ValueError, OSError):
+                self.store.delete(Kind.DELTA, delta_hash)  # corrupted on our disk: fetch it again
+        sink = BytesSink(self.objects.length(Kind.DELTA))
+        self._fetch(Kind.DELTA, delta_hash, sink)
+        payload = bytes(sink.buf)
+        group = self.keep_deltas.get(delta_hash)
+        if self.store is not None and group is not None:
+            self.keep(Kind.DELTA, self.store.put_bytes(Kind.DELTA, payload, group), group)
+        return payload
