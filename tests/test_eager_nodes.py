@@ -146,17 +146,17 @@ def test_a_step_trained_ahead_from_a_start_the_chain_does_not_name_is_trained_ag
     verifier = counted(chain, verifier_node(tmp_path, 9, run_id, corpus))
     logs: list[dict[str, Any]] = []
     a, b = (host(tmp_path, i, run_id, chain, corpus, log=logs.append) for i in (1, 2))
-    trained_ahead = a._train_ahead
+    trained_ahead = a.train.train_ahead
 
     def ahead_from_another_start(n: int) -> None:
         trained_ahead(n)
-        path = a._record_path(n)
+        path = a.records.path(n)
         if path.exists():
             record = json.loads(path.read_bytes())
             record["start"][1] = "0" * 64  # another parent Δ than the one the chain will name
             path.write_text(json.dumps(record))
 
-    a._train_ahead = ahead_from_another_start  # type: ignore[method-assign]
+    a.train.train_ahead = ahead_from_another_start  # type: ignore[method-assign]
     with running([lambda h=h: h.run(linger=True) for h in (a, b)] + [then_stop(verifier.run, [a, b])], chain):
         pass
     trained = sorted((e["node"], e["outer_step"], e["ahead"]) for e in logs if e["event"] == "trained")

@@ -295,7 +295,7 @@ def test_nodes_sweep_what_a_kill_left_at_start_up(tmp_path: Path) -> None:
     logs: list[dict] = []
     host = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append)
     verifier = verifier_node(tmp_path, 9, run_id, corpus)
-    verifier._log = logs.append
+    verifier.rt.sink = logs.append
     try:
         host._setup()
         verifier._setup()

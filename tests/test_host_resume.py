@@ -72,7 +72,7 @@ def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_glob
     )
     first = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, poll_timeout=0.5, log=print)
     sink = _crash_on(first, chain, "committed", step=1)
-    first._log = sink
+    first.rt.sink = sink
     logs: list[dict[str, Any]] = []
     chain.hold()  # nobody moves until the first host has started too
     lingering = [other]
@@ -163,7 +163,7 @@ def test_missed_reveal_deadline_sits_out_then_rejoins_next_step(tmp_path: Path) 
     first = HostNode(
         host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=lambda e: None, poll_timeout=0.5
     )
-    first._log = _crash_on(first, chain, "committed", step=0)
+    first.rt.sink = _crash_on(first, chain, "committed", step=0)
     logs: list[dict[str, Any]] = []
     chain.hold()
     lingering = [other]

@@ -38,7 +38,7 @@ STEPS = 3
 
 def counted(chain: LockstepChain, node: Any) -> Any:
     """Make the node's worker threads chain actors too: no block while one of them works."""
-    spawn = node._spawn
+    spawn = node.rt.spawn
 
     def _spawn(name: str, fn: Callable[[], None]) -> Any:
         chain.hold()
@@ -51,7 +51,7 @@ def counted(chain: LockstepChain, node: Any) -> Any:
 
         return spawn(name, go)
 
-    node._spawn = _spawn
+    node.rt.spawn = _spawn
     return node
 
 
@@ -123,7 +123,7 @@ def test_host_crash_during_overlap_then_restart_resumes_both_steps(tmp_path: Pat
     other = host(tmp_path, 2, run_id, chain, corpus)
     first = host(tmp_path, 1, run_id, chain, corpus)
     sink = _crash_on(first, chain, "committed", step=1)
-    first._log = sink
+    first.rt.sink = sink
     logs: list[dict[str, Any]] = []
     chain.hold()  # nobody moves until the first host has started too
     lingering = [other]

@@ -112,7 +112,7 @@ def test_multi_chunk_states_resume_and_multi_source_fetch(tmp_path: Path) -> Non
                  poll_timeout=0.5),
     ]  # fmt: skip
     verifier = verifier_node(tmp_path, 9, run_id, corpus)
-    verifier._log = logs.append
+    verifier.rt.sink = logs.append
     try:
         targets = [lambda h=h: h.run(linger=True) for h in hosts] + [then_stop(verifier.run, hosts)]
         with running(targets, chain):

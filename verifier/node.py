@@ -17,31 +17,23 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import httpx
-from torch import Tensor
 
 from chain.client import ChainClient, ChainTimeout, TxFailed
-from nodekit.blobs import (
-    BlobCatalog,
-    BlobClient,
-    BlobError,
-    BlobInvalid,
-    BlobUnavailable,
-    StoredObject,
-    build_app,
-    fetch_to_store,
-)
-from nodekit.board import Board
-from nodekit.chainview import Accepted, ChainView, Phase, StepInfo, Stopped
-from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.blobs import BlobCatalog, BlobError, build_app
+from nodekit.chainview import Phase, StepInfo, Stopped
+from nodekit.globalmodel import GlobalModel
+from nodekit.holdings import Holdings
 from nodekit.memory import release, tune_allocator
+from nodekit.nextmodel import GlobalModels
 from nodekit.node import NodeError, join_run, json_line
 from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
 from nodekit.reach import Reach, reach
+from nodekit.runtime import NodeRuntime
 from nodekit.serve import bind_kept_port
 from nodekit.store import (
     OPTIMIZER_GROUP,
@@ -49,9 +41,8 @@ from nodekit.store import (
     delta_group,
     delta_group_step,
     state_group_step,
-    sweep_temps,
 )
-from protocol.codecs import CodecError, iter_decode
+from protocol.codecs import CodecError
 from protocol.config import Overlap, RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
 from replay.checkpoint import node_initial_global
@@ -109,61 +100,34 @@ class VerifierNode:
                 raise NodeError(f"behaviour {config.behaviour!r} must be resolved by the caller")
             behaviour = VerifierBehaviour()
         self.config, self.chain, self.behaviour = config, chain, behaviour
-        self.wallet = config.wallet()
-        self.address = str(self.wallet.address())
-        self.name = config.data_path.name or "verifier"
-        self._corpus, self._allow_list, self._log = corpus, allow_list, log
-        self.retry_backoff = retry_backoff
-        self.view = ChainView(chain, config.run_id, poll_timeout=poll_timeout)
-        self.dir = config.data_path
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.board = Board(
-            node=self.name, role="verifier", address=self.address, run_id=config.run_id,
-            outer_step=None, phase="STARTING", verdicts={}, submitted=0,
-        )  # fmt: skip
-        self.metrics = VerifierMetrics(self.board.registry)
-        self.catalog = BlobCatalog()
         policy = TransferPolicy(min_bytes_per_s=config.min_transfer_bps, base_s=blob_timeout)
-        self.blobs = BlobClient(
-            [], blob_timeout, blob_retries, backoff=blob_backoff, on_bytes=self.metrics.bytes_fetched.inc,
-            policy=policy,
+        self.rt = rt = NodeRuntime(
+            role="verifier", data_dir=config.data_path, chain=chain, wallet=config.wallet(),
+            run_id=config.run_id, public_url=config.public_url, log=log, poll_timeout=poll_timeout,
+            policy=policy, blob_timeout=blob_timeout, blob_retries=blob_retries, blob_backoff=blob_backoff,
+            verdicts={}, submitted=0,
         )  # fmt: skip
-        self._gm: dict[str, GlobalModel] = {}
-        self._deltas: dict[str, int] = {}  # Δ hash -> outer step of the Δs we hold and serve
-        self._states: dict[str, int] = {}  # leaf -> outer step of the opened states we fetched and serve
+        self.name, self.address, self.dir, self.view = rt.name, rt.address, rt.dir, rt.view
+        self.log, self.snapshot, self.stop = rt.log, rt.board.snapshot, rt.stop
+        self.metrics = VerifierMetrics(rt.board.registry)
+        rt.on_bytes = self.metrics.bytes_fetched.inc
+        self._corpus, self._allow_list = corpus, allow_list
+        self.retry_backoff = retry_backoff
+        self.catalog = BlobCatalog()
         self._taken: set[int] = set()  # overlapped runs: steps handed to a worker
         self._workers: list[threading.Thread] = []  # ... one per step in flight
         self._lock = threading.Lock()  # pruning and following, between the loop and the follower
-        app = build_app(self.catalog, self.snapshot, self.board.registry)
-        self._swept(sweep_temps(self.dir))  # a listen.json write a kill cut short
-        self.server = bind_kept_port(app, config.listen, self.dir / "listen.json", self.log)
-
-    # ---------------------------------------------------------------- plumbing
-
-    def _swept(self, gone: list[Any]) -> None:
-        """Log what a start-up sweep removed (temp and part files a killed process left)."""
-        if gone:
-            self.log("swept", removed=len(gone), files=[p.name for p in gone[:8]])
+        rt.sweep(self.dir)  # a listen.json write a kill cut short
+        app = build_app(self.catalog, rt.board.snapshot, rt.board.registry)
+        rt.server = self.server = bind_kept_port(app, config.listen, self.dir / "listen.json", rt.log)
 
     @property
     def status(self) -> dict[str, Any]:
-        return self.board.status
+        return self.rt.board.status
 
     @property
     def url(self) -> str:
-        return self.config.public_url or self.server.url
-
-    def snapshot(self) -> dict[str, Any]:
-        return self.board.snapshot()
-
-    def _set(self, **fields: Any) -> None:
-        self.board.set(**fields)
-
-    def log(self, event: str, **fields: Any) -> None:
-        self._log({"ts": round(time.time(), 3), "node": self.name, "event": event, **fields})
-
-    def stop(self) -> None:
-        self.view.stop.set()
+        return self.rt.url
 
     # ---------------------------------------------------------------- start-up
 
@@ -179,8 +143,10 @@ class VerifierNode:
         check_fits(  # before any allocation: a model this machine cannot hold is refused in one line
             self.cfg, device, Holder.VERIFIER, workers=self.config.workers, allow_list=self._allow_list
         )
-        self.corpus = self._corpus if self._corpus is not None else node_corpus(
-            self.cfg, self.config.dataset_source, self.dir
+        self.corpus = (
+            self._corpus
+            if self._corpus is not None
+            else node_corpus(self.cfg, self.config.dataset_source, self.dir)
         )
         if self.corpus.manifest_hash != self.cfg.dataset_manifest_hash:
             raise NodeError(f"local dataset {self.corpus.manifest_hash[:12]} is not the run's")
@@ -197,12 +163,16 @@ class VerifierNode:
         c = self.cfg.state_chunk_bytes
         self.objects = ObjectPolicy.of(model, self.cfg)  # exact sizes of everything we fetch
         self.content = ContentStore(self.dir / "store", c)
-        self._swept(self.content.sweep())  # what a kill left half-written (part files), before any fetch
-        self.globals = GlobalStore(self.content, {n: tuple(p.shape) for n, p in model.named_parameters()})
+        self.rt.swept(self.content.sweep())  # what a kill left half-written (part files), before any fetch
         self.catalog.chunk_bytes = c
+        self.holdings = Holdings(self.content, self.catalog, self.log)
+        layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self.models = GlobalModels(
+            self.rt, self.holdings, layout, self.objects, self.cfg.outer, self._holders
+        )
         g0 = node_initial_global(self.cfg.initial_model_hash, model, self.config.init_checkpoint_source, c)
         if g0.hash == self.cfg.initial_model_hash:
-            self.globals.save(g0)
+            self.models.keep(g0)
         self._serve_held()
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")
 
@@ -238,16 +208,13 @@ class VerifierNode:
         """Serve what we hold of a contribution (its author may go silent): opened states until the
         step is finalized (audit and dispute voters fetch them), Δs until the step after it is done,
         optimizer states while the chain names them."""
-        self.catalog.publish(kind, h, StoredObject(self.content, kind, h, group))
-        if kind is Kind.STATE and (m := state_group_step(group)) is not None:
-            self._states[h] = m
-        elif kind is Kind.DELTA and (m := delta_group_step(group)) is not None:
-            self._deltas[h] = m
+        step = state_group_step(group) if kind is Kind.STATE else delta_group_step(group)
+        self.holdings.keep(kind, h, group, step)
 
     def _join(self) -> None:
         mine = self.behaviour.declared_class(self.env)
         me = join_run(
-            self.chain, self.wallet, self.config.run_id, Role.VERIFIER, self.url, self.config.stake, mine
+            self.chain, self.rt.wallet, self.config.run_id, Role.VERIFIER, self.url, self.config.stake, mine
         )
         if me is None:
             self.log("joined", run_id=self.config.run_id, stake=self.config.stake, endpoint=self.url)
@@ -264,8 +231,7 @@ class VerifierNode:
         """Survives the chain or a host going away: the step is re-read and resumed when it is back.
         With `linger`, keep serving (the Δs and states it holds) after the run ends, until `stop()`."""
         tune_allocator()  # freed tensors go back to the OS: peak RSS is the peak, not the sum of phases
-        self.server.start()
-        self._log({"event": "listening", "url": self.server.url, "node": self.name})
+        self.rt.start()
         done = failures = 0
         ready = False
         try:
@@ -290,7 +256,7 @@ class VerifierNode:
                     self.log("interrupted", error=f"{type(e).__name__}: {e}", retry=failures)
                     if self.view.stop.wait(min(self.retry_backoff * 2 ** (failures - 1), 10.0)):
                         raise Stopped from None
-            self._set(phase="DONE")
+            self.rt.set(phase="DONE")
             for worker in self._workers:
                 worker.join()
             if linger:
@@ -304,14 +270,13 @@ class VerifierNode:
                 worker.join()
             if hasattr(self, "pool"):
                 self.pool.shutdown(wait=True, cancel_futures=True)
-            self.server.stop()
-            self.blobs.close()
+            self.rt.close()
 
     def outer_step(self, n: int) -> None:
         """The protocol script for outer step n: (fetch → check → replay → verdict) for every
         contribution assigned to us, then follow G to G_{n+1}."""
         self._verify_phase(n)
-        self._set(phase="FOLLOWING")
+        self.rt.set(phase="FOLLOWING")
         self._follow(n)
 
     def _overlapped_step(self, run: Any) -> int:
@@ -340,33 +305,27 @@ class VerifierNode:
                             return
 
             self._workers = [t for t in self._workers if t.is_alive()]
-            self._workers.append(self._spawn(f"{self.name}-step-{n}", work))
+            self._workers.append(self.rt.spawn(f"{self.name}-step-{n}", work))
             return 1
         newest = max(self._taken, default=-1)
         self.view.wait_run(lambda r: not r.active or r.current_step > newest)
         return 0
 
-    def _spawn(self, name: str, fn: Callable[[], None]) -> threading.Thread:
-        """Start a worker thread of this node (one place, so a test harness can count it)."""
-        thread = threading.Thread(target=fn, name=name, daemon=True)
-        thread.start()
-        return thread
-
     def _verify_phase(self, n: int) -> None:
         """Wait for step n's challenge, then judge every contribution assigned to us."""
-        self._set(outer_step=n, phase="WAITING")
+        self.rt.set(outer_step=n, phase="WAITING")
         info = self.view.step(n)
         h = self.chain.height()
         while info.challenge_seed is None and not info.phase.finalized:
             h = self.view.next_block(max(h, info.height))
             info = self.view.step(n)
         if self.behaviour.online() and not info.phase.finalized:
-            self._set(phase="VERIFYING")
+            self.rt.set(phase="VERIFYING")
             self._verify_step(n, info)
             self._drop_states(n)  # finalized: no audit or dispute can ask for them any more
 
     def _verify_step(self, n: int, info: StepInfo) -> None:
-        gm = self._global(info.base_model_hash)
+        gm = self.models.get(info.base_model_hash)
         settled: set[str] = set()
         deferred: dict[str, int] = {}  # host -> height at which its data was not yet served
         running: dict[Pending, tuple[str, float]] = {}
@@ -439,7 +398,7 @@ class VerifierNode:
             holders = self.view.holders(job.outer_step, exclude=self.address).get(job.host, [])
 
             def fetched(report: Any) -> None:
-                self.log("fetched", outer_step=job.outer_step, host=job.host, **self.board.fetched(report))
+                self.log("fetched", outer_step=job.outer_step, host=job.host, **self.rt.board.fetched(report))
 
             # the author first, then the verifiers that checked it before us: a host that goes silent
             # after its first verdicts cannot keep its auditors and dispute panel from the data
@@ -448,7 +407,7 @@ class VerifierNode:
                 parents = self.view.holders(job.outer_step - 1, exclude=self.address).get(job.host, [])
                 holders = list(dict.fromkeys([*holders, *parents]))
                 keep_deltas[job.parent_delta_hash] = delta_group(job.outer_step - 1)
-            source = HttpSource(self.blobs, holders, self.objects, self.content, on_fetched=fetched,
+            source = HttpSource(self.rt.blobs, holders, self.objects, self.content, on_fetched=fetched,
                                 group=str(job.outer_step), keep=self._serve,
                                 keep_deltas=keep_deltas)  # fmt: skip
 
@@ -476,10 +435,8 @@ class VerifierNode:
         the Δ we downloaded, both checked): the host's next start optimizer state (so next step we
         need not fetch it, and anyone rebuilding its segment 0 can fetch it from us) and its Δ
         payload, which we serve to everyone who aggregates, whatever its author does."""
-        o = self.content.put_tensors(Kind.OPTIMIZER, optimizer_state(final), OPTIMIZER_GROUP)
-        self._serve(Kind.OPTIMIZER, o, OPTIMIZER_GROUP)
-        group = delta_group(job.outer_step)
-        self._serve(Kind.DELTA, self.content.put_bytes(Kind.DELTA, payload, group), group)
+        self.holdings.put_tensors(Kind.OPTIMIZER, optimizer_state(final), OPTIMIZER_GROUP)
+        self.holdings.put_bytes(Kind.DELTA, payload, delta_group(job.outer_step), job.outer_step)
 
     def _outcome(self, n: int, host: str, fut: Pending, info: StepInfo) -> Outcome | None:
         """A finished verification's verdict, None if there is nothing to submit; raises `_Retry`
@@ -509,7 +466,7 @@ class VerifierNode:
             for host, out, _ in ready
         ]  # fmt: skip
         try:
-            self.chain.broadcast(self.wallet, msgs)
+            self.rt.broadcast(msgs)
             sent = ready
         except TxFailed as e:
             if len(msgs) == 1:
@@ -518,7 +475,7 @@ class VerifierNode:
             sent = []
             for item, msg in zip(ready, msgs, strict=True):
                 try:
-                    self.chain.broadcast(self.wallet, [msg])
+                    self.rt.broadcast([msg])
                     sent.append(item)
                 except TxFailed as e1:
                     self.log("verdict_refused", outer_step=n, host=item[0], error=e1.log)
@@ -529,22 +486,12 @@ class VerifierNode:
             if out.replay_steps and out.replay_seconds > 0:  # host's time ≈ H steps at our replay speed
                 host_seconds = out.replay_seconds / out.replay_steps * self.cfg.inner_steps
                 self.metrics.cost_fraction.set(seconds / host_seconds)
-            self.board.update("verdicts", lambda v, k=f"{n}:{host}", r=out.reason.name: {**v, k: r})
-            self.board.update("submitted", lambda x: x + 1)
+            self.rt.board.update("verdicts", lambda v, k=f"{n}:{host}", r=out.reason.name: {**v, k: r})
+            self.rt.board.update("submitted", lambda x: x + 1)
             self.log("verdict", outer_step=n, host=host, reason=out.reason.name, detail=out.detail,
                      evidence=out.evidence_hash, seconds=round(seconds, 3))  # fmt: skip
 
     # ---------------------------------------------------------------- following G
-
-    def _global(self, h: str) -> GlobalModel:
-        """G by hash: memory, own disk (verified on read), else any holder (verified chunk by chunk)."""
-        if h not in self._gm:
-            if self.globals.has(h):
-                self._gm[h] = self.globals.load(h)
-            else:
-                self._gm[h] = self.globals.fetch(h, self.blobs, endpoints=self._holders())
-            self.catalog.publish(Kind.MODEL, h, StoredObject(self.content, Kind.MODEL, h))
-        return self._gm[h]
 
     def _follow(self, n: int) -> None:
         """Compute G_{n+1} ourselves from the accepted Δs once step n is done (fetch it if that fails)."""
@@ -555,72 +502,36 @@ class VerifierNode:
             info = self.view.step(n)
         base = info.apply_to_hash or info.base_model_hash  # overlapped runs: the previous result
         target = info.result_hash or base
-        if target not in self._gm and not self.globals.has(target):
+        if not self.models.has(target):
             try:
-                gm = self._global(base)
                 _, accepted = self.view.accepted(n)
-                by_host = {a.host: a for a in accepted}
-                holders = self.view.holders(n, exclude=self.address)
-
-                def delta_of(host: str) -> Iterator[tuple[str, Tensor]]:
-                    a = by_host[host]
-                    self._fetch_delta(n, a, holders.get(host, []))
-                    return iter_decode(self.content.read_bytes(Kind.DELTA, a.delta_hash), gm.layout)
-
-                new = gm.apply_streamed({a.host: a.tokens for a in accepted}, delta_of, self.cfg.outer)
-                if new.hash == target:
-                    self.globals.save(new)
-                    g = new.hash
-                    self._gm[g] = self.globals.load(g)  # read from disk when used
-                    del new  # G_{n+1}'s 8 B/param go now
+                new = self.models.next_model(n, self.models.get(base), accepted)
+                if new is not None and new.hash == target:
+                    self.models.keep(new, read_from_disk=True)
+                    del new  # G_{n+1}'s 8 B/param go now: read from disk when used
                     release()
-                    self.catalog.publish(Kind.MODEL, g, StoredObject(self.content, Kind.MODEL, g))
-                    self.log("outer_step_applied", outer_step=n, model_hash=g)
+                    self.log("outer_step_applied", outer_step=n, model_hash=target)
                 else:
-                    self.log("outer_step_differs", outer_step=n, mine=new.hash, chain=target)
-                    self._global(target)
-            except (BlobUnavailable, BlobInvalid, CodecError, ValueError, OSError) as e:
+                    if new is not None:
+                        self.log("outer_step_differs", outer_step=n, mine=new.hash, chain=target)
+                    self.models.get(target)
+            except (BlobError, CodecError, ValueError, OSError) as e:
                 self.log("outer_step_unavailable", outer_step=n, error=f"{type(e).__name__}: {e}")
-                self._global(target)
+                self.models.get(target)
         with self._lock:
             self._prune(n)
 
-    def _fetch_delta(self, n: int, a: Accepted, holders: Sequence[str]) -> None:
-        """An accepted Δ from its author, the verifiers that checked it and everyone else at once
-        (every chunk checked), kept and served on to the others."""
-        group = delta_group(n)
-        if not self.content.has(Kind.DELTA, a.delta_hash):
-            endpoints = [e for e in [a.endpoint, *holders] if e and e != self.url]
-            ref = self.objects.ref(Kind.DELTA, a.delta_hash)
-            report = fetch_to_store(self.blobs, self.content, ref, group, endpoints)
-            if report is not None:
-                self.log("fetched", outer_step=n, **self.board.fetched(report))
-        if a.delta_hash not in self._deltas and self.content.has(Kind.DELTA, a.delta_hash, group):
-            self._serve(Kind.DELTA, a.delta_hash, group)
-
     def _drop_states(self, before: int) -> None:
         """The opened states of finalized steps (< `before` + 1) go: only audits and disputes need them."""
-        for h, m in list(self._states.items()):
-            if m <= before:
-                self.catalog.withdraw(Kind.STATE, h)
-                del self._states[h]
-        for group in self.content.groups():
-            m = state_group_step(group)
-            if m is not None and m <= before:
-                self.content.drop_group(group)
+        self.holdings.withdraw_before(Kind.STATE, before + 1)
+        self.holdings.drop_groups(state_group_step, before + 1)
 
     def _prune(self, n: int) -> None:
         """Keep the Δs of steps n and n−1 (late aggregators fetch them from us), the optimizer states
         the chain still names, and the last two global models; no opened state of step n or before."""
         self._drop_states(n)
-        for h, m in list(self._deltas.items()):
-            if m < n - 1:
-                self.catalog.withdraw(Kind.DELTA, h)
-                del self._deltas[h]
-        for group in self.content.groups():
-            m = delta_group_step(group)
-            if m is not None and m < n - 1:
-                self.content.drop_group(group)
+        self.holdings.withdraw_before(Kind.DELTA, n - 1)
+        self.holdings.drop_groups(delta_group_step, n - 1)
         hosts = [p.address for p in self.view.participants() if p.role == Role.HOST.value]
         run = self.view.run()
         if run.overlapped:  # the start states of the steps still to be verified (§2.2.1)
@@ -629,10 +540,7 @@ class VerifierNode:
             named = {self.view.prev_optimizer_hash(a) for a in hosts}
         for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
             if h not in named:
-                self.catalog.withdraw(Kind.OPTIMIZER, h)
-                self.content.delete(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
+                self.holdings.drop(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
         keep = [self.view.step(n).base_model_hash, run.global_model_hash]
         keep += [self.view.step(m).base_model_hash for m in run.steps_in_flight]
-        for h in self.globals.prune(keep):
-            self.catalog.withdraw(Kind.MODEL, h)
-            self._gm.pop(h, None)
+        self.models.prune(keep)
