@@ -117,7 +117,8 @@ def test_llama_from_a_checkpoint_on_token_shards_is_replayed_and_accepted(tmp_pa
 
     for d in (hosts[0].dir, hosts[1].dir, tmp_path / "verifier"):
         assert node_globals(d).load(g1).hash == g1
-    fetchers = sorted(e["node"] for e in logs if e["event"] == "fetching_global" and e["model_hash"] == g0.hash)
+    fetching = [e for e in logs if e["event"] == "fetching_global" and e["model_hash"] == g0.hash]
+    fetchers = sorted(e["node"] for e in fetching)
     assert fetchers == ["host-2", "verifier"]  # the host with the checkpoint builds G_0 from it
     assert all(e["event"] != "sitting_out" for e in logs)
     # the finished run's final model starts the next run: its parameters, zero momentum
