@@ -61,13 +61,21 @@ def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> 
         dn.start()
         address = dn.rows[victim].address
 
-        # Mid-outer-step: step 1's training phase. The victim may or may not have committed yet
-        # (its H steps take a fraction of a second); either way it will not reveal.
-        dn.watch(until=lambda run: run["current_step"] == 1 and run["phase"] == "TRAIN")
+        # Mid-outer-step: as soon as the chain holds the victim's step-1 commitment, so early in
+        # step 1's training phase and long before its challenge (the commit deadline comes first):
+        # it will not reveal. (Killing on "the run's phase is TRAIN" raced under load: by the
+        # time a slow poll's kill landed, the victim had been challenged and had revealed.)
+        def committed(run: dict[str, Any]) -> bool:
+            mine = dn.chain.query("commitment", run_id=dn.run_id, host=address, step=1)
+            return run["current_step"] == 1 and mine is not None
+
+        dn.watch(until=committed)
         dn.kill(victim)
         dn.watch(until=lambda run: run["current_step"] >= 2)
         step1 = dn.chain.query("outer_step", run_id=dn.run_id, step=1)
         assert step1["phase"] == "DONE"  # the outer step finalized without the killed host
+        reveals = dn.chain.query("reveals", run_id=dn.run_id, step=1)["reveals"]
+        assert address not in [r["host"] for r in reveals], "killed after its reveal: the kill came too late"
         assert address not in step1["accepted"] and len(step1["accepted"]) == 2
         dn.restart(victim)
         dn.watch()
@@ -77,7 +85,7 @@ def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> 
     assert leftover_processes(str(folder)) == []
     mine = {c.outer_step: c.outcome for c in snap.contributions if c.host == victim}
     assert mine.get(0) == "accepted"
-    assert mine.get(1) in (None, "missing_reveal")  # killed before committing, or before revealing
+    assert mine.get(1) == "missing_reveal"  # committed, killed before revealing: slashed as withheld
     assert any(mine.get(n) == "accepted" for n in range(2, cfg.outer_steps)), mine  # it came back
     # Every other check of `make devnet` holds, except the victim's own step-1 entry.
     failures = evaluate(snap, expect_all_honest=False)
