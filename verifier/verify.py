@@ -8,7 +8,8 @@ every other failure mode of the host's data is turned into a reason code here, n
 
 Memory: segments are checked one at a time and the replayed end is read from the live model
 without a copy, so besides its model a verification holds at most two training states (the start
-and, in tolerance mode or on a mismatch, the claimed end); the node sizes its pool from that.
+and, in tolerance mode or on a mismatch, the claimed end), and in tolerance mode two float32
+accumulators of the parameters' size (`Cumulative`); the node sizes its pool from that.
 """
 
 from __future__ import annotations
