@@ -688,7 +688,8 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
         # tolerance mode. `at`: the boundary the live state holds, bitwise equal to the host's.
         live = ctx.live(job)
         at: int | None = None
-        total = Cumulative() if job.cfg.replay_mode is ReplayMode.TOLERANCE else None
+        summed = any(math.isfinite(t) for t in job.cfg.cumulative_tolerances.values())  # §6.4 set
+        total = Cumulative() if job.cfg.replay_mode is ReplayMode.TOLERANCE and summed else None
         for o in sorted(job.openings, key=lambda o: o.segment):
             if at != o.segment:
                 if o.segment == 0:
