@@ -8,7 +8,8 @@ every other failure mode of the host's data is turned into a reason code here, n
 
 Memory: segments are checked one at a time and the replayed end is read from the live model
 without a copy, so besides its model a verification holds at most two training states (the start
-and, in tolerance mode or on a mismatch, the claimed end); the node sizes its pool from that.
+and, in tolerance mode or on a mismatch, the claimed end), and in tolerance mode two float32
+accumulators of the parameters' size (`Cumulative`); the node sizes its pool from that.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from replay.step import (
     training_hash,
     training_state,
 )
-from verifier.update_space import UPDATE_CHECKS, genuine_mismatch, update_distances
+from verifier.update_space import PIECE, UPDATE_CHECKS, bias_corrections, genuine_mismatch, update_distances
 
 PARAM = "param/"
 
@@ -394,6 +395,96 @@ def tolerance_mismatch(
     return None
 
 
+_M, _V = "exp_avg/", "exp_avg_sq/"
+CUMULATIVE_CHECKS = ("cumulative", "cumulative_update")
+"""Tolerance mode's checks over all opened segments of one contribution together (`Cumulative`),
+each with its own threshold (`RunConfig.cumulative_tolerances`)."""
+
+
+class Cumulative:
+    """The signed residuals of a contribution's opened segments, summed (specs §6.4).
+
+    Each opened segment i is replayed from the host's claimed start, so a per-segment bound lets a
+    host move every boundary a little the same way and the moves add up over the segments, while
+    honest reduction-order noise does not align from one segment to the next. So, besides each
+    segment's own distances, the residuals of all opened segments are summed, in segment order:
+
+    - `cumulative` = ‖Σ_i (θ_c,i − θ_r,i)‖ / Σ_i ‖θ_c,i − θ_s,i‖ (the parameters' residuals against
+      the segments' own movements);
+    - `cumulative_update` = ‖Σ_i (û_c,i − û_r,i)‖ / Σ_i ‖û_r,i‖ with û = m/(bc1·(√(v/bc2) + ε)) the next
+      AdamW update of a state (claimed c, replayed r, each with its own moments: exp_avg and
+      exp_avg_sq together, what the next segment's steps reproduce).
+
+    Both are at most the largest per-segment ratio (triangle inequality), reached only when the
+    residuals point the same way. Sums are per coordinate, each residual formed in float64 and added
+    into a float32 accumulator in segment order (elementwise IEEE: the same bits on every verifier);
+    norms in float64. Memory: two float32 vectors of the parameters' size (8 B/param) beside the
+    verification's states, built tensor by tensor in pieces of `PIECE` elements."""
+
+    def __init__(self) -> None:
+        self.param: dict[str, Tensor] = {}
+        self.update: dict[str, Tensor] = {}
+        self.moved = 0.0  # Σ_i ‖θ_c,i − θ_s,i‖
+        self.steps = 0.0  # Σ_i ‖û_r,i‖
+        self.segments = 0
+
+    @staticmethod
+    def _add(acc: dict[str, Tensor], name: str, piece: Tensor, a: int, numel: int) -> None:
+        t = acc.get(name)
+        if t is None:
+            t = acc[name] = torch.zeros(numel, dtype=torch.float32)
+        t[a : a + piece.numel()] = (t[a : a + piece.numel()].double() + piece).float()
+
+    def add(self, replay: State, claim: State, start: State, inner: InnerOptim) -> None:
+        """One opened segment whose claim passed `tolerance_mismatch` (same names, shapes, step)."""
+        moved2 = steps2 = 0.0
+        for k in sorted(k for k in claim if k.startswith(PARAM)):
+            c, r, s0 = (x[k].reshape(-1) for x in (claim, replay, start))
+            n = c.numel()
+            for a in range(0, n, PIECE):
+                c64, r64, s64 = (x[a : a + PIECE].double() for x in (c, r, s0))
+                self._add(self.param, k, c64 - r64, a, n)
+                moved2 += float((c64 - s64).square().sum())
+        bc1, bc2 = bias_corrections(float(replay["step"]), inner)
+        for k in sorted(k for k in claim if k.startswith(_M)):
+            name = k[len(_M) :]
+            mc, vc, mr, vr = (x[p + name].reshape(-1) for x in (claim, replay) for p in (_M, _V))
+            n = mc.numel()
+            for a in range(0, n, PIECE):
+                mc64, vc64, mr64, vr64 = (x[a : a + PIECE].double() for x in (mc, vc, mr, vr))
+                ur = mr64 / (bc1 * ((vr64 / bc2).sqrt() + inner.eps))
+                uc = mc64 / (bc1 * ((vc64 / bc2).sqrt() + inner.eps))
+                self._add(self.update, name, uc - ur, a, n)
+                steps2 += float(ur.square().sum())
+        self.moved += math.sqrt(moved2)
+        self.steps += math.sqrt(steps2)
+        self.segments += 1
+
+    def distances(self) -> dict[str, float]:
+        """{"cumulative": …, "cumulative_update": …} over the segments added (0 when none)."""
+        out = {}
+        sums = (("cumulative", self.param, self.moved), ("cumulative_update", self.update, self.steps))
+        for check, acc, den in sums:
+            num2 = sum(float(acc[k].double().square().sum()) for k in sorted(acc))
+            if not math.isfinite(num2) or not math.isfinite(den):
+                out[check] = math.inf
+            elif num2 == 0.0:
+                out[check] = 0.0
+            else:
+                out[check] = math.inf if den == 0.0 else math.sqrt(num2) / den
+        return out
+
+
+def cumulative_mismatch(total: Cumulative, thresholds: Mapping[str, float]) -> str | None:
+    """None if the opened segments' summed residuals are within their thresholds, else which is not."""
+    d = total.distances()
+    for c in CUMULATIVE_CHECKS:
+        if not d[c] < thresholds[c]:
+            return (f"{c} distance {d[c]:.3e} >= tolerance {thresholds[c]:.3e} over {total.segments} "
+                    "opened segments: their residuals add up")  # fmt: skip
+    return None
+
+
 def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> State:
     """The host's own step function from `start`, over the PRF batches of `segment`.
 
@@ -597,6 +688,8 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
         # tolerance mode. `at`: the boundary the live state holds, bitwise equal to the host's.
         live = ctx.live(job)
         at: int | None = None
+        summed = any(math.isfinite(t) for t in job.cfg.cumulative_tolerances.values())  # §6.4 set
+        total = Cumulative() if job.cfg.replay_mode is ReplayMode.TOLERANCE and summed else None
         for o in sorted(job.openings, key=lambda o: o.segment):
             if at != o.segment:
                 if o.segment == 0:
@@ -643,12 +736,18 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
                         Reason.REPLAY_MISMATCH,
                         f"segment {o.segment}: replay {leaf[:12]} != committed {o.end_leaf[:12]}, {why}",
                     )
+            if total is not None and claim is not None and start is not None:
+                total.add(end, claim, start, job.cfg.inner)
             at = o.segment + 1 if bitwise and leaf == o.end_leaf else None
             if o.segment == last:
                 final = claim if claim is not None else end
             del start, claim
         if final is None:  # check_proofs guarantees the last segment is opened; defensive
             raise _Reject(Reason.BAD_PROOF, "the last segment was not opened")
+        if total is not None:  # the opened segments together: residuals that add up (specs §6.4)
+            why = cumulative_mismatch(total, job.cfg.cumulative_tolerances)
+            if why is not None:
+                raise _Reject(Reason.REPLAY_MISMATCH, why)
         if optimizer_hash(final, chunk) != job.final_optimizer_hash:
             raise _Reject(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
         payload = check_delta(job, ctx, final, None if bitwise else source)
