@@ -53,16 +53,15 @@ from replay.step import configure_determinism, optimizer_hash
 from trainer.behaviour import HostBehaviour
 from trainer.commit import Contribution
 from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate
-from verifier.verify import (
+from verifier.tolerance import (
     CUMULATIVE_CHECKS,
     TOLERANCE_CHECKS,
     Cumulative,
     group_mismatch,
-    replay_segment,
     tolerance_distances,
     tolerance_mismatch,
-    verify,
 )
+from verifier.verify import replay_segment, verify
 
 HOST = "gonka1" + "s" * 38
 CALIBRATION_HOSTS = [f"gonka1cal{i}" for i in range(3)]  # only the PRF sees them: distinct batches

@@ -357,7 +357,7 @@ class RunConfig(Frozen):
     @property
     def cumulative_tolerances(self) -> dict[str, float]:
         """Tolerance mode's thresholds over all opened segments of a contribution together
-        (`verifier.verify.Cumulative`, specs §6.4); unset (0), a check is not applied (∞)."""
+        (`verifier.tolerance.Cumulative`, specs §6.4); unset (0), a check is not applied (∞)."""
         return {
             "cumulative": self.tolerance_cumulative or math.inf,
             "cumulative_update": self.tolerance_cumulative_update or math.inf,

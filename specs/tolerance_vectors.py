@@ -1,7 +1,7 @@
 """Vectors of tolerance mode's moment checks (specs/protocol.md §6.3; `specs/vectors/tolerance.json`).
 
 Small exact float32 states: a segment start, the verifier's replayed end and several claimed ends,
-each with the five distances of `verifier.verify.TOLERANCE_CHECKS`, whether the claim is a
+each with the five distances of `verifier.tolerance.TOLERANCE_CHECKS`, whether the claim is a
 genuine AdamW state, and which check fails first under the listed thresholds (none: accepted);
 the bound C(t) for several (β1, β2, t); and the genuine-state verdict of edge cases. Distances are
 float64 sums whose order an implementation may choose: compare them to ~1e-12 relative.
@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from protocol.config import InnerOptim
-from verifier.update_space import GENUINE_SLACK, genuine_bound, genuine_mismatch
-from verifier.verify import (
+from verifier.tolerance import (
     CUMULATIVE_CHECKS,
     TOLERANCE_CHECKS,
     Cumulative,
@@ -25,6 +24,7 @@ from verifier.verify import (
     tolerance_distances,
     tolerance_mismatch,
 )
+from verifier.update_space import GENUINE_SLACK, genuine_bound, genuine_mismatch
 
 State = dict[str, torch.Tensor]
 THRESHOLDS = {"param": 1e-3, "exp_avg": 1e-3, "exp_avg_sq": 1e-3, "update": 1e-3, "denominator": 1e-3}

@@ -13,7 +13,7 @@ from gonka_diloco.adversaries.lab import tiny_config
 from protocol.config import RunConfig
 from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate, propose, table, to_json
 from verifier.cli import app
-from verifier.verify import CUMULATIVE_CHECKS, TOLERANCE_CHECKS
+from verifier.tolerance import CUMULATIVE_CHECKS, TOLERANCE_CHECKS
 
 CORPUS = "synthetic:40000:0"
 

@@ -34,14 +34,8 @@ from replay.step import (
 )
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution
-from verifier.verify import (
-    Cumulative,
-    cumulative_mismatch,
-    group_mismatch,
-    replay_segment,
-    tolerance_mismatch,
-    verify,
-)
+from verifier.tolerance import Cumulative, cumulative_mismatch, group_mismatch, tolerance_mismatch
+from verifier.verify import replay_segment, verify
 
 HOST = "gonka1" + "s" * 38
 THRESHOLDS = {

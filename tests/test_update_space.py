@@ -18,8 +18,7 @@ from protocol.wire import from_any, to_any
 from specs.make_vectors import set_from_json
 from specs.tolerance_vectors import first_failed
 from verifier.calibrate import CONFIG_FIELDS
-from verifier.update_space import GENUINE_SLACK, genuine_bound, genuine_mismatch, update_distances
-from verifier.verify import (
+from verifier.tolerance import (
     CUMULATIVE_CHECKS,
     TOLERANCE_CHECKS,
     Cumulative,
@@ -27,6 +26,7 @@ from verifier.verify import (
     tolerance_distances,
     tolerance_mismatch,
 )
+from verifier.update_space import GENUINE_SLACK, genuine_bound, genuine_mismatch, update_distances
 
 VECTORS = Path(__file__).resolve().parents[1] / "specs" / "vectors" / "tolerance.json"
 HOST = "gonka1k4swv40ur28fvu54p8mskjj4lxkgsj07u9f8ny"

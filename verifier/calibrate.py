@@ -20,7 +20,7 @@ per k and distance:
 
 and proposes τ_g = factor × noise_g per group at the largest k where both attacks still exceed the
 threshold of some group. The checks over all opened segments together (`cumulative`,
-`cumulative_update`: `verifier.verify.Cumulative`, specs §6.4) are measured the same way on whole
+`cumulative_update`: `verifier.tolerance.Cumulative`, specs §6.4) are measured the same way on whole
 trajectories (`chains`: the fresh state and the last warm one): env B, the host, trains H/k
 consecutive segments, env A replays each from B's boundary, and the noise is the largest
 cumulative distance over every set of `opened` segments (the run's s; more sets than
@@ -56,8 +56,8 @@ from replay.device import host_state, resolve_device
 from replay.spec import build
 from replay.step import State, configure_determinism, load_training_state, make_optimizer, train_segment
 from replay.step import training_state as live_state
+from verifier.tolerance import CUMULATIVE_CHECKS, PARAM, TOLERANCE_CHECKS, tolerance_distances
 from verifier.update_space import bias_corrections
-from verifier.verify import CUMULATIVE_CHECKS, PARAM, TOLERANCE_CHECKS, tolerance_distances
 
 HOST = "calibration"
 SWAP_HOST = "calibration-swapped"
@@ -84,7 +84,7 @@ class CalibrationError(RuntimeError):
 
 
 Groups = Mapping[str, float]
-"""One value per distance (`verifier.verify.TOLERANCE_CHECKS`); a bare float means parameters."""
+"""One value per distance (`verifier.tolerance.TOLERANCE_CHECKS`); a bare float means parameters."""
 
 
 @dataclass(frozen=True)

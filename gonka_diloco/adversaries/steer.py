@@ -38,8 +38,8 @@ from torch import Tensor
 from protocol.config import InnerOptim, RunConfig
 from replay.step import State
 from verifier.calibrate import FLOOR
+from verifier.tolerance import Cumulative, group_distance
 from verifier.update_space import bias_corrections, genuine_bound, update_distances
-from verifier.verify import Cumulative, group_distance
 
 TARGETS = ("group", "update")
 WHERE = ("free", "all", "along")
