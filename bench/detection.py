@@ -59,7 +59,8 @@ from replay.step import configure_determinism
 from trainer.behaviour import HostBehaviour
 from trainer.commit import Contribution
 from verifier.calibrate import CONFIG_FIELDS, calibrate
-from verifier.verify import group_mismatch, param_distance, replay_segment, verify
+from verifier.tolerance import group_mismatch, param_distance
+from verifier.verify import replay_segment, verify
 
 A = "gonka1" + "a" * 38
 B = "gonka1" + "b" * 38

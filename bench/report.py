@@ -446,7 +446,8 @@ def overlap_detection(d: dict[str, Any]) -> Lines:
 
 
 def steering(d: dict[str, Any]) -> Lines:
-    """Bounded-budget steering of tolerance mode (issue 23): old checks vs every check of specs §6."""
+    """Bounded-budget steering of tolerance mode (issue 23): old checks, the per-segment checks of specs
+    §6, and every check (the opened segments' summed residuals of §6.4 too)."""
     h = d["honest"]
     pct = lambda x: "n/a" if x is None else f"{100 * x:.3g}%"  # noqa: E731
     ths = ", ".join(f"{g} {v:.2e}" for g, v in d["thresholds"].items())
@@ -464,19 +465,33 @@ def steering(d: dict[str, Any]) -> Lines:
         "",
     ]
     rows = []
+    ref = h["max_dev"]
+    times = lambda x: "n/a" if x is None or not ref else f"{x / ref:,.3g}×"  # noqa: E731
+    cumulative = any("accepted_segment" in a for a in d["attacks"])  # results since specs §6.4
     for a in d["attacks"]:
         dev = a["max_dev_accepted_new"]
         old = a["max_dev_accepted_old"]
-        ref = h["max_dev"]
-        rows.append([a["label"], f"{a['accepted_old']} / {a['steps']}", pct(old),
-                     "n/a" if old is None or not ref else f"{old / ref:,.3g}×",
-                     f"{a['accepted_new']} / {a['steps']}", pct(dev),
-                     "n/a" if dev is None or not ref else f"{dev / ref:,.3g}×",
+        seg = [f"{a['accepted_segment']} / {a['steps']}", pct(a["max_dev_accepted_segment"]),
+               times(a["max_dev_accepted_segment"])] if cumulative else []  # fmt: skip
+        rows.append([a["label"], f"{a['accepted_old']} / {a['steps']}", pct(old), times(old), *seg,
+                     f"{a['accepted_new']} / {a['steps']}", pct(dev), times(dev),
                      f"{a['min_cos_accepted_new'] if dev is not None else a['min_cos_accepted_old']:.6f}",
                      pct(a["final_drift"])])  # fmt: skip
+    seg_head = ["accepted, per-segment checks", "max Δ dev", "× honest"] if cumulative else []
     out += table(["host (0.9 of every threshold, every boundary)", "accepted, group norms alone", "max Δ dev",
-                  "× honest", "accepted, every check", "max Δ dev", "× honest", "min cos", "model drift"],
-                 rows)  # fmt: skip
+                  "× honest", *seg_head, "accepted, every check", "max Δ dev", "× honest", "min cos",
+                  "model drift"], rows)  # fmt: skip
+    left = [a["max_dev_accepted_new"] / ref for a in d["attacks"] if a["max_dev_accepted_new"] is not None
+            and ref]  # fmt: skip
+    out = out[:-1] if out and out[-1] == "" else out
+    if left:
+        worst = max(left)
+        out += ["", f"Steering left within every check: at most **{worst:,.3g}×** the honest noise "
+                f"(goal ≤ 10×: **{'met' if worst <= 10 else 'NOT met'}**)."]  # fmt: skip
+    if cumulative:
+        out += ["", "Per-segment checks: every check of specs §6 but the opened segments' summed residuals "
+                "(§6.4); every check: with them. `cumulative=False`: the strongest steering within the "
+                "per-segment checks, blind to the summed ones."]  # fmt: skip
     return out
 
 
@@ -903,9 +918,7 @@ def goals(res: dict[str, Any]) -> Lines:
     return [*out, ""]
 
 
-def main(quick: bool = False) -> Path:
-    """Quick and full results live side by side: `<name>.json` is the latest run, `<name>.full.json`
-    the latest full run of the modules that keep one. Goals are judged on the full run if any."""
+def _runs() -> dict[str, list[tuple[Path, Any]]]:
     runs: dict[str, list[tuple[Path, Any]]] = {}
     for p in sorted(RESULTS.glob("*.json")):
         stem = p.name.removesuffix(".json").removesuffix(".full")
@@ -919,6 +932,31 @@ def main(quick: bool = False) -> Path:
         found.sort(key=lambda pd: (not pd[0].name.endswith(".full.json"), pd[0].name))
         if len(found) == 2 and not (isinstance(found[1][1], dict) and found[1][1].get("quick")):
             runs[stem] = found[:1]
+    return runs
+
+
+def render_only(stems: list[str]) -> Path:
+    """Re-render the named sections of RESULTS.md in place (each from its `## title` to the next
+    `## `), leaving every other section, and the goals, as they are."""
+    runs = _runs()
+    text = OUT.read_text()
+    for stem, title, module, render in SECTIONS:
+        if stem not in stems:
+            continue
+        head = f"## {title}\n"
+        a = text.index(head)
+        b = text.find("\n## ", a + len(head))
+        body = "\n".join(_section(runs.get(stem, []), title, module, render)).rstrip() + "\n"
+        text = text[:a] + body + (text[b:] if b >= 0 else "")
+    OUT.write_text(text)
+    print(f"wrote {OUT} ({', '.join(stems)})")
+    return OUT
+
+
+def main(quick: bool = False) -> Path:
+    """Quick and full results live side by side: `<name>.json` is the latest run, `<name>.full.json`
+    the latest full run of the modules that keep one. Goals are judged on the full run if any."""
+    runs = _runs()
     best = {stem: found[0][1] for stem, found in runs.items()}
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -977,4 +1015,12 @@ def _section(found: list[tuple[Path, Any]], title: str, module: str, render: Cal
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(description="render bench/RESULTS.md from bench/results/*.json")
+    parser.add_argument("--only", help="comma-separated result names: re-render just their sections")
+    args = parser.parse_args()
+    if args.only:
+        render_only(args.only.split(","))
+    else:
+        main()

@@ -9,9 +9,13 @@ Thresholds from `verifier.calibrate` (1 vs 2 threads, the run's k, the fresh sta
   1 thread, and whether the 1-thread verifier accepts the 2-thread host (false rejections);
 - steering: `budget_steer` (every boundary moved by `fraction` of every threshold, one fixed way)
   against the honest 1-thread Δ from its own start; judged by the group norms alone (the checks
-  before issue 23) and by every check of specs §6. Targets: "group" (the group norms' budget,
+  before issue 23), by every per-segment check of specs §6 (those before §6.4) and by every
+  check, the opened segments' summed residuals included (§6.4, thresholds 8× their honest noise
+  over all opened segments, measured the same two ways). Targets: "group" (the group norms' budget,
   exp_avg spent where exp_avg_sq = 0: the issue's attack) and "update" (the strongest steering
-  found within every check, on the free coordinates or on all of them).
+  found within every check, on the free coordinates or on all of them, spending 0.9 of the
+  cumulative thresholds too; `cumulative=False`: the strongest within the per-segment checks
+  alone, which the cumulative ones reject).
 
 Deviations are relative L2 ‖Δ_x − Δ_ref‖/‖Δ_ref‖ and cosine; drift is the global model's distance
 from the honest run's, relative to how far the honest run moved from G_0.
@@ -49,7 +53,15 @@ from replay.step import configure_determinism, optimizer_hash
 from trainer.behaviour import HostBehaviour
 from trainer.commit import Contribution
 from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate
-from verifier.verify import TOLERANCE_CHECKS, group_mismatch, replay_segment, tolerance_distances, verify
+from verifier.tolerance import (
+    CUMULATIVE_CHECKS,
+    TOLERANCE_CHECKS,
+    Cumulative,
+    group_mismatch,
+    tolerance_distances,
+    tolerance_mismatch,
+)
+from verifier.verify import replay_segment, verify
 
 HOST = "gonka1" + "s" * 38
 CALIBRATION_HOSTS = [f"gonka1cal{i}" for i in range(3)]  # only the PRF sees them: distinct batches
@@ -65,8 +77,11 @@ ATTACKS: list[dict[str, Any]] = [
     {"target": "update", "where": "along", "fraction": 0.9},
     {"target": "group", "fraction": 0.9, "params": False},  # the moments' channel alone ...
     {"target": "update", "where": "free", "fraction": 0.9, "params": False},  # ... before and after
+    # the strongest steering within every per-segment check, blind to the cumulative ones (§6.4)
+    {"target": "update", "where": "free", "fraction": 0.9, "cumulative": False},
 ]
 Tensors = Mapping[str, torch.Tensor]
+ALL_CHECKS = (*TOLERANCE_CHECKS, *CUMULATIVE_CHECKS)
 
 
 def rel_l2(x: Tensors, ref: Tensors) -> float:
@@ -93,16 +108,19 @@ def delta_of(run: HostRun, gm: GlobalModel) -> dict[str, torch.Tensor]:
 
 
 def segment_distances(lab: Lab, run: HostRun, outer: int, gm: GlobalModel) -> list[dict[str, float]]:
-    """Every segment replayed by this process: the five distances of each claimed end."""
+    """Every segment replayed by this process: the five distances of each claimed end, each with
+    the cumulative distances of all segments together (`Cumulative`, every segment opened)."""
     cfg = lab.cfg
     job = lab.job(run, outer, "00" * 32, sampled=list(range(cfg.n_segments)))
     ctx = lab.replay_context(gm)
     out = []
+    total = Cumulative()
     for o in job.openings:
         start, claim = run.store.get(o.start_leaf), run.store.get(o.end_leaf)
         end = replay_segment(job, ctx, start, o.segment)
         out.append(tolerance_distances(end, claim, start, cfg.inner))
-    return out
+        total.add(end, claim, start, cfg.inner)
+    return [{**d, **total.distances()} for d in out]
 
 
 def judge(lab: Lab, run: HostRun, outer: int, gm: GlobalModel) -> dict[str, Any]:
@@ -112,15 +130,21 @@ def judge(lab: Lab, run: HostRun, outer: int, gm: GlobalModel) -> dict[str, Any]
     job = lab.job(run, outer, "00" * 32, sampled=list(range(cfg.n_segments)))
     out = verify(job, run.source(), lab.replay_context(gm))
     ctx = lab.replay_context(gm)
-    old_ok = True
-    worst = dict.fromkeys(TOLERANCE_CHECKS, 0.0)
+    old_ok = seg_ok = True
+    worst = dict.fromkeys(ALL_CHECKS, 0.0)
+    total = Cumulative()
     for o in job.openings:
         start, claim = run.store.get(o.start_leaf), run.store.get(o.end_leaf)
         end = replay_segment(job, ctx, start, o.segment)
         old_ok &= group_mismatch(end, claim, start, cfg.tolerances) is None
+        seg_ok &= tolerance_mismatch(end, claim, start, cfg.tolerances, cfg.inner) is None
         d = tolerance_distances(end, claim, start, cfg.inner)
         worst = {g: max(worst[g], d[g] / cfg.tolerances[g]) for g in TOLERANCE_CHECKS}
-    return {"new": out.accept, "reason": out.reason.name, "detail": out.detail, "old": old_ok, "worst": worst}
+        total.add(end, claim, start, cfg.inner)
+    cum, tau = total.distances(), cfg.cumulative_tolerances
+    worst.update({g: cum[g] / tau[g] for g in CUMULATIVE_CHECKS})
+    return {"new": out.accept, "reason": out.reason.name, "detail": out.detail, "old": old_ok,
+            "segment": seg_ok, "worst": worst}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the 2-thread hosts (own process)
@@ -206,7 +230,8 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
     # segments from warm states and the fresh one) and that of whole honest runs of other hosts
     # (T outer steps, every segment: they also see the states after outer steps, where the
     # parameters' noise, 0 in most segments and ~1e-6 in a few, shows up)
-    proposal = calibrate(cfg, CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5)
+    proposal = calibrate(cfg, CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5,
+                         opened=cfg.n_segments)  # fmt: skip
     row = proposal.rows[0]
     base = cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE,
                                   **{CONFIG_FIELDS[g]: v for g, v in row.threshold.items()}})  # fmt: skip
@@ -228,11 +253,11 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
         honest_g.append(next_global(gm, [run], base))
         carried, prev = run.final_state, optimizer_hash(run.final_state)
     two = spawn_worker(base, root, starts, [*CALIBRATION_HOSTS, HOST, *JUDGED_HOSTS], steps, root / "g-0.st")
-    run_noise = dict.fromkeys(TOLERANCE_CHECKS, 0.0)
+    run_noise = dict.fromkeys(ALL_CHECKS, 0.0)
     for r in (r for h in CALIBRATION_HOSTS for r in two["runs"][h]["steps"]):
         gm = GlobalModel.from_tensors(load_file(r["gm"]))
         for d in segment_distances(lab, load_run(lab, r), r["n"], gm):
-            run_noise = {g: max(run_noise[g], d[g]) for g in TOLERANCE_CHECKS}
+            run_noise = {g: max(run_noise[g], d[g]) for g in ALL_CHECKS}
     # and their Δ noise: each 2-thread step against 1 thread from the same start (G_n, carried state)
     cal_noise = []
     for h in CALIBRATION_HOSTS:
@@ -243,11 +268,11 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
             d1, d2 = delta_of(run1, gm), delta_of(run2, gm)
             cal_noise.append({"host": h, "n": r["n"], "dev": rel_l2(d2, d1), "cos": cosine(d2, d1)})
             carried = run2.final_state
-    tau = {g: max(row.threshold[g], FACTOR * run_noise[g], FLOOR) for g in TOLERANCE_CHECKS}
+    tau = {g: max(row.threshold[g], FACTOR * run_noise[g], FLOOR) for g in ALL_CHECKS}
     tcfg = base.model_copy(update={CONFIG_FIELDS[g]: v for g, v in tau.items()})
     lab = Lab(tcfg, synthetic_corpus(), root / "one-t")
     # honest noise: HOST with 2 threads from the 1-thread run's starts, judged by this 1-thread verifier
-    noise, accepted, worst_two = [], 0, dict.fromkeys(TOLERANCE_CHECKS, 0.0)
+    noise, accepted, worst_two = [], 0, dict.fromkeys(ALL_CHECKS, 0.0)
     for r in two["starts"]:
         n = r["n"]
         run2, d1 = load_run(lab, r), delta_of(honest_runs[n], honest_g[n])
@@ -255,12 +280,12 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
                       "cos": cosine(delta_of(run2, honest_g[n]), d1)})  # fmt: skip
         verdict = judge(lab, run2, n, honest_g[n])
         accepted += verdict["new"]
-        worst_two = {g: max(worst_two[g], verdict["worst"][g]) for g in TOLERANCE_CHECKS}
+        worst_two = {g: max(worst_two[g], verdict["worst"][g]) for g in ALL_CHECKS}
     for h in JUDGED_HOSTS:  # whole 2-thread runs of other hosts, every segment, every outer step
         for r in two["runs"][h]["steps"]:
             verdict = judge(lab, load_run(lab, r), r["n"], GlobalModel.from_tensors(load_file(r["gm"])))
             accepted += verdict["new"]
-            worst_two = {g: max(worst_two[g], verdict["worst"][g]) for g in TOLERANCE_CHECKS}
+            worst_two = {g: max(worst_two[g], verdict["worst"][g]) for g in ALL_CHECKS}
     own = two["runs"][HOST]["steps"]
     two_run = [GlobalModel.from_tensors(load_file(r["gm"])) for r in own[1:]]
     two_run.append(GlobalModel.from_tensors(load_file(two["runs"][HOST]["final"])))
@@ -281,13 +306,16 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
             carried, prev = run.final_state, optimizer_hash(run.final_state)
             steps_out.append({"n": n, "dev": rel_l2(d_att, d_ref), "cos": cosine(d_att, d_ref),
                               "drift": drift(gm, honest_g[n + 1], g0), "accepted_new": verdict["new"],
-                              "accepted_old": verdict["old"], "reason": verdict["reason"],
+                              "accepted_old": verdict["old"], "accepted_segment": verdict["segment"],
+                              "reason": verdict["reason"],
                               "worst": verdict["worst"]})  # fmt: skip
         new_ok = [s for s in steps_out if s["accepted_new"]]
         old_ok = [s for s in steps_out if s["accepted_old"]]
+        seg_ok = [s for s in steps_out if s["accepted_segment"]]
         attacks.append({
             **params, "label": "budget_steer " + " ".join(f"{k_}={v}" for k_, v in params.items()),
-            "accepted_new": len(new_ok), "accepted_old": len(old_ok), "steps": steps,
+            "accepted_new": len(new_ok), "accepted_old": len(old_ok), "accepted_segment": len(seg_ok),
+            "steps": steps, "max_dev_accepted_segment": max((s["dev"] for s in seg_ok), default=None),
             "max_dev_accepted_new": max((s["dev"] for s in new_ok), default=None),
             "max_dev_accepted_old": max((s["dev"] for s in old_ok), default=None),
             "min_cos_accepted_new": min((s["cos"] for s in new_ok), default=None),
@@ -331,15 +359,16 @@ def report(result: dict[str, Any]) -> None:
           f"drift after T {_fmt(h['drift'][-1])}; 2-thread host accepted {h['two_thread_accepted']}/"
           f"{h['two_thread_hosts']}, worst distance/threshold "
           + ", ".join(f"{g} {v:.3f}" for g, v in h["two_thread_worst_over_threshold"].items()))  # fmt: skip
-    print(f"{'attack':<64} {'old checks':>10} {'max Δ dev':>11} {'new checks':>10} {'max Δ dev':>11} "
-          f"{'min cos':>9} {'× noise':>9} {'drift':>9}")
+    print(f"{'attack':<72} {'old checks':>10} {'max Δ dev':>11} {'per segment':>11} {'max Δ dev':>11} "
+          f"{'every check':>11} {'max Δ dev':>11} {'min cos':>9} {'× noise':>9} {'drift':>9}")  # fmt: skip
     for a in result["attacks"]:
         dev = a["max_dev_accepted_new"]
         times = "n/a" if dev is None or not h["max_dev"] else f"{dev / h['max_dev']:.3g}"
         cos = a["min_cos_accepted_new"] if a["accepted_new"] else a["min_cos_accepted_old"]
-        old = _fmt(a["max_dev_accepted_old"])
-        print(f"{a['label']:<64} {a['accepted_old']:>4}/{a['steps']:<5} {old:>11} "
-              f"{a['accepted_new']:>4}/{a['steps']:<5} {_fmt(dev):>11} {_fmt(cos, False):>9} {times:>9} "
+        old, seg = _fmt(a["max_dev_accepted_old"]), _fmt(a.get("max_dev_accepted_segment"))
+        print(f"{a['label']:<72} {a['accepted_old']:>4}/{a['steps']:<5} {old:>11} "
+              f"{a.get('accepted_segment', 0):>5}/{a['steps']:<5} {seg:>11} "
+              f"{a['accepted_new']:>5}/{a['steps']:<5} {_fmt(dev):>11} {_fmt(cos, False):>9} {times:>9} "
               f"{_fmt(a['final_drift']):>9}")  # fmt: skip
 
 

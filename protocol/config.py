@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -259,6 +260,12 @@ class RunConfig(Frozen):
     tolerance_denominator: float = Field(
         0.0, ge=0, description="tolerance mode: AdamW's denominator (specs §6; 0 = tolerance_exp_avg_sq)"
     )
+    tolerance_cumulative: float = Field(
+        0.0, ge=0, description="tolerance mode: opened segments' summed param residuals (§6.4; 0 = off)"
+    )
+    tolerance_cumulative_update: float = Field(
+        0.0, ge=0, description="tolerance mode: their summed update-space residuals (§6.4; 0 = off)"
+    )
     threads: int = Field(1, ge=1, le=256)
     max_outer_steps: int = Field(0, ge=0, description="0 = unbounded")
     numerics: Numerics = Numerics()
@@ -283,7 +290,8 @@ class RunConfig(Frozen):
         data = handler(self)
         if self.overlap is Overlap.NONE:
             data.pop("overlap", None)
-        for name in ("tolerance_update", "tolerance_denominator"):  # likewise, when unset (0)
+        for name in ("tolerance_update", "tolerance_denominator", "tolerance_cumulative",
+                     "tolerance_cumulative_update"):  # likewise, when unset (0)
             if not getattr(self, name):
                 data.pop(name, None)
         if not self.codec_topk:  # the sparse codec's parameters, likewise, at their defaults
@@ -344,6 +352,15 @@ class RunConfig(Frozen):
             "exp_avg_sq": self.tolerance_exp_avg_sq,
             "update": self.tolerance_update or self.tolerance_exp_avg,
             "denominator": self.tolerance_denominator or self.tolerance_exp_avg_sq,
+        }
+
+    @property
+    def cumulative_tolerances(self) -> dict[str, float]:
+        """Tolerance mode's thresholds over all opened segments of a contribution together
+        (`verifier.tolerance.Cumulative`, specs §6.4); unset (0), a check is not applied (∞)."""
+        return {
+            "cumulative": self.tolerance_cumulative or math.inf,
+            "cumulative_update": self.tolerance_cumulative_update or math.inf,
         }
 
     @property

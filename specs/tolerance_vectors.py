@@ -1,7 +1,7 @@
 """Vectors of tolerance mode's moment checks (specs/protocol.md §6.3; `specs/vectors/tolerance.json`).
 
 Small exact float32 states: a segment start, the verifier's replayed end and several claimed ends,
-each with the five distances of `verifier.verify.TOLERANCE_CHECKS`, whether the claim is a
+each with the five distances of `verifier.tolerance.TOLERANCE_CHECKS`, whether the claim is a
 genuine AdamW state, and which check fails first under the listed thresholds (none: accepted);
 the bound C(t) for several (β1, β2, t); and the genuine-state verdict of edge cases. Distances are
 float64 sums whose order an implementation may choose: compare them to ~1e-12 relative.
@@ -16,11 +16,21 @@ import numpy as np
 import torch
 
 from protocol.config import InnerOptim
+from verifier.tolerance import (
+    CUMULATIVE_CHECKS,
+    TOLERANCE_CHECKS,
+    Cumulative,
+    cumulative_mismatch,
+    tolerance_distances,
+    tolerance_mismatch,
+)
 from verifier.update_space import GENUINE_SLACK, genuine_bound, genuine_mismatch
-from verifier.verify import TOLERANCE_CHECKS, tolerance_distances, tolerance_mismatch
 
 State = dict[str, torch.Tensor]
 THRESHOLDS = {"param": 1e-3, "exp_avg": 1e-3, "exp_avg_sq": 1e-3, "update": 1e-3, "denominator": 1e-3}
+CUMULATIVE_THRESHOLDS = {"cumulative": 2e-4, "cumulative_update": 8e-5}
+"""§6.4's thresholds for the `cumulative` vectors: below what one residual of theirs reaches alone,
+above half of it (two residuals, one of them 0)."""
 
 
 def _float(x: float) -> float | None:
@@ -88,6 +98,43 @@ def _claims(replay: State, inner: InnerOptim) -> dict[str, State]:
     }
 
 
+def _residual_claims(replay: State) -> dict[str, State]:
+    """Claims off the replay by a small residual in the params and in exp_avg (the next update),
+    one way (`up`) or the other (`down`): each within every per-segment threshold."""
+    out = {}
+    for label, sign, dp in (("up", 1.0, 2.0**-21), ("down", -1.0, 2.0**-21), ("exp_avg_up", 1.0, 0.0)):
+        c = {k: v.clone() for k, v in replay.items()}
+        c["param/w"][1, 2] += sign * dp
+        c["exp_avg/b"][1] *= 1 + sign * 2.0**-11
+        out[label] = c
+    out["equal"] = replay
+    return out
+
+
+def _cumulative_cases(start: State, replay: State, inner: InnerOptim) -> list[dict[str, Any]]:
+    """Opened segments (each from `start`, replayed to `replay`, claimed as listed), summed (§6.4)."""
+    from specs.make_vectors import set_to_json
+
+    claims = _residual_claims(replay)
+    cases = []
+    sequences = {"aligned": ["up", "up", "up"], "opposed": ["up", "down", "up", "down"],
+                 "one_of_two": ["up", "equal"], "single": ["up"], "exp_avg_aligned": ["exp_avg_up"] * 2,
+                 "exp_avg_one_of_two": ["exp_avg_up", "equal"], "none_off": ["equal", "equal"]}  # fmt: skip
+    for label, seq in sequences.items():
+        total = Cumulative()
+        for name in seq:
+            assert tolerance_mismatch(replay, claims[name], start, THRESHOLDS, inner) is None
+            total.add(replay, claims[name], start, inner)
+        d = total.distances()
+        why = cumulative_mismatch(total, CUMULATIVE_THRESHOLDS)
+        failed = next((c for c in CUMULATIVE_CHECKS if not d[c] < CUMULATIVE_THRESHOLDS[c]), None)
+        assert (why is None) == (failed is None)
+        out = {"distances": {g: _float(v) for g, v in d.items()}, "first_failed": failed}
+        cases.append({"label": label, "input": {"claims": seq}, "output": out})
+    return [{"claims": {k: set_to_json(v) for k, v in claims.items()}, "thresholds": CUMULATIVE_THRESHOLDS,
+             "cases": cases}]  # fmt: skip
+
+
 def _genuine_cases() -> dict[str, State]:
     return {
         # t = 1: m = 0.1·g, v = 0.05·g², so |m̂| = √v̂ = |g| (C(1) = 1): genuine
@@ -148,4 +195,6 @@ def tolerance_vectors() -> dict[str, Any]:
         "replay": set_to_json(replay),
         "cases": cases,
         "genuine": genuine,
+        # §6.4, added after the above: every opened segment's residuals summed
+        "cumulative": _cumulative_cases(start, replay, inner)[0],
     }

@@ -13,7 +13,7 @@ from gonka_diloco.adversaries.lab import tiny_config
 from protocol.config import RunConfig
 from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate, propose, table, to_json
 from verifier.cli import app
-from verifier.verify import TOLERANCE_CHECKS
+from verifier.tolerance import CUMULATIVE_CHECKS, TOLERANCE_CHECKS
 
 CORPUS = "synthetic:40000:0"
 
@@ -48,11 +48,12 @@ def test_each_group_gets_its_own_threshold_and_an_attack_needs_to_clear_only_one
 def test_same_environment_in_two_processes_has_zero_noise() -> None:
     p = calibrate(tiny_config(), CORPUS, ks=(2, 4), threads=(1, 1), trials=1, warmup=2)
     for r in p.rows:  # bitwise across processes, every distance: the protocol's footing
-        assert set(r.noise) == set(TOLERANCE_CHECKS) and set(r.noise.values()) == {0.0}
+        assert set(r.noise) == {*TOLERANCE_CHECKS, *CUMULATIVE_CHECKS} and set(r.noise.values()) == {0.0}
     assert [r.noisy for r in p.rows] == [0.0, 0.0]
     assert all(min(r.skip.values()) > 1e-3 and min(r.swap.values()) > 1e-3 for r in p.rows) and p.k == 4
     assert set(p.run_config_fields()) == set(CONFIG_FIELDS.values()) == {
-        "tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq", "tolerance_update", "tolerance_denominator"
+        "tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq", "tolerance_update", "tolerance_denominator",
+        "tolerance_cumulative", "tolerance_cumulative_update",
     }
     RunConfig(**{**tiny_config().model_dump(), "replay_mode": "tolerance", **p.run_config_fields()})
 
@@ -60,8 +61,10 @@ def test_same_environment_in_two_processes_has_zero_noise() -> None:
 def test_one_versus_two_threads_noise_is_far_below_the_attack_signals() -> None:
     p = calibrate(tiny_config(), CORPUS, ks=(1, 3), threads=(1, 2), trials=1, warmup=2)
     for r in p.rows:
-        for g in r.noise:
+        for g in TOLERANCE_CHECKS:
             assert r.noise[g] < 1e-3 < min(r.skip[g], r.swap[g]), (g, r)
+        for g in CUMULATIVE_CHECKS:  # whole trajectories: no attack signal of their own
+            assert r.noise[g] < 1e-3 and g not in r.skip
     assert math.isinf(p.rows[0].skip["param"])  # skipping the only step of k = 1 leaves the start state
     data = json.loads(json.dumps(to_json(p)))  # strict JSON: no Infinity
     assert data["rows"][0]["skip"]["param"] is None and data["k"] == 3
@@ -82,3 +85,25 @@ def test_cli_lists_behaviours_and_refuses_a_bad_config(tmp_path: Path) -> None:
     result = runner.invoke(app, ["run", "--config", str(typo)])
     assert result.exit_code == 2 and "unknown verifier behaviour 'lazzy'" in result.output
     assert runner.invoke(app, ["calibrate", "--ks", "a,b"]).exit_code == 2
+
+
+def test_cumulative_noise_is_the_worst_set_of_opened_segments() -> None:
+    """Residuals that cancel in pairs score 0 over both; one alone scores its own ratio."""
+    import torch
+
+    from protocol.config import InnerOptim
+    from verifier.calibrate import cumulative_noise
+
+    def st(p: float, m: float) -> dict[str, torch.Tensor]:
+        return {"param/w": torch.tensor([p, 1.0]), "exp_avg/w": torch.tensor([m, 0.5]),
+                "exp_avg_sq/w": torch.tensor([0.25, 0.25]), "step": torch.tensor(3.0)}  # fmt: skip
+
+    start, replay = st(0.0, 0.5), st(1.0, 0.5)
+    up, down = st(1.0 + 2**-10, 0.5), st(1.0 - 2**-10, 0.5)
+    inner = InnerOptim()
+    both = cumulative_noise([(replay, up, start), (replay, down, start)], 2, inner)
+    assert both["cumulative"] == 0.0 and both["cumulative_update"] == 0.0
+    single = cumulative_noise([(replay, up, start), (replay, down, start)], 1, inner)
+    assert single["cumulative"] == pytest.approx(2**-10 / (1 - 2**-10), rel=1e-6)  # the larger: down
+    aligned = cumulative_noise([(replay, up, start)] * 3, 2, inner)
+    assert aligned["cumulative"] == pytest.approx(2**-10 / (1 + 2**-10), rel=1e-6)  # up's own ratio

@@ -18,8 +18,15 @@ from protocol.wire import from_any, to_any
 from specs.make_vectors import set_from_json
 from specs.tolerance_vectors import first_failed
 from verifier.calibrate import CONFIG_FIELDS
+from verifier.tolerance import (
+    CUMULATIVE_CHECKS,
+    TOLERANCE_CHECKS,
+    Cumulative,
+    cumulative_mismatch,
+    tolerance_distances,
+    tolerance_mismatch,
+)
 from verifier.update_space import GENUINE_SLACK, genuine_bound, genuine_mismatch, update_distances
-from verifier.verify import TOLERANCE_CHECKS, tolerance_distances, tolerance_mismatch
 
 VECTORS = Path(__file__).resolve().parents[1] / "specs" / "vectors" / "tolerance.json"
 HOST = "gonka1k4swv40ur28fvu54p8mskjj4lxkgsj07u9f8ny"
@@ -113,3 +120,26 @@ def test_run_config_carries_the_new_thresholds_and_omits_them_unset() -> None:
         assert back.config == cfg and back.config.config_hash() == cfg.config_hash()  # type: ignore[attr-defined]
     with pytest.raises(ValueError):
         tiny_config(**tol, tolerance_update=-1.0)
+
+
+def test_cumulative_vectors_recompute_from_json() -> None:
+    """specs §6.4: the opened segments' residuals summed, from the JSON inputs alone."""
+    v = json.loads(VECTORS.read_text())
+    inner = InnerOptim(**v["inner"])
+    start, replay = set_from_json(v["start"]), set_from_json(v["replay"])
+    cum = v["cumulative"]
+    claims = {k: set_from_json(c) for k, c in cum["claims"].items()}
+    seen = set()
+    for c in cum["cases"]:
+        total = Cumulative()
+        for name in c["input"]["claims"]:
+            assert tolerance_mismatch(replay, claims[name], start, v["thresholds"], inner) is None
+            total.add(replay, claims[name], start, inner)
+        d, want = total.distances(), c["output"]["distances"]
+        for g in CUMULATIVE_CHECKS:  # float32 accumulators: exact sums up to the float64 norms' order
+            assert abs(d[g] - want[g]) <= 1e-9 * max(abs(d[g]), abs(want[g])) + 1e-12, (c["label"], g)
+        failed = next((g for g in CUMULATIVE_CHECKS if not d[g] < cum["thresholds"][g]), None)
+        assert failed == c["output"]["first_failed"], c["label"]
+        assert (cumulative_mismatch(total, cum["thresholds"]) is None) == (failed is None)
+        seen.add(failed)
+    assert seen == {None, "cumulative", "cumulative_update"}

@@ -27,18 +27,15 @@ from protocol.messages import EnvFingerprint, Reason
 from replay.step import State, configure_determinism, env_fingerprint, optimizer_state
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, run_committed
+from verifier.tolerance import TOLERANCE_CHECKS, param_distance, state_distances, tolerance_mismatch
 from verifier.verify import (
-    TOLERANCE_CHECKS,
     CannotVerify,
     Job,
     MissingData,
     check_verifier_env,
     fresh_optimizer_hash,
     fresh_optimizer_state,
-    param_distance,
     replay_segment,
-    state_distances,
-    tolerance_mismatch,
     verify,
 )
 

@@ -19,16 +19,25 @@ per k and distance:
 - swap: the host trained one inner step on another batch (first or last, the smaller signal);
 
 and proposes τ_g = factor × noise_g per group at the largest k where both attacks still exceed the
-threshold of some group.
+threshold of some group. The checks over all opened segments together (`cumulative`,
+`cumulative_update`: `verifier.tolerance.Cumulative`, specs §6.4) are measured the same way on whole
+trajectories (`chains`: the fresh state and the last warm one): env B, the host, trains H/k
+consecutive segments, env A replays each from B's boundary, and the noise is the largest
+cumulative distance over every set of `opened` segments (the run's s; more sets than
+`MAX_SUBSETS`: a fixed sample of them) — honest residuals do not align, so it sits below the
+per-segment noise, while a host steering every boundary the same way reaches its per-segment
+ratio.
 Each environment runs in its own process; states cross as safetensors files, never pickles.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -39,6 +48,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import Tensor
 
 from protocol.config import RunConfig
 from replay.data import Corpus, shakespeare_corpus
@@ -46,12 +56,15 @@ from replay.device import host_state, resolve_device
 from replay.spec import build
 from replay.step import State, configure_determinism, load_training_state, make_optimizer, train_segment
 from replay.step import training_state as live_state
-from verifier.verify import TOLERANCE_CHECKS, tolerance_distances
+from verifier.tolerance import CUMULATIVE_CHECKS, PARAM, TOLERANCE_CHECKS, tolerance_distances
+from verifier.update_space import bias_corrections
 
 HOST = "calibration"
 SWAP_HOST = "calibration-swapped"
 FLOOR = 1e-7
 """Smallest threshold proposed: below it float32 rounding of the distance itself dominates."""
+MAX_SUBSETS = 5000
+"""Sets of opened segments scored per trajectory; beyond, a fixed sample of this many."""
 
 
 CONFIG_FIELDS = {
@@ -60,6 +73,8 @@ CONFIG_FIELDS = {
     "exp_avg_sq": "tolerance_exp_avg_sq",
     "update": "tolerance_update",
     "denominator": "tolerance_denominator",
+    "cumulative": "tolerance_cumulative",
+    "cumulative_update": "tolerance_cumulative_update",
 }
 """The RunConfig field of each distance's threshold."""
 
@@ -69,7 +84,7 @@ class CalibrationError(RuntimeError):
 
 
 Groups = Mapping[str, float]
-"""One value per distance (`verifier.verify.TOLERANCE_CHECKS`); a bare float means parameters."""
+"""One value per distance (`verifier.tolerance.TOLERANCE_CHECKS`); a bare float means parameters."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +112,8 @@ class Proposal:
 
     def run_config_fields(self) -> dict[str, float]:
         """`tolerance`, `tolerance_exp_avg`, `tolerance_exp_avg_sq`, `tolerance_update`,
-        `tolerance_denominator` as RunConfig takes them (those measured)."""
+        `tolerance_denominator`, `tolerance_cumulative`, `tolerance_cumulative_update` as RunConfig
+        takes them (those measured)."""
         t = self.tolerances or {}
         return {CONFIG_FIELDS[g]: v for g, v in t.items() if g in CONFIG_FIELDS}
 
@@ -159,6 +175,9 @@ def worker(job: dict[str, Any]) -> None:
     cfg = RunConfig.model_validate(job["cfg"])
     data = _corpus(job["corpus"])
     out: dict[str, torch.Tensor] = {}
+    if "chains" in job:
+        _chain_worker(job, cfg, data, device)
+        return
     for t, start_path in enumerate(job["starts"]):
         start = load_file(start_path)
         s0, outer = job["first_inner"], t
@@ -175,8 +194,28 @@ def worker(job: dict[str, Any]) -> None:
     save_file(out, job["out"])
 
 
+def _chain_worker(job: dict[str, Any], cfg: RunConfig, data: Corpus, device: torch.device) -> None:
+    """Whole trajectories (chain c, segment length k, outer step `outer`): with no `bank`, train
+    H/k consecutive segments from the chain's start, each end saved as `c/k/j/…` (j = 1…n); with
+    a `bank` (the host's), replay every segment j from the bank's boundary j − 1 instead."""
+    bank = load_file(job["bank"]) if job.get("bank") else None
+    out: dict[str, torch.Tensor] = {}
+    for c, chain in enumerate(job["chains"]):
+        first = load_file(chain["start"])
+        for k in job["ks"]:
+            cur = first
+            for j in range(max(1, cfg.inner_steps // k)):
+                if bank is not None and j:
+                    cur = _slice(bank, f"{c}/{k}/{j}/")
+                cur = _run(cfg, data, cur, [(HOST, j * k, k)], chain["outer"], device)
+                for name, v in cur.items():
+                    out[f"{c}/{k}/{j + 1}/{name}"] = v
+    save_file(out, job["out"])
+
+
 def _spawn(job: dict[str, Any], workdir: Path) -> dict[str, torch.Tensor]:
-    path = workdir / f"job-{job['threads']}-{job['device'].replace(':', '')}-{int(job['attacks'])}.json"
+    tag = "chain" if "chains" in job else int(job["attacks"])
+    path = workdir / f"job-{job['threads']}-{job['device'].replace(':', '')}-{tag}.json"
     path.write_text(json.dumps(job))
     env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"])}
     proc = subprocess.run(
@@ -194,6 +233,52 @@ def _slice(bank: dict[str, torch.Tensor], prefix: str) -> State:
     return {k[len(prefix) :]: v for k, v in bank.items() if k.startswith(prefix)}
 
 
+def _residuals(replay: State, claim: State, start: State, inner: Any) -> tuple[Tensor, Tensor, float, float]:
+    """One segment's residual vectors (params, next update: `Cumulative`'s terms) and normalizers."""
+    params = sorted(k for k in claim if k.startswith(PARAM))
+    r = torch.cat([(claim[k].double() - replay[k].double()).reshape(-1) for k in params])
+    moved = math.sqrt(sum(float((claim[k].double() - start[k].double()).square().sum()) for k in params))
+    bc1, bc2 = bias_corrections(float(replay["step"]), inner)
+
+    def upd(st: State, name: str) -> Tensor:
+        m, v = st["exp_avg/" + name].double(), st["exp_avg_sq/" + name].double()
+        return (m / (bc1 * ((v / bc2).sqrt() + inner.eps))).reshape(-1)
+
+    names = sorted(k[len("exp_avg/") :] for k in claim if k.startswith("exp_avg/"))
+    ur = torch.cat([upd(replay, n) for n in names])
+    du = torch.cat([upd(claim, n) for n in names]) - ur
+    return r, du, moved, float(ur.norm())
+
+
+def cumulative_noise(
+    segments: Sequence[tuple[State, State, State]], opened: int, inner: Any
+) -> dict[str, float]:
+    """The largest `Cumulative` distances over every set of `opened` of the given consecutive
+    (replay, claim, start) segments of one trajectory (`MAX_SUBSETS` of them, a fixed sample,
+    when there are more): ‖Σ_S r_i‖ / Σ_S w_i from the residuals' Gram matrix."""
+    res = [_residuals(*seg, inner) for seg in segments]
+    m = max(1, min(opened, len(res)))
+    out = {}
+    for check, (vec, w) in zip(CUMULATIVE_CHECKS, ((0, 2), (1, 3)), strict=True):
+        x = torch.stack([r[vec] for r in res])
+        gram = (x @ x.T).tolist()
+        weights = [r[w] for r in res]
+        n = len(res)
+        if math.comb(n, m) <= MAX_SUBSETS:
+            sets: Any = itertools.combinations(range(n), m)
+        else:
+            rng = random.Random(0)
+            sets = (sorted(rng.sample(range(n), m)) for _ in range(MAX_SUBSETS))
+        worst = 0.0
+        for sub in sets:
+            num = sum(gram[i][j] for i in sub for j in sub)
+            den = sum(weights[i] for i in sub)
+            val = math.sqrt(max(num, 0.0)) / den if den > 0 else (0.0 if num <= 0 else math.inf)
+            worst = max(worst, val)
+        out[check] = worst
+    return out
+
+
 def calibrate(
     cfg: RunConfig,
     corpus: str = "shakespeare",
@@ -203,10 +288,13 @@ def calibrate(
     warmup: int = 10,
     factor: float = 8.0,
     devices: tuple[str, str] = ("cpu", "cpu"),
+    opened: int | None = None,
 ) -> Proposal:
     """Measure noise and signals for every k; the verifier's environment is (`devices[0]`,
     `threads[0]`), the host's (`devices[1]`, `threads[1]`). The run config's numerics apply to both.
-    Trials: the fresh state (step 0, the start of every run) and `trials` warm states."""
+    Trials: the fresh state (step 0, the start of every run) and `trials` warm states. The checks
+    over opened segments together are calibrated for `opened` of them (default the run's s) on two
+    whole trajectories per k (from the fresh state and the last warm one)."""
     if not ks or min(ks) < 1 or trials < 1:
         raise ValueError("need ks >= 1 and trials >= 1")
     configure_determinism(threads[0])
@@ -229,6 +317,12 @@ def calibrate(
                     "out": str(work / "a.st")}, work)  # fmt: skip
         b = _spawn({**base, "threads": threads[1], "device": devices[1], "attacks": False,
                     "out": str(work / "b.st")}, work)  # fmt: skip
+        chains = [{"start": starts[0], "outer": 2000}, {"start": starts[-1], "outer": 2001}]
+        chain_b = {**base, "chains": chains, "threads": threads[1], "device": devices[1], "attacks": False,
+                   "out": str(work / "chain-b.st")}  # fmt: skip
+        cb = _spawn(chain_b, work)
+        ca = _spawn({**chain_b, "threads": threads[0], "device": devices[0], "bank": chain_b["out"],
+                     "out": str(work / "chain-a.st")}, work)  # fmt: skip
         noise: list[Groups] = []
         skip: list[Groups] = []
         swap: list[Groups] = []
@@ -249,6 +343,14 @@ def calibrate(
                     dw = tolerance_distances(ref, _slice(a, f"{t}/{k}/swap_{pos}/"), start, inner)
                     skip_k = {g: min(skip_k[g], ds[g]) for g in groups}
                     swap_k = {g: min(swap_k[g], dw[g]) for g in groups}
+            for c, chain in enumerate(chains):  # whole trajectories: the opened segments together
+                first = load_file(chain["start"])
+                segs = []
+                for j in range(1, max(1, cfg.inner_steps // k) + 1):
+                    seg_start = first if j == 1 else _slice(cb, f"{c}/{k}/{j - 1}/")
+                    segs.append((_slice(ca, f"{c}/{k}/{j}/"), _slice(cb, f"{c}/{k}/{j}/"), seg_start))
+                dc = cumulative_noise(segs, opened or cfg.sampled_segments, inner)
+                n_k = {**n_k, **{g: max(n_k.get(g, 0.0), dc[g]) for g in CUMULATIVE_CHECKS}}
             noise.append(n_k)
             skip.append(skip_k)
             swap.append(swap_k)
@@ -261,7 +363,7 @@ def table(p: Proposal, envs: tuple[int | str, int | str] = (1, 2)) -> str:
     a, b = (f"{e} threads" if isinstance(e, int) else e for e in envs)
     lines = [
         f"honest noise between {a} and {b} vs. attack signals (relative distance)",
-        f"{'k':>4} {'group':>10} {'noise':>10} {'differs':>8} {'skip 1 step':>12} {'swap 1 batch':>13} "
+        f"{'k':>4} {'group':>17} {'noise':>10} {'differs':>8} {'skip 1 step':>12} {'swap 1 batch':>13} "
         f"{'threshold':>10}  ok",
     ]
     for r in p.rows:
@@ -269,7 +371,7 @@ def table(p: Proposal, envs: tuple[int | str, int | str] = (1, 2)) -> str:
         for i, g in enumerate(r.noise):
             k, share, mark = (f"{r.k:>4}", f"{r.noisy:>8.0%}", ok) if i == 0 else (" " * 4, " " * 8, "")
             signals = f"{r.skip.get(g, math.nan):>12.2e} {r.swap.get(g, math.nan):>13.2e}"
-            lines.append(f"{k} {g:>10} {r.noise[g]:>10.2e} {share} {signals} {r.threshold[g]:>10.2e}  {mark}")
+            lines.append(f"{k} {g:>17} {r.noise[g]:>10.2e} {share} {signals} {r.threshold[g]:>10.2e}  {mark}")
     if p.k is None or p.tolerances is None:
         lines.append(f"no k keeps both attacks above {p.factor:g}× the noise: use bitwise mode or shorter k")
     else:

@@ -8,7 +8,8 @@ every other failure mode of the host's data is turned into a reason code here, n
 
 Memory: segments are checked one at a time and the replayed end is read from the live model
 without a copy, so besides its model a verification holds at most two training states (the start
-and, in tolerance mode or on a mismatch, the claimed end); the node sizes its pool from that.
+and, in tolerance mode or on a mismatch, the claimed end), and in tolerance mode two float32
+accumulators of the parameters' size (`Cumulative`); the node sizes its pool from that.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch import Tensor, nn
 from nodekit.eager import EagerStart
 from protocol import chunks, codecs
 from protocol.codecs import CodecError
-from protocol.config import InnerOptim, ReplayMode, RunConfig, canonical_json
+from protocol.config import ReplayMode, RunConfig, canonical_json
 from protocol.envclass import ReplayDecision, replay_decision
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
@@ -47,9 +48,8 @@ from replay.step import (
     training_hash,
     training_state,
 )
-from verifier.update_space import UPDATE_CHECKS, genuine_mismatch, update_distances
-
-PARAM = "param/"
+from verifier.tolerance import PARAM, Cumulative, cumulative_mismatch, param_distance, tolerance_mismatch
+from verifier.update_space import genuine_mismatch
 
 
 class MissingData(Exception):
@@ -298,102 +298,6 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
         raise _Reject(Reason.WRONG_START, detail)
 
 
-TOLERANCE_GROUPS = ("param", "exp_avg", "exp_avg_sq")
-"""The tensor groups of a training state that tolerance mode compares, each with its own
-threshold (`RunConfig.tolerances`); the `step` counter is compared exactly."""
-
-
-def group_distance(replay: State, claim: State, start: State, group: str) -> float:
-    """‖x_replay − x_claim‖ / ‖x_claim − x_start‖ over the tensors `<group>/*`, in float64: how far
-    the claimed end is from our replay, relative to how far the segment moved that group."""
-    prefix = group + "/"
-    num = 0.0
-    den = 0.0
-    for k, c in claim.items():
-        if not k.startswith(prefix):
-            continue
-        r, s0 = replay.get(k), start.get(k)
-        if r is None or s0 is None or r.shape != c.shape or s0.shape != c.shape:
-            return math.inf
-        c64 = c.double()
-        num += float((r.double() - c64).square().sum())
-        den += float((c64 - s0.double()).square().sum())
-    if not math.isfinite(num) or not math.isfinite(den):
-        return math.inf
-    if den == 0.0:
-        return 0.0 if num == 0.0 else math.inf
-    return math.sqrt(num) / math.sqrt(den)
-
-
-def param_distance(replay: State, claim: State, start: State) -> float:
-    """`group_distance` over the parameters."""
-    return group_distance(replay, claim, start, "param")
-
-
-def state_distances(replay: State, claim: State, start: State) -> dict[str, float]:
-    """`group_distance` of every tolerance group."""
-    return {g: group_distance(replay, claim, start, g) for g in TOLERANCE_GROUPS}
-
-
-TOLERANCE_CHECKS = (*TOLERANCE_GROUPS, *UPDATE_CHECKS)
-"""Every thresholded distance of tolerance mode, in the order it is checked: the three group norms,
-then the moments in update space (`verifier.update_space`)."""
-
-
-def tolerance_distances(replay: State, claim: State, start: State, inner: InnerOptim) -> dict[str, float]:
-    """Every distance of `TOLERANCE_CHECKS` between a replayed and a claimed end state."""
-    return {**state_distances(replay, claim, start), **update_distances(replay, claim, inner)}
-
-
-def group_mismatch(
-    replay: State, claim: State, start: State, thresholds: Mapping[str, float]
-) -> str | None:
-    """The group-norm part of `tolerance_mismatch` alone: names, step counter, untracked tensors
-    exactly, and each group below its threshold. Not enough on its own (`budget_steer`)."""
-    if set(replay) != set(claim):
-        return f"claimed state has tensors {sorted(set(claim) ^ set(replay))[:3]} the replay does not"
-    if not torch.equal(replay["step"], claim["step"]):
-        return f"step counter {claim['step'].tolist()} != replayed {replay['step'].tolist()}"
-    grouped = {k for k in claim if k.split("/", 1)[0] in TOLERANCE_GROUPS}
-    for k in sorted(set(claim) - grouped - {"step"}):
-        if not torch.equal(replay[k], claim[k]):
-            return f"{k} differs"
-    distances = state_distances(replay, claim, start)
-    for g in TOLERANCE_GROUPS:
-        if not distances[g] < thresholds[g]:
-            return f"{g} distance {distances[g]:.3e} >= tolerance {thresholds[g]:.3e}"
-    return None
-
-
-def tolerance_mismatch(
-    replay: State, claim: State, start: State, thresholds: Mapping[str, float], inner: InnerOptim
-) -> str | None:
-    """None if the claimed end state is within tolerance of the replay, else what is not.
-
-    The whole state is compared (specs §6, REPLAY_MISMATCH): the same tensor names and shapes, the
-    step counter exactly, the claim a genuine AdamW state coordinate by coordinate, every group
-    (parameters and both AdamW moments) below its own threshold, and the moments in update space
-    (`verifier.update_space`) below theirs. Parameters alone are not enough (moments rewritten at a
-    boundary seed the next segment and the carried optimizer), and norms over whole groups are not
-    either (a nudge of exp_avg where exp_avg_sq ≈ 0 is a step of lr·m/ε).
-    """
-    if set(replay) != set(claim):
-        return f"claimed state has tensors {sorted(set(claim) ^ set(replay))[:3]} the replay does not"
-    if not torch.equal(replay["step"], claim["step"]):
-        return f"step counter {claim['step'].tolist()} != replayed {replay['step'].tolist()}"
-    bad = genuine_mismatch(claim, inner)
-    if bad is not None:
-        return f"claimed state is not a genuine AdamW state: {bad}"
-    why = group_mismatch(replay, claim, start, thresholds)
-    if why is not None:
-        return why
-    distances = update_distances(replay, claim, inner)
-    for c in UPDATE_CHECKS:
-        if not distances[c] < thresholds[c]:
-            return f"{c} distance {distances[c]:.3e} >= tolerance {thresholds[c]:.3e}"
-    return None
-
-
 def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> State:
     """The host's own step function from `start`, over the PRF batches of `segment`.
 
@@ -404,7 +308,15 @@ def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> 
     opt = make_optimizer(ctx.model, job.cfg.inner)
     load_training_state(ctx.model, opt, start)
     train_segment(
-        ctx.model, opt, job.cfg, ctx.data, job.host, job.outer_step, segment * k, k, job.env.micro_batches,
+        ctx.model,
+        opt,
+        job.cfg,
+        ctx.data,
+        job.host,
+        job.outer_step,
+        segment * k,
+        k,
+        job.env.micro_batches,
         loss_fn=ctx.loss_fn,
     )
     ctx.on_replay_steps(k)
@@ -597,6 +509,8 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
         # tolerance mode. `at`: the boundary the live state holds, bitwise equal to the host's.
         live = ctx.live(job)
         at: int | None = None
+        summed = any(math.isfinite(t) for t in job.cfg.cumulative_tolerances.values())  # §6.4 set
+        total = Cumulative() if job.cfg.replay_mode is ReplayMode.TOLERANCE and summed else None
         for o in sorted(job.openings, key=lambda o: o.segment):
             if at != o.segment:
                 if o.segment == 0:
@@ -643,12 +557,18 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
                         Reason.REPLAY_MISMATCH,
                         f"segment {o.segment}: replay {leaf[:12]} != committed {o.end_leaf[:12]}, {why}",
                     )
+            if total is not None and claim is not None and start is not None:
+                total.add(end, claim, start, job.cfg.inner)
             at = o.segment + 1 if bitwise and leaf == o.end_leaf else None
             if o.segment == last:
                 final = claim if claim is not None else end
             del start, claim
         if final is None:  # check_proofs guarantees the last segment is opened; defensive
             raise _Reject(Reason.BAD_PROOF, "the last segment was not opened")
+        if total is not None:  # the opened segments together: residuals that add up (specs §6.4)
+            why = cumulative_mismatch(total, job.cfg.cumulative_tolerances)
+            if why is not None:
+                raise _Reject(Reason.REPLAY_MISMATCH, why)
         if optimizer_hash(final, chunk) != job.final_optimizer_hash:
             raise _Reject(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
         payload = check_delta(job, ctx, final, None if bitwise else source)

@@ -49,8 +49,10 @@ instead makes it a one-segment fake (segment 0's start), caught when segment 0 i
 lazy host's bound, (s − 1)/(n − 1) per step.
 
 (4) by the update-space check of tolerance mode (specs §6); the group norms alone accept it. With
-`target="update"` it stays within every check and is accepted: what it can steer then is
-`bench.steering`'s figure (RESULTS.md).
+`target="update"` it stays within every per-segment check and, spending 0.9 of the run's
+thresholds over all opened segments too (specs §6.4), within every check: accepted, what it can
+steer then is `bench.steering`'s figure (RESULTS.md); `cumulative=False` spends the per-segment
+budgets at every boundary, which the cumulative check rejects.
 
 (5) the loss a vote carries decides nothing on chain; `gonka-diloco report` takes the median over
 the votes for the adopted model and names every voter whose value differs from it (honest hosts
@@ -538,17 +540,22 @@ class BudgetSteer(HostAdversary):
 
     def __init__(
         self, fraction: float = 0.9, target: str = "group", where: str = "free", seed: int = 0,
-        params: bool = True,
+        params: bool = True, cumulative: bool = True,
     ) -> None:  # fmt: skip
         super().__init__()
         self.params = bool(params)  # False: the moments' budgets alone, parameters exact
+        # False: ignores the thresholds over all opened segments (specs §6.4), spends the per-segment
+        # budgets at every boundary (the strongest steering before them; rejected where a run sets them)
+        self.cumulative = bool(cumulative)
         if not 0.0 <= float(fraction) < 1.0:
             raise ValueError("fraction must be in [0, 1)")
         if target not in TARGETS or where not in WHERE:
             raise ValueError(f"target must be one of {TARGETS}, where one of {WHERE}")
         self.fraction, self.target, self.where, self.seed = float(fraction), target, where, seed
-        if target == "update":  # within every check: accepted, its steering bounded (bench.steering)
+        if target == "update" and self.cumulative:  # within every check: accepted, bounded (bench.steering)
             self.expected, self.chain_outcome = ("ACCEPT",), "accepted"
+        elif target == "update":  # accepted only by a run without the cumulative thresholds
+            self.expected = ("REPLAY_MISMATCH", "ACCEPT")
 
     def make_contribution(self, ctx: OuterContext) -> Contribution:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
@@ -562,7 +569,7 @@ class BudgetSteer(HostAdversary):
             )  # fmt: skip
             end = clone_state(training_state(ctx.model, ctx.optimizer))
             cur = steer_boundary(end, cur, cfg, self.fraction, self.target, self.where, self.seed,
-                                 params=self.params)  # fmt: skip
+                                 params=self.params, cumulative=self.cumulative)  # fmt: skip
             states.append(cur)
         load_training_state(ctx.model, ctx.optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)

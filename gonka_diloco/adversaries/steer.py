@@ -38,8 +38,8 @@ from torch import Tensor
 from protocol.config import InnerOptim, RunConfig
 from replay.step import State
 from verifier.calibrate import FLOOR
+from verifier.tolerance import Cumulative, group_distance
 from verifier.update_space import bias_corrections, genuine_bound, update_distances
-from verifier.verify import group_distance
 
 TARGETS = ("group", "update")
 WHERE = ("free", "all", "along")
@@ -53,10 +53,23 @@ def direction(seed: int, name: str, shape: torch.Size) -> Tensor:
     return torch.randint(0, 2, shape, generator=g).to(torch.float64) * 2 - 1
 
 
-def budgets(cfg: RunConfig, fraction: float) -> dict[str, float]:
+def budgets(cfg: RunConfig, fraction: float, cumulative: bool = True) -> dict[str, float]:
     """`fraction` of every threshold; a bitwise run (thresholds 0) is given the smallest one
-    calibration ever proposes (any move is then caught by the hash)."""
-    return {g: fraction * max(t, FLOOR) for g, t in cfg.tolerances.items()}
+    calibration ever proposes (any move is then caught by the hash). With `cumulative`, also of the
+    thresholds over all opened segments (∞ where the run sets none; `False`: ignored)."""
+    out = {g: fraction * max(t, FLOOR) for g, t in cfg.tolerances.items()}
+    for g, t in cfg.cumulative_tolerances.items():
+        out[g] = fraction * t if cumulative else math.inf
+    return out
+
+
+def boundary_cumulative(end: State, claim: State, start: State, inner: InnerOptim) -> dict[str, float]:
+    """The cumulative distances of one boundary alone. A claim that keeps every boundary's within a
+    budget keeps the opened segments' sum within it too (the sums are at most the largest ratio),
+    and aligned boundaries reach it: the most a host can spend on the cumulative checks."""
+    total = Cumulative()
+    total.add(end, claim, start, inner)
+    return total.distances()
 
 
 Apply = Callable[[float], State]
@@ -86,14 +99,15 @@ def _fit(apply: Apply, ratio: Ratio, probe: float) -> State:
 
 def steer_boundary(
     end: State, start: State, cfg: RunConfig, fraction: float, target: str = "update", where: str = "free",
-    seed: int = 0, params: bool = True,
+    seed: int = 0, params: bool = True, cumulative: bool = True,
 ) -> State:  # fmt: skip
     """The claimed boundary state: `end` (the host's own training of the segment from `start`)
     moved by `fraction` of every budget, as the module docstring says (`params=False`: the moments'
-    budgets alone, the parameters exact). Pure; float32 like `end`."""
+    budgets alone, the parameters exact; `cumulative=False`: the run's thresholds over all opened
+    segments ignored, every boundary spends the per-segment budgets). Pure; float32 like `end`."""
     if target not in TARGETS or where not in WHERE:
         raise ValueError(f"target must be one of {TARGETS}, where one of {WHERE}")
-    tau = budgets(cfg, fraction)
+    tau = budgets(cfg, fraction, cumulative)
     inner = cfg.inner
     names = sorted(k[len(_P) :] for k in end if k.startswith(_P))
     bc1, bc2 = bias_corrections(float(end["step"]), inner)
@@ -111,6 +125,11 @@ def steer_boundary(
     def upd(which: str) -> Ratio:
         return lambda c: update_distances(end, c, inner)[which] / tau[which]
 
+    def cum(which: str) -> Ratio:
+        if not math.isfinite(tau[which]):
+            return lambda c: 0.0
+        return lambda c: boundary_cumulative(end, c, start, inner)[which] / tau[which]
+
     def worst(*ratios: Ratio) -> Ratio:
         return lambda c: max(r(c) for r in ratios)
 
@@ -123,12 +142,13 @@ def steer_boundary(
         dtheta = {n: end[_P + n].double() - start[_P + n].double() for n in names}
     else:
         dtheta = {n: sigma[n] * where_mask[n] for n in names}
-    out = _fit(lambda s: moved(end, _P, dtheta, s), dist("param"), 1e-6) if params else dict(end)
+    ratio_p = worst(dist("param"), cum("cumulative"))
+    out = _fit(lambda s: moved(end, _P, dtheta, s), ratio_p, 1e-6) if params else dict(end)
 
     # exp_avg: −m̂ moves θ along +σ
     if update:  # a unit of update space is the same movement everywhere: spend it where θ moves
         dm = {n: end[_M + n].double() if along else -sigma[n] * where_mask[n] * d[n] * bc1 for n in names}
-        ratio_m = worst(dist("exp_avg"), upd("update"))
+        ratio_m = worst(dist("exp_avg"), upd("update"), cum("cumulative_update"))
     else:  # where exp_avg_sq = 0 AdamW steps lr·m/ε (else: the smallest denominators)
         cheap = free if any_free else _smallest(d, 0.01)
         dm = {n: -sigma[n] * cheap[n] for n in names}
@@ -146,7 +166,7 @@ def steer_boundary(
     if update:  # √v̂ moved by ρ·σ·sign(m): smaller where the step moves θ along σ, larger against
         rel = {n: -torch.ones_like(sigma[n]) if along else sigma[n] * torch.sign(base_v[_M + n].double())
                for n in names}  # fmt: skip
-        ratio_v = worst(dist("exp_avg_sq"), upd("denominator"))
+        ratio_v = worst(dist("exp_avg_sq"), upd("denominator"), cum("cumulative_update"))
 
         def apply_v(s: float) -> State:
             v = {_V + n: (sqrt_v[n] * (1 + s * rel[n]).clamp_min(0)).square().mul(bc2).float() for n in names}
@@ -159,7 +179,7 @@ def steer_boundary(
             return {**base_v, **v}
 
     out = _fit(apply_v, ratio_v, 1e-6)
-    if update and worst(dist("exp_avg"), upd("update"))(out) > 1.0:  # the clamp moved m: v stays
+    if update and ratio_m(out) > 1.0:  # the clamp moved m: v stays
         return base_v
     return out
 
