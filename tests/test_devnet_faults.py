@@ -66,8 +66,9 @@ def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> 
         # it will not reveal. (Killing on "the run's phase is TRAIN" raced under load: by the
         # time a slow poll's kill landed, the victim had been challenged and had revealed.)
         def committed(run: dict[str, Any]) -> bool:
-            mine = dn.chain.query("commitment", run_id=dn.run_id, host=address, step=1)
-            return run["current_step"] == 1 and mine is not None
+            if run["current_step"] != 1:  # step 1 does not exist before it opens
+                return False
+            return dn.chain.query("commitment", run_id=dn.run_id, host=address, step=1) is not None
 
         dn.watch(until=committed)
         dn.kill(victim)
