@@ -38,6 +38,7 @@ cometbft: $(COMETBFT)
 
 test: $(STAMP) $(COMETBFT)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 devnet: $(STAMP)
@@ -63,5 +64,5 @@ proto: $(STAMP)
 	$(BIN)/python -m protocol.proto.build
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
 	# .tools (the CometBFT build) stays: rebuilding it costs minutes; `rm -rf .tools` if you mean it

@@ -499,7 +499,7 @@ class HttpChainClient(ChainClient):
 
     def _account(self, address: str) -> tuple[int, int]:
         try:
-            account = self._call(lambda i: self._ledger(i).query_account(address))  # type: ignore[arg-type]
+            account = self._call(lambda i: self._ledger(i).query_account(address))
         except RuntimeError as exc:
             if _is_missing_account(exc):
                 raise AccountNotFound(address, self.url) from None
@@ -543,4 +543,4 @@ class HttpChainClient(ChainClient):
         return self._json(self._get(f"/inference/diloco/v1/query/{name}", **params))
 
     def balance(self, address: str) -> int:
-        return self._call(lambda i: self._ledger(i).query_bank_balance(address, DENOM))  # type: ignore[arg-type]
+        return self._call(lambda i: self._ledger(i).query_bank_balance(address, DENOM))

@@ -133,6 +133,8 @@ class RowTracker:
             if layout(child_cls).flat:  # leaves: their texts are in the map's cache, no recursion
                 for key, (_, digest, child_text, _) in cache.entries.items():
                     if known.get(key) != digest:
+                        if child_text is None:  # MapCache keeps every flat child's row text
+                            raise RuntimeError(f"flat child {key!r} of map {name!r} at {list(path)}: no text")
                         if out is not None:
                             out.upserts.append((path_key((*path, name, key)), child_text))
                         known[key] = digest
@@ -178,14 +180,14 @@ def _resolve(path: Path) -> type:
         if len(path) % 2:
             raise RowError(f"path {list(path)} ends on a field, not a key")
         cls: type = ChainState
-        key_types: list[type] = []
+        key_list: list[type] = []
         for name in fields:
             children = {c[0]: c for c in layout(cls).children}
             if name not in children:
                 raise RowError(f"{cls.__name__} has no map of rows named {name!r} (path {list(path)})")
             _, key_t, cls = children[name]
-            key_types.append(key_t)
-        found = _RESOLVED[fields] = (cls, tuple(key_types))
+            key_list.append(key_t)
+        found = _RESOLVED[fields] = (cls, tuple(key_list))
     cls, key_types = found
     for key, key_t in zip(path[1::2], key_types, strict=True):
         if not isinstance(key, key_t) or isinstance(key, bool):

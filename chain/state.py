@@ -296,7 +296,7 @@ def _decoder(tp: Any) -> Callable[[Any], Any] | None:
             decode = lambda data: None if data is None else some(data)  # noqa: E731
     elif _is_str_enum(tp):
         decode = tp
-    elif dataclasses.is_dataclass(tp):
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a hint is a class, never an instance
         fields = tuple((name, _decoder(hint)) for name, hint in _field_hints(tp))
         decode = lambda data: tp(  # noqa: E731
             **{name: data[name] if f is None else f(data[name]) for name, f in fields}
@@ -582,8 +582,8 @@ def node_digest(obj: Any, cached: bool = True) -> str:
     own = own_text(obj)
     obj.__dict__[_OWN] = (None, own)  # the text this pass hashed: the row tracker writes it
     maps = {name: _map_cache(obj, name, key_t, cls).text for name, key_t, cls in lay.children}
-    children = "{" + ",".join([prefix + maps[name] for name, prefix in lay.map_prefixes]) + "}"
-    digest = _digest(type(obj), own, children)
+    children_text = "{" + ",".join([prefix + maps[name] for name, prefix in lay.map_prefixes]) + "}"
+    digest = _digest(type(obj), own, children_text)
     if isinstance(obj, TOUCH_TRACKED) or sealed(obj):
         obj.__dict__[_DIGEST] = digest
     return digest

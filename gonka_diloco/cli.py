@@ -11,9 +11,14 @@ import importlib
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.markup import escape
+
+# typer vendors click (typer/_click, no `click` dependency): its groups take and return these
+# classes, and its main loop reports only its own UsageError as a usage error (a click.UsageError
+# would end in a traceback)
+from typer import _click as click
+from typer._click.exceptions import UsageError
 from typer.core import TyperCommand, TyperGroup
 
 from gonka_diloco.devnet_config import DevnetConfig
@@ -68,7 +73,7 @@ class LazyGroup(TyperGroup):
 
 def _unavailable(name: str, help_text: str, why: str) -> click.Command:
     def callback() -> None:
-        raise click.UsageError(f"`{name}` is unavailable: {why}")
+        raise UsageError(f"`{name}` is unavailable: {why}")
 
     return TyperCommand(name, help=f"{help_text} (unavailable: {why})", callback=callback)
 

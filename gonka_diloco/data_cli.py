@@ -67,9 +67,9 @@ def prepare(
 
     try:
         opts = PrepareOptions(
-            name=name or out.resolve().name, tokenizer=tokenizer, train_bpe=train_bpe, dtype=dtype,  # type: ignore[arg-type]
+            name=name or out.resolve().name, tokenizer=tokenizer, train_bpe=train_bpe, dtype=dtype,
             val_fraction=val_fraction, shard_tokens=shard_tokens, text_field=text_field, eot=eot,
-            errors=errors,  # type: ignore[arg-type]
+            errors=errors,
         )  # fmt: skip
     except ValidationError as e:
         _fail("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()))

@@ -114,7 +114,11 @@ class Chaos:
             victim = self.rng.choice(self.victims())
             at = time.monotonic() + self.rng.uniform(*self.gap_s)
             down = self.rng.uniform(*self.down_s)
-            run = self.dn.watch(until=lambda r, at=at: time.monotonic() >= at or r["current_step"] >= last)
+
+            def due(r: dict[str, Any], at: float = at) -> bool:
+                return time.monotonic() >= at or r["current_step"] >= last
+
+            run = self.dn.watch(until=due)
             if run["current_step"] >= last or run["status"] == "finished":
                 self.log(f"chaos: the last outer step began; {len(self.kills)} kills done")
                 break

@@ -600,8 +600,8 @@ def plan_command(
             "for cheaters; cost = GPU-seconds per useful GPU-second"
         )
         t = Table(*SWEEP_HEADER, title=title, title_justify="left")
-        for row in sweep_rows(found, overlap):
-            t.add_row(*row)
+        for cells in sweep_rows(found, overlap):
+            t.add_row(*cells)
         console.print(t)
         if not found:
             console.print("no setting meets the floors: lower them, raise the link speed or the slash")

@@ -412,8 +412,8 @@ def create(
             step_seconds = statistics.median(samples)
             margin = sizing_margin(margin, samples)  # the measured jitter, where it beats --margin
         if step_seconds is not None:
-            cfg, sizing = size_train_phase(cfg, step_seconds, block_seconds, margin)
-            sizing["measured"] = measure
+            cfg, figures = size_train_phase(cfg, step_seconds, block_seconds, margin)
+            sizing = {**figures, "measured": measure}
             if samples:
                 sizing["samples"] = [round(x, 6) for x in samples]
     except RunConfigFileError as e:

@@ -435,10 +435,12 @@ class _Round:
             a, b = self.ref.span(f.index)
             if len(buf) != b - a:
                 buf = bytearray(b - a)
+
+            def lost(f: _Flight = f) -> bool:  # this chunk's copy won elsewhere, or the fetch is over
+                return f.claimed or self.over
+
             t0 = time.monotonic()
-            verdict, detail, n = self.client._download(
-                url, (a, b, self.ref.length), buf, lambda f=f: f.claimed or self.over, self._resumed
-            )
+            verdict, detail, n = self.client._download(url, (a, b, self.ref.length), buf, lost, self._resumed)
             if verdict is Chunk.OK:
                 verdict, detail = self._deliver(f, buf, base)
             with self.cond:

@@ -54,7 +54,7 @@ class SingleFlight:
             with self._lock:
                 del self._calls[key]
             call.done.set()
-        return call.value, False  # type: ignore[return-value]
+        return call.value, False
 
     def running(self, key: Hashable) -> bool:
         with self._lock:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path as FilePath
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import uvicorn
 from fastapi import FastAPI, Header, Path, Request, Response
@@ -111,9 +111,10 @@ class BlobCatalog:
 
     def publish(self, kind: str, blob_hash: str, source: Served | Loader) -> None:
         check_ref(kind, blob_hash)
-        item = source if hasattr(source, "digests") else _Lazy(source, self.chunk_bytes)  # type: ignore[arg-type]
+        # a Loader is a plain function: only a Served has digests
+        item = cast(Served, source) if hasattr(source, "digests") else _Lazy(source, self.chunk_bytes)
         with self._lock:
-            self._items[(kind, blob_hash)] = item  # type: ignore[assignment]
+            self._items[(kind, blob_hash)] = item
 
     def withdraw(self, kind: str, blob_hash: str) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ import json
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -164,7 +164,7 @@ def _on_pool() -> bool:
 
 def read_ahead(
     fn: Callable[[int], bytearray], indices: Iterable[int], ahead: int = READ_AHEAD
-) -> Iterator[tuple[int, bytearray]]:
+) -> Generator[tuple[int, bytearray], None, None]:
     """(i, fn(i)) in order, with `fn` of the next `ahead` indices already running on the hash pool
     (at most `ahead` + 1 results held). On a hash-pool thread itself it runs inline (no pool
     thread ever waits for work queued behind it)."""

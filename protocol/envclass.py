@@ -49,9 +49,10 @@ class ReplayDecision(StrEnum):
 
 
 class Fingerprint(Protocol):
-    """What `replay_decision` reads of an `EnvFingerprint`."""
+    """What `replay_decision` reads of an `EnvFingerprint` (a frozen model: read-only)."""
 
-    replay_class: str
+    @property
+    def replay_class(self) -> str: ...
 
 
 def class_fields(env: Mapping[str, Any]) -> dict[str, Any]:

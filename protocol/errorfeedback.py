@@ -163,9 +163,9 @@ def ef_step(e: EFSource, delta: Tensors, cfg: EFConfig) -> tuple[bytes, dict[str
     layout = {n: tuple(t.shape) for n, t in delta.items()}
     ordered = ((n, delta[n]) for n in sorted(delta, key=lambda n: n.encode()))
     bodies, e_next = [], {}
-    for t in ef_tensors(ordered, e, layout, cfg):
-        bodies.append(t.body)
-        e_next[t.name] = t.e_next
+    for ef in ef_tensors(ordered, e, layout, cfg):
+        bodies.append(ef.body)
+        e_next[ef.name] = ef.e_next
     return ef_header(layout, cfg) + b"".join(bodies), e_next
 
 

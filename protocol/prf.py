@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 Part = str | int
 
@@ -38,7 +38,7 @@ def prf_bytes(seed: Part, *parts: Part) -> bytes:
     return hashlib.sha256(_message(seed, parts)).digest()
 
 
-def _words(seed: Part, parts: tuple[Part, ...]) -> Iterable[int]:
+def _words(seed: Part, parts: tuple[Part, ...]) -> Iterator[int]:
     """Big-endian 64-bit words of d0 = prf_bytes(seed, *parts), then d1 = sha256(d0), d2 = …"""
     digest = prf_bytes(seed, *parts)
     while True:

@@ -150,7 +150,7 @@ def _chunks(tensors: Mapping[str, torch.Tensor]) -> Iterator[bytes | memoryview]
     yield _header(entries)
     for *_, arr in entries:
         if arr.nbytes:
-            yield memoryview(arr.reshape(-1)).cast("B")
+            yield arr.reshape(-1).data.cast("B")  # .data is memoryview(arr), and typed so
 
 
 def canonical_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:

@@ -70,7 +70,7 @@ def _fill(pb: Message, data: Mapping[str, Any]) -> None:
     for name, value in data.items():
         if isinstance(value, Mapping) and name == "config" and pb.DESCRIPTOR.full_name.endswith("ModelSpec"):
             for key, item in value.items():
-                _set_config_value(pb.config[key], item)  # type: ignore[attr-defined]
+                _set_config_value(pb.config[key], item)
         elif isinstance(value, Mapping):
             _fill(getattr(pb, name), value)
         elif isinstance(value, list):

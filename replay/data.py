@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from protocol.config import Frozen, Hex32, RunConfig, canonical_json
 from protocol.prf import batch_offsets, shard_index
 
-FORMAT = "gonka-diloco/token-shards/v1"
+FORMAT: Final = "gonka-diloco/token-shards/v1"
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 32 << 20
 DTYPES: dict[str, type[np.unsignedinteger]] = {"uint16": np.uint16, "uint32": np.uint32}

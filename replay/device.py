@@ -56,7 +56,7 @@ def resolve_device(setting: str, local_rank: int | None = None) -> torch.device:
     if dev.index is None:
         rank = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
         dev = torch.device("cuda", rank)
-    if not 0 <= dev.index < torch.cuda.device_count():  # type: ignore[operator]
+    if not 0 <= dev.index < torch.cuda.device_count():
         raise DeviceError(f"device {dev}: this machine has {torch.cuda.device_count()} GPUs")
     return dev
 
@@ -105,7 +105,8 @@ def _set_tf32(on: bool) -> None:
         mode = "tf32" if on else "ieee"
         matmul.fp32_precision = mode
         for kind in ("conv", "rnn"):  # not in every torch that has the matmul flag
-            if hasattr(backend := getattr(torch.backends.cudnn, kind, None), "fp32_precision"):
+            backend = getattr(torch.backends.cudnn, kind, None)
+            if backend is not None and hasattr(backend, "fp32_precision"):
                 backend.fp32_precision = mode
     else:  # pragma: no cover - torch < 2.9
         matmul.allow_tf32 = on
@@ -184,7 +185,7 @@ def env_facts(device: str | torch.device | None = None) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(dev)
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         try:
-            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
         except (AttributeError, RuntimeError):  # a build without NCCL
             nccl = ""
         facts.update(

@@ -129,10 +129,10 @@ class AggregatePhase:
         hosts = self.h.behaviour.report_unavailable(result.missing, ctx)
         if hosts:
             sent.add(("report", rr.result_round))
-            msg = MsgReportUnavailable(
+            report = MsgReportUnavailable(
                 creator=self.h.address, run_id=self.h.config.run_id, outer_step=n, hosts=hosts
             )
-            self.send(n, "report_unavailable", msg, round=rr.result_round, hosts=hosts)
+            self.send(n, "report_unavailable", report, round=rr.result_round, hosts=hosts)
 
     def send(self, n: int, what: str, msg: Any, **fields: Any) -> None:
         try:
@@ -179,13 +179,12 @@ class AggregatePhase:
             new = gm  # no majority in any round: G_{n+1} = G_n
             self.h.log("outer_step_unchanged", outer_step=n, model_hash=target, dropped=done.dropped)
         else:
-            new = None
+            fresh = None
             if gm is not None:
                 rr = self.h.view.result_round(n)
                 if not self.h.models.fetch_deltas(n, rr.accepted):
-                    new = self.h.models.compute(n, gm, rr.accepted)
-            if new is None or new.hash != target:
-                new = self.h.models.get(target)
+                    fresh = self.h.models.compute(n, gm, rr.accepted)
+            new = fresh if fresh is not None and fresh.hash == target else self.h.models.get(target)
         self.adopt(n, new)
 
     def adopt(self, n: int, gm: GlobalModel) -> None:

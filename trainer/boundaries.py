@@ -217,7 +217,7 @@ class LiveBoundary:
             if todo:
                 assert buf is not None
                 self._spill, buf = buf, None
-                arena, at = memoryview(self._spill.ready.result().numpy()).cast("B"), 0
+                arena, at = self._spill.ready.result().numpy().data.cast("B"), 0
             for i in todo:  # a pool thread that takes one of these now finds its copy
                 a, b = self.spans[i]
                 view = arena[at : at + b - a]

@@ -112,6 +112,7 @@ def run(
             typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     from chain.client import ChainClientError, HttpChainClient
+    from nodekit.node import json_line
     from nodekit.reach import Reach, chain_error, listen_error
     from trainer import behaviour, ddp
     from trainer.node import HostNode, NodeError
@@ -134,8 +135,8 @@ def run(
         node_behaviour = _resolve(cfg.behaviour, cfg.behaviour_params)
         chain = HttpChainClient(cfg.chain_url)
         progress = _Progress() if sys.stdout.isatty() else None
-        kwargs = {"log": progress} if progress is not None else {}
-        node = HostNode(cfg, chain, behaviour=node_behaviour, team=team, **kwargs)
+        log = progress if progress is not None else json_line  # json_line: HostNode's default
+        node = HostNode(cfg, chain, behaviour=node_behaviour, team=team, log=log)
         node.reach = Reach(chain_wait=chain_wait, wait_for_run=wait)
     except (ConfigError, behaviour.BehaviourError, NodeError, OSError, ValueError) as e:
         line = listen_error(e, cfg.listen, config) if isinstance(e, OSError) else None

@@ -320,6 +320,7 @@ class Team:
                 named[n].copy_(global_params[n])
         job = self._job("train", cfg, host, outer_step, store)
         group = self.exchange.group
+        c: Contribution | None
         try:
             if self.shard_state:
                 rank = self._rank(model)

@@ -47,7 +47,8 @@ class TrainPhase:
         # the phase, not a height: outer step 0 may be postponed until its participants have joined
         info = self.h.view.wait_step(n, lambda i: i.phase is not Phase.PENDING, info.train_start)
         if info.phase is not Phase.TRAIN or info.height > info.commit_deadline:
-            return self.h.sit_out(n, "commit deadline passed before training")
+            self.h.sit_out(n, "commit deadline passed before training")
+            return None
         start = self.h.view.start_state(self.h.address, n) if self.h.overlapped else None
         contribution, gm = self.trained(n, info.base_model_hash, start)
         ctx = self.h.context(n, gm, self.h.opts.get(n))
@@ -57,7 +58,8 @@ class TrainPhase:
                 self.h.metrics.commits.inc()
         except TxFailed as e:
             if not is_chain_error(e, ErrDuplicateCommit):
-                return self.h.sit_out(n, f"commit refused: {e.log}")
+                self.h.sit_out(n, f"commit refused: {e.log}")
+                return None
         contribution = dataclasses.replace(contribution, delta={})  # the payload is enough: 4 B/param
         self.h.count("commits")
         self.h.rt.set(phase="COMMITTED")
@@ -137,7 +139,8 @@ class TrainPhase:
         """Restarted after committing: pick the contribution back up from disk."""
         contribution = self.h.records.load(n)
         if contribution is None or contribution.trajectory_root != mine["trajectory_root"]:
-            return self.h.sit_out(n, "committed on chain but the record is not on disk")
+            self.h.sit_out(n, "committed on chain but the record is not on disk")
+            return None
         self.h.log("resumed", outer_step=n, root=contribution.trajectory_root)
         self.h.rt.set(phase="COMMITTED", loss=contribution.mean_loss)
         return contribution
@@ -158,7 +161,9 @@ class TrainPhase:
                 self.h.team.carry(prev or None, OPTIMIZER_GROUP)
                 return self.h.team.shard_optimizer(self.h.model, self.h.cfg, self.h.content)
             except (ValueError, RuntimeError) as e:
-                raise NodeError(f"own optimizer state {prev[:12]} is lost ({e}); leave and rejoin") from e
+                raise NodeError(
+                    f"own optimizer state {prev[:12] if prev else 'none'} is lost ({e}); leave and rejoin"
+                ) from e
         opt = make_optimizer(model, self.h.cfg.inner)
         if prev:  # read from disk straight into the new optimizer's own tensors (no second copy)
             into = optimizer_state(training_state(model, opt))
