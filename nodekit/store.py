@@ -258,6 +258,7 @@ class ContentStore:
 
     def find(self, kind: Kind | str, h: str, group: str | None = None) -> Path | None:
         """The object's file, or for a sharded object its shard index (`<name>.shards`)."""
+        p: Path | None
         if group is not None:
             p = self._path(kind, h, group)
         else:

@@ -86,6 +86,13 @@ class OuterContext:
     §2.2.1, `nodekit.eager`), computed on read. None: G_n (`global_model.params`)."""
 
     @property
+    def inner_optimizer(self) -> torch.optim.Optimizer:
+        """`optimizer`, where the hook trains (`make_contribution`); elsewhere it is None."""
+        if self.optimizer is None:
+            raise BehaviourError("this hook has no optimizer: only make_contribution trains")
+        return self.optimizer
+
+    @property
     def start(self) -> Mapping[str, Tensor]:
         """The params the chain's rule says this step starts from, and Δ is measured against."""
         return self.global_model.params if self.start_params is None else self.start_params

@@ -316,13 +316,14 @@ class ShardedStep:
 
     def _total_norm(self, model: nn.Module, mine: list[nn.Parameter]) -> Tensor:
         """`clip_grad_norm_`'s total norm from the ranks' per-tensor norms, in its order."""
-        grads = [p.grad for p in mine]
-        assert all(g is not None for g in grads)
+        grads = [p.grad for p in mine if p.grad is not None]
+        if len(grads) != len(mine):
+            raise RuntimeError("a parameter of this rank has no gradient to clip")
         device = mine[0].device
-        if _has_foreach_support(grads, device):  # type: ignore[arg-type]
-            norms = list(torch._foreach_norm(grads, 2.0))  # type: ignore[arg-type]
+        if _has_foreach_support(grads, device):
+            norms = list(torch._foreach_norm(grads, 2.0))
         else:
-            norms = [torch.linalg.vector_norm(g, 2.0) for g in grads]  # type: ignore[arg-type]
+            norms = [torch.linalg.vector_norm(g, 2.0) for g in grads]
         width = max(len(r) for r in self.plan.owners)
         mine_t = torch.zeros(width, dtype=torch.float32, device=device)
         if norms:
@@ -452,7 +453,7 @@ class ShardedState:
             if arr.nbytes:
                 if arr.nbytes != offsets[name][1] - offsets[name][0]:
                     raise ShardError(f"{name}: {arr.nbytes} bytes, the layout says {offsets[name]}")
-                items.append((offsets[name][0], memoryview(arr).cast("B")))
+                items.append((offsets[name][0], arr.data.cast("B")))
         runs: list[tuple[int, list[memoryview]]] = []
         end = -1
         for start, view in sorted(items, key=lambda e: e[0]):

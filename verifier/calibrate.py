@@ -259,10 +259,10 @@ def cumulative_noise(
     res = [_residuals(*seg, inner) for seg in segments]
     m = max(1, min(opened, len(res)))
     out = {}
-    for check, (vec, w) in zip(CUMULATIVE_CHECKS, ((0, 2), (1, 3)), strict=True):
-        x = torch.stack([r[vec] for r in res])
+    terms = (([r[0] for r in res], [r[2] for r in res]), ([r[1] for r in res], [r[3] for r in res]))
+    for check, (vectors, weights) in zip(CUMULATIVE_CHECKS, terms, strict=True):
+        x = torch.stack(vectors)
         gram = (x @ x.T).tolist()
-        weights = [r[w] for r in res]
         n = len(res)
         if math.comb(n, m) <= MAX_SUBSETS:
             sets: Any = itertools.combinations(range(n), m)
@@ -317,7 +317,9 @@ def calibrate(
                     "out": str(work / "a.st")}, work)  # fmt: skip
         b = _spawn({**base, "threads": threads[1], "device": devices[1], "attacks": False,
                     "out": str(work / "b.st")}, work)  # fmt: skip
-        chains = [{"start": starts[0], "outer": 2000}, {"start": starts[-1], "outer": 2001}]
+        chains: list[dict[str, Any]] = [
+            {"start": starts[0], "outer": 2000}, {"start": starts[-1], "outer": 2001}
+        ]  # fmt: skip
         chain_b = {**base, "chains": chains, "threads": threads[1], "device": devices[1], "attacks": False,
                    "out": str(work / "chain-b.st")}  # fmt: skip
         cb = _spawn(chain_b, work)

@@ -514,21 +514,24 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
         for o in sorted(job.openings, key=lambda o: o.segment):
             if at != o.segment:
                 if o.segment == 0:
-                    start: State | None = rebuild_start(job, ctx, source, o.start_leaf, into=live)
+                    opened = rebuild_start(job, ctx, source, o.start_leaf, into=live)
                 else:
-                    start = _fetch(source, "state", o.start_leaf, live)
+                    opened = _fetch(source, "state", o.start_leaf, live)
                 try:
-                    fill_live(ctx, live, start)
+                    fill_live(ctx, live, opened)
                 except StateError as e:
                     raise MalformedBlob(f"segment {o.segment} start state does not load: {e}") from e
+                del opened  # in the live tensors now: not a second state held through the replay
                 if o.segment > 0:  # the host's claim for the end of segment o − 1, opened or not
                     bad = genuine_mismatch(live, job.cfg.inner)
                     if bad is not None:
                         raise _Reject(Reason.REPLAY_MISMATCH, f"segment {o.segment}: start is not a "
                                                               f"genuine AdamW state: {bad}")  # fmt: skip
-            start = None if bitwise else host_state(live)  # a copy in host memory, like `claim`
+            start: State | None = None if bitwise else host_state(live)  # a copy in host memory, like `claim`
             t0 = time.perf_counter()
             k = job.cfg.segment_len
+            if ctx.opt is None:
+                raise CannotVerify("replay context has no optimizer")
             train_segment(
                 ctx.model, ctx.opt, job.cfg, ctx.data, job.host, job.outer_step, o.segment * k, k,
                 job.env.micro_batches, loss_fn=ctx.loss_fn,

@@ -13,6 +13,7 @@ from typing import Any
 
 from gonka_diloco.adversaries.hosts import HOSTS, HostAdversary, describe
 from gonka_diloco.adversaries.verifiers import VERIFIERS
+from trainer.behaviour import HostBehaviour
 from verifier.behaviour import VerifierBehaviour
 
 
@@ -36,7 +37,7 @@ def _make(kind: str, table: Table, name: str, params: Mapping[str, Any] | None) 
         raise UnknownBehaviour(f"{kind} behaviour {name!r}: {e}") from e
 
 
-def resolve_host(name: str, params: Mapping[str, Any] | None = None) -> HostAdversary:
+def resolve_host(name: str, params: Mapping[str, Any] | None = None) -> HostBehaviour:
     return _make("host", HOSTS, name, params)
 
 

@@ -97,7 +97,7 @@ def start_state(ctx: OuterContext) -> State:
     with torch.no_grad():
         for n, p in ctx.model.named_parameters():
             p.copy_(start[n])
-    return clone_state(training_state(ctx.model, ctx.optimizer))
+    return clone_state(training_state(ctx.model, ctx.inner_optimizer))
 
 
 def assemble(ctx: OuterContext, states: list[State], losses: list[float] | None = None) -> Contribution:
@@ -259,13 +259,13 @@ class LazyHost(HostAdversary):
                         x = t + (t - prev[name])
                         nxt[name] = x.clamp_min(0) if name.startswith("exp_avg_sq/") else x
                 nxt = make_genuine(nxt, cfg.inner)  # moments AdamW can produce (specs §6.3)
-                load_training_state(ctx.model, ctx.optimizer, nxt)
+                load_training_state(ctx.model, ctx.inner_optimizer, nxt)
             else:
                 losses += train_segment(
-                    ctx.model, ctx.optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
+                    ctx.model, ctx.inner_optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
                     loss_fn=ctx.loss_fn,
                 )  # fmt: skip
-                nxt = clone_state(training_state(ctx.model, ctx.optimizer))
+                nxt = clone_state(training_state(ctx.model, ctx.inner_optimizer))
             prev, cur = cur, nxt
             states.append(cur)
         return assemble(ctx, states, losses)
@@ -386,7 +386,7 @@ class MalformedBlob(HostAdversary):
     """Commits honestly, then serves a Δ (zstd bomb, wrong shapes, NaN) or state that must not decode."""
 
     name = "malformed"
-    expected = ("MALFORMED_BLOB",)
+    expected: tuple[str, ...] = ("MALFORMED_BLOB",)
     chain_outcome = "rejected"
 
     def __init__(self, kind: str = "zstd_bomb") -> None:
@@ -514,14 +514,14 @@ class MomentSteer(HostAdversary):
         cur = start_state(ctx)
         states, losses = [cur], []
         for j in range(cfg.n_segments):
-            load_training_state(ctx.model, ctx.optimizer, cur)
+            load_training_state(ctx.model, ctx.inner_optimizer, cur)
             losses += train_segment(
-                ctx.model, ctx.optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
+                ctx.model, ctx.inner_optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
                 loss_fn=ctx.loss_fn,
             )  # fmt: skip
-            cur = self.steer(clone_state(training_state(ctx.model, ctx.optimizer)), ctx)
+            cur = self.steer(clone_state(training_state(ctx.model, ctx.inner_optimizer)), ctx)
             states.append(cur)
-        load_training_state(ctx.model, ctx.optimizer, cur)  # what it carries to the next step
+        load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)
 
 
@@ -535,7 +535,7 @@ class BudgetSteer(HostAdversary):
     """
 
     name = "budget_steer"
-    expected = ("REPLAY_MISMATCH",)
+    expected: tuple[str, ...] = ("REPLAY_MISMATCH",)
     chain_outcome = "rejected"
 
     def __init__(
@@ -543,7 +543,7 @@ class BudgetSteer(HostAdversary):
         params: bool = True, cumulative: bool = True,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.params = bool(params)  # False: the moments' budgets alone, parameters exact
+        self.steer_params = bool(params)  # False: the moments' budgets alone, parameters exact
         # False: ignores the thresholds over all opened segments (specs §6.4), spends the per-segment
         # budgets at every boundary (the strongest steering before them; rejected where a run sets them)
         self.cumulative = bool(cumulative)
@@ -562,16 +562,16 @@ class BudgetSteer(HostAdversary):
         cur = start_state(ctx)
         states, losses = [cur], []
         for j in range(cfg.n_segments):
-            load_training_state(ctx.model, ctx.optimizer, cur)
+            load_training_state(ctx.model, ctx.inner_optimizer, cur)
             losses += train_segment(
-                ctx.model, ctx.optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
+                ctx.model, ctx.inner_optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
                 loss_fn=ctx.loss_fn,
             )  # fmt: skip
-            end = clone_state(training_state(ctx.model, ctx.optimizer))
+            end = clone_state(training_state(ctx.model, ctx.inner_optimizer))
             cur = steer_boundary(end, cur, cfg, self.fraction, self.target, self.where, self.seed,
-                                 params=self.params, cumulative=self.cumulative)  # fmt: skip
+                                 params=self.steer_params, cumulative=self.cumulative)  # fmt: skip
             states.append(cur)
-        load_training_state(ctx.model, ctx.optimizer, cur)  # what it carries to the next step
+        load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)
 
 
@@ -599,7 +599,7 @@ class EagerStart(HostAdversary):
             own = codecs.decode(previous, ctx.global_model.layout)
             eager = {n: ctx.global_model.params[n] - own[n] for n in ctx.global_model.params}
             c = run_committed(
-                ctx.model, ctx.optimizer, ctx.cfg, ctx.data, ctx.address, ctx.outer_step, eager,
+                ctx.model, ctx.inner_optimizer, ctx.cfg, ctx.data, ctx.address, ctx.outer_step, eager,
                 ctx.global_model.hash, ctx.store, loss_fn=ctx.loss_fn,
             )  # fmt: skip
         self.history[ctx.outer_step] = c.payload
@@ -760,7 +760,7 @@ class SilentAfterAccept(HostAdversary):
         return [] if self.silent else super().commit_messages(contribution, ctx)
 
 
-HOSTS: dict[str, Callable[..., HostAdversary]] = {
+HOSTS: dict[str, Callable[..., HostBehaviour]] = {
     "honest": HostBehaviour,
     "noise": NoiseDelta,
     "zero": ZeroDelta,
