@@ -415,7 +415,7 @@ def create(
             cfg, figures = size_train_phase(cfg, step_seconds, block_seconds, margin)
             sizing = {**figures, "measured": measure}
             if samples:
-                sizing["samples"] = [round(x, 6) for x in samples]
+                sizing["samples"] = list(samples)  # as measured: they reproduce the margin exactly
     except RunConfigFileError as e:
         _fail(str(e))
         return
