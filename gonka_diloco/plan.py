@@ -18,6 +18,7 @@ from typing import Any
 
 from chain.params import BLOCK_SECONDS, BPS_DENOMINATOR
 from protocol.config import Codec, ReplayMode, RunConfig, Stake
+from protocol.inner import STATE_BYTES_PER_PARAM
 
 # ---------------------------------------------------------------- fixed facts
 
@@ -36,7 +37,6 @@ RUN_REPLAY: ReplayMode = run_default("replay_mode")
 
 FLOPS_PER_PARAM_TOKEN = 6
 """Forward + backward of a dense transformer: ≈ 6 FLOP per parameter per token (Kaplan et al. 2020)."""
-STATE_BYTES_PER_PARAM = 12
 """A training state (a trajectory leaf): fp32 parameters + AdamW's two fp32 moments."""
 OPTIMIZER_BYTES_PER_PARAM = 8
 """The carried optimizer state: the two fp32 moments."""

@@ -19,6 +19,7 @@ from torch import nn
 from protocol import chunks
 from protocol.codecs import payload_len
 from protocol.config import RunConfig
+from protocol.inner import STATE_GROUPS
 from protocol.tensors import StateKind, TensorSpec, canonical_header, canonical_size, domain
 
 HASH_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -40,7 +41,6 @@ DOMAINS: dict[Kind, bytes] = {
     Kind.MODEL: domain(StateKind.GLOBAL),
     Kind.DELTA: chunks.DELTA_DOMAIN,
 }
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def check_ref(kind: str, blob_hash: str) -> Kind:
@@ -80,7 +80,7 @@ def training_specs(model: nn.Module) -> list[TensorSpec]:
     """The training state's tensors (replay.step.training_state) as the model implies them."""
     out: list[TensorSpec] = [("step", torch.float32, ())]
     for name, p in model.named_parameters():
-        out += [(f"{k}/{name}", p.dtype, tuple(p.shape)) for k in ("param", *MOMENTS)]
+        out += [(f"{k}/{name}", p.dtype, tuple(p.shape)) for k in STATE_GROUPS]
     return sorted(out)
 
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from nodekit.node import NodeError
 from protocol.config import ModelSpec, RunConfig
+from protocol.inner import FP32_BYTES, GRAD_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM
 from protocol.modelsize import ModelSize, ModelSizeError, factory_config, model_size
 from replay import hf
 from replay.model import lm_loss, small_gpt
@@ -80,9 +81,9 @@ class Holder(StrEnum):
 
 
 BYTES_PER_PARAM: dict[Holder, int] = {
-    Holder.BUILD: 4 + 4,
-    Holder.HOST: 4 + 4 + 4 + 4,
-    Holder.VERIFIER: 4 + 4 + 4 + 4,
+    Holder.BUILD: FP32_BYTES + FP32_BYTES,
+    Holder.HOST: STATE_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM,
+    Holder.VERIFIER: STATE_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM,
 }
 """Bytes per parameter resident on the training device at once, from what the node holds there:
 float32 parameters (4) and, for an inner step, their gradients (4) and AdamW's exp_avg and

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from protocol.chunks import DEFAULT_CHUNK_BYTES
+from protocol.inner import MOMENTS, STATE_GROUPS
 from protocol.tensors import StateKind, tensor_hash
 from replay.device import DeviceError as DeviceError  # re-exported
 from replay.device import configure_determinism as configure_determinism  # re-exported
@@ -41,7 +42,6 @@ if TYPE_CHECKING:  # pydantic models; at run time only `train_segment`/`env_fing
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 State = dict[str, Tensor]
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 class StateError(ValueError):
@@ -133,7 +133,7 @@ def optimizer_hash(state: Mapping[str, Tensor], chunk_bytes: int = DEFAULT_CHUNK
 def load_training_state(model: nn.Module, opt: torch.optim.Optimizer, state: Mapping[str, Tensor]) -> None:
     """Copy a (verified) state into a model and its optimizer, refusing anything that does not fit."""
     names = [n for n, _ in model.named_parameters()]
-    expected = {"step"} | {f"{k}/{n}" for n in names for k in ("param", *MOMENTS)}
+    expected = {"step"} | {f"{k}/{n}" for n in names for k in STATE_GROUPS}
     if set(state) != expected:
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
         raise StateError(f"state names do not match the model: missing {missing[:3]}, extra {extra[:3]}")
@@ -141,7 +141,7 @@ def load_training_state(model: nn.Module, opt: torch.optim.Optimizer, state: Map
     if step.dim() != 0 or step.dtype != torch.float32 or not bool(torch.isfinite(step)) or float(step) < 0:
         raise StateError("state 'step' must be a finite non-negative float32 scalar")
     for name, p in model.named_parameters():
-        for k in ("param", *MOMENTS):
+        for k in STATE_GROUPS:
             t = state[f"{k}/{name}"]
             if t.shape != p.shape or t.dtype != p.dtype:
                 raise StateError(f"{k}/{name}: {t.dtype}{list(t.shape)} != {p.dtype}{list(p.shape)}")

@@ -47,8 +47,9 @@ from torch import Tensor, nn
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype, _has_foreach_support
 
 from protocol import chunks
+from protocol.inner import MOMENTS, STATE_GROUPS
 from protocol.tensors import StateKind, TensorSpec, canonical_header, canonical_size, data_offsets, domain
-from replay.step import MOMENTS, LossFn, _flat_grad, make_optimizer
+from replay.step import LossFn, _flat_grad, make_optimizer
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -113,7 +114,7 @@ class ShardPlan:
 
     def held(self, rank: int, kind: StateKind) -> list[str]:
         """The state tensors a rank holds, hashes and saves (rank 0 also `step`)."""
-        prefixes = ("param", *MOMENTS) if kind is StateKind.TRAINING else MOMENTS
+        prefixes = STATE_GROUPS if kind is StateKind.TRAINING else MOMENTS
         out = [f"{k}/{n}" for n in self.owned(rank) for k in prefixes]
         return out + (["step"] if rank == 0 else [])
 
@@ -121,7 +122,7 @@ class ShardPlan:
 def state_specs(model: nn.Module, kind: StateKind) -> list[TensorSpec]:
     """The full (unsharded) state's specs: training state or optimizer state."""
     out: list[TensorSpec] = [("step", torch.float32, ())]
-    prefixes = ("param", *MOMENTS) if kind is StateKind.TRAINING else MOMENTS
+    prefixes = STATE_GROUPS if kind is StateKind.TRAINING else MOMENTS
     for name, p in model.named_parameters():
         out += [(f"{k}/{name}", p.dtype, tuple(p.shape)) for k in prefixes]
     return sorted(out, key=lambda s: s[0].encode())

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from protocol.config import InnerOptim
+from protocol.inner import STATE_GROUPS
 from replay.step import (
     State,
 )
@@ -22,7 +23,7 @@ PARAM = "param/"
 """The prefix of a training state's parameter tensors."""
 
 
-TOLERANCE_GROUPS = ("param", "exp_avg", "exp_avg_sq")
+TOLERANCE_GROUPS = STATE_GROUPS
 """The tensor groups of a training state that tolerance mode compares, each with its own
 threshold (`RunConfig.tolerances`); the `step` counter is compared exactly."""
 

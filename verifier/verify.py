@@ -31,13 +31,13 @@ from protocol import chunks, codecs
 from protocol.codecs import CodecError
 from protocol.config import ReplayMode, RunConfig, canonical_json
 from protocol.envclass import ReplayDecision, replay_decision
+from protocol.inner import MOMENTS
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
 from protocol.tensors import StateKind, canonical_header, canonical_size, domain
 from replay.data import Corpus
 from replay.device import host_state, host_view
 from replay.step import (
-    MOMENTS,
     LossFn,
     State,
     StateError,
