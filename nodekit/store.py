@@ -56,7 +56,6 @@ _GROUP = re.compile(r"^[a-z0-9_-]{1,40}$")
 READ_BLOCK = 1 << 20
 
 
-
 # ---------------------------------------------------------------- the groups both nodes keep
 
 OPTIMIZER_GROUP = "optimizer"
@@ -347,37 +346,6 @@ class ContentStore:
 
     # ---- sharded objects: one file per rank of a sharded host, served as one canonical stream
 
-    def put_shard(self, kind: Kind | str, h: str, group: str, rank: int, pieces: Iterable[Piece]) -> Path:
-        """Rank `rank`'s bytes of object `h` (its byte ranges, in order); invisible until sealed."""
-        if not isinstance(rank, int) or not 0 <= rank < MAX_SHARDS:
-            raise StoreError(f"bad shard rank {rank!r}")
-        path = self._path(kind, h, group)
-        shard = path.with_name(f"{path.name}.r{rank}")
-        atomic_write_pieces(shard, pieces)
-        return shard
-
-    def seal_shards(
-        self,
-        kind: Kind | str,
-        h: str,
-        group: str,
-        length: int,
-        layout: Sequence[Sequence[tuple[int, int]]],
-        digests: Sequence[bytes],
-    ) -> Path:
-        """Make a sharded object visible: `layout[r]` = the byte ranges rank r's file holds, in
-        order. Checked first: the ranges tile [0, length), each file has exactly their bytes, and
-        the digests are the object's (`h`). Then the digests, then the index (the commit point)."""
-        kind = Kind(kind)
-        path = self._path(kind, h, group)
-        _check_layout(path, length, layout)
-        if not chunks.verify_manifest(h, DOMAINS[kind], self.chunk_bytes, length, digests):
-            raise StoreError(f"{path.name}: chunk digests do not match its hash")
-        atomic_write_pieces(path.with_name(path.name + ".chunks"), [b"".join(digests)])
-        index = {"version": 1, "length": length, "shards": [[list(r) for r in rs] for rs in layout]}
-        atomic_write(path.with_name(path.name + SHARDS), json.dumps(index).encode())
-        return path
-
     def begin(self, kind: Kind | str, h: str, group: str, length: int) -> FileSink:
         """A part file for a fetch into the store, private to this fetch (two fetches of one object
         never share one); `commit` it once every chunk is verified, or `abort` it. One left by a
@@ -528,6 +496,44 @@ class ContentStore:
             else:
                 p.unlink(missing_ok=True)
         return gone
+
+
+# ---------------------------------------------------------------- a sharded host's objects
+
+
+def put_shard(
+    store: ContentStore, kind: Kind | str, h: str, group: str, rank: int, pieces: Iterable[Piece]
+) -> Path:
+    """Rank `rank`'s bytes of object `h` (its byte ranges, in order); invisible until sealed."""
+    if not isinstance(rank, int) or not 0 <= rank < MAX_SHARDS:
+        raise StoreError(f"bad shard rank {rank!r}")
+    path = store._path(kind, h, group)
+    shard = path.with_name(f"{path.name}.r{rank}")
+    atomic_write_pieces(shard, pieces)
+    return shard
+
+
+def seal_shards(
+    store: ContentStore,
+    kind: Kind | str,
+    h: str,
+    group: str,
+    length: int,
+    layout: Sequence[Sequence[tuple[int, int]]],
+    digests: Sequence[bytes],
+) -> Path:
+    """Make a sharded object visible: `layout[r]` = the byte ranges rank r's file holds, in
+    order. Checked first: the ranges tile [0, length), each file has exactly their bytes, and
+    the digests are the object's (`h`). Then the digests, then the index (the commit point)."""
+    kind = Kind(kind)
+    path = store._path(kind, h, group)
+    _check_layout(path, length, layout)
+    if not chunks.verify_manifest(h, DOMAINS[kind], store.chunk_bytes, length, digests):
+        raise StoreError(f"{path.name}: chunk digests do not match its hash")
+    atomic_write_pieces(path.with_name(path.name + ".chunks"), [b"".join(digests)])
+    index = {"version": 1, "length": length, "shards": [[list(r) for r in rs] for rs in layout]}
+    atomic_write(path.with_name(path.name + SHARDS), json.dumps(index).encode())
+    return path
 
 
 def stale_files(root: Path) -> list[Path]:

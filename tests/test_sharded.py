@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodekit.objects import Kind
-from nodekit.store import ContentStore, StoreError
+from nodekit.store import ContentStore, StoreError, put_shard, seal_shards
 from protocol import chunks
 from protocol.tensors import StateKind, canonical_bytes, tensor_hash
 from replay.step import (
@@ -130,8 +130,8 @@ def sharded_object(tmp_path: Path, data: bytes, cuts: list[int], c: int) -> tupl
         if b > a:
             layout[i % world].append((a, b))
     for q, ranges in enumerate(layout):
-        store.put_shard(Kind.DELTA, h, "g", q, [data[a:b] for a, b in ranges])
-    store.seal_shards(Kind.DELTA, h, "g", len(data), layout, digests)
+        put_shard(store, Kind.DELTA, h, "g", q, [data[a:b] for a, b in ranges])
+    seal_shards(store, Kind.DELTA, h, "g", len(data), layout, digests)
     return store, h
 
 
@@ -164,7 +164,7 @@ def test_a_corrupted_or_missing_shard_file_is_an_error_never_wrong_bytes(tmp_pat
     with pytest.raises(StoreError, match="holds"):
         store.length(Kind.DELTA, h, "g")
     with pytest.raises(StoreError, match="gap or overlap"):  # a layout that does not tile
-        store.seal_shards(Kind.DELTA, h, "h", len(data), [[(0, 10)], [(5, len(data))]], [])
+        seal_shards(store, Kind.DELTA, h, "h", len(data), [[(0, 10)], [(5, len(data))]], [])
 
 
 @settings(max_examples=60, deadline=None)

@@ -24,7 +24,7 @@ rank's part of a canonical state (`protocol.tensors`) is a few contiguous byte r
 `exp_avg/…` run, its `exp_avg_sq/…` run, its `param/…` run (rank 0 also the header and `step`).
 Each rank hashes the chunks wholly inside its ranges and sends rank 0 only those digests and the
 bytes of chunks that straddle a range edge (`protocol.chunks.shard_digests`, specs §3), and saves
-its ranges as its own shard file of the content store (`nodekit.store.ContentStore.put_shard`);
+its ranges as its own shard file of the content store (`nodekit.store.put_shard`);
 the commitment is the same whatever the sharding, and the store serves the state in canonical
 order from the shard files. Parameters stay replicated (ZeRO-1/2); sharding them between steps too
 (ZeRO-3 / FSDP2, needed at 30B on 80 GB devices) keeps the same ownership rule.
@@ -491,13 +491,14 @@ class ShardedState:
     ) -> None:
         """Every rank writes its ranges as its shard file; rank 0 then seals the object (the chunk
         digests and the shard index), which makes it visible. A rank's failure fails the save."""
+        from nodekit.store import put_shard, seal_shards  # here: the step's core needs no nodekit
+
         store_kind = _store_kind(kind)
         error = b""
         try:
             if not store.has(store_kind, h, group):
-                store.put_shard(
-                    store_kind, h, group, self.rank, [v for _, vs in self.pieces(local, kind) for v in vs]
-                )
+                pieces = [v for _, vs in self.pieces(local, kind) for v in vs]
+                put_shard(store, store_kind, h, group, self.rank, pieces)
         except Exception as e:  # reported to rank 0, which raises
             error = f"rank {self.rank}: {type(e).__name__}: {e}".encode()[:1000]
         reports = self.comm.gather_bytes(b"\x01" if not error else b"\x00" + error)
@@ -510,7 +511,7 @@ class ShardedState:
             raise ShardError("; ".join(failed))
         assert digests is not None
         layout = [self.ranges(kind, q) for q in range(self.plan.world_size)]
-        store.seal_shards(store_kind, h, group, self.length(kind), layout, digests)
+        seal_shards(store, store_kind, h, group, self.length(kind), layout, digests)
 
     def load(
         self,
