@@ -649,6 +649,59 @@ def overlap_convergence(d: dict[str, Any]) -> Lines:
     return out
 
 
+def fetch_slow_holder(d: dict[str, Any]) -> Lines:
+    kib = d["chunk_bytes"] // 1024
+    p = d["policy"]
+    n = d["chunks"]
+    rows = [
+        [case, f"{c['median_s']:.3f} s", f"{c['max_s']:.3f} s", f"{c['chunks_from_first_listed']} / {n}"]
+        for case, c in d["cases"].items()
+    ]
+    return [
+        f"One object of {d['chunks']} × {kib} KiB chunks over real HTTP by the nodes' `BlobClient` (rate "
+        f"floor {p['min_bytes_per_s']:g} B/s after {p['base_s']:g} s), {d['repeats']} repeats per case:",
+        "",
+        *table(["holders", "median", "max", "chunks from the first listed"], rows),
+        f"A slow holder costs about one hedge interval, not its chunks: a chunk left with it would take "
+        f"{d['slow_holder_keeping_one_chunk_s']:g} s. Before issue 22's fix one trickling holder listed "
+        "first turned a 0.1 s fetch of 16 chunks into 12.1 s.",
+        "",
+    ]
+
+
+def chaos(d: dict[str, Any]) -> Lines:
+    kills = sum(len(r["kills"]) for r in d["runs"])
+    victims = sorted({k["victim"].split("-")[0] for r in d["runs"] for k in r["kills"]})
+    failed = [f"seed {r['seed']}: {'; '.join(r['failures'])}" for r in d["runs"] if not r["ok"]]
+    return [
+        f"Each run is a devnet in which a seeded plan SIGKILLs a random {', '.join(victims)} process "
+        f"{d['kills_per_run']} times ({d['gap_s'][0]:g}–{d['gap_s'][1]:g} s apart, each down "
+        f"{d['down_s'][0]:g}–{d['down_s'][1]:g} s) and restarts it. A run passes when every step is DONE, "
+        "every honest node applied the chain's final model and holds it, every stored object verifies "
+        "chunk by chunk, no node read a corrupted object back, and nothing a start-up sweep would remove "
+        "is left.",
+        "",
+        f"**{d['passed']} of {d['total']} passed** (seeds {d['seeds'][0]}–{d['seeds'][1]}, "
+        f"{kills} kills in all)." + (" Failures: " + " | ".join(failed) if failed else ""),
+        "",
+    ]
+
+
+def soak(d: dict[str, Any]) -> Lines:
+    st = d["settings"]
+    rows = []
+    for kind, sm in d["summary"].items():
+        walls = " ".join(f"{r['wall_s']:.0f}" for r in d["runs"] if r["kind"] == kind)
+        causes = "; ".join(c for r in d["runs"] if r["kind"] == kind for c in r["causes"])[:300]
+        rows.append([kind, f"{sm['passed']} / {sm['total']}", walls, causes or "—"])
+    what = "fresh-clone `make test` runs" if st.get("suites") else "devnets (the default devnet)"
+    return [
+        f"{what.capitalize()} beside {st['burners']} CPU burners on the 2 cores; nothing is retried:",
+        "",
+        *table(["kind", "passed", "wall s each", "causes of failures"], rows),
+    ]
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("convergence", "1. Convergence: data-parallel vs ours (verified) vs torchft DiLoCo", "bench.convergence",
      convergence),
@@ -697,6 +750,18 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      "python3 bench/gpu_check.py --out bench/results/gpu_check.json (on the GPU machine)", gpu_check),
     ("gpu_check_cpu", "10b. The same script on CPU (tiny sizes: what CI runs)",
      ".venv/bin/python -m bench.gpu_check --device cpu", gpu_check),
+    ("fetch_slow_holder", "11a. Reliability: fetch time with a slow holder listed first (issue 22)",
+     "bench.fetch_slow_holder", fetch_slow_holder),
+    ("chaos", "11b. Reliability: chaos in the devnet",
+     ".venv/bin/python -m bench.chaos --runs 6 --seed 0", chaos),
+    ("chaos_hard", "11b'. The same, harsher: 12 kills 0–1.2 s apart",
+     ".venv/bin/python -m bench.chaos --name chaos_hard", chaos),
+    ("soak", "11c. Reliability: soak, devnets in every overlap mode",
+     ".venv/bin/python -m bench.soak --suites 0", soak),
+    ("soak_suites", "11d. Reliability: soak, fresh-clone suites",
+     ".venv/bin/python -m bench.soak --suites 3 --devnets 0 --name soak_suites", soak),
+    ("soak_suites_first", "11d'. The first round of it, before its one failure was fixed at its cause",
+     ".venv/bin/python -m bench.soak --suites 3 --devnets 0 --name soak_suites", soak),
     ("hashing", "Hashing throughput", "bench.hashing", generic),
     ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
      "--out bench/results/calibration.json", generic),
