@@ -235,7 +235,7 @@ class HostNode:
             self.cfg.initial_model_hash, self.model, self.config.init_checkpoint_source, c
         )
         if g0.hash == self.cfg.initial_model_hash:
-            self.models.keep(g0)
+            self.models.keep(g0, read_from_disk=True)  # held as its file: G_0 in memory goes with _setup
         self.models.serve_stored()
         self.retention.publish_optimizer()
 

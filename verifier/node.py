@@ -172,7 +172,7 @@ class VerifierNode:
         )
         g0 = node_initial_global(self.cfg.initial_model_hash, model, self.config.init_checkpoint_source, c)
         if g0.hash == self.cfg.initial_model_hash:
-            self.models.keep(g0)
+            self.models.keep(g0, read_from_disk=True)  # held as its file: G_0 in memory goes with _setup
         self._serve_held()
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-verify")
 
