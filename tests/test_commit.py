@@ -18,7 +18,7 @@ from protocol.config import Codec, ReplayMode
 from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, domain, tensor_hash
 from replay.step import load_training_state, train_segment, training_hash, training_state
-from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer import boundaries
 from trainer.boundaries import Boundaries, LiveBoundary, cool_spill, warm_spill
 from trainer.commit import Contribution, openings, param_tensors, run_committed

@@ -19,12 +19,12 @@ from replay.step import (
     training_hash,
     training_state,
 )
-from tests.test_step_replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
+from tests.support.replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
 
 RANK = """
 import json, sys
 sys.path.insert(0, {root!r})
-from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer.commit import param_tensors
 from trainer.ddp import init_from_env, run_committed_ddp
 from replay.step import configure_determinism

@@ -37,7 +37,7 @@ from replay.step import (
     training_hash,
     training_state,
 )
-from tests.test_step_replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
+from tests.support.replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
 from trainer.node_config import HostConfig
 
 BF16 = Numerics(precision=Precision.BF16)
@@ -117,7 +117,7 @@ import sys
 sys.path.insert(0, {str(ROOT)!r})
 from safetensors.torch import load_file
 from protocol.config import Numerics
-from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
 from replay.step import configure_determinism, load_training_state, train_segment
 from replay.step import training_hash, training_state
 configure_determinism(1)

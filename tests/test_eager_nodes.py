@@ -17,7 +17,7 @@ from protocol.config import Overlap
 from protocol.messages import Reason
 from replay.data import eval_loss
 from replay.spec import build_model
-from tests.test_host_node import (
+from tests.support.nodes import (
     SPEC,
     LockstepChain,
     create_run,

@@ -277,7 +277,7 @@ def test_nodes_sweep_what_a_kill_left_at_start_up(tmp_path: Path) -> None:
     """Issue 22 (chaos): nodes never called `sweep`, so part and temp files a kill left stayed on
     disk for good. Host and verifier now sweep their store (and the host its node.json temps)
     when they set up, before anything writes there."""
-    from tests.test_host_node import (
+    from tests.support.nodes import (
         LockstepChain,
         create_run,
         host_config,

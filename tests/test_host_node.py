@@ -7,241 +7,35 @@ wall-clock block timer, no sleeps); verifiers are the real `verifier.node.Verifi
 
 from __future__ import annotations
 
-import hashlib
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from chain.client import ChainTimeout
 from chain.inprocess import InProcessChain
 from nodekit.blobs import BlobClient, BlobUnavailable
 from nodekit.globalmodel import GlobalModel, GlobalModelError, GlobalStore
 from nodekit.store import ContentStore, StoreError
-from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.codecs import delta_hash
-from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
 from protocol.keys import test_wallet
-from protocol.messages import MsgCreateRun
-from replay.data import Corpus, shakespeare_files
+from replay.data import Corpus
 from replay.spec import build_model
+from tests.support.nodes import (
+    SPEC,
+    LockstepChain,
+    create_run,
+    host_config,
+    node_globals,
+    run_config,
+    running,
+    then_stop,
+    tiny_corpus,
+    verdicts,
+    verifier_node,
+)
 from trainer.node import HostNode
 from trainer.node_config import ConfigError, HostConfig, KeySource, load_host_config
-from verifier.behaviour import VerifierBehaviour
-from verifier.node import VerifierNode
-from verifier.node_config import VerifierConfig
-
-TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}
-SPEC = ModelSpec(factory="trainer.model:small_gpt", config=TINY)
-
-
-# ---------------------------------------------------------------- harness
-
-
-class LockstepChain(InProcessChain):
-    """Produces the next block only when every registered actor waits on the chain for
-    something that is not there yet: the run advances as fast as its slowest node works."""
-
-    def __init__(self, max_height: int = 3000) -> None:
-        super().__init__(auto=False)
-        self._actors = 0
-        self._blocked: dict[object, Callable[[], Any]] = {}
-        self.max_height = max_height
-        self._pause_at: int | None = None
-
-    def hold(self) -> None:
-        """Count one more actor that never waits: no block is produced until `release`."""
-        with self._cond:
-            self._actors += 1
-
-    def release(self) -> None:
-        with self._cond:
-            self._actors -= 1
-            self._maybe_produce()
-
-    def run_until(self, height: int, timeout: float = 60.0) -> None:
-        """Give up one held slot until the others, in lockstep, reach `height`; then hold again."""
-        with self._cond:
-            self._pause_at = height
-            self._actors -= 1
-            try:
-                self._maybe_produce()
-                while self.app.height < height:
-                    if not self._cond.wait(timeout):
-                        raise ChainTimeout(f"height {height} not reached within {timeout}s")
-            finally:
-                self._actors += 1
-                self._pause_at = None
-
-    def _maybe_produce(self) -> None:
-        while (
-            self._blocked
-            and len(self._blocked) >= self._actors
-            and all(r() is None for r in self._blocked.values())
-            and self.app.height < self.max_height
-            and (self._pause_at is None or self.app.height < self._pause_at)
-        ):
-            self.produce_block()
-
-    def _wait(self, ready: Any, timeout: float, what: str) -> Any:
-        key = object()
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            try:
-                while (value := ready()) is None:
-                    self._blocked[key] = ready
-                    self._maybe_produce()
-                    if ready() is not None:
-                        continue
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or not self._cond.wait(remaining):
-                        raise ChainTimeout(f"{what} within {timeout}s")
-                return value
-            finally:
-                self._blocked.pop(key, None)
-
-
-def tiny_corpus() -> Corpus:
-    """60 kB of one play: structured enough that a tiny GPT's loss visibly falls in a few steps."""
-    _, files = shakespeare_files()
-    data = files[0].read_bytes()[:60_000]
-    cut = 54_000
-    as_t = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
-    return Corpus(as_t(data[:cut]), as_t(data[cut:]), hashlib.sha256(data).hexdigest())
-
-
-def run_config(corpus: Corpus, **kw: Any) -> RunConfig:
-    g0 = GlobalModel.from_module(build_model(SPEC), kw.get("state_chunk_bytes", DEFAULT_CHUNK_BYTES))
-    base: dict[str, Any] = dict(
-        model=SPEC,
-        dataset_manifest_hash=corpus.manifest_hash,
-        initial_model_hash=g0.hash,
-        batch_size=4,
-        seq_len=32,
-        inner_steps=10,
-        segment_len=5,
-        sampled_segments=1,
-        verifiers_per_contribution=1,  # one replay per contribution; the security tests raise both
-        audit_bps=0,
-        data_shards=3,
-        codec=Codec.INT8,
-        inner={"lr": 1e-3},
-        threads=1,
-        phases=Phases(
-            join_blocks=3,
-            train_blocks=3,
-            reveal_blocks=3,
-            verify_blocks=3,
-            escalation_blocks=2,
-            result_blocks=3,
-            epoch_length=1000,
-            poc_window=0,
-        ),
-        stake=Stake(min_host_stake=10, min_verifier_stake=10),
-    )
-    return RunConfig(**{**base, **kw})
-
-
-chain_of: dict[int, InProcessChain] = {}
-"""run id -> the chain of the test that created it (tests create one run per chain)."""
-
-
-def create_run(chain: InProcessChain, cfg: RunConfig) -> int:
-    authority = test_wallet(0)
-    chain.broadcast(authority, [MsgCreateRun(creator=str(authority.address()), config=cfg)])
-    run_id = max(chain.state.runs)
-    chain_of[run_id] = chain
-    return run_id
-
-
-def host_config(tmp: Path, index: int, run_id: int, **kw: Any) -> HostConfig:
-    return HostConfig(
-        chain_url="http://in-process",
-        run_id=run_id,
-        data_dir=str(tmp / f"host-{index}"),
-        stake=1000,
-        key=KeySource(test_index=index),
-        **kw,
-    )
-
-
-def verifier_node(tmp: Path, index: int, run_id: int, corpus: Corpus) -> VerifierNode:
-    """The real verifier node (fetch, proofs, start state, bitwise replay, Δ), honest."""
-    cfg = VerifierConfig(
-        chain_url="http://in-process",
-        run_id=run_id,
-        data_dir=str(tmp / f"verifier-{index}"),
-        stake=1000,
-        key={"test_index": index},
-        max_concurrent=1,
-    )
-    return VerifierNode(
-        cfg,
-        chain_of[run_id],
-        behaviour=VerifierBehaviour(),
-        corpus=corpus,
-        log=lambda e: None,
-        poll_timeout=0.5,
-    )
-
-
-def verdicts(chain: InProcessChain, run_id: int, steps: int) -> list[tuple[int, str, int]]:
-    """(outer step, host, reason) of every verdict on chain."""
-    out = []
-    for n in range(steps):
-        for v in chain.query("verdicts", run_id=run_id, step=n)["verdicts"]:
-            out.append((n, v["host"], v["reason"]))
-    return sorted(out)
-
-
-def then_stop(fn: Callable[[], None], nodes: list[Any]) -> Callable[[], None]:
-    """Run `fn` (a verifier), then stop `nodes` (hosts lingering so it can still fetch from them)."""
-
-    def go() -> None:
-        try:
-            fn()
-        finally:
-            for node in nodes:
-                node.stop()
-
-    return go
-
-
-@contextmanager
-def running(targets: list[Callable[[], None]], chain: LockstepChain) -> Iterator[list[threading.Thread]]:
-    """Run each target in a thread that counts as a chain actor from before it starts (so no
-    block slips past it) until it ends; always joined, and its exception re-raised here."""
-    errors: list[BaseException] = []
-
-    def wrap(fn: Callable[[], None]) -> Callable[[], None]:
-        def go() -> None:
-            try:
-                fn()
-            except BaseException as e:  # surfaced in the test thread below
-                errors.append(e)
-            finally:
-                chain.release()
-
-        return go
-
-    threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
-    for t in threads:
-        chain.hold()
-        t.start()
-    try:
-        yield threads
-    finally:
-        for t in threads:
-            t.join(120)
-    assert not [t for t in threads if t.is_alive()], "a node thread did not stop"
-    if errors:
-        raise errors[0]
-
 
 # ---------------------------------------------------------------- host.toml
 
@@ -283,11 +77,6 @@ def test_host_toml_loads_and_rejects_bad_configs(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- the global model on disk
-
-
-def node_globals(node_dir: Path) -> GlobalStore:
-    """A node's global models, as `HostNode`/`VerifierNode` keep them (default chunk size)."""
-    return GlobalStore(ContentStore(node_dir / "store"))
 
 
 def test_global_store_verifies_on_read_and_fetches_from_peers(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_host_node import (
+from tests.support.nodes import (
     LockstepChain,
     create_run,
     host_config,

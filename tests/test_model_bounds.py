@@ -238,7 +238,7 @@ def test_host_and_verifier_nodes_refuse_a_model_they_cannot_hold_before_building
     naming the numbers, before the model (or the dataset) is touched, and never join; on the same
     chain an honest run's nodes set up and build their model."""
     from chain.inprocess import InProcessChain
-    from tests.test_host_node import create_run, host_config, run_config, tiny_corpus, verifier_node
+    from tests.support.nodes import create_run, host_config, run_config, tiny_corpus, verifier_node
     from trainer.node import HostNode
 
     corpus = tiny_corpus()

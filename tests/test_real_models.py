@@ -25,7 +25,7 @@ from replay.data import open_dataset, shakespeare_files
 from replay.hf import hf_names, spec_config
 from replay.prepare import PrepareOptions, prepare
 from replay.spec import build_model
-from tests.test_host_node import (
+from tests.support.nodes import (
     LockstepChain,
     create_run,
     host_config,

@@ -26,7 +26,7 @@ from replay.step import (
     training_hash,
     training_state,
 )
-from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer.sharded import (
     LocalGroup,
     ShardedState,

@@ -12,52 +12,24 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from protocol.config import ModelSpec, RunConfig
-from replay.data import Corpus
-from replay.spec import build_model
 from replay.step import (
     StateError,
     configure_determinism,
     env_fingerprint,
     load_training_state,
     lr_at,
-    make_optimizer,
     optimizer_hash,
     train_segment,
     training_hash,
     training_state,
 )
-
-HOST = "gonka1" + "q" * 38
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
-SPEC = ModelSpec(factory="trainer.model:small_gpt", config=TINY)
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def tiny_cfg(**kw: object) -> RunConfig:
-    base: dict[str, object] = dict(
-        model=SPEC, dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
-        batch_size=4, seq_len=32, inner_steps=10, segment_len=5, sampled_segments=2, data_shards=2,
-    )  # fmt: skip
-    return RunConfig(**{**base, **kw})  # type: ignore[arg-type]
-
-
-def tiny_corpus() -> Corpus:
-    g = torch.Generator().manual_seed(0)
-    text = torch.randint(97, 123, (20_000,), generator=g).to(torch.uint8)
-    return Corpus(text, text[:2000].clone(), "test")
-
-
-def fresh(cfg: RunConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = build_model(cfg.model)
-    return model, make_optimizer(model, cfg.inner)
-
+from tests.support.replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
 
 REPLAY = """
 import json, sys, torch
 from safetensors.torch import load_file
 sys.path.insert(0, {root!r})
-from tests.test_step_replay import HOST, fresh, tiny_cfg, tiny_corpus
+from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
 from replay.step import configure_determinism, load_training_state, train_segment
 from replay.step import training_hash, training_state
 configure_determinism(1)

@@ -19,7 +19,7 @@ import pytest
 
 from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from nodekit.blobs import BlobClient
-from tests.test_host_node import LockstepChain, create_run, host_config, run_config, running, tiny_corpus
+from tests.support.nodes import LockstepChain, create_run, host_config, run_config, running, tiny_corpus
 from trainer.node import HostNode
 from verifier.node import VerifierNode
 from verifier.node_config import ConfigError, KeySource, VerifierConfig, load_verifier_config

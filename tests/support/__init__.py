@@ -1,0 +1,1 @@
+"""Helpers the tests share (fixtures, harnesses): imported by test files, never collected."""
