@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from chain import errors, module
 from chain.params import BONDING_DELAY_BLOCKS, SEED_BLOCKS, ModuleParams, Phase, Review
 from protocol.messages import Reason, Role
-from tests.test_chain_module import (
+from tests.support.chain import (
     GNK,
     HOSTS,
     STRANGER,
@@ -150,7 +150,7 @@ def test_step_zero_waits_until_its_quorum_is_drawable_at_the_earliest_challenge(
     from chain.module import bonding_delay
     from chain.params import CHALLENGE_DELAY
     from protocol.messages import MsgCreateRun
-    from tests.test_chain_module import AUTH, make_config
+    from tests.support.chain import AUTH, make_config
 
     sim = Sim(make_state())
     config = make_config(phases={"min_hosts": 1, "min_verifiers": 1, "early_close": True})

@@ -15,7 +15,7 @@ from chain import queries
 from chain.params import Outcome, Phase
 from protocol.config import Overlap, RunConfig
 from protocol.messages import Reason
-from tests.test_chain_module import (
+from tests.support.chain import (
     HOSTS,
     VERIFIERS,
     Sim,

@@ -13,7 +13,7 @@ from chain.errors import ChainError
 from chain.params import Outcome, Phase
 from protocol.config import Overlap, RunConfig
 from protocol.messages import MsgLeaveRun, Reason
-from tests.test_chain_module import (
+from tests.support.chain import (
     HOSTS,
     VERIFIERS,
     Sim,

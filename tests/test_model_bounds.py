@@ -34,7 +34,7 @@ from replay.spec import (
     check_fits,
     meta_param_count,
 )
-from tests.test_chain_module import AUTH, Sim, make_config, make_state
+from tests.support.chain import AUTH, Sim, make_config, make_state
 
 H = "0" * 64
 GPT = "trainer.model:small_gpt"
