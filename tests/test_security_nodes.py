@@ -17,8 +17,16 @@ from typing import Any
 from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from protocol.config import Phases, ReplayMode
 from protocol.keys import test_wallet
-from tests.support.nodes import LockstepChain, create_run, host_config, run_config, running, tiny_corpus
-from tests.test_verifier_node import STAKE, verifier_config
+from tests.support.nodes import (
+    STAKE,
+    LockstepChain,
+    create_run,
+    host_config,
+    run_config,
+    running,
+    tiny_corpus,
+    verifier_config,
+)
 from trainer.node import HostNode
 from verifier.node import VerifierNode
 

@@ -19,10 +19,19 @@ import pytest
 
 from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from nodekit.blobs import BlobClient
-from tests.support.nodes import LockstepChain, create_run, host_config, run_config, running, tiny_corpus
+from tests.support.nodes import (
+    STAKE,
+    LockstepChain,
+    create_run,
+    host_config,
+    run_config,
+    running,
+    tiny_corpus,
+    verifier_config,
+)
 from trainer.node import HostNode
 from verifier.node import VerifierNode
-from verifier.node_config import ConfigError, KeySource, VerifierConfig, load_verifier_config
+from verifier.node_config import ConfigError, load_verifier_config
 from verifier.source import HttpSource
 from verifier.verify import MissingData
 
@@ -32,16 +41,6 @@ HOST_PARAMS: dict[str, dict[str, Any]] = {
     "no_reveal": {"mode": "serve"},
 }
 VERIFIERS = {11: "honest", 12: "lazy", 13: "malicious"}
-STAKE = 1000
-
-
-def verifier_config(tmp: Path, index: int, run_id: int, **kw: Any) -> VerifierConfig:
-    return VerifierConfig(
-        chain_url="http://in-process", run_id=run_id, data_dir=str(tmp / f"verifier-{index}"), stake=STAKE,
-        key=KeySource(test_index=index), **kw,
-    )  # fmt: skip
-
-
 def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_path: Path) -> None:
     corpus = tiny_corpus()
     chain = LockstepChain()

@@ -240,3 +240,14 @@ def running(targets: list[Callable[[], None]], chain: LockstepChain) -> Iterator
 def node_globals(node_dir: Path) -> GlobalStore:
     """A node's global models, as `HostNode`/`VerifierNode` keep them (default chunk size)."""
     return GlobalStore(ContentStore(node_dir / "store"))
+
+
+STAKE = 1000
+"""A verifier's bond in the node tests (ngonka)."""
+
+
+def verifier_config(tmp: Path, index: int, run_id: int, **kw: Any) -> VerifierConfig:
+    return VerifierConfig(
+        chain_url="http://in-process", run_id=run_id, data_dir=str(tmp / f"verifier-{index}"), stake=STAKE,
+        key=KeySource(test_index=index), **kw,
+    )  # fmt: skip
