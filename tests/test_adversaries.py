@@ -23,7 +23,6 @@ from nodekit.globalmodel import GlobalModel
 from protocol import codecs
 from protocol.messages import Reason
 from replay.step import configure_determinism
-from trainer import behaviour as host_behaviour
 from verifier.verify import Job, Outcome
 
 A = "gonka1" + "a" * 38
@@ -39,7 +38,6 @@ def test_every_behaviour_resolves_and_is_listed_and_registered_for_host_toml() -
     text = listing()
     for name in HOSTS:
         assert resolve_host(name).name == name and f"  {name}" in text
-        assert name in host_behaviour.names()  # host.toml's `behaviour = name` finds it
     partner = {"collude": {"partner": A}}
     for name in VERIFIERS:
         assert resolve_verifier(name, partner.get(name)).name == name

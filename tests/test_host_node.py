@@ -191,7 +191,7 @@ def test_cli_refuses_bad_config_and_unknown_behaviour_clearly(tmp_path: Path) ->
         "[key]\ntest_index = 1\n"
     )
     unknown = runner.invoke(app, ["run", "--config", str(toml)])
-    assert unknown.exit_code == 2 and "unknown behaviour 'sneaky'" in unknown.output
+    assert unknown.exit_code == 2 and "unknown host behaviour 'sneaky'" in unknown.output
 
 
 def test_node_refuses_what_would_break_replay_or_mix_identities(tmp_path: Path) -> None:
@@ -216,17 +216,26 @@ def test_node_refuses_what_would_break_replay_or_mix_identities(tmp_path: Path) 
     assert chain.query("participants", run_id=run_id)["participants"] == []  # nobody joined
 
 
-def test_behaviour_registry_refuses_unknown_names_and_params() -> None:
-    from trainer import behaviour
+def test_behaviours_are_composed_by_the_caller_never_looked_up_by_the_node(tmp_path: Path) -> None:
+    """The composition root (the CLI, `gonka_diloco.adversaries.resolve_host`) builds a behaviour and
+    passes it in; the node has no registry: a host.toml naming another behaviour without one is an
+    error, and the library refuses unknown names and parameters."""
+    from gonka_diloco.adversaries import UnknownBehaviour, resolve_host
+    from trainer.behaviour import HostBehaviour
+    from trainer.node import NodeError
 
-    assert isinstance(behaviour.resolve("honest"), behaviour.HostBehaviour)
-    with pytest.raises(behaviour.BehaviourError, match="does not take"):
-        behaviour.resolve("honest", {"fraction": 0.5})
-    with pytest.raises(behaviour.BehaviourError, match="unknown behaviour 'nope'"):
-        behaviour.resolve("nope")
-    behaviour.register("test-not-a-behaviour", lambda: object())
+    assert type(resolve_host("honest")) is HostBehaviour
+    with pytest.raises(UnknownBehaviour, match="does not take"):
+        resolve_host("honest", {"fraction": 0.5})
+    with pytest.raises(UnknownBehaviour, match="unknown host behaviour 'nope'"):
+        resolve_host("nope")
+    chain = LockstepChain()
+    run_id = create_run(chain, run_config(tiny_corpus()))
+    with pytest.raises(NodeError, match="'lazy' must be resolved by the caller"):
+        HostNode(host_config(tmp_path, 1, run_id, behaviour="lazy"), chain, log=lambda e: None)
+    node = HostNode(host_config(tmp_path, 2, run_id, behaviour="lazy"), chain,
+                    behaviour=resolve_host("lazy"), log=lambda e: None)  # fmt: skip
     try:
-        with pytest.raises(behaviour.BehaviourError, match="not a HostBehaviour"):
-            behaviour.resolve("test-not-a-behaviour")
+        assert node.behaviour.name == "lazy"
     finally:
-        behaviour._REGISTRY.pop("test-not-a-behaviour")
+        node.rt.close()

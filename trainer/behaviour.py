@@ -18,7 +18,7 @@ Hook order in one outer step:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,31 +247,3 @@ class HostBehaviour:
         """The hosts to name in `MsgReportUnavailable`: the node passes the accepted Δs it could not
         fetch from anyone (with retries, every holder) by the middle of the round. [] = no report."""
         return list(hosts)
-
-
-BehaviourFactory = Callable[..., HostBehaviour]
-_REGISTRY: dict[str, BehaviourFactory] = {HostBehaviour.name: HostBehaviour}
-
-
-def register(name: str, factory: BehaviourFactory) -> None:
-    """Make a behaviour selectable by name in host.toml. The adversary library registers its
-    hosts here (trainer must not import the composition root, so it cannot look them up)."""
-    _REGISTRY[name] = factory
-
-
-def names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def resolve(name: str, params: Mapping[str, Any] | None = None) -> HostBehaviour:
-    """The registered behaviour `name` built with `params` (unknown names/params are errors)."""
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        raise BehaviourError(f"unknown behaviour {name!r}; registered: {names()}")
-    try:
-        behaviour = factory(**dict(params or {}))
-    except TypeError as e:
-        raise BehaviourError(f"behaviour {name!r}: {e}") from e
-    if not isinstance(behaviour, HostBehaviour):
-        raise BehaviourError(f"behaviour {name!r} is not a HostBehaviour")
-    return behaviour

@@ -10,7 +10,6 @@ calls (`trainer.ddp.follow`): they never bind a port, touch the chain or write t
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -23,7 +22,7 @@ import typer
 from trainer.node_config import ConfigError, load_host_config
 
 if TYPE_CHECKING:
-    from trainer import behaviour
+    pass
 
 DEFAULT_CHAIN_WAIT = 60.0
 """`nodekit.reach.DEFAULT_CHAIN_WAIT`, repeated here so that `--help` imports neither the chain
@@ -35,23 +34,6 @@ app = typer.Typer(help="The host node: train, commit, reveal, aggregate.", no_ar
 @app.callback()
 def main() -> None:
     """The host node: train, commit, reveal, aggregate."""
-
-
-BEHAVIOUR_PLUGINS = ("gonka_diloco.adversaries",)
-"""Modules that register extra host behaviours by name when imported (the adversary library).
-Looked up by name at the command line only: the trainer package itself never imports them."""
-
-
-def _resolve(name: str, params: dict[str, Any]) -> behaviour.HostBehaviour:
-    from trainer import behaviour
-
-    if name not in behaviour.names():
-        for plugin in BEHAVIOUR_PLUGINS:
-            try:
-                importlib.import_module(plugin)
-            except ImportError:
-                continue
-    return behaviour.resolve(name, params)
 
 
 def _follower_corpus(config: Path) -> Any:
@@ -112,6 +94,7 @@ def run(
             typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     from chain.client import ChainClientError, HttpChainClient
+    from gonka_diloco.adversaries import resolve_host  # the process entry point composes
     from nodekit.node import json_line
     from nodekit.reach import Reach, chain_error, listen_error
     from trainer import behaviour, ddp
@@ -132,7 +115,7 @@ def run(
     try:
         if team is not None:
             team.shard_state = cfg.shard_state
-        node_behaviour = _resolve(cfg.behaviour, cfg.behaviour_params)
+        node_behaviour = resolve_host(cfg.behaviour, cfg.behaviour_params)
         chain = HttpChainClient(cfg.chain_url)
         progress = _Progress() if sys.stdout.isatty() else None
         log = progress if progress is not None else json_line  # json_line: HostNode's default

@@ -48,7 +48,7 @@ from replay.data import Corpus, node_corpus
 from replay.spec import DEFAULT_ALLOW_LIST, Factory, Holder, build, check_fits
 from replay.step import DeviceError, pin_device
 from trainer.aggregate import VAL_BATCHES, AggregatePhase
-from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext, resolve
+from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext
 from trainer.commit import Contribution
 from trainer.ddp import Team
 from trainer.metrics import HostMetrics
@@ -85,7 +85,11 @@ class HostNode:
         self.config = config
         self.chain = chain
         self.team = team
-        self.behaviour = behaviour or resolve(config.behaviour, config.behaviour_params)
+        if behaviour is None:  # adversaries live above trainer/: the CLI resolves them and passes one in
+            if config.behaviour != HostBehaviour.name or config.behaviour_params:
+                raise NodeError(f"behaviour {config.behaviour!r} must be resolved by the caller")
+            behaviour = HostBehaviour()
+        self.behaviour = behaviour
         self._corpus = corpus
         self._allow_list = allow_list
         policy = TransferPolicy(min_bytes_per_s=config.min_transfer_bps, base_s=blob_timeout)

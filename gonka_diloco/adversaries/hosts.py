@@ -84,7 +84,7 @@ from protocol import codecs
 from protocol.config import ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
 from replay.step import State, load_training_state, train_segment, training_hash, training_state
-from trainer.behaviour import HostBehaviour, OuterContext, register
+from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import Contribution, run_committed
 
 PARAM = "param/"
@@ -793,7 +793,3 @@ def describe(cls: Any) -> str:
     doc = (cls.__doc__ or cls.__name__).strip().split("\n\n")[0]
     return " ".join(line.strip() for line in doc.splitlines())
 
-
-for _name, _factory in HOSTS.items():  # selectable by name in host.toml
-    if _name != "honest":
-        register(_name, _factory)
