@@ -23,7 +23,7 @@ from nodekit.globalmodel import GlobalModel
 from protocol import codecs
 from protocol.messages import Reason
 from replay.step import configure_determinism
-from verifier.verify import Job, Outcome
+from verifier.verify import Job, Judgement
 
 A = "gonka1" + "a" * 38
 
@@ -97,10 +97,10 @@ def _job() -> Job:
 
 def test_verifier_behaviours() -> None:
     job = _job()
-    honest_accept = Outcome(Reason.ACCEPT, "", "e" * 64, ("f" * 64,), 4)
-    honest_reject = Outcome(Reason.DELTA_MISMATCH, "Δ", "d" * 64)
+    honest_accept = Judgement(Reason.ACCEPT, "", "e" * 64, ("f" * 64,), 4)
+    honest_reject = Judgement(Reason.DELTA_MISMATCH, "Δ", "d" * 64)
 
-    def never() -> Outcome:
+    def never() -> Judgement:
         raise AssertionError("a lazy verifier must not run the checks")
 
     lazy = resolve_verifier("lazy").decide(job, never)

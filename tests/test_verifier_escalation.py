@@ -29,7 +29,7 @@ from tests.support.nodes import (
 from trainer.node import HostNode
 from verifier.behaviour import VerifierBehaviour
 from verifier.node import VerifierNode
-from verifier.verify import Job, Outcome
+from verifier.verify import Job, Judgement
 
 
 class OfflineIfDrawnFirst(VerifierBehaviour):
@@ -52,7 +52,7 @@ class OfflineIfDrawnFirst(VerifierBehaviour):
     def online(self) -> bool:
         return self._pick().online()
 
-    def decide(self, job: Job, check: Callable[[], Outcome]) -> Outcome | None:
+    def decide(self, job: Job, check: Callable[[], Judgement]) -> Judgement | None:
         return self._pick().decide(job, check)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from protocol.messages import EnvFingerprint
-from verifier.verify import Job, Outcome
+from verifier.verify import Job, Judgement
 
 
 class VerifierBehaviour:
@@ -26,6 +26,6 @@ class VerifierBehaviour:
         """The replay class the node declares when it joins (specs §6.1): its own."""
         return env.replay_class
 
-    def decide(self, job: Job, check: Callable[[], Outcome]) -> Outcome | None:
+    def decide(self, job: Job, check: Callable[[], Judgement]) -> Judgement | None:
         """The verdict to submit, or None to submit nothing."""
         return check()

@@ -56,8 +56,8 @@ from verifier.source import HttpSource
 from verifier.verify import (
     CannotVerify,
     Job,
+    Judgement,
     OpeningData,
-    Outcome,
     ReplayContext,
     check_verifier_env,
     verify,
@@ -65,7 +65,7 @@ from verifier.verify import (
 
 __all__ = ["NodeError", "VerifierNode"]
 
-Pending = Future["Outcome | None"]
+Pending = Future["Judgement | None"]
 RECOVERABLE = (httpx.HTTPError, OSError, ChainTimeout, BlobError)
 """The chain or every host unreachable (cosmpy's requests errors are OSErrors): wait, then resume."""
 
@@ -344,7 +344,7 @@ class VerifierNode:
                     running[self.pool.submit(self._judge, job, gm)] = (host, time.perf_counter())
             if running:  # wait for work, not for blocks: the chain may be waiting on us
                 finished, _ = wait(list(running), timeout=self.view.poll_timeout, return_when=FIRST_COMPLETED)
-                ready: list[tuple[str, Outcome, float]] = []
+                ready: list[tuple[str, Judgement, float]] = []
                 for fut in finished:
                     host, t0 = running.pop(fut)
                     try:
@@ -391,7 +391,7 @@ class VerifierNode:
         s = self.view.start_state(host, n)
         return s.optimizer_hash, s.parent_delta_hash
 
-    def _judge(self, job: Job, gm: GlobalModel) -> Outcome | None:
+    def _judge(self, job: Job, gm: GlobalModel) -> Judgement | None:
         """Runs on a pool worker with that worker's own model; the behaviour decides what to report."""
         model, loss_fn = self._take_model()
         try:
@@ -419,7 +419,7 @@ class VerifierNode:
                 global_momentum=gm.momentum,
             )  # fmt: skip
 
-            def check() -> Outcome:
+            def check() -> Judgement:
                 check_verifier_env(job, self.env)
                 return verify(job, source, ctx)
 
@@ -438,7 +438,7 @@ class VerifierNode:
         self.holdings.put_tensors(Kind.OPTIMIZER, optimizer_state(final), OPTIMIZER_GROUP)
         self.holdings.put_bytes(Kind.DELTA, payload, delta_group(job.outer_step), job.outer_step)
 
-    def _outcome(self, n: int, host: str, fut: Pending, info: StepInfo) -> Outcome | None:
+    def _outcome(self, n: int, host: str, fut: Pending, info: StepInfo) -> Judgement | None:
         """A finished verification's verdict, None if there is nothing to submit; raises `_Retry`
         when the data is missing but the reveal deadline has not passed (it may still come)."""
         try:
@@ -457,7 +457,7 @@ class VerifierNode:
             raise _Retry
         return out
 
-    def _submit(self, n: int, ready: list[tuple[str, Outcome, float]]) -> None:
+    def _submit(self, n: int, ready: list[tuple[str, Judgement, float]]) -> None:
         """All finished verdicts in one tx (one block, one fee); one by one if the batch is refused,
         so a contribution decided meanwhile does not cost the others their verdicts."""
         msgs = [

@@ -150,7 +150,7 @@ class ReplayContext:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Judgement:
     """A verdict before it is signed: reason, human detail, and the hash that binds our replay."""
 
     reason: Reason
@@ -487,7 +487,7 @@ def eager_context(job: Job, ctx: ReplayContext, source: BlobSource) -> ReplayCon
 # ---------------------------------------------------------------- the whole verification
 
 
-def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
+def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
     """Run every check in order; the first failure decides the reason. Never raises on host data.
 
     Order: proofs and claims (free) → per sampled segment: start state, replay, compare → Δ.
@@ -586,4 +586,4 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Outcome:
         reason, detail = Reason.MALFORMED_BLOB, str(e)
     detail = detail[:256]
     evidence = evidence_hash(job, reason, replayed, detail)
-    return Outcome(reason, detail, evidence, tuple(replayed), steps, seconds)
+    return Judgement(reason, detail, evidence, tuple(replayed), steps, seconds)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from protocol.messages import EnvFingerprint, Reason
 from verifier.behaviour import VerifierBehaviour
-from verifier.verify import Job, Outcome, evidence_hash
+from verifier.verify import Job, Judgement, evidence_hash
 
 
 class LazyVerifier(VerifierBehaviour):
@@ -27,8 +27,8 @@ class LazyVerifier(VerifierBehaviour):
 
     name = "lazy"
 
-    def decide(self, job: Job, check: Callable[[], Outcome]) -> Outcome | None:
-        return Outcome(Reason.ACCEPT, "", evidence_hash(job, Reason.ACCEPT, [], ""))
+    def decide(self, job: Job, check: Callable[[], Judgement]) -> Judgement | None:
+        return Judgement(Reason.ACCEPT, "", evidence_hash(job, Reason.ACCEPT, [], ""))
 
 
 class MaliciousVerifier(VerifierBehaviour):
@@ -44,12 +44,12 @@ class MaliciousVerifier(VerifierBehaviour):
         if self.reason is Reason.ACCEPT:
             raise ValueError("a malicious verifier must reject")
 
-    def decide(self, job: Job, check: Callable[[], Outcome]) -> Outcome | None:
+    def decide(self, job: Job, check: Callable[[], Judgement]) -> Judgement | None:
         honest = check()
         if not honest.accept:
             return honest
         detail = "segment 0: replay differs (fabricated)"
-        return Outcome(self.reason, detail, evidence_hash(job, self.reason, honest.replayed_leaves, detail))
+        return Judgement(self.reason, detail, evidence_hash(job, self.reason, honest.replayed_leaves, detail))
 
 
 class OfflineVerifier(VerifierBehaviour):
@@ -60,7 +60,7 @@ class OfflineVerifier(VerifierBehaviour):
     def online(self) -> bool:
         return False
 
-    def decide(self, job: Job, check: Callable[[], Outcome]) -> Outcome | None:
+    def decide(self, job: Job, check: Callable[[], Judgement]) -> Judgement | None:
         return None
 
 
@@ -85,9 +85,9 @@ class ColludingVerifier(VerifierBehaviour):
         if bad:
             raise ValueError(f"partner {bad[0]!r} is not a gonka1… address")
 
-    def decide(self, job: Job, check: Callable[[], Outcome]) -> Outcome | None:
+    def decide(self, job: Job, check: Callable[[], Judgement]) -> Judgement | None:
         if job.host in self.partners:
-            return Outcome(Reason.ACCEPT, "", evidence_hash(job, Reason.ACCEPT, [], ""))
+            return Judgement(Reason.ACCEPT, "", evidence_hash(job, Reason.ACCEPT, [], ""))
         return check()
 
 
