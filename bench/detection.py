@@ -57,7 +57,7 @@ from protocol.config import ModelSpec, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, Reason
 from replay.step import configure_determinism
 from trainer.behaviour import HostBehaviour
-from trainer.commit import Contribution
+from trainer.commit import TrainedStep
 from verifier.calibrate import CONFIG_FIELDS, calibrate
 from verifier.tolerance import group_mismatch, param_distance
 from verifier.verify import replay_segment, verify
@@ -257,7 +257,7 @@ def host_worker(job: dict[str, Any]) -> None:
 
 def _load_run(lab: Lab, r: dict[str, Any], root: Path) -> HostRun:
     payload = (root / f"{r['kind']}-{r['t']}.payload").read_bytes()
-    c = Contribution(
+    c = TrainedStep(
         outer_step=0, base_model_hash=r["base"], leaves=r["leaves"], trajectory_root=r["root"], delta={},
         payload=payload, delta_hash=r["delta_hash"], codec=lab.cfg.codec,
         final_optimizer_hash=r["final_optimizer_hash"], tokens=r["tokens"], env=EnvFingerprint(**r["env"]),

@@ -55,7 +55,7 @@ from replay.step import (
     training_hash,
     training_state,
 )
-from trainer.commit import Contribution, openings, param_tensors, run_committed
+from trainer.commit import TrainedStep, openings, param_tensors, run_committed
 
 Params = dict[str, Tensor]
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -247,13 +247,13 @@ class Host:
         delta = {k: (g[k] - p.detach()).float() for k, p in self.model.named_parameters()}
         return SimpleNamespace(delta=delta, tokens=env.cfg.tokens_per_outer_step, final_optimizer_hash=None)
 
-    def contribute(self, env: Env, n: int, g: Params, g_hash: str, store: MemStore | None) -> Contribution:
+    def contribute(self, env: Env, n: int, g: Params, g_hash: str, store: MemStore | None) -> TrainedStep:
         return run_committed(self.model, self.opt, env.cfg, env.corpus, self.name, n, g, g_hash, store)  # type: ignore[arg-type]
 
 
 def forge(
-    env: Env, c: Contribution, bad: Mapping[str, Tensor], g: Params, store: MemStore, host: Host
-) -> Contribution:
+    env: Env, c: TrainedStep, bad: Mapping[str, Tensor], g: Params, store: MemStore, host: Host
+) -> TrainedStep:
     """A consistent liar: the last leaf claims θ_H = G − Δ_bad, so root, Δ hash and Δ all agree.
 
     Only the replay of the (always sampled) last segment can expose it. The honest end state is
@@ -275,7 +275,7 @@ def forge(
 
 def verify_contribution(
     env: Env,
-    c: Contribution,
+    c: TrainedStep,
     host: str,
     prev_opt: str | None,
     g: Params,

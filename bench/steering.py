@@ -51,7 +51,7 @@ from protocol.config import Codec, Numerics, Precision, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint
 from replay.step import configure_determinism, optimizer_hash
 from trainer.behaviour import HostBehaviour
-from trainer.commit import Contribution
+from trainer.commit import TrainedStep
 from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate
 from verifier.tolerance import (
     CUMULATIVE_CHECKS,
@@ -195,7 +195,7 @@ def worker(job: dict[str, Any]) -> None:
 def load_run(lab: Lab, r: dict[str, Any]) -> HostRun:
     """A contribution the worker trained, as the verifier sees it."""
     payload = Path(r["payload"]).read_bytes()
-    c = Contribution(
+    c = TrainedStep(
         outer_step=r["n"], base_model_hash=r["base"], leaves=r["leaves"], trajectory_root=r["root"], delta={},
         payload=payload, delta_hash=r["delta_hash"], codec=lab.cfg.codec,
         final_optimizer_hash=r["final_optimizer_hash"], tokens=r["tokens"], env=EnvFingerprint(**r["env"]),

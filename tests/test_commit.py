@@ -21,13 +21,13 @@ from replay.step import load_training_state, train_segment, training_hash, train
 from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer import boundaries
 from trainer.boundaries import Boundaries, LiveBoundary, cool_spill, warm_spill
-from trainer.commit import Contribution, openings, param_tensors, run_committed
+from trainer.commit import TrainedStep, openings, param_tensors, run_committed
 from trainer.recompute import materialize_openings
 
 CREATOR = HOST
 
 
-def _outer(tmp_path: Path, codec: Codec = Codec.FP32) -> tuple[StateStore, list[Contribution], dict]:
+def _outer(tmp_path: Path, codec: Codec = Codec.FP32) -> tuple[StateStore, list[TrainedStep], dict]:
     cfg = tiny_cfg(codec=codec, inner_steps=10, segment_len=5)
     store = StateStore(tmp_path / "states")
     model, opt = fresh(cfg)

@@ -25,7 +25,7 @@ from tests.support.nodes import (
     verifier_node,
 )
 from trainer.behaviour import HostBehaviour, OuterContext
-from trainer.commit import Contribution
+from trainer.commit import TrainedStep
 from trainer.node import HostNode
 
 
@@ -109,7 +109,7 @@ class CrashBeforeBroadcast(HostBehaviour):
     chain: LockstepChain
     crashed = False
 
-    def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list:
+    def commit_messages(self, contribution: TrainedStep, ctx: OuterContext) -> list:
         if not self.crashed:
             self.crashed = True
             self.chain.hold()

@@ -33,7 +33,7 @@ from replay.step import (
     training_state,
 )
 from trainer.behaviour import HostBehaviour, OuterContext
-from trainer.commit import Contribution
+from trainer.commit import TrainedStep
 from verifier.tolerance import Cumulative, cumulative_mismatch, group_mismatch, tolerance_mismatch
 from verifier.verify import replay_segment, verify
 
@@ -239,7 +239,7 @@ class ForgedBoundary(HostBehaviour):
 
     name = "forged_boundary"
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
         cur = start_state(ctx)
         states, losses = [cur], []

@@ -26,7 +26,7 @@ from protocol.envclass import ReplayDecision
 from protocol.messages import EnvFingerprint, Reason
 from replay.step import State, configure_determinism, env_fingerprint, optimizer_state
 from trainer.behaviour import HostBehaviour, OuterContext
-from trainer.commit import Contribution, run_committed
+from trainer.commit import TrainedStep, run_committed
 from verifier.tolerance import TOLERANCE_CHECKS, param_distance, state_distances, tolerance_mismatch
 from verifier.verify import (
     CannotVerify,
@@ -284,7 +284,7 @@ def test_a_host_claiming_a_class_no_verifier_has_gets_no_verdict_and_fails_toler
 class TwoSlices(HostBehaviour):
     """A data-parallel host (2 ranks) as `trainer.ddp` trains: each batch as two summed slices."""
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         gm = ctx.global_model
         c = run_committed(ctx.model, ctx.optimizer, ctx.cfg, ctx.data, ctx.address, ctx.outer_step,
                           gm.params, gm.hash, ctx.store, micro_batches=2, loss_fn=ctx.loss_fn)  # fmt: skip

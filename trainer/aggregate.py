@@ -19,7 +19,7 @@ from nodekit.memory import release
 from protocol.messages import MsgReportUnavailable, MsgSubmitOuterResult
 from replay.data import eval_loss
 from trainer.behaviour import OuterContext
-from trainer.commit import Contribution
+from trainer.commit import TrainedStep
 
 if TYPE_CHECKING:
     from trainer.node import HostNode
@@ -48,7 +48,7 @@ class AggregatePhase:
         self.candidate_losses: dict[str, float] = {}
         """The validation loss of the last candidate evaluated for a vote (reused on adoption)."""
 
-    def phase(self, n: int, mine: Contribution | None) -> None:
+    def phase(self, n: int, mine: TrainedStep | None) -> None:
         """Follow step n's result rounds to its end. In every round whose accepted set holds this
         host: fetch each Δ of the set from every holder, compute G_{n+1} over it and vote; what
         cannot be fetched by the middle of the round (retried every block) is reported

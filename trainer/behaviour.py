@@ -37,7 +37,7 @@ from protocol.merkle import merkle_root
 from protocol.messages import MsgCommitPseudoGradient
 from replay.data import Corpus
 from replay.step import LossFn, env_fingerprint, optimizer_hash
-from trainer.commit import Contribution, pseudo_gradient, run_committed
+from trainer.commit import TrainedStep, pseudo_gradient, run_committed
 from trainer.ddp import Team
 
 
@@ -99,7 +99,7 @@ class OuterContext:
 
     def train(
         self, *, host: str | None = None, data: Corpus | None = None, keep_delta: bool = True
-    ) -> Contribution:
+    ) -> TrainedStep:
         """The honest committed loop from this step's start (G_n, or an eager run's start);
         `host`/`data` let a wrong-data adversary lie.
 
@@ -134,14 +134,14 @@ class OuterContext:
 
     def assemble(
         self, leaves: Sequence[str], final_state: Mapping[str, Tensor], losses: Sequence[float]
-    ) -> Contribution:
+    ) -> TrainedStep:
         """A contribution from a hand-made trajectory: leaves already saved in `store`, and the
         final training state whose params define Δ (the lazy adversary fakes boundaries this way)."""
         params = {k.removeprefix("param/"): v for k, v in final_state.items() if k.startswith("param/")}
         g = self.start
         delta = {n: (g[n] - params[n]).to(torch.float32) for n in g}
         payload = encode(delta, self.cfg.codec, self.cfg.codec_block_size)
-        return Contribution(
+        return TrainedStep(
             outer_step=self.outer_step,
             base_model_hash=self.global_model.hash,
             leaves=list(leaves),
@@ -157,14 +157,14 @@ class OuterContext:
             losses=list(losses),
         )
 
-    def with_delta(self, contribution: Contribution, delta: Mapping[str, Tensor]) -> Contribution:
+    def with_delta(self, contribution: TrainedStep, delta: Mapping[str, Tensor]) -> TrainedStep:
         """The same trajectory committed with another Δ (noise, zero, scaled, sign-flipped)."""
         payload = encode(delta, self.cfg.codec, self.cfg.codec_block_size)
         return self.with_payload(contribution, payload, dict(delta))
 
     def with_payload(
-        self, contribution: Contribution, payload: bytes, delta: dict[str, Tensor] | None = None
-    ) -> Contribution:
+        self, contribution: TrainedStep, payload: bytes, delta: dict[str, Tensor] | None = None
+    ) -> TrainedStep:
         """The same trajectory committed with an already-encoded payload (a copied or broken Δ)."""
         kept = delta if delta is not None else {}
         h = delta_hash(payload, self.cfg.state_chunk_bytes)
@@ -195,7 +195,7 @@ class HostBehaviour:
     name = "honest"
     allowed_params: frozenset[str] = frozenset()
     keeps_delta = False
-    """Whether `make_contribution`'s contribution carries the fp32 Δ (`Contribution.delta`) for a
+    """Whether `make_contribution`'s contribution carries the fp32 Δ (`TrainedStep.delta`) for a
     later hook (an equivocator halves it in `commit_messages`); the honest host needs only the payload."""
     trains_ahead = True
     """Overlapped runs: train the next step as soon as the chain has fixed its start, before it
@@ -208,15 +208,15 @@ class HostBehaviour:
             raise BehaviourError(f"behaviour {self.name!r} does not take {sorted(unknown)}")
         self.params = params
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         """Train H inner steps from G_n with the carried optimizer and commit to the trajectory."""
         return ctx.train(keep_delta=self.keeps_delta)
 
-    def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
+    def commit_messages(self, contribution: TrainedStep, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
         """What to broadcast before the commit deadline (an equivocator returns two)."""
         return [contribution.to_msg(ctx.address, ctx.run_id)]
 
-    def should_reveal(self, contribution: Contribution, ctx: OuterContext) -> bool:
+    def should_reveal(self, contribution: TrainedStep, ctx: OuterContext) -> bool:
         """Whether to open the sampled segments (a no-reveal adversary says no)."""
         return True
 
@@ -229,7 +229,7 @@ class HostBehaviour:
         its own Δ to stall whoever waits for it)."""
         return None
 
-    def finalized(self, contribution: Contribution | None, accepted: bool, ctx: OuterContext) -> None:
+    def finalized(self, contribution: TrainedStep | None, accepted: bool, ctx: OuterContext) -> None:
         """The step's verification is over: `accepted` says whether this host's contribution (None if
         it made none) is in the result set. A withholder stops serving its Δ from here on."""
 

@@ -4,7 +4,7 @@ Boundary work (hash the full training state on all cores, persist every m-th) ru
 thread over the live state while the next step's forward and backward run; the training thread
 waits only if the boundary is not done by that step's optimizer update, and no state is copied.
 After the challenge, `materialize_openings` recomputes the opened boundaries that were not
-persisted and deletes the rest. Everything a host later commits and reveals is in the returned `Contribution`.
+persisted and deletes the rest. Everything a host later commits and reveals is in the returned `TrainedStep`.
 
 A rank of a host with sharded training state (`trainer.sharded`, under `trainer.ddp`) runs the
 same loop (`follow_committed` on ranks ≥ 1): each boundary is hashed collectively from every
@@ -41,7 +41,7 @@ from trainer.sharded import ShardedState, ShardedStep
 
 
 @dataclass(frozen=True)
-class Contribution:
+class TrainedStep:
     """One host's outer step: what it commits now and what it can open later."""
 
     outer_step: int
@@ -204,7 +204,7 @@ def run_committed(
     sharding: ShardedState | None = None,
     keep_optimizer: str | None = None,
     keep_delta: bool = True,
-) -> Contribution:
+) -> TrainedStep:
     """Train one outer step from the global params with the host's carried optimizer state.
 
     The store's `checkpoint_every` (m, a host setting) says which boundaries are persisted; the
@@ -228,7 +228,7 @@ def run_committed(
         sharding, keep_optimizer, delta,
     )  # fmt: skip
     d, payload = t.out
-    return Contribution(
+    return TrainedStep(
         outer_step=outer_step,
         base_model_hash=base_model_hash,
         leaves=t.leaves,
@@ -273,7 +273,7 @@ def follow_committed(
     ).leaves  # fmt: skip
 
 
-def openings(contribution: Contribution, segments: Sequence[int]) -> list[SegmentOpening]:
+def openings(contribution: TrainedStep, segments: Sequence[int]) -> list[SegmentOpening]:
     """Both ends of each sampled segment with one pair proof against the trajectory root."""
     raw = [bytes.fromhex(h) for h in contribution.leaves]
     out = []

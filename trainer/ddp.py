@@ -47,7 +47,7 @@ from replay.step import (
     train_segment,
     training_state,
 )
-from trainer.commit import Contribution, follow_committed, run_committed
+from trainer.commit import TrainedStep, follow_committed, run_committed
 from trainer.recompute import OpeningPlan, drop_sources, plan_openings, recompute_openings
 from trainer.sharded import DistCollectives, ShardedState, ShardedStep, ShardPlan, make_shard_optimizer
 
@@ -117,7 +117,7 @@ def run_committed_ddp(
     *,
     loss_fn: LossFn = lm_loss,
     keep_delta: bool = True,
-) -> Contribution | None:
+) -> TrainedStep | None:
     """One outer step on every rank; rank 0 returns the contribution, the others None."""
     if exchange.rank == 0:
         return run_committed(
@@ -308,7 +308,7 @@ class Team:
         *,
         loss_fn: LossFn = lm_loss,
         keep_delta: bool = True,
-    ) -> Contribution:
+    ) -> TrainedStep:
         """`run_committed` over all ranks, from the global params and rank 0's carried optimizer."""
         if self.closed:
             raise TeamError("the team was stopped or broke in an earlier call")
@@ -320,7 +320,7 @@ class Team:
                 named[n].copy_(global_params[n])
         job = self._job("train", cfg, host, outer_step, store)
         group = self.exchange.group
-        c: Contribution | None
+        c: TrainedStep | None
         try:
             if self.shard_state:
                 rank = self._rank(model)

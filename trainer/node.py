@@ -49,7 +49,7 @@ from replay.spec import DEFAULT_ALLOW_LIST, Factory, Holder, build, check_fits
 from replay.step import DeviceError, pin_device
 from trainer.aggregate import VAL_BATCHES, AggregatePhase
 from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext
-from trainer.commit import Contribution
+from trainer.commit import TrainedStep
 from trainer.ddp import Team
 from trainer.metrics import HostMetrics
 from trainer.node_config import HostConfig
@@ -307,7 +307,7 @@ class HostNode:
         contribution = self.train.phase(n)
         self._tail(n, contribution)
 
-    def _tail(self, n: int, contribution: Contribution | None) -> None:
+    def _tail(self, n: int, contribution: TrainedStep | None) -> None:
         """After the commit: reveal what was committed, then aggregate the accepted Δs."""
         if contribution is not None:
             self.reveal.phase(n, contribution)
@@ -346,7 +346,7 @@ class HostNode:
         self.view.wait_run(lambda r: not r.active or r.current_step > newest)
         return 0
 
-    def _spawn_tail(self, n: int, contribution: Contribution | None) -> None:
+    def _spawn_tail(self, n: int, contribution: TrainedStep | None) -> None:
         def tail() -> None:
             try:
                 self._tail(n, contribution)

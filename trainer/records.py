@@ -16,7 +16,7 @@ from nodekit.objects import Kind
 from nodekit.store import ContentStore, StoreError, atomic_write, delta_group
 from protocol.config import Codec
 from protocol.messages import EnvFingerprint
-from trainer.commit import Contribution
+from trainer.commit import TrainedStep
 
 
 def start_key(s: StartState) -> list[str | None]:
@@ -43,7 +43,7 @@ class Record:
     before it opened is committed only if the chain names the same start when it opens."""
 
     @classmethod
-    def of(cls, c: Contribution, start: StartState | None = None) -> Record:
+    def of(cls, c: TrainedStep, start: StartState | None = None) -> Record:
         return cls(
             c.outer_step,
             c.base_model_hash,
@@ -58,8 +58,8 @@ class Record:
             start_key(start) if start is not None else None,
         )
 
-    def contribution(self, payload: bytes) -> Contribution:
-        return Contribution(
+    def contribution(self, payload: bytes) -> TrainedStep:
+        return TrainedStep(
             outer_step=self.outer_step,
             base_model_hash=self.base_model_hash,
             leaves=self.leaves,
@@ -85,11 +85,11 @@ class Records:
     def path(self, n: int) -> Path:
         return self.folder / f"{n}.json"
 
-    def save(self, c: Contribution, start: StartState | None = None) -> None:
+    def save(self, c: TrainedStep, start: StartState | None = None) -> None:
         self.content.put_bytes(Kind.DELTA, c.payload, delta_group(c.outer_step))
         atomic_write(self.path(c.outer_step), json.dumps(asdict(Record.of(c, start))).encode())
 
-    def load(self, n: int, start: StartState | None = None) -> Contribution | None:
+    def load(self, n: int, start: StartState | None = None) -> TrainedStep | None:
         """What this node trained for step n, if anything; with `start`, only if trained from it."""
         try:
             record = Record(**json.loads(self.path(n).read_bytes()))

@@ -18,7 +18,7 @@ from nodekit.chainview import Phase
 from nodekit.objects import Kind
 from nodekit.store import OPTIMIZER_GROUP, delta_group
 from protocol.messages import MsgRevealContribution
-from trainer.commit import Contribution, load_params, openings
+from trainer.commit import TrainedStep, load_params, openings
 from trainer.recompute import materialize_openings
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class RevealPhase:
     def __init__(self, host: HostNode) -> None:
         self.h = host
 
-    def phase(self, n: int, c: Contribution) -> None:
+    def phase(self, n: int, c: TrainedStep) -> None:
         """Once challenged: recompute what is opened, serve it, and reveal the openings."""
         info = self.h.view.wait_step(n, lambda i: i.challenge_seed is not None or i.phase is Phase.DONE)
         if info.challenge_seed is None:
@@ -64,7 +64,7 @@ class RevealPhase:
         self.h.rt.set(phase="REVEALED")
         self.h.log("revealed", outer_step=n, segments=segments)
 
-    def materialize(self, n: int, c: Contribution, segments: list[int]) -> None:
+    def materialize(self, n: int, c: TrainedStep, segments: list[int]) -> None:
         """Opened boundaries that were not persisted are recomputed from the nearest persisted one
         (sparse checkpoints, host.toml `checkpoint_every`); every other boundary goes at once."""
         gm = self.h.models.get(c.base_model_hash)
@@ -88,7 +88,7 @@ class RevealPhase:
     def recompute(
         self,
         n: int,
-        c: Contribution,
+        c: TrainedStep,
         segments: list[int],
         params: Mapping[str, Tensor],
         start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
@@ -111,7 +111,7 @@ class RevealPhase:
         if done:
             self.h.log("recomputed", outer_step=n, boundaries=done)
 
-    def publish(self, n: int, c: Contribution, segments: list[int]) -> None:
+    def publish(self, n: int, c: TrainedStep, segments: list[int]) -> None:
         """Serve the opened states and the Δ until the step is done (pruning withdraws them)."""
         group = str(n)
         for s in segments:

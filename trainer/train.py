@@ -24,7 +24,7 @@ from nodekit.store import OPTIMIZER_GROUP, StoreError, TensorSink
 from protocol.chunks import verify_manifest
 from protocol.codecs import CodecError
 from replay.step import make_optimizer, optimizer_state, training_state
-from trainer.commit import Contribution
+from trainer.commit import TrainedStep
 
 if TYPE_CHECKING:
     from trainer.node import HostNode
@@ -36,14 +36,14 @@ class TrainPhase:
     def __init__(self, host: HostNode) -> None:
         self.h = host
 
-    def phase(self, n: int) -> Contribution | None:
+    def phase(self, n: int) -> TrainedStep | None:
         """Train and commit, or pick the commitment back up after a restart."""
         self.h.rt.set(outer_step=n, phase="WAITING")
         info = self.h.view.step(n)
         mine = self.h.view.commitment(self.h.address, n)
         return self.train_and_commit(n, info) if mine is None else self.recover(n, mine)
 
-    def train_and_commit(self, n: int, info: StepInfo) -> Contribution | None:
+    def train_and_commit(self, n: int, info: StepInfo) -> TrainedStep | None:
         # the phase, not a height: outer step 0 may be postponed until its participants have joined
         info = self.h.view.wait_step(n, lambda i: i.phase is not Phase.PENDING, info.train_start)
         if info.phase is not Phase.TRAIN or info.height > info.commit_deadline:
@@ -80,7 +80,7 @@ class TrainPhase:
 
     def trained(
         self, n: int, base: str, start: StartState | None, *, ahead: bool = False
-    ) -> tuple[Contribution, GlobalModel]:
+    ) -> tuple[TrainedStep, GlobalModel]:
         """Step n's contribution trained from `start` (the chain's `start_state`; sequential runs:
         None, the base and the last accepted optimizer): from its record if this node already
         trained it from that start (a restart, or trained ahead), else trained now."""
@@ -123,7 +123,7 @@ class TrainPhase:
             )
         return contribution, gm
 
-    def save_optimizer(self, c: Contribution, opt: torch.optim.Optimizer) -> None:
+    def save_optimizer(self, c: TrainedStep, opt: torch.optim.Optimizer) -> None:
         """The carried optimizer state, written from the live tensors; with the digests the
         boundary worker computed when they match the committed hash (no second hashing pass)."""
         state = optimizer_state(training_state(self.h.model, opt))
@@ -135,7 +135,7 @@ class TrainPhase:
         else:
             self.h.content.put_tensors(Kind.OPTIMIZER, state, OPTIMIZER_GROUP)
 
-    def recover(self, n: int, mine: dict[str, Any]) -> Contribution | None:
+    def recover(self, n: int, mine: dict[str, Any]) -> TrainedStep | None:
         """Restarted after committing: pick the contribution back up from disk."""
         contribution = self.h.records.load(n)
         if contribution is None or contribution.trajectory_root != mine["trajectory_root"]:

@@ -85,7 +85,7 @@ from protocol.config import ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
 from replay.step import State, load_training_state, train_segment, training_hash, training_state
 from trainer.behaviour import HostBehaviour, OuterContext
-from trainer.commit import Contribution, run_committed
+from trainer.commit import TrainedStep, run_committed
 
 PARAM = "param/"
 
@@ -100,7 +100,7 @@ def start_state(ctx: OuterContext) -> State:
     return clone_state(training_state(ctx.model, ctx.inner_optimizer))
 
 
-def assemble(ctx: OuterContext, states: list[State], losses: list[float] | None = None) -> Contribution:
+def assemble(ctx: OuterContext, states: list[State], losses: list[float] | None = None) -> TrainedStep:
     """A contribution from hand-made boundary states, each saved so it can be served like real ones."""
     if len(states) != ctx.cfg.n_segments + 1:
         raise ValueError(f"need {ctx.cfg.n_segments + 1} boundary states, got {len(states)}")
@@ -165,7 +165,7 @@ class NoiseDelta(HostAdversary):
         super().__init__()
         self.scale, self.seed = float(scale), seed
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         c = ctx.train()
         g = _seeded_gen("noise", self.seed, ctx.address, ctx.outer_step)
         noise = {n: torch.randn(t.shape, generator=g) * self.scale for n, t in sorted(c.delta.items())}
@@ -179,7 +179,7 @@ class ZeroDelta(HostAdversary):
     expected = ("REPLAY_MISMATCH",)
     chain_outcome = "rejected"
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         return assemble(ctx, [start_state(ctx)] * (ctx.cfg.n_segments + 1))
 
 
@@ -194,7 +194,7 @@ class ScaledDelta(HostAdversary):
         super().__init__()
         self.factor = float(factor)
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         c = ctx.train()
         return ctx.with_delta(c, {n: t * self.factor for n, t in c.delta.items()})
 
@@ -211,7 +211,7 @@ class SignFlipDelta(HostAdversary):
         super().__init__()
         self.steps = None if steps is None else {int(n) for n in steps}
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         c = ctx.train()
         if self.steps is not None and ctx.outer_step not in self.steps:
             return c
@@ -245,7 +245,7 @@ class LazyHost(HostAdversary):
         order = sorted(range(n - 1), key=lambda j: hashlib.sha256(f"{key}:{j}".encode()).digest())
         return set(order[:m])
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
         fake = self.faked(cfg, ctx.address, ctx.outer_step)
         prev = cur = start_state(ctx)
@@ -282,11 +282,11 @@ class WrongData(HostAdversary):
         super().__init__()
         self.other_host = other_host
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         return ctx.train(host=self.other_host)
 
 
-def _copy_payload(ctx: OuterContext, payload: bytes) -> Contribution:
+def _copy_payload(ctx: OuterContext, payload: bytes) -> TrainedStep:
     """Claim θ_H = G_n − Δ_copied with interpolated boundaries, and commit the copied payload."""
     copied = codecs.decode(payload, ctx.global_model.layout)
     target = {n: ctx.global_model.params[n] - copied[n] for n in ctx.global_model.params}
@@ -305,7 +305,7 @@ class StaleDelta(HostAdversary):
         super().__init__()
         self.history: dict[int, bytes] = {}
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         earlier = [n for n in self.history if n < ctx.outer_step]
         if not earlier:  # nothing to re-submit yet: works honestly once
             c = ctx.train()
@@ -321,7 +321,7 @@ class Copycat(HostAdversary):
     expected = ("REPLAY_MISMATCH",)
     chain_outcome = "rejected"
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         offline: Mapping[str, bytes] = ctx.extra.get("peer_payloads", {})  # benches without a network
         peers = sorted(h for h in offline if h != ctx.address)
         if peers:
@@ -347,7 +347,7 @@ class NoReveal(HostAdversary):
         if mode == "serve":
             self.chain_outcome = "rejected"
 
-    def should_reveal(self, contribution: Contribution, ctx: OuterContext) -> bool:
+    def should_reveal(self, contribution: TrainedStep, ctx: OuterContext) -> bool:
         return self.mode != "chain"
 
     def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
@@ -374,7 +374,7 @@ class LateReveal(HostAdversary):
             raise ValueError(f"blocks must be >= 1 (0 is on time), got {blocks}")
         self.blocks = blocks
 
-    def should_reveal(self, contribution: Contribution, ctx: OuterContext) -> bool:
+    def should_reveal(self, contribution: TrainedStep, ctx: OuterContext) -> bool:
         target = ctx.chain.outer_step(ctx.run_id, ctx.outer_step)["reveal_deadline"] + self.blocks
         height = ctx.chain.height()
         while height + 1 < target:  # the reveal tx lands in the block after the one we saw
@@ -430,7 +430,7 @@ class Equivocation(HostAdversary):
     chain_outcome = "equivocated"
     keeps_delta = True  # halves its Δ in commit_messages
 
-    def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
+    def commit_messages(self, contribution: TrainedStep, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
         other = ctx.with_delta(contribution, {n: t * 0.5 for n, t in contribution.delta.items()})
         return [contribution.to_msg(ctx.address, ctx.run_id), other.to_msg(ctx.address, ctx.run_id)]
 
@@ -446,7 +446,7 @@ class BadTokens(HostAdversary):
         super().__init__()
         self.factor = int(factor)
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         c = ctx.train()
         return dataclasses.replace(c, tokens=c.tokens * self.factor)
 
@@ -469,7 +469,7 @@ class ForgedEnvironment(HostAdversary):
         super().__init__()
         self.gpu_name, self.compute_capability = gpu_name, compute_capability
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         c = assemble(ctx, [start_state(ctx)] * (ctx.cfg.n_segments + 1))
         facts = c.env.model_dump(exclude={"replay_class"})
         facts.update(device="cuda", gpu_name=self.gpu_name, compute_capability=self.compute_capability,
@@ -509,7 +509,7 @@ class MomentSteer(HostAdversary):
                 out[name] = st[name] * self.sq_scale
         return make_genuine(out, ctx.cfg.inner)  # moments AdamW could produce: replay must tell
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
         cur = start_state(ctx)
         states, losses = [cur], []
@@ -557,7 +557,7 @@ class BudgetSteer(HostAdversary):
         elif target == "update":  # accepted only by a run without the cumulative thresholds
             self.expected = ("REPLAY_MISMATCH", "ACCEPT")
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
         cur = start_state(ctx)
         states, losses = [cur], []
@@ -591,7 +591,7 @@ class EagerStart(HostAdversary):
         super().__init__()
         self.history: dict[int, bytes] = {}
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         previous = self.history.get(ctx.outer_step - 1)
         if previous is None or ctx.optimizer is None:
             c = ctx.train()
@@ -630,7 +630,7 @@ class WrongEagerStart(HostAdversary):
         self.mode, self.factor = mode, float(factor)
         self.history: dict[int, bytes] = {}
 
-    def make_contribution(self, ctx: OuterContext) -> Contribution:
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         from nodekit.eager import eager_start
 
         own = self.history.get(ctx.outer_step - 1)
@@ -663,12 +663,12 @@ class Withhold(HostAdversary):
         super().__init__()
         self.withheld: set[str] = set()
 
-    def should_reveal(self, contribution: Contribution, ctx: OuterContext) -> bool:
+    def should_reveal(self, contribution: TrainedStep, ctx: OuterContext) -> bool:
         if ctx.cfg.replay_mode is ReplayMode.BITWISE:
             self.withheld.add(contribution.delta_hash)
         return True
 
-    def finalized(self, contribution: Contribution | None, accepted: bool, ctx: OuterContext) -> None:
+    def finalized(self, contribution: TrainedStep | None, accepted: bool, ctx: OuterContext) -> None:
         if contribution is not None:
             self.withheld.add(contribution.delta_hash)
 
@@ -744,7 +744,7 @@ class SilentAfterAccept(HostAdversary):
         super().__init__()
         self.silent = False
 
-    def finalized(self, contribution: Contribution | None, accepted: bool, ctx: OuterContext) -> None:
+    def finalized(self, contribution: TrainedStep | None, accepted: bool, ctx: OuterContext) -> None:
         self.silent = self.silent or accepted
 
     def serve_blob(self, kind: str, blob_hash: str, data: bytes) -> bytes | None:
@@ -756,7 +756,7 @@ class SilentAfterAccept(HostAdversary):
     def report_unavailable(self, hosts: Sequence[str], ctx: OuterContext) -> list[str]:
         return [] if self.silent else list(hosts)
 
-    def commit_messages(self, contribution: Contribution, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
+    def commit_messages(self, contribution: TrainedStep, ctx: OuterContext) -> list[MsgCommitPseudoGradient]:
         return [] if self.silent else super().commit_messages(contribution, ctx)
 
 

@@ -26,7 +26,7 @@ from replay.data import Corpus
 from replay.spec import build
 from replay.step import State, load_training_state, make_optimizer, optimizer_hash, training_state
 from trainer.behaviour import HostBehaviour, OuterContext
-from trainer.commit import Contribution, openings
+from trainer.commit import TrainedStep, openings
 from verifier.verify import Job, MalformedBlob, MissingData, OpeningData, ReplayContext
 
 TINY_GPT = ModelSpec(
@@ -86,7 +86,7 @@ class HostRun:
 
     address: str
     behaviour: HostBehaviour
-    contribution: Contribution
+    contribution: TrainedStep
     store: StateStore
     delta_blobs: dict[str, bytes]
     prev_optimizer_hash: str | None
