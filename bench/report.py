@@ -755,7 +755,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("chaos", "11b. Reliability: chaos in the devnet",
      ".venv/bin/python -m bench.chaos --runs 6 --seed 0", chaos),
     ("chaos_hard", "11b'. The same, harsher: 12 kills 0–1.2 s apart",
-     ".venv/bin/python -m bench.chaos --name chaos_hard", chaos),
+     ".venv/bin/python -m bench.chaos --seed 400 --runs 8 --kills 12 --gap 0 1.2 --down 0 0.8 "
+     "--name chaos_hard", chaos),
     ("soak", "11c. Reliability: soak, devnets in every overlap mode",
      ".venv/bin/python -m bench.soak --suites 0", soak),
     ("soak_suites", "11d. Reliability: soak, fresh-clone suites",
