@@ -18,7 +18,7 @@ from typing import Any
 
 from chain.params import BLOCK_SECONDS, BPS_DENOMINATOR
 from protocol.config import Codec, ReplayMode, RunConfig, Stake
-from protocol.inner import STATE_BYTES_PER_PARAM
+from protocol.inner import GRAD_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM
 
 # ---------------------------------------------------------------- fixed facts
 
@@ -37,13 +37,8 @@ RUN_REPLAY: ReplayMode = run_default("replay_mode")
 
 FLOPS_PER_PARAM_TOKEN = 6
 """Forward + backward of a dense transformer: ≈ 6 FLOP per parameter per token (Kaplan et al. 2020)."""
-"""A training state (a trajectory leaf): fp32 parameters + AdamW's two fp32 moments."""
-OPTIMIZER_BYTES_PER_PARAM = 8
-"""The carried optimizer state: the two fp32 moments."""
 GLOBAL_BYTES_PER_PARAM = 8
-"""G_n: fp32 parameters + fp32 outer Nesterov momentum."""
-GRAD_BYTES_PER_PARAM = 4
-"""fp32 gradients of the fp32 master weights (bf16 autocast computes, fp32 accumulates)."""
+"""G_n: fp32 parameters + fp32 outer Nesterov momentum (the inner state's sizes: `protocol.inner`)."""
 FP32_DELTA_BYTES_PER_PARAM = 4
 EF_BYTES_PER_PARAM = 4
 """Codec sparse: the host's carried error-feedback accumulator, fp32 (specs §4.1)."""

@@ -13,9 +13,8 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 """AdamW's per-parameter moments, as torch names them (`exp_avg/<name>`, `exp_avg_sq/<name>`): an
 optimizer state is these groups and the step counter."""
 STATE_GROUPS = (PARAM, *MOMENTS)
-"""The tensor groups of a training state, in canonical order; besides them it holds `STEP`."""
-STEP = "step"
-"""The one step counter a state carries (torch keeps one per parameter; they are always equal)."""
+"""The tensor groups of a training state, in canonical order; besides them it holds one `step`
+counter (torch keeps one per parameter; they are always equal)."""
 
 FP32_BYTES = 4
 OPTIMIZER_BYTES_PER_PARAM = FP32_BYTES * len(MOMENTS)
