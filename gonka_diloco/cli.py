@@ -25,9 +25,12 @@ from gonka_diloco.devnet_config import DevnetConfig
 
 LAZY: dict[str, tuple[str, str]] = {
     "chain": ("chain.cli", "The devnet chain node (`chain start`)."),
-    "host": ("trainer.cli", "The host node: train, commit, reveal (`host run --config host.toml`)."),
+    "host": (
+        "gonka_diloco.host_cli",
+        "The host node: train, commit, reveal (`host run --config host.toml`).",
+    ),
     "verifier": (
-        "verifier.cli",
+        "gonka_diloco.verifier_cli",
         "The verifier node: replay and judge (`verifier run --config verifier.toml`).",
     ),
     "keys": ("gonka_diloco.keys_cli", "Create, import, list and fund account keys (`keys send`)."),

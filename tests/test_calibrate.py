@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gonka_diloco.adversaries.lab import tiny_config
+from gonka_diloco.verifier_cli import app
 from protocol.config import RunConfig
 from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate, propose, table, to_json
-from verifier.cli import app
 from verifier.tolerance import CUMULATIVE_CHECKS, TOLERANCE_CHECKS
 
 CORPUS = "synthetic:40000:0"

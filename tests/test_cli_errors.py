@@ -244,10 +244,8 @@ def test_block_seconds_and_the_chain_wait_have_one_source() -> None:
     import typer
 
     from chain.params import BLOCK_SECONDS
-    from gonka_diloco import run_cli
+    from gonka_diloco import host_cli, run_cli, verifier_cli
     from nodekit.reach import DEFAULT_CHAIN_WAIT
-    from trainer import cli as host_cli
-    from verifier import cli as verifier_cli
 
     def default(app: typer.Typer, command: str, param: str) -> object:
         cmd = typer.main.get_command(app)

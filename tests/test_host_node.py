@@ -180,7 +180,7 @@ def test_honest_host_joins_commits_reveals_and_applies_its_accepted_delta(tmp_pa
 def test_cli_refuses_bad_config_and_unknown_behaviour_clearly(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from trainer.cli import app
+    from gonka_diloco.host_cli import app
 
     runner = CliRunner()
     missing = runner.invoke(app, ["run", "--config", str(tmp_path / "nope.toml")])

@@ -4,8 +4,9 @@ protocol/ imports no other package of ours; chain/ only protocol; nodekit/ (the 
 store, fetch, serve, config) protocol and the chain's client side (client, errors, params);
 replay/ (the engine a host runs and a verifier re-runs) protocol and nodekit; trainer/ (the host)
 and verifier/ protocol, the chain client, nodekit and replay, never each other; nobody but tests,
-benches and the composition root imports gonka_diloco, except the CLIs' documented lazy
-resolution of adversary behaviours.
+benches and the composition root imports gonka_diloco, not even inside a function: the host's and
+the verifier's command lines live in the composition root (`gonka_diloco.host_cli`,
+`gonka_diloco.verifier_cli`), which builds the behaviours and passes them in.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "trainer": ("protocol", "chain.client", "nodekit", "replay"),
     "verifier": ("protocol", "chain.client", "nodekit", "replay"),
 }
-LAZY_ADVERSARIES = ("gonka_diloco.adversaries",)
-"""What a package's cli.py may import inside a function: the composition root's behaviours."""
 
 
 def imports(path: Path) -> list[tuple[str, bool]]:
@@ -77,8 +76,6 @@ def violations(package: str) -> list[str]:
                 continue
             if _names_a_symbol(module):  # `from replay.step import State` also yields replay.step.State
                 continue
-            if path.name == "cli.py" and not top and any(_under(module, p) for p in LAZY_ADVERSARIES):
-                continue
             bad.append(f"{path.relative_to(ROOT)}: {module}{'' if top else ' (inside a function)'}")
     return bad
 
@@ -96,19 +93,23 @@ def test_package_imports_follow_the_design_table(package: str) -> None:
 
 def test_the_checker_catches_what_it_must(tmp_path: Path) -> None:
     """The rules bite: the verifier importing the host node, trainer importing the chain's state
-    machine, and top-level adversaries in a node are all reported."""
+    machine, adversaries in a node (at the top or inside a function, even from a file named
+    cli.py) are all reported."""
     assert imports(ROOT / "verifier" / "node.py")  # it parses real files
-    fake = {
-        "verifier": "from trainer.node import HostNode\n",
-        "trainer": "from chain.module import process_msg\n",
-        "nodekit": "import gonka_diloco.adversaries\n",
-        "protocol": "from nodekit.store import ContentStore\n",
-        "replay": "from trainer.node import HostNode\n",
-    }
-    for package, text in fake.items():
-        path = ROOT / package / "_import_rule_probe.py"
+    fake = [
+        ("verifier", "_import_rule_probe.py", "from trainer.node import HostNode\n"),
+        ("trainer", "_import_rule_probe.py", "from chain.module import process_msg\n"),
+        ("nodekit", "_import_rule_probe.py", "import gonka_diloco.adversaries\n"),
+        ("protocol", "_import_rule_probe.py", "from nodekit.store import ContentStore\n"),
+        ("replay", "_import_rule_probe.py", "from trainer.node import HostNode\n"),
+        ("verifier", "cli.py", "def main():\n    from gonka_diloco.adversaries import resolve_verifier\n"),
+        ("trainer", "cli.py", "def main():\n    from gonka_diloco.adversaries import resolve_host\n"),
+    ]
+    for package, name, text in fake:
+        path = ROOT / package / name
+        assert not path.exists(), path
         path.write_text(text)
         try:
-            assert any("_import_rule_probe" in v for v in violations(package)), package
+            assert any(f"{package}/{name}" in v for v in violations(package)), (package, name)
         finally:
             path.unlink()

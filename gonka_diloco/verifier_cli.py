@@ -11,7 +11,7 @@ import typer
 
 app = typer.Typer(help="The verifier node: replay and judge contributions.", no_args_is_help=True)
 DEFAULT_CHAIN_WAIT = 60.0
-"""`nodekit.reach.DEFAULT_CHAIN_WAIT` (see trainer/cli.py)."""
+"""`nodekit.reach.DEFAULT_CHAIN_WAIT` (see gonka_diloco/host_cli.py)."""
 
 
 def _listing() -> str:
