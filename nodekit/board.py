@@ -3,11 +3,36 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import threading
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
+
+
+class NodePhase(enum.StrEnum):
+    """What a node is doing, as `/status` shows it and its Prometheus phase gauge counts it."""
+
+    STARTING = "STARTING"
+    WAITING = "WAITING"
+    """For the chain to reach the step's phase it acts in."""
+    TRAINING = "TRAINING"
+    COMMITTED = "COMMITTED"
+    REVEALED = "REVEALED"
+    AGGREGATING = "AGGREGATING"
+    SITTING_OUT = "SITTING_OUT"
+    """A host that cannot train this step (its run state is behind or not resolvable)."""
+    FOLLOWING = "FOLLOWING"
+    """A verifier that joined late, catching up with the global models."""
+    VERIFYING = "VERIFYING"
+    DONE = "DONE"
+
+
+HOST_PHASES = (
+    NodePhase.STARTING, NodePhase.WAITING, NodePhase.TRAINING, NodePhase.COMMITTED, NodePhase.REVEALED,
+    NodePhase.AGGREGATING, NodePhase.SITTING_OUT, NodePhase.DONE,
+)  # fmt: skip
 
 
 class Board:

@@ -8,18 +8,34 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chain.client import ChainClient
-from nodekit.board import Board
+from nodekit.board import Board, NodePhase
 from nodekit.chainview import ChainView
+from nodekit.config import NodeConfig
 from nodekit.fetch import BlobClient
 from nodekit.objects import TransferPolicy
 from nodekit.serve import ServerThread
 from nodekit.store import sweep_temps
 
 Log = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long a node waits for the chain and for a peer's blob, and how often it asks again.
+    Operators never set these (host.toml's `min_transfer_bps` scales blob deadlines); tests and the
+    devnet shorten them."""
+
+    poll_timeout: float = 10.0
+    """Longest wait for the next block in one poll (`ChainView`)."""
+    blob_timeout: float = 30.0
+    """A transfer's fixed deadline part (`TransferPolicy.base_s`; the size-scaled part is added)."""
+    blob_retries: int = 3
+    blob_backoff: float = 0.5
 
 
 class NodeRuntime:
@@ -30,38 +46,36 @@ class NodeRuntime:
         self,
         *,
         role: str,
-        data_dir: Path,
+        config: NodeConfig,
         chain: ChainClient,
-        wallet: Any,
-        run_id: int,
-        public_url: str,
         log: Log,
-        poll_timeout: float,
-        policy: TransferPolicy,
-        blob_timeout: float,
-        blob_retries: int,
-        blob_backoff: float,
+        patience: Patience,
+        data_dir: Path | None = None,
+        wallet: Any = None,
         **status: Any,
     ) -> None:
-        self.role, self.chain, self.wallet, self.run_id = role, chain, wallet, run_id
-        self.address = str(wallet.address())
-        self.dir = data_dir
-        self.name = data_dir.name or role
-        self.public_url = public_url
+        """`data_dir` and `wallet` default to the config's (a host passes the ones it already made)."""
+        self.role, self.chain, self.run_id = role, chain, config.run_id
+        self.wallet = wallet if wallet is not None else config.wallet()
+        self.address = str(self.wallet.address())
+        self.dir = data_dir if data_dir is not None else config.data_path
+        self.name = self.dir.name or role
+        self.public_url = config.public_url
         self.sink = log
-        self.view = ChainView(chain, run_id, poll_timeout=poll_timeout)
+        self.view = ChainView(chain, config.run_id, poll_timeout=patience.poll_timeout)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.board = Board(
-            node=self.name, role=role, address=self.address, run_id=run_id, outer_step=None,
-            phase="STARTING", **status,
+            node=self.name, role=role, address=self.address, run_id=config.run_id, outer_step=None,
+            phase=NodePhase.STARTING, **status,
         )  # fmt: skip
         self.on_set: Callable[[dict[str, Any]], None] | None = None
         """Called with every `set`'s fields (a node's Prometheus phase and step gauges)."""
         self.on_bytes: Callable[[int], None] = lambda n: None
         """Called with every fetched byte count (the node's metrics, made from `board.registry`)."""
+        policy = TransferPolicy(min_bytes_per_s=config.min_transfer_bps, base_s=patience.blob_timeout)
         self.blobs = BlobClient(
-            [], blob_timeout, blob_retries, backoff=blob_backoff, on_bytes=lambda n: self.on_bytes(n),
-            policy=policy,
+            [], patience.blob_timeout, patience.blob_retries, backoff=patience.blob_backoff,
+            on_bytes=lambda n: self.on_bytes(n), policy=policy,
         )  # fmt: skip
         self.server: ServerThread | None = None
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from nodekit.blobs import BlobCatalog, Served
 from protocol.config import RunConfig
 from tests.support.nodes import (
+    IMPATIENT,
+    IMPATIENT_VERIFIER,
     STAKE,
     LockstepChain,
     create_run,
@@ -45,7 +48,7 @@ from tests.support.nodes import (
 from trainer.node import HostNode
 from verifier.node import VerifierNode
 
-QUICK: dict[str, Any] = {"poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
+QUICK: dict[str, Any] = {"patience": IMPATIENT}
 
 
 def start(
@@ -62,7 +65,7 @@ def start(
     }  # fmt: skip
     v = {
         i: VerifierNode(verifier_config(tmp, i, run_id), chain, corpus=corpus,
-                        behaviour=resolve_verifier(name), blob_timeout=5, log=logs.append, **QUICK)
+                        behaviour=resolve_verifier(name), log=logs.append, patience=IMPATIENT_VERIFIER)
         for i, name in verifiers.items()
     }  # fmt: skip
     return run_id, h, v
@@ -262,7 +265,8 @@ def test_a_trickling_author_cannot_stall_the_step(tmp_path: Path, verifiers: str
     names = {1: "honest", 2: "honest", 3: "honest", 4: "trickle"}
     logs: list[dict[str, Any]] = []
     run_id, hosts, vs = start(
-        tmp_path, chain, cfg, names, {11: verifiers, 12: verifiers}, logs, {"blob_timeout": 2.0}
+        tmp_path, chain, cfg, names, {11: verifiers, 12: verifiers}, logs,
+        {"patience": replace(IMPATIENT, blob_timeout=2.0)},
     )
     with running(nodes(hosts, vs), chain):
         pass

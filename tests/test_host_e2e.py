@@ -18,6 +18,7 @@ from protocol.config import ReplayMode
 from replay.data import eval_loss
 from replay.spec import build_model
 from tests.support.nodes import (
+    QUICK_HOST,
     SPEC,
     LockstepChain,
     create_run,
@@ -43,7 +44,7 @@ def test_three_honest_hosts_three_outer_steps_loss_falls(tmp_path: Path) -> None
     verifiers = [verifier_node(tmp_path, 20 + i, run_id, corpus) for i in range(2)]
     logs: list[dict[str, Any]] = []
     hosts = [
-        HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
+        HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus, log=logs.append, patience=QUICK_HOST)
         for i in range(1, 4)
     ]
     statuses: list[dict[str, Any]] = []
@@ -106,7 +107,7 @@ def test_only_revealed_blobs_are_served_and_status_metrics_answer(tmp_path: Path
                     seen["status"] = http.get("/status").json()
                     seen["metrics"] = http.get("/metrics").text
 
-    node = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=log, poll_timeout=0.5)
+    node = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=log, patience=QUICK_HOST)
     with running([lambda: node.run(linger=True), then_stop(verifier.run, [node])], chain):
         pass
     assert set(seen["committed"].values()) == {404}
@@ -138,7 +139,8 @@ def test_rejected_delta_never_reaches_the_global_model(tmp_path: Path) -> None:
     run_id = create_run(chain, cfg)
     verifier = verifier_node(tmp_path, 9, run_id, corpus)
     honest = [
-        HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus, log=lambda e: None, poll_timeout=0.5)
+        HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus, log=lambda e: None,
+            patience=QUICK_HOST)
         for i in (1, 2)
     ]
     cheat = HostNode(
@@ -147,7 +149,7 @@ def test_rejected_delta_never_reaches_the_global_model(tmp_path: Path) -> None:
         corpus=corpus,
         behaviour=resolve_host("sign_flip"),
         log=lambda e: None,
-        poll_timeout=0.5,
+        patience=QUICK_HOST,
     )
     hosts = [*honest, cheat]
     with running([lambda h=h: h.run(linger=True) for h in hosts] + [then_stop(verifier.run, hosts)], chain):

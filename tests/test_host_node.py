@@ -22,6 +22,7 @@ from protocol.keys import test_wallet
 from replay.data import Corpus
 from replay.spec import build_model
 from tests.support.nodes import (
+    QUICK_HOST,
     SPEC,
     LockstepChain,
     create_run,
@@ -142,7 +143,8 @@ def test_honest_host_joins_commits_reveals_and_applies_its_accepted_delta(tmp_pa
     run_id = create_run(chain, cfg)
     verifier = verifier_node(tmp_path, 9, run_id, corpus)
     logs: list[dict[str, Any]] = []
-    node = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
+    node = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append,
+        patience=QUICK_HOST)
     with running([lambda: node.run(linger=True), then_stop(verifier.run, [node])], chain):
         pass
     events = [e["event"] for e in logs]

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.nodes import (
+    QUICK_HOST,
     LockstepChain,
     create_run,
     host_config,
@@ -68,9 +69,9 @@ def _setup(tmp_path: Path, steps: int, n_hosts: int) -> tuple[LockstepChain, Any
 def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_global(tmp_path: Path) -> None:
     chain, corpus, run_id, verifiers, _ = _setup(tmp_path, steps=3, n_hosts=2)
     other = HostNode(
-        host_config(tmp_path, 2, run_id), chain, corpus=corpus, log=lambda e: None, poll_timeout=0.5
+        host_config(tmp_path, 2, run_id), chain, corpus=corpus, log=lambda e: None, patience=QUICK_HOST
     )
-    first = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, poll_timeout=0.5, log=print)
+    first = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, patience=QUICK_HOST, log=print)
     sink = _crash_on(first, chain, "committed", step=1)
     first.rt.sink = sink
     logs: list[dict[str, Any]] = []
@@ -82,7 +83,7 @@ def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_glob
         assert [e["event"] for e in sink.logs][-1] == "stopped"
         shutil.rmtree(tmp_path / "host-1" / "store" / "global")  # G_1 lost in the crash: comes from a peer
         second = HostNode(
-            host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5
+            host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, patience=QUICK_HOST
         )
         assert second.server.port == first.server.port  # same endpoint as on chain
         lingering.append(second)
@@ -126,7 +127,7 @@ def test_restart_between_training_and_commit_commits_the_saved_record(tmp_path: 
     crashing = CrashBeforeBroadcast()
     crashing.chain = chain
     cfg = host_config(tmp_path, 1, run_id)
-    first = HostNode(cfg, chain, corpus=corpus, behaviour=crashing, log=lambda e: None, poll_timeout=0.5)
+    first = HostNode(cfg, chain, corpus=corpus, behaviour=crashing, log=lambda e: None, patience=QUICK_HOST)
     crashing.node = first
     logs: list[dict[str, Any]] = []
     lingering: list[HostNode] = []
@@ -139,7 +140,7 @@ def test_restart_between_training_and_commit_commits_the_saved_record(tmp_path: 
         if corrupt:
             payload = tmp_path / "host-1" / "store" / "delta-0" / f"{saved['delta_hash']}.delta"
             payload.write_bytes(payload.read_bytes()[:-1] + bytes([payload.read_bytes()[-1] ^ 1]))
-        second = HostNode(cfg, chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
+        second = HostNode(cfg, chain, corpus=corpus, log=logs.append, patience=QUICK_HOST)
         lingering.append(second)
         with running([lambda: second.run(linger=True)], chain):
             chain.release()
@@ -158,10 +159,10 @@ def test_restart_between_training_and_commit_commits_the_saved_record(tmp_path: 
 def test_missed_reveal_deadline_sits_out_then_rejoins_next_step(tmp_path: Path) -> None:
     chain, corpus, run_id, verifiers, _ = _setup(tmp_path, steps=2, n_hosts=2)
     other = HostNode(
-        host_config(tmp_path, 2, run_id), chain, corpus=corpus, log=lambda e: None, poll_timeout=0.5
+        host_config(tmp_path, 2, run_id), chain, corpus=corpus, log=lambda e: None, patience=QUICK_HOST
     )
     first = HostNode(
-        host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=lambda e: None, poll_timeout=0.5
+        host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=lambda e: None, patience=QUICK_HOST
     )
     first.rt.sink = _crash_on(first, chain, "committed", step=0)
     logs: list[dict[str, Any]] = []
@@ -173,7 +174,7 @@ def test_missed_reveal_deadline_sits_out_then_rejoins_next_step(tmp_path: Path) 
         deadline = chain.query("outer_step", run_id=run_id, step=0)["reveal_deadline"]
         chain.run_until(deadline + 1)  # the others go on; this host stays down past its reveal deadline
         second = HostNode(
-            host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5
+            host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, patience=QUICK_HOST
         )
         lingering.append(second)
         with running([lambda: second.run(linger=True)], chain):

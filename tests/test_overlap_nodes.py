@@ -18,6 +18,7 @@ from protocol.messages import Reason
 from replay.data import eval_loss
 from replay.spec import build_model
 from tests.support.nodes import (
+    QUICK_HOST,
     SPEC,
     LockstepChain,
     create_run,
@@ -57,7 +58,8 @@ def counted(chain: LockstepChain, node: Any) -> Any:
 
 def host(tmp: Path, i: int, run_id: int, chain: LockstepChain, corpus: Any, **kw: Any) -> HostNode:
     kw.setdefault("log", lambda e: None)
-    return counted(chain, HostNode(host_config(tmp, i, run_id), chain, corpus=corpus, poll_timeout=0.5, **kw))
+    return counted(chain, HostNode(host_config(tmp, i, run_id), chain, corpus=corpus,
+        patience=QUICK_HOST, **kw))
 
 
 def overlapped_config(corpus: Any, **kw: Any) -> Any:

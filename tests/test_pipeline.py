@@ -15,6 +15,7 @@ from typing import Any
 from nodekit.objects import Kind, ObjectPolicy
 from replay.spec import build_model
 from tests.support.nodes import (
+    QUICK_HOST,
     LockstepChain,
     create_run,
     host_config,
@@ -107,9 +108,9 @@ def test_multi_chunk_states_resume_and_multi_source_fetch(tmp_path: Path) -> Non
     proxy = CuttingProxy(("127.0.0.1", real), cuts=3, after=3 * CHUNK // 2)
     hosts = [
         HostNode(host_config(tmp_path, 1, run_id, listen=f"127.0.0.1:{real}", public_url=proxy.url,
-                             checkpoint_every=2), chain, corpus=corpus, log=logs.append, poll_timeout=0.5),
+                             checkpoint_every=2), chain, corpus=corpus, log=logs.append, patience=QUICK_HOST),
         HostNode(host_config(tmp_path, 2, run_id, checkpoint_every=2), chain, corpus=corpus, log=logs.append,
-                 poll_timeout=0.5),
+                 patience=QUICK_HOST),
     ]  # fmt: skip
     verifier = verifier_node(tmp_path, 9, run_id, corpus)
     verifier.rt.sink = logs.append

@@ -26,6 +26,8 @@ from replay.hf import hf_names, spec_config
 from replay.prepare import PrepareOptions, prepare
 from replay.spec import build_model
 from tests.support.nodes import (
+    QUICK_HOST,
+    QUICK_VERIFIER,
     LockstepChain,
     create_run,
     host_config,
@@ -79,8 +81,9 @@ def test_llama_from_a_checkpoint_on_token_shards_is_replayed_and_accepted(tmp_pa
     logs: list[dict[str, Any]] = []
     hosts = [  # only host-1 holds the checkpoint; host-2 and the verifier fetch G_0 by its hash
         HostNode(host_config(tmp_path, 1, run_id, dataset=str(ds), init_checkpoint=str(ckpt)), chain,
-                 log=logs.append, poll_timeout=0.5),
-        HostNode(host_config(tmp_path, 2, run_id, dataset=str(ds)), chain, log=logs.append, poll_timeout=0.5),
+                 log=logs.append, patience=QUICK_HOST),
+        HostNode(host_config(tmp_path, 2, run_id, dataset=str(ds)), chain, log=logs.append,
+            patience=QUICK_HOST),
     ]  # fmt: skip
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     handler.log_message = lambda *a: None  # type: ignore[method-assign]
@@ -90,7 +93,7 @@ def test_llama_from_a_checkpoint_on_token_shards_is_replayed_and_accepted(tmp_pa
         VerifierConfig(chain_url="http://in-process", run_id=run_id, data_dir=str(tmp_path / "verifier"),
                        stake=1000, key={"test_index": 9}, max_concurrent=1,
                        dataset=f"http://127.0.0.1:{server.server_address[1]}/ds"),
-        chain, behaviour=VerifierBehaviour(), log=logs.append, poll_timeout=0.5,
+        chain, behaviour=VerifierBehaviour(), log=logs.append, patience=QUICK_VERIFIER,
     )  # fmt: skip
     final: list[Path] = []
 

@@ -18,6 +18,8 @@ from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from protocol.config import Phases, ReplayMode
 from protocol.keys import test_wallet
 from tests.support.nodes import (
+    IMPATIENT,
+    IMPATIENT_VERIFIER,
     STAKE,
     LockstepChain,
     create_run,
@@ -45,7 +47,7 @@ def test_colluding_verifier_and_moment_steerer_fail_next_to_an_honest_host(tmp_p
         tolerance_exp_avg_sq=1e-3,
     )  # fmt: skip
     run_id = create_run(chain, cfg)
-    quick: dict[str, Any] = {"log": lambda e: None, "poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
+    quick: dict[str, Any] = {"log": lambda e: None, "patience": IMPATIENT}
     hosts = {i: HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus, behaviour=resolve_host(name),
                          **quick) for i, name in HOSTS.items()}  # fmt: skip
     partner = str(test_wallet(2).address())
@@ -54,7 +56,7 @@ def test_colluding_verifier_and_moment_steerer_fail_next_to_an_honest_host(tmp_p
                   13: resolve_verifier("collude", {"partner": partner})}  # fmt: skip
     verifiers = {
         i: VerifierNode(verifier_config(tmp_path, i, run_id), chain, corpus=corpus, behaviour=behaviours[i],
-                        blob_timeout=5, **quick)
+                        **{**quick, "patience": IMPATIENT_VERIFIER})
         for i in VERIFIERS
     }  # fmt: skip
     with running([n.run for n in [*hosts.values(), *verifiers.values()]], chain):

@@ -17,6 +17,8 @@ from typing import Any
 from gonka_diloco.adversaries import resolve_verifier
 from gonka_diloco.adversaries.verifiers import OfflineVerifier
 from tests.support.nodes import (
+    IMPATIENT,
+    IMPATIENT_VERIFIER,
     STAKE,
     LockstepChain,
     create_run,
@@ -63,12 +65,12 @@ def test_missing_verdict_escalates_to_the_next_verifier_who_accepts(tmp_path: Pa
     cfg = cfg.model_copy(update={"phases": cfg.phases.model_copy(update={"max_escalations": 1})})
     run_id = create_run(chain, cfg)
     logs: list[dict[str, Any]] = []
-    quick: dict[str, Any] = {"log": logs.append, "poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
+    quick: dict[str, Any] = {"log": logs.append, "patience": IMPATIENT}
     host = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, **quick)
     behaviours = {i: OfflineIfDrawnFirst(chain, run_id) for i in (11, 12)}
     verifiers = {
         i: VerifierNode(verifier_config(tmp_path, i, run_id), chain, corpus=corpus, behaviour=b,
-                        blob_timeout=5, **quick)
+                        **{**quick, "patience": IMPATIENT_VERIFIER})
         for i, b in behaviours.items()
     }  # fmt: skip
     for i, node in verifiers.items():

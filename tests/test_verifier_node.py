@@ -20,6 +20,10 @@ import pytest
 from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from nodekit.blobs import BlobClient
 from tests.support.nodes import (
+    IMPATIENT,
+    IMPATIENT_VERIFIER,
+    QUICK_HOST,
+    QUICK_VERIFIER,
     STAKE,
     LockstepChain,
     create_run,
@@ -51,7 +55,7 @@ def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_p
     )
     run_id = create_run(chain, cfg)
     logs: list[dict[str, Any]] = []
-    quick: dict[str, Any] = {"log": logs.append, "poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
+    quick: dict[str, Any] = {"log": logs.append, "patience": IMPATIENT}
     hosts = {
         i: HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus,
                     behaviour=resolve_host(name, HOST_PARAMS.get(name)), **quick)
@@ -59,7 +63,7 @@ def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_p
     }  # fmt: skip
     verifiers = {
         i: VerifierNode(verifier_config(tmp_path, i, run_id, max_concurrent=2), chain, corpus=corpus,
-                        behaviour=resolve_verifier(name), blob_timeout=5, **quick)
+                        behaviour=resolve_verifier(name), **{**quick, "patience": IMPATIENT_VERIFIER})
         for i, name in VERIFIERS.items()
     }  # fmt: skip
     with running([n.run for n in [*hosts.values(), *verifiers.values()]], chain):
@@ -141,9 +145,10 @@ def test_verifier_rides_out_a_chain_outage_and_still_judges(tmp_path: Path) -> N
     cfg = run_config(corpus, max_outer_steps=1)
     run_id = create_run(chain, cfg)
     logs: list[dict[str, Any]] = []
-    host = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append, poll_timeout=0.5)
+    host = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=logs.append,
+        patience=QUICK_HOST)
     node = VerifierNode(verifier_config(tmp_path, 11, run_id), chain, corpus=corpus, log=logs.append,
-                        poll_timeout=0.5, retry_backoff=0)  # fmt: skip
+                        patience=QUICK_VERIFIER, retry_backoff=0)  # fmt: skip
     chain.failures = 4
     with running([host.run, node.run], chain):
         pass

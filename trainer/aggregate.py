@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from chain.client import TxFailed
 from nodekit.blobs import BlobError
+from nodekit.board import NodePhase
 from nodekit.chainview import Outcome, Phase, ResultRound, StepInfo
 from nodekit.globalmodel import GlobalModel
 from nodekit.memory import release
@@ -61,7 +62,7 @@ class AggregatePhase:
             n, lambda i: i.finalized_height is not None and i.apply_to_hash is not None
         )
         if not self.h.overlapped:
-            self.h.rt.set(phase="AGGREGATING")
+            self.h.rt.set(phase=NodePhase.AGGREGATING)
         outcome = info.outcomes.get(self.h.address)
         ok = outcome in (Outcome.ACCEPTED, Outcome.WITHHELD)  # verified; dropped later or not
         if mine is not None:

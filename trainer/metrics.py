@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
 
-PHASES = [
-    "STARTING", "WAITING", "TRAINING", "COMMITTED", "REVEALED", "AGGREGATING", "SITTING_OUT", "DONE"
-]  # fmt: skip
+from nodekit.board import HOST_PHASES, NodePhase
 
 
 class HostMetrics:
@@ -27,13 +25,15 @@ class HostMetrics:
         )
         self.val_loss = Gauge("gonka_host_val_loss", "global validation loss, last G", registry=r)
         self.outer_step = Gauge("gonka_host_outer_step", "outer step being worked on", registry=r)
-        self.phase = Enum("gonka_host_phase", "what the node is doing", states=PHASES, registry=r)
+        self.phase = Enum(
+            "gonka_host_phase", "what the node is doing", states=[p.value for p in HOST_PHASES], registry=r
+        )
         self.bytes_sent = Counter("gonka_host_bytes_sent", "blob bytes served", ["kind"], registry=r)
         self.bytes_received = Counter("gonka_host_bytes_received", "blob bytes fetched", registry=r)
         self.commits = Counter("gonka_host_commits", "commit messages broadcast", registry=r)
         self.accepted = Counter("gonka_host_accepted", "own contributions accepted", registry=r)
         self.rejected = Counter("gonka_host_rejected", "own contributions not accepted", registry=r)
-        self.phase.state("STARTING")
+        self.phase.state(NodePhase.STARTING)
 
     def trained(self, steps: int, tokens: int, seconds: float, mean_loss: float) -> None:
         self.inner_steps.inc(steps)

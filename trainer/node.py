@@ -30,15 +30,16 @@ from torch import nn
 
 from chain.client import ChainClient, ChainTimeout
 from nodekit.blobs import BlobCatalog, BlobError, ServerThread, build_app, parse_listen
+from nodekit.board import NodePhase
 from nodekit.chainview import Phase, Stopped
 from nodekit.globalmodel import GlobalModel
 from nodekit.holdings import Holdings
 from nodekit.memory import tune_allocator
 from nodekit.nextmodel import GlobalModels
 from nodekit.node import NodeError, join_run, json_line
-from nodekit.objects import ObjectPolicy, TransferPolicy
+from nodekit.objects import ObjectPolicy
 from nodekit.reach import Reach, reach
-from nodekit.runtime import NodeRuntime
+from nodekit.runtime import NodeRuntime, Patience
 from nodekit.statestore import StateStore
 from nodekit.store import ContentStore, atomic_write, sweep_temps
 from protocol.config import Overlap, RunConfig
@@ -76,10 +77,7 @@ class HostNode:
         corpus: Corpus | None = None,
         allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST,
         log: Callable[[dict[str, Any]], None] = json_line,
-        poll_timeout: float = 10.0,
-        blob_timeout: float = 30.0,
-        blob_retries: int = 3,
-        blob_backoff: float = 0.5,
+        patience: Patience = Patience(),
         team: Team | None = None,
     ) -> None:
         self.config = config
@@ -92,7 +90,6 @@ class HostNode:
         self.behaviour = behaviour
         self._corpus = corpus
         self._allow_list = allow_list
-        policy = TransferPolicy(min_bytes_per_s=config.min_transfer_bps, base_s=blob_timeout)
         wallet = config.wallet()
         self.dir = config.data_path
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -100,11 +97,10 @@ class HostNode:
         gone = sweep_temps(self.dir) + sweep_temps(self.dir / "commits")  # before node.json is read
         self.state = self._load_state()  # node.json: who this folder belongs to, its port, its counters
         self.rt = rt = NodeRuntime(
-            role="host", data_dir=self.dir, chain=chain, wallet=wallet, run_id=config.run_id,
-            public_url=config.public_url, log=log, poll_timeout=poll_timeout, policy=policy,
-            blob_timeout=blob_timeout, blob_retries=blob_retries, blob_backoff=blob_backoff,
-            loss=None, val_loss=dict(self.state.get("val_loss", {})), commits=self.state.get("commits", 0),
-            accepted=self.state.get("accepted", 0), rejected=self.state.get("rejected", 0),
+            role="host", config=config, chain=chain, log=log, patience=patience, data_dir=self.dir,
+            wallet=wallet, loss=None, val_loss=dict(self.state.get("val_loss", {})),
+            commits=self.state.get("commits", 0), accepted=self.state.get("accepted", 0),
+            rejected=self.state.get("rejected", 0),
         )  # fmt: skip
         self.name, self.view, self.log, self.snapshot, self.stop = (
             rt.name,
@@ -282,7 +278,7 @@ class HostNode:
                 done += 1
             for tail in list(self._tails.values()):
                 tail.join()
-            self.rt.set(phase="DONE")
+            self.rt.set(phase=NodePhase.DONE)
             if self.team is not None:
                 self.team.close()  # no more training: the other ranks exit
             if linger:
@@ -403,6 +399,6 @@ class HostNode:
             self.rt.set(**{key: self.state[key]})
 
     def sit_out(self, n: int, why: str) -> None:
-        self.rt.set(phase="SITTING_OUT")
+        self.rt.set(phase=NodePhase.SITTING_OUT)
         self.log("sitting_out", outer_step=n, reason=why)
         return None

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from chain.client import TxFailed
+from nodekit.board import NodePhase
 from nodekit.chainview import Phase
 from nodekit.objects import Kind
 from nodekit.store import OPTIMIZER_GROUP, delta_group
@@ -61,7 +62,7 @@ class RevealPhase:
             except TxFailed as e:
                 self.h.log("reveal_refused", outer_step=n, error=e.log)
                 return
-        self.h.rt.set(phase="REVEALED")
+        self.h.rt.set(phase=NodePhase.REVEALED)
         self.h.log("revealed", outer_step=n, segments=segments)
 
     def materialize(self, n: int, c: TrainedStep, segments: list[int]) -> None:

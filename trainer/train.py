@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from chain.client import TxFailed
+from nodekit.board import NodePhase
 from nodekit.chainview import Accepted, ErrDuplicateCommit, Phase, StartState, StepInfo, is_chain_error
 from nodekit.eager import EagerStart, eager_start
 from nodekit.globalmodel import GlobalModel
@@ -38,7 +39,7 @@ class TrainPhase:
 
     def phase(self, n: int) -> TrainedStep | None:
         """Train and commit, or pick the commitment back up after a restart."""
-        self.h.rt.set(outer_step=n, phase="WAITING")
+        self.h.rt.set(outer_step=n, phase=NodePhase.WAITING)
         info = self.h.view.step(n)
         mine = self.h.view.commitment(self.h.address, n)
         return self.train_and_commit(n, info) if mine is None else self.recover(n, mine)
@@ -62,7 +63,7 @@ class TrainPhase:
                 return None
         contribution = dataclasses.replace(contribution, delta={})  # the payload is enough: 4 B/param
         self.h.count("commits")
-        self.h.rt.set(phase="COMMITTED")
+        self.h.rt.set(phase=NodePhase.COMMITTED)
         self.h.log(
             "committed", outer_step=n, root=contribution.trajectory_root, delta=contribution.delta_hash
         )
@@ -89,7 +90,7 @@ class TrainPhase:
             self.h.models.prune(self.h.retention.models_to_keep([gm.hash]))
         contribution = self.h.records.load(n, start)
         if contribution is None or contribution.base_model_hash != gm.hash:
-            self.h.rt.set(outer_step=n, phase="TRAINING")
+            self.h.rt.set(outer_step=n, phase=NodePhase.TRAINING)
             for m in [m for m in self.h.opts if m < n - (1 if self.h.overlapped else 0)]:
                 del self.h.opts[m]  # a step that was never revealed still held its optimizer: 8 B/param
             opt = self.h.opts[n] = self.start_optimizer(n, start=start)
@@ -142,7 +143,7 @@ class TrainPhase:
             self.h.sit_out(n, "committed on chain but the record is not on disk")
             return None
         self.h.log("resumed", outer_step=n, root=contribution.trajectory_root)
-        self.h.rt.set(phase="COMMITTED", loss=contribution.mean_loss)
+        self.h.rt.set(phase=NodePhase.COMMITTED, loss=contribution.mean_loss)
         return contribution
 
     def start_optimizer(

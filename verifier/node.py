@@ -25,15 +25,16 @@ import httpx
 
 from chain.client import ChainClient, ChainTimeout, TxFailed
 from nodekit.blobs import BlobCatalog, BlobError, build_app
+from nodekit.board import NodePhase
 from nodekit.chainview import Phase, StepInfo, Stopped
 from nodekit.globalmodel import GlobalModel
 from nodekit.holdings import Holdings
 from nodekit.memory import release, tune_allocator
 from nodekit.nextmodel import GlobalModels
 from nodekit.node import NodeError, join_run, json_line
-from nodekit.objects import Kind, ObjectPolicy, TransferPolicy
+from nodekit.objects import Kind, ObjectPolicy
 from nodekit.reach import Reach, reach
-from nodekit.runtime import NodeRuntime
+from nodekit.runtime import NodeRuntime, Patience
 from nodekit.serve import bind_kept_port
 from nodekit.store import (
     OPTIMIZER_GROUP,
@@ -89,10 +90,7 @@ class VerifierNode:
         corpus: Corpus | None = None,
         allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST,
         log: Callable[[dict[str, Any]], None] = json_line,
-        poll_timeout: float = 10.0,
-        blob_timeout: float = 30.0,
-        blob_retries: int = 2,
-        blob_backoff: float = 0.5,
+        patience: Patience = Patience(blob_retries=2),
         retry_backoff: float = 0.5,
     ) -> None:
         if behaviour is None:  # adversaries live above verifier/: the CLI resolves them and passes one in
@@ -100,13 +98,9 @@ class VerifierNode:
                 raise NodeError(f"behaviour {config.behaviour!r} must be resolved by the caller")
             behaviour = VerifierBehaviour()
         self.config, self.chain, self.behaviour = config, chain, behaviour
-        policy = TransferPolicy(min_bytes_per_s=config.min_transfer_bps, base_s=blob_timeout)
         self.rt = rt = NodeRuntime(
-            role="verifier", data_dir=config.data_path, chain=chain, wallet=config.wallet(),
-            run_id=config.run_id, public_url=config.public_url, log=log, poll_timeout=poll_timeout,
-            policy=policy, blob_timeout=blob_timeout, blob_retries=blob_retries, blob_backoff=blob_backoff,
-            verdicts={}, submitted=0,
-        )  # fmt: skip
+            role="verifier", config=config, chain=chain, log=log, patience=patience, verdicts={}, submitted=0
+        )
         self.name, self.address, self.dir, self.view = rt.name, rt.address, rt.dir, rt.view
         self.log, self.snapshot, self.stop = rt.log, rt.board.snapshot, rt.stop
         self.metrics = VerifierMetrics(rt.board.registry)
@@ -256,7 +250,7 @@ class VerifierNode:
                     self.log("interrupted", error=f"{type(e).__name__}: {e}", retry=failures)
                     if self.view.stop.wait(min(self.retry_backoff * 2 ** (failures - 1), 10.0)):
                         raise Stopped from None
-            self.rt.set(phase="DONE")
+            self.rt.set(phase=NodePhase.DONE)
             for worker in self._workers:
                 worker.join()
             if linger:
@@ -276,7 +270,7 @@ class VerifierNode:
         """The protocol script for outer step n: (fetch → check → replay → verdict) for every
         contribution assigned to us, then follow G to G_{n+1}."""
         self._verify_phase(n)
-        self.rt.set(phase="FOLLOWING")
+        self.rt.set(phase=NodePhase.FOLLOWING)
         self._follow(n)
 
     def _overlapped_step(self, run: Any) -> int:
@@ -313,14 +307,14 @@ class VerifierNode:
 
     def _verify_phase(self, n: int) -> None:
         """Wait for step n's challenge, then judge every contribution assigned to us."""
-        self.rt.set(outer_step=n, phase="WAITING")
+        self.rt.set(outer_step=n, phase=NodePhase.WAITING)
         info = self.view.step(n)
         h = self.chain.height()
         while info.challenge_seed is None and not info.phase.finalized:
             h = self.view.next_block(max(h, info.height))
             info = self.view.step(n)
         if self.behaviour.online() and not info.phase.finalized:
-            self.rt.set(phase="VERIFYING")
+            self.rt.set(phase=NodePhase.VERIFYING)
             self._verify_step(n, info)
             self._drop_states(n)  # finalized: no audit or dispute can ask for them any more
 

@@ -18,6 +18,7 @@ import torch
 from chain.client import ChainTimeout
 from chain.inprocess import InProcessChain
 from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.runtime import Patience
 from nodekit.store import ContentStore
 from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
@@ -98,6 +99,15 @@ class LockstepChain(InProcessChain):
                 return value
             finally:
                 self._blocked.pop(key, None)
+
+QUICK_HOST = Patience(poll_timeout=0.5)
+"""A test host polls the in-process chain every half second (a real node waits up to 10 s)."""
+QUICK_VERIFIER = Patience(poll_timeout=0.5, blob_retries=2)
+"""A test verifier likewise, with the verifier's own retries."""
+IMPATIENT = Patience(poll_timeout=0.5, blob_retries=0, blob_backoff=0)
+"""Nodes beside adversaries that withhold or stall: one try per blob, so a test sees the outcome soon."""
+IMPATIENT_VERIFIER = Patience(poll_timeout=0.5, blob_timeout=5, blob_retries=0, blob_backoff=0)
+"""Their verifiers: also a short fixed deadline per transfer."""
 
 
 def tiny_corpus() -> Corpus:
@@ -180,7 +190,7 @@ def verifier_node(tmp: Path, index: int, run_id: int, corpus: Corpus) -> Verifie
         behaviour=VerifierBehaviour(),
         corpus=corpus,
         log=lambda e: None,
-        poll_timeout=0.5,
+        patience=QUICK_VERIFIER,
     )
 
 
