@@ -125,7 +125,8 @@ def diagnosis(step: dict[str, Any], addr: dict[int, str], logs: list[dict[str, A
     about = [e for e in logs if e["event"] in kinds and e.get("host") in odd]
     own = [e for e in logs if e.get("node") in nodes and e["event"] != "fetched"]
     outcomes = {who[a]: o for a, o in step["outcomes"].items()}
-    return f"outcomes {outcomes}, verifiers {about}, own {own}"
+    mine = [e for e in logs if e.get("node", "").startswith("verifier") and e["event"] != "fetched"]
+    return f"outcomes {outcomes}, verifiers {about}, own {own}, step {step}, verifier logs {mine}"
 
 
 def test_withheld_deltas_come_from_verifiers_the_forged_vote_loses_and_an_outage_is_ridden_out(
