@@ -21,8 +21,6 @@ each next to honest hosts, one outer step each, v = 1, bitwise mode:
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,79 +28,23 @@ from typing import Any
 import pytest
 
 from chain.inprocess import InProcessChain
-from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from nodekit.blobs import BlobCatalog, Served
-from protocol.config import RunConfig
 from tests.support.nodes import (
     IMPATIENT,
-    IMPATIENT_VERIFIER,
     STAKE,
     LockstepChain,
-    create_run,
-    host_config,
+    diagnosis,
+    nodes,
     run_config,
     running,
+    stakes,
+    start,
     tiny_corpus,
-    verifier_config,
 )
-from trainer.node import HostNode
-from verifier.node import VerifierNode
-
-QUICK: dict[str, Any] = {"patience": IMPATIENT}
-
-
-def start(
-    tmp: Path, chain: LockstepChain, cfg: RunConfig, hosts: dict[int, str], verifiers: dict[int, str],
-    logs: list[dict[str, Any]], host_kwargs: dict[str, Any] | None = None,
-) -> tuple[int, dict[int, HostNode], dict[int, VerifierNode]]:  # fmt: skip
-    run_id = create_run(chain, cfg)
-    kwargs = {**QUICK, **(host_kwargs or {})}
-    corpus = tiny_corpus()
-    h = {
-        i: HostNode(host_config(tmp, i, run_id), chain, corpus=corpus, behaviour=resolve_host(name),
-                    log=logs.append, **kwargs)
-        for i, name in hosts.items()
-    }  # fmt: skip
-    v = {
-        i: VerifierNode(verifier_config(tmp, i, run_id), chain, corpus=corpus,
-                        behaviour=resolve_verifier(name), log=logs.append, patience=IMPATIENT_VERIFIER)
-        for i, name in verifiers.items()
-    }  # fmt: skip
-    return run_id, h, v
-
-
-def nodes(hosts: dict[int, HostNode], verifiers: dict[int, VerifierNode]) -> list[Callable[[], None]]:
-    """The nodes' run loops: the hosts linger (serving the Δs and G they hold) until the last
-    verifier has followed the step, so a node slowed by the machine's load still finds every
-    holder of a Δ up (the run ending does not race the fetches the test counts)."""
-    left = [len(verifiers)]
-    lock = threading.Lock()
-
-    def verifier(v: VerifierNode) -> Callable[[], None]:
-        def go() -> None:
-            try:
-                v.run()
-            finally:
-                with lock:
-                    left[0] -= 1
-                    last = left[0] == 0
-                if last:
-                    for h in hosts.values():
-                        h.stop()
-
-        return go
-
-    return [lambda h=h: h.run(linger=True) for h in hosts.values()] + [
-        verifier(v) for v in verifiers.values()
-    ]
 
 
 def events(chain: InProcessChain, kind: str) -> list[dict[str, str]]:
     return [dict(e.attributes) for b in chain.blocks for e in b.all_events() if e.type == kind]
-
-
-def stakes(chain: InProcessChain, run_id: int) -> dict[str, int]:
-    return {p["address"]: p["stake"] for p in chain.query("participants", run_id=run_id)["participants"]}
 
 
 def outage(catalog: BlobCatalog, down: Any) -> None:
@@ -113,20 +55,6 @@ def outage(catalog: BlobCatalog, down: Any) -> None:
         return None if down(kind, blob_hash) else lookup(kind, blob_hash)
 
     catalog.lookup = maybe  # type: ignore[method-assign]
-
-
-def diagnosis(step: dict[str, Any], addr: dict[int, str], logs: list[dict[str, Any]]) -> str:
-    """What the verifiers did about, and the nodes themselves logged, for each host whose outcome
-    is not the expected one (a failure in CI is read from this message alone)."""
-    who = {a: i for i, a in addr.items()}
-    odd = {a for a, o in step["outcomes"].items() if o != "accepted"}
-    nodes = {f"host-{who[a]}" for a in odd}
-    kinds = {"verdict", "abstain", "verify_error", "data_not_yet_served", "verdict_refused", "interrupted"}
-    about = [e for e in logs if e["event"] in kinds and e.get("host") in odd]
-    own = [e for e in logs if e.get("node") in nodes and e["event"] != "fetched"]
-    outcomes = {who[a]: o for a, o in step["outcomes"].items()}
-    mine = [e for e in logs if e.get("node", "").startswith("verifier") and e["event"] != "fetched"]
-    return f"outcomes {outcomes}, verifiers {about}, own {own}, step {step}, verifier logs {mine}"
 
 
 def test_withheld_deltas_come_from_verifiers_the_forged_vote_loses_and_an_outage_is_ridden_out(

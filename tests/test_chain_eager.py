@@ -23,12 +23,15 @@ from tests.support.chain import (
     commit_msg,
     h32,
     make_config,
+    ok_block,
+    reveal_for,
     stake_of,
     started,
+    step_of,
+    until_phase,
     verdict_msg,
     vote,
 )
-from tests.test_chain_overlap import ok_block, reveal_for, step_of, until_phase
 
 
 def eager(**phases: int) -> RunConfig:

@@ -8,8 +8,18 @@ from __future__ import annotations
 from chain import queries
 from chain.params import Outcome, Phase
 from protocol.config import Overlap, Phases, RunConfig
-from tests.support.chain import HOSTS, commit_msg, h32, make_config, started, vote
-from tests.test_chain_overlap import ok_block, reveal_for, step_of, verdicts_for
+from tests.support.chain import (
+    HOSTS,
+    commit_msg,
+    h32,
+    make_config,
+    ok_block,
+    reveal_for,
+    started,
+    step_of,
+    verdicts_for,
+    vote,
+)
 
 PHASES = {"train_blocks": 20, "reveal_blocks": 10, "verify_blocks": 20, "result_blocks": 30}
 

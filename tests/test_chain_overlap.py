@@ -20,9 +20,14 @@ from tests.support.chain import (
     commit_msg,
     h32,
     make_config,
+    ok_block,
+    reveal_for,
     reveal_msg,
     started,
+    step_of,
+    until_phase,
     verdict_msg,
+    verdicts_for,
     vote,
 )
 
@@ -31,43 +36,8 @@ def overlapped(**phases: int) -> RunConfig:
     return make_config(overlap=Overlap.EAGER, phases=phases)
 
 
-def step_of(sim: Sim, index: int) -> dict:
-    return queries.outer_step(sim.state, 1, index)
-
-
 def in_flight(sim: Sim) -> list[int]:
     return queries.run(sim.state, 1)["steps_in_flight"]
-
-
-def ok_block(sim: Sim, *msgs: object) -> None:
-    results = sim.block(*msgs)
-    bad = [r for r in results if isinstance(r, ChainError)]
-    assert not bad, bad
-
-
-def reveal_for(sim: Sim, host: str, step: int) -> object:
-    segs = next(
-        c["segments"] for c in queries.challenges(sim.state, 1, step)["challenges"] if c["host"] == host
-    )
-    return reveal_msg(sim, host, step=step, segments=segs)
-
-
-def verdicts_for(sim: Sim, step: int, reasons: dict[str, Reason] | None = None) -> list[object]:
-    """Every assigned verifier's verdict on every contribution of `step` (ACCEPT unless told)."""
-    reasons = reasons or {}
-    msgs = []
-    for v in VERIFIERS:
-        for host in queries.assignments(sim.state, 1, v, step)["hosts"]:
-            msgs.append(verdict_msg(v, host, reasons.get(host, Reason.ACCEPT), step=step))
-    return msgs
-
-
-def until_phase(sim: Sim, step: int, phase: Phase, limit: int = 80) -> None:
-    for _ in range(limit):
-        if step_of(sim, step)["phase"] == phase:
-            return
-        sim.block()
-    raise AssertionError(f"step {step} never reached {phase}: {step_of(sim, step)['phase']}")
 
 
 def test_none_is_the_default_and_keeps_one_step_in_flight() -> None:

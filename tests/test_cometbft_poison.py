@@ -27,7 +27,7 @@ from chain.cli import Engine, NodeProcess
 from chain.client import HttpChainClient
 from protocol.keys import test_wallet
 from protocol.messages import Coin, MsgSend
-from tests.test_tx_fuzz import GENESIS, _send, poison_fee_tx
+from tests.support.txs import GENESIS, poison_fee_tx, send_tx
 
 pytestmark = pytest.mark.slow
 API = "/inference/diloco/v1"
@@ -35,7 +35,7 @@ API = "/inference/diloco/v1"
 
 def poisons() -> list[bytes]:
     """One tx of each class that used to (or could) make a handler throw."""
-    tx = TxRaw.FromString(_send(3, 0))
+    tx = TxRaw.FromString(send_tx(3, 0))
     body = TxBody.FromString(tx.body_bytes)
     wrong_url = TxBody(messages=[any_pb2.Any(type_url="/x.y.Z", value=b"\xff" * 9)])
     bank = body.messages[0]
@@ -57,7 +57,7 @@ def poisons() -> list[bytes]:
               signatures=tx.signatures).SerializeToString(),
         TxRaw(body_bytes=tx.body_bytes, auth_info_bytes=gas.SerializeToString(),
               signatures=tx.signatures).SerializeToString(),
-        _send(3, 0)[:-7] + b"\x12\x05\x0a\x03abc",
+        send_tx(3, 0)[:-7] + b"\x12\x05\x0a\x03abc",
     ]  # fmt: skip
     return out
 

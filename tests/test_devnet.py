@@ -4,7 +4,6 @@ end-to-end run over real processes and loopback HTTP (`issues show 6`, "Done whe
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 
 from gonka_diloco.devnet_config import TINY_DEVNET, make_config
 from gonka_diloco.procs import NodeProcess, NodeStartError, Supervisor
+from tests.support.procs import gone
 
 # A node stand-in: spawns a grandchild (as uvicorn or torchrun would), logs, announces itself, waits.
 NODE = textwrap.dedent(
@@ -31,26 +31,6 @@ NODE = textwrap.dedent(
     time.sleep(600)
     """
 )
-
-
-def gone(pid: int, timeout: float = 10.0) -> bool:
-    """Wait for a process we did not spawn to end: a pidfd becomes readable when it exits."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout)
-        return bool(readable) or _zombie(pid)
-    finally:
-        os.close(fd)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return True
 
 
 def node(tmp_path: Path, name: str = "n", *args: str, events: list | None = None) -> NodeProcess:

@@ -20,7 +20,9 @@ from replay.spec import build_model
 from tests.support.nodes import (
     SPEC,
     LockstepChain,
+    counted,
     create_run,
+    host,
     run_config,
     running,
     then_stop,
@@ -28,7 +30,6 @@ from tests.support.nodes import (
     verdicts,
     verifier_node,
 )
-from tests.test_overlap_nodes import counted, host
 from trainer.node import VAL_BATCHES
 
 STEPS = 4

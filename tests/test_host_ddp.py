@@ -33,9 +33,9 @@ from replay.data import Corpus, shakespeare_manifest
 from replay.spec import build_model
 from replay.step import configure_determinism, make_optimizer
 from tests.support.nodes import TINY
+from tests.support.procs import gone
 from tests.support.replay import HOST as ADDRESS
 from tests.support.replay import ROOT, fresh, tiny_cfg, tiny_corpus
-from tests.test_devnet import gone
 from trainer.commit import param_tensors, run_committed
 
 HOST, VERIFIER = 1, 2

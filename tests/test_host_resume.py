@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ import pytest
 from tests.support.nodes import (
     QUICK_HOST,
     LockstepChain,
+    commit_count,
+    crash_on,
     create_run,
     host_config,
     run_config,
@@ -28,33 +29,6 @@ from tests.support.nodes import (
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import TrainedStep
 from trainer.node import HostNode
-
-
-def _commit_txs(chain: LockstepChain, address: str) -> int:
-    """Commit messages from `address` that made it into blocks (successful or not)."""
-    return sum(
-        1
-        for b in chain.blocks
-        for tx in b.txs
-        for e in tx.events
-        if e.type == "commit" and e.attributes.get("host") == address
-    )
-
-
-def _crash_on(node: HostNode, chain: LockstepChain, event: str, step: int) -> Any:
-    """A log sink that, at `event` of outer step `step`, holds the chain and stops the node."""
-
-    def sink(e: dict[str, Any]) -> None:
-        node_logs.append(e)
-        if e["event"] == event and e.get("outer_step") == step and not crashed.is_set():
-            crashed.set()
-            chain.hold()
-            node.stop()
-
-    node_logs: list[dict[str, Any]] = []
-    crashed = threading.Event()
-    sink.logs = node_logs  # type: ignore[attr-defined]
-    return sink
 
 
 def _setup(tmp_path: Path, steps: int, n_hosts: int) -> tuple[LockstepChain, Any, int, list, Any]:
@@ -72,7 +46,7 @@ def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_glob
         host_config(tmp_path, 2, run_id), chain, corpus=corpus, log=lambda e: None, patience=QUICK_HOST
     )
     first = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, patience=QUICK_HOST, log=print)
-    sink = _crash_on(first, chain, "committed", step=1)
+    sink = crash_on(first, chain, "committed", step=1)
     first.rt.sink = sink
     logs: list[dict[str, Any]] = []
     chain.hold()  # nobody moves until the first host has started too
@@ -93,7 +67,7 @@ def test_restart_after_commit_reveals_without_recommitting_and_fetches_lost_glob
     assert ("resumed", 1) in events and ("trained", 1) not in events
     assert ("fetching_global", None) in events
     assert ("trained", 2) in events and ("sitting_out", 1) not in events
-    assert _commit_txs(chain, first.address) == 3
+    assert commit_count(chain, first.address) == 3
     for n in range(3):
         step = chain.query("outer_step", run_id=run_id, step=n)
         assert step["accepted"] == sorted([first.address, other.address]), n
@@ -164,7 +138,7 @@ def test_missed_reveal_deadline_sits_out_then_rejoins_next_step(tmp_path: Path) 
     first = HostNode(
         host_config(tmp_path, 1, run_id), chain, corpus=corpus, log=lambda e: None, patience=QUICK_HOST
     )
-    first.rt.sink = _crash_on(first, chain, "committed", step=0)
+    first.rt.sink = crash_on(first, chain, "committed", step=0)
     logs: list[dict[str, Any]] = []
     chain.hold()
     lingering = [other]

@@ -16,8 +16,17 @@ from typing import Any
 import pytest
 
 from protocol.config import Phases
-from tests.support.nodes import STAKE, LockstepChain, run_config, running, tiny_corpus
-from tests.test_availability_nodes import diagnosis, nodes, stakes, start
+from tests.support.nodes import (
+    STAKE,
+    LockstepChain,
+    diagnosis,
+    nodes,
+    run_config,
+    running,
+    stakes,
+    start,
+    tiny_corpus,
+)
 
 PHASES = Phases(join_blocks=3, train_blocks=3, reveal_blocks=3, verify_blocks=6, escalation_blocks=2,
                 result_blocks=3, epoch_length=1000, poc_window=0)  # fmt: skip

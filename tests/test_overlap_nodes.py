@@ -3,13 +3,12 @@
 Hosts train step n+1 while step n is revealed, verified and aggregated; an adversary is rejected
 in every step and never reaches the model; the global validation loss falls; a host that crashes
 during the overlap and restarts on its data_dir picks both steps back up without recommitting.
-The chain runs in lockstep with every node thread, the nodes' worker threads included (`_spawn`).
+The chain runs in lockstep with every node thread, the nodes' worker threads included (`counted`).
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,13 @@ from protocol.messages import Reason
 from replay.data import eval_loss
 from replay.spec import build_model
 from tests.support.nodes import (
-    QUICK_HOST,
     SPEC,
     LockstepChain,
+    commit_count,
+    counted,
+    crash_on,
     create_run,
-    host_config,
+    host,
     node_globals,
     run_config,
     running,
@@ -31,35 +32,9 @@ from tests.support.nodes import (
     verdicts,
     verifier_node,
 )
-from tests.test_host_resume import _commit_txs, _crash_on
-from trainer.node import VAL_BATCHES, HostNode
+from trainer.node import VAL_BATCHES
 
 STEPS = 3
-
-
-def counted(chain: LockstepChain, node: Any) -> Any:
-    """Make the node's worker threads chain actors too: no block while one of them works."""
-    spawn = node.rt.spawn
-
-    def _spawn(name: str, fn: Callable[[], None]) -> Any:
-        chain.hold()
-
-        def go() -> None:
-            try:
-                fn()
-            finally:
-                chain.release()
-
-        return spawn(name, go)
-
-    node.rt.spawn = _spawn
-    return node
-
-
-def host(tmp: Path, i: int, run_id: int, chain: LockstepChain, corpus: Any, **kw: Any) -> HostNode:
-    kw.setdefault("log", lambda e: None)
-    return counted(chain, HostNode(host_config(tmp, i, run_id), chain, corpus=corpus,
-        patience=QUICK_HOST, **kw))
 
 
 def overlapped_config(corpus: Any, **kw: Any) -> Any:
@@ -124,7 +99,7 @@ def test_host_crash_during_overlap_then_restart_resumes_both_steps(tmp_path: Pat
     verifier = counted(chain, verifier_node(tmp_path, 9, run_id, corpus))
     other = host(tmp_path, 2, run_id, chain, corpus)
     first = host(tmp_path, 1, run_id, chain, corpus)
-    sink = _crash_on(first, chain, "committed", step=1)
+    sink = crash_on(first, chain, "committed", step=1)
     first.rt.sink = sink
     logs: list[dict[str, Any]] = []
     chain.hold()  # nobody moves until the first host has started too
@@ -143,7 +118,7 @@ def test_host_crash_during_overlap_then_restart_resumes_both_steps(tmp_path: Pat
     assert ("resumed", 1) in events and ("trained", 1) not in events
     assert ("outer_step_applied", 0) in events  # step 0's tail, picked back up after the restart
     assert ("trained", 2) in events and not [e for e in events if e[0] == "sitting_out"]
-    assert _commit_txs(chain, first.address) == STEPS
+    assert commit_count(chain, first.address) == STEPS
     for n in range(STEPS):
         step = chain.query("outer_step", run_id=run_id, step=n)
         assert step["accepted"] == sorted([first.address, other.address]), n

@@ -45,9 +45,8 @@ from chain.abci.validator import Validator
 from chain.app import App, TxRejected
 from chain.client import sign_tx
 from chain.genesis import genesis_state
-from chain.node import Node, create_app, dev_genesis
+from chain.node import Node, create_app
 from protocol.config import ModelSpec, Phases, RunConfig, Stake
-from protocol.keys import test_wallet
 from protocol.messages import (
     Coin,
     EnvFingerprint,
@@ -61,12 +60,8 @@ from protocol.messages import (
     Role,
 )
 from protocol.wire import to_proto, type_urls
+from tests.support.txs import ADDRESSES, CHAIN_ID, GENESIS, NUMBERS, WALLETS, poison_fee_tx, send_tx
 
-GENESIS = dev_genesis(6)
-CHAIN_ID = GENESIS.chain_id
-WALLETS = [test_wallet(i) for i in range(6)]
-ADDRESSES = [str(w.address()) for w in WALLETS]
-NUMBERS = {a: genesis_state(GENESIS).accounts[a].number for a in ADDRESSES}
 QUIET = lambda **_: None  # noqa: E731
 FUZZ = settings(
     max_examples=60,
@@ -77,25 +72,6 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 H64 = "ab" * 32
-
-
-def poison_fee_tx(digits: str = "\u00b2\u2070\u2070\u2070\u2070\u2070") -> bytes:
-    """Issue 23's tx: a MsgSend whose fee amount is "²⁰⁰⁰⁰⁰", superscript digits: `str.isdigit()`
-    accepts them and `int()` raises ValueError (Arabic-Indic digits, which `int()` reads, were the
-    other half: a second implementation refusing them would fork)."""
-    raw = _send(1, 0)
-    tx = TxRaw.FromString(raw)
-    auth = AuthInfo.FromString(tx.auth_info_bytes)
-    auth.fee.amount[0].amount = digits
-    tx.auth_info_bytes = auth.SerializeToString()
-    return tx.SerializeToString()
-
-
-def _send(sender: int, seq: int, amount: int = 5) -> bytes:
-    w = WALLETS[sender]
-    msg = MsgSend(from_address=ADDRESSES[sender], to_address=ADDRESSES[2], amount=[Coin(amount=amount)])
-    return sign_tx(w, [msg], chain_id=CHAIN_ID, account_number=NUMBERS[ADDRESSES[sender]], sequence=seq,
-                   gas_limit=400_000, fee=400_000)  # fmt: skip
 
 
 # ---- the two engines in lockstep ---------------------------------------------------------------
@@ -343,7 +319,7 @@ def raw_create_run(both: Lockstep) -> bytes:
 
 def mutated_bytes(draw: Any) -> bytes:
     """A valid tx with bytes flipped, cut, spliced or repeated: TxRaw framing garbage."""
-    raw = bytearray(_send(draw(st.integers(0, 4)), draw(st.integers(0, 3))))
+    raw = bytearray(send_tx(draw(st.integers(0, 4)), draw(st.integers(0, 3))))
     for _ in range(draw(st.integers(1, 4))):
         op = draw(st.sampled_from(["flip", "cut", "insert", "dup"]))
         at = draw(st.integers(0, max(0, len(raw) - 1)))
@@ -406,7 +382,7 @@ def test_issue_23_poison_fee_is_a_coded_rejection_everywhere(localnet: Localnet,
         response = both.call(check_tx=abci.RequestCheckTx(tx=poison)).check_tx
         assert (response.code, response.codespace) == (10, "sdk") and "ASCII digits" in response.log
         status = abci.ResponseProcessProposal.ProposalStatus
-        honest = _send(1, 0)
+        honest = send_tx(1, 0)
         assert both.proposal([honest]) == status.ACCEPT
         assert both.proposal([honest, poison]) == status.REJECT
         offered = abci.RequestPrepareProposal(txs=[poison, honest], max_tx_bytes=10**6)
@@ -414,7 +390,7 @@ def test_issue_23_poison_fee_is_a_coded_rejection_everywhere(localnet: Localnet,
         assert list(prepared.prepare_proposal.txs) == [honest]
         others = [poison_fee_tx(d) for d in ("9" * 5000, "\u0664\u0660\u0660\u0660\u0660\u0660", "1_000")]
         assert both.block([poison, honest, *others]) == [10, 0, 10, 10, 10]
-        assert both.block([_send(1, 1)]) == [0]
+        assert both.block([send_tx(1, 1)]) == [0]
 
 
 def test_the_embedded_node_answers_the_poison_tx_with_a_cosmos_error_not_a_500(tmp_path: Path) -> None:
@@ -423,7 +399,7 @@ def test_the_embedded_node_answers_the_poison_tx_with_a_cosmos_error_not_a_500(t
     node = Node(tmp_path / "chain", GENESIS, log=QUIET)
     try:
         client = TestClient(create_app(node, run_blocks=False))
-        for raw, code in ((poison_fee_tx(), 10), (b"\xff" * 311, 2), (_send(1, 0), 0)):
+        for raw, code in ((poison_fee_tx(), 10), (b"\xff" * 311, 2), (send_tx(1, 0), 0)):
             r = client.post("/cosmos/tx/v1beta1/txs", json={"tx_bytes": base64.b64encode(raw).decode()})
             assert r.status_code == 200, r.text
             assert r.json()["tx_response"].get("code", 0) == code, r.text
@@ -449,13 +425,13 @@ def test_a_handler_bug_fails_only_its_tx_and_its_writes_are_undone_on_both_engin
         buggy = sign_tx(WALLETS[3], [big], chain_id=CHAIN_ID, account_number=number, sequence=0,
                         gas_limit=400_000, fee=400_000)  # fmt: skip
         monkeypatch.setitem(module.HANDLERS, MsgSend, _buggy_on(ADDRESSES[3]))
-        codes = both.block([_send(1, 0, amount=5), buggy, _send(4, 0, amount=6)])
+        codes = both.block([send_tx(1, 0, amount=5), buggy, send_tx(4, 0, amount=6)])
         assert codes == [0, 1, 0]
         state = both.app.state
         assert state.accounts[ADDRESSES[2]].balance == before + 5 + 6  # the bug's 1000 was undone
         assert state.accounts[ADDRESSES[3]].sequence == 1  # its ante's writes stay, as a failed tx's
         monkeypatch.undo()
-        assert both.block([_send(1, 1)]) == [0]
+        assert both.block([send_tx(1, 1)]) == [0]
 
 
 def _buggy_on(sender: str) -> Any:
@@ -471,4 +447,4 @@ def test_a_handler_bug_in_simulate_is_a_rejection(monkeypatch: pytest.MonkeyPatc
     app = App(genesis_state(GENESIS), min_gas_price=1)
     monkeypatch.setitem(module.HANDLERS, MsgSend, _buggy_send)
     with pytest.raises(TxRejected, match="MsgSend handler raised KeyError"):
-        app.simulate(_send(1, 0))
+        app.simulate(send_tx(1, 0))

@@ -1,5 +1,6 @@
 """The chain tests' harness: named accounts, a run config, a genesis state, `Sim` (a chain state
-driven message by message and block by block) and builders for the protocol's messages."""
+driven message by message and block by block), builders for the protocol's messages and, for
+the overlapped schedule's two steps in flight, helpers that name the outer step they act on."""
 
 from __future__ import annotations
 
@@ -237,3 +238,41 @@ def balance(sim: Sim, who: str) -> int:
 
 def vote(host: str, model: str, step: int = 0) -> MsgSubmitOuterResult:
     return MsgSubmitOuterResult(creator=host, run_id=1, outer_step=step, model_hash=h32(model))
+
+
+# ---------------------------------------------------------------- overlapped steps (one step by index)
+
+
+def step_of(sim: Sim, index: int) -> dict:
+    return queries.outer_step(sim.state, 1, index)
+
+
+def ok_block(sim: Sim, *msgs: object) -> None:
+    results = sim.block(*msgs)
+    bad = [r for r in results if isinstance(r, ChainError)]
+    assert not bad, bad
+
+
+def reveal_for(sim: Sim, host: str, step: int) -> object:
+    segs = next(
+        c["segments"] for c in queries.challenges(sim.state, 1, step)["challenges"] if c["host"] == host
+    )
+    return reveal_msg(sim, host, step=step, segments=segs)
+
+
+def verdicts_for(sim: Sim, step: int, reasons: dict[str, Reason] | None = None) -> list[object]:
+    """Every assigned verifier's verdict on every contribution of `step` (ACCEPT unless told)."""
+    reasons = reasons or {}
+    msgs = []
+    for v in VERIFIERS:
+        for host in queries.assignments(sim.state, 1, v, step)["hosts"]:
+            msgs.append(verdict_msg(v, host, reasons.get(host, Reason.ACCEPT), step=step))
+    return msgs
+
+
+def until_phase(sim: Sim, step: int, phase: Phase, limit: int = 80) -> None:
+    for _ in range(limit):
+        if step_of(sim, step)["phase"] == phase:
+            return
+        sim.block()
+    raise AssertionError(f"step {step} never reached {phase}: {step_of(sim, step)['phase']}")

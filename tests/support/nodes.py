@@ -1,6 +1,10 @@
 """The shared harness of the node tests: `LockstepChain` produces a block only when every node
 thread is blocked on the chain, so phases advance exactly as fast as the nodes work (no
-wall-clock block timer, no sleeps); runs, host and verifier configs and nodes to put on it.
+wall-clock block timer, no sleeps); runs, host and verifier configs and nodes to put on it; a
+node whose worker threads count as chain actors (`counted`, `host`); a host crashed at a logged
+event (`crash_on`) and its commits counted (`commit_count`); and runs of named (honest or
+adversarial) hosts and verifiers with what a test reads back (`start`, `nodes`, `stakes`,
+`diagnosis`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 
 from chain.client import ChainTimeout
 from chain.inprocess import InProcessChain
+from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.runtime import Patience
 from nodekit.store import ContentStore
@@ -26,6 +31,7 @@ from protocol.keys import test_wallet
 from protocol.messages import MsgCreateRun
 from replay.data import Corpus, shakespeare_files
 from replay.spec import build_model
+from trainer.node import HostNode
 from trainer.node_config import HostConfig, KeySource
 from verifier.behaviour import VerifierBehaviour
 from verifier.node import VerifierNode
@@ -261,3 +267,132 @@ def verifier_config(tmp: Path, index: int, run_id: int, **kw: Any) -> VerifierCo
         chain_url="http://in-process", run_id=run_id, data_dir=str(tmp / f"verifier-{index}"), stake=STAKE,
         key=KeySource(test_index=index), **kw,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------- worker threads, crashes
+
+
+def counted(chain: LockstepChain, node: Any) -> Any:
+    """Make the node's worker threads chain actors too: no block while one of them works."""
+    spawn = node.rt.spawn
+
+    def _spawn(name: str, fn: Callable[[], None]) -> Any:
+        chain.hold()
+
+        def go() -> None:
+            try:
+                fn()
+            finally:
+                chain.release()
+
+        return spawn(name, go)
+
+    node.rt.spawn = _spawn
+    return node
+
+
+def host(tmp: Path, i: int, run_id: int, chain: LockstepChain, corpus: Any, **kw: Any) -> HostNode:
+    kw.setdefault("log", lambda e: None)
+    """A test host (quick, silent unless `log` is given) whose worker threads are chain actors."""
+    return counted(
+        chain, HostNode(host_config(tmp, i, run_id), chain, corpus=corpus, patience=QUICK_HOST, **kw)
+    )
+
+
+def commit_count(chain: LockstepChain, address: str) -> int:
+    """Commit messages from `address` that made it into blocks (successful or not): a restarted
+    host's tests count them to show it did not commit again."""
+    return sum(
+        1
+        for b in chain.blocks
+        for tx in b.txs
+        for e in tx.events
+        if e.type == "commit" and e.attributes.get("host") == address
+    )
+
+
+def crash_on(node: HostNode, chain: LockstepChain, event: str, step: int) -> Any:
+    """A log sink that, at `event` of outer step `step`, holds the chain and stops the node: the
+    restart tests' crash, at an exact point of the step with the chain still while it is down."""
+
+    def sink(e: dict[str, Any]) -> None:
+        node_logs.append(e)
+        if e["event"] == event and e.get("outer_step") == step and not crashed.is_set():
+            crashed.set()
+            chain.hold()
+            node.stop()
+
+    node_logs: list[dict[str, Any]] = []
+    crashed = threading.Event()
+    sink.logs = node_logs  # type: ignore[attr-defined]
+    return sink
+
+
+# ---------------------------------------------------------------- named hosts and verifiers
+
+
+def start(
+    tmp: Path, chain: LockstepChain, cfg: RunConfig, hosts: dict[int, str], verifiers: dict[int, str],
+    logs: list[dict[str, Any]], host_kwargs: dict[str, Any] | None = None,
+) -> tuple[int, dict[int, HostNode], dict[int, VerifierNode]]:  # fmt: skip
+    """Create the run and, by index, hosts and verifiers of the named behaviours (impatient,
+    logging to `logs`); nothing runs yet (`nodes` gives their run loops)."""
+    run_id = create_run(chain, cfg)
+    kwargs = {"patience": IMPATIENT, **(host_kwargs or {})}
+    corpus = tiny_corpus()
+    h = {
+        i: HostNode(host_config(tmp, i, run_id), chain, corpus=corpus, behaviour=resolve_host(name),
+                    log=logs.append, **kwargs)
+        for i, name in hosts.items()
+    }  # fmt: skip
+    v = {
+        i: VerifierNode(verifier_config(tmp, i, run_id), chain, corpus=corpus,
+                        behaviour=resolve_verifier(name), log=logs.append, patience=IMPATIENT_VERIFIER)
+        for i, name in verifiers.items()
+    }  # fmt: skip
+    return run_id, h, v
+
+
+def nodes(hosts: dict[int, HostNode], verifiers: dict[int, VerifierNode]) -> list[Callable[[], None]]:
+    """The nodes' run loops: the hosts linger (serving the Δs and G they hold) until the last
+    verifier has followed the step, so a node slowed by the machine's load still finds every
+    holder of a Δ up (the run ending does not race the fetches the test counts)."""
+    left = [len(verifiers)]
+    lock = threading.Lock()
+
+    def verifier(v: VerifierNode) -> Callable[[], None]:
+        def go() -> None:
+            try:
+                v.run()
+            finally:
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    for h in hosts.values():
+                        h.stop()
+
+        return go
+
+    return [lambda h=h: h.run(linger=True) for h in hosts.values()] + [
+        verifier(v) for v in verifiers.values()
+    ]
+
+
+def stakes(chain: InProcessChain, run_id: int) -> dict[str, int]:
+    """Each participant's bond now (ngonka), by address."""
+    return {p["address"]: p["stake"] for p in chain.query("participants", run_id=run_id)["participants"]}
+
+
+def diagnosis(step: dict[str, Any], addr: dict[int, str], logs: list[dict[str, Any]]) -> str:
+    """What the verifiers did about, and the nodes themselves logged, for each host whose outcome
+    is not the expected one (a failure in CI is read from this message alone)."""
+    who = {a: i for i, a in addr.items()}
+    odd = {a for a, o in step["outcomes"].items() if o != "accepted"}
+    nodes = {f"host-{who[a]}" for a in odd}
+    kinds = {"verdict", "abstain", "verify_error", "data_not_yet_served", "verdict_refused", "interrupted"}
+    about = [e for e in logs if e["event"] in kinds and e.get("host") in odd]
+    own = [e for e in logs if e.get("node") in nodes and e["event"] != "fetched"]
+    outcomes = {who[a]: o for a, o in step["outcomes"].items()}
+    mine = [e for e in logs if e.get("node", "").startswith("verifier") and e["event"] != "fetched"]
+    return f"outcomes {outcomes}, verifiers {about}, own {own}, step {step}, verifier logs {mine}"
