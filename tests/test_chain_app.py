@@ -11,45 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chain.app import App, Limits, TxRejected, verify_signature
-from chain.client import sign_tx
 from chain.genesis import genesis_state
-from chain.node import Node, create_app, dev_genesis
+from chain.node import Node, create_app
 from chain.store import Store, StoreError
 from protocol.keys import test_wallet
-from protocol.messages import Coin, MsgSend
-
-GENESIS = dev_genesis(8)
+from tests.support.txs import APP_GENESIS, app_send_tx
 
 
 def _app(**kw: object) -> App:
-    return App(genesis_state(GENESIS), min_gas_price=1, **kw)  # type: ignore[arg-type]
-
-
-def _tx(
-    app: App,
-    sender: int = 1,
-    seq: int = 0,
-    *,
-    gas: int = 200_000,
-    fee: int = 200_000,
-    memo: str = "",
-    amount: int = 5,
-) -> bytes:
-    w = test_wallet(sender)
-    number = app.state.accounts[str(w.address())].number
-    msg = MsgSend(
-        from_address=str(w.address()), to_address=str(test_wallet(2).address()), amount=[Coin(amount=amount)]
-    )
-    return sign_tx(
-        w,
-        [msg],
-        chain_id=app.chain_id,
-        account_number=number,
-        sequence=seq,
-        gas_limit=gas,
-        fee=fee,
-        memo=memo,
-    )
+    return App(genesis_state(APP_GENESIS), min_gas_price=1, **kw)  # type: ignore[arg-type]
 
 
 def _code(app: App, raw: bytes) -> int:
@@ -62,17 +32,17 @@ def test_ante_rejections_have_sdk_codes() -> None:
     app = _app(limits=Limits(max_tx_bytes=2048, max_memo_chars=8))
     assert _code(app, b"") == 2
     assert _code(app, b"\x00" * 4096) == 21
-    assert _code(app, _tx(app, memo="x" * 9)) == 12
-    assert _code(app, _tx(app, gas=100, fee=100)) == 11
-    assert _code(app, _tx(app, fee=1)) == 13
-    assert _code(app, _tx(app, gas=20_000_000, fee=20_000_000)) == 41
-    assert _code(app, _tx(app, seq=1)) == 32
-    assert _code(app, _tx(app, fee=10**19, gas=200_000)) == 5  # cannot pay the fee
+    assert _code(app, app_send_tx(app, memo="x" * 9)) == 12
+    assert _code(app, app_send_tx(app, gas=100, fee=100)) == 11
+    assert _code(app, app_send_tx(app, fee=1)) == 13
+    assert _code(app, app_send_tx(app, gas=20_000_000, fee=20_000_000)) == 41
+    assert _code(app, app_send_tx(app, seq=1)) == 32
+    assert _code(app, app_send_tx(app, fee=10**19, gas=200_000)) == 5  # cannot pay the fee
 
 
 def test_tampered_signature_and_high_s_are_refused() -> None:
     app = _app()
-    raw = bytearray(_tx(app))
+    raw = bytearray(app_send_tx(app))
     raw[-1] ^= 1
     assert _code(app, bytes(raw)) == 4
     pub = test_wallet(1).public_key().public_key_bytes
@@ -85,7 +55,7 @@ def test_tampered_signature_and_high_s_are_refused() -> None:
 
 def test_block_header_chains_and_commits_to_state() -> None:
     app = _app()
-    b1 = app.deliver_block([_tx(app)], 10**18)
+    b1 = app.deliver_block([app_send_tx(app)], 10**18)
     b2 = app.deliver_block([], 10**18)  # same clock: time still strictly increases
     assert b2.header["prev_block_hash"] == b1.hash
     assert b2.header["time_ns"] > b1.header["time_ns"]
@@ -96,8 +66,8 @@ def test_block_header_chains_and_commits_to_state() -> None:
 def test_store_round_trip_and_detects_a_mismatched_snapshot(tmp_path: Path) -> None:
     app = _app()
     store = Store(tmp_path / "db.sqlite")
-    store.init_genesis(app.state, GENESIS.model_dump_json())
-    raw = _tx(app)
+    store.init_genesis(app.state, APP_GENESIS.model_dump_json())
+    raw = app_send_tx(app)
     block = app.deliver_block([raw], 10**18)
     store.commit_block(block, app.state)
     state, header, block_hash = store.load_state()
@@ -120,7 +90,7 @@ def test_decoder_answers_random_bytes_with_a_named_error(data: bytes) -> None:
     assert info.value.codespace in ("sdk", "diloco") and info.value.log
 
 
-_VALID = _tx(_app())
+_VALID = app_send_tx(_app())
 
 
 @settings(max_examples=300, deadline=None)
@@ -135,7 +105,7 @@ def test_any_single_byte_flip_of_a_signed_tx_is_refused(pos: int, xor: int) -> N
 
 @pytest.fixture(scope="module")
 def http(tmp_path_factory: pytest.TempPathFactory) -> TestClient:
-    node = Node(tmp_path_factory.mktemp("n"), GENESIS, log=lambda **_: None)
+    node = Node(tmp_path_factory.mktemp("n"), APP_GENESIS, log=lambda **_: None)
     with TestClient(create_app(node, run_blocks=False)) as client:
         yield client  # type: ignore[misc]
 
@@ -158,7 +128,7 @@ def test_http_bodies_never_crash_the_node(http: TestClient, body: bytes) -> None
 
 def test_http_simulate_gives_the_gas_the_block_charges(http: TestClient) -> None:
     app = _app()
-    raw = _tx(app)
+    raw = app_send_tx(app)
     r = http.post("/cosmos/tx/v1beta1/simulate", json={"tx_bytes": base64.b64encode(raw).decode()})
     assert r.status_code == 200
     assert int(r.json()["gas_info"]["gas_used"]) == app.gas_for(len(raw), 1)

@@ -8,12 +8,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_chain_module import HOSTS, VERIFIERS, Sim, assigned, commit_msg, reveal_msg, started, verdict_msg
-from test_chain_state import _apply, _history, _mutations
 
 from chain.persist import RowDelta, RowError, RowTracker, all_rows, build_state, path_key, subtree_range
 from chain.state import app_hash, state_from_json, state_to_json
 from protocol.messages import MsgLeaveRun
+from tests.support.chain import (
+    HOSTS,
+    VERIFIERS,
+    Sim,
+    apply_mutation,
+    assigned,
+    commit_msg,
+    history,
+    mutations,
+    reveal_msg,
+    started,
+    verdict_msg,
+)
+from tests.support.txs import APP_GENESIS, app_send_tx
 
 
 class Rows:
@@ -77,7 +89,7 @@ def test_rows_rebuild_the_state_block_after_block_through_a_whole_outer_step() -
 
 
 def test_an_idle_block_writes_the_root_row_only() -> None:
-    sim = _history()
+    sim = history()
     tracker, rows = RowTracker(), Rows()
     app_hash(sim.state)
     rows.apply(tracker.delta(sim.state))
@@ -88,7 +100,7 @@ def test_an_idle_block_writes_the_root_row_only() -> None:
 
 
 def test_a_finished_outer_step_is_written_once_and_never_visited_again() -> None:
-    sim = _history()  # outer step 0 is DONE, step 1 is live
+    sim = history()  # outer step 0 is DONE, step 1 is live
     tracker, rows = RowTracker(), Rows()
     app_hash(sim.state)
     first = tracker.delta(sim.state)
@@ -128,15 +140,15 @@ def test_a_departed_participant_and_its_subtree_are_deleted() -> None:
 
 def test_any_field_or_key_changed_anywhere_is_written() -> None:
     """The walk is generic: every leaf and map key of the state, changed, reaches the rows."""
-    sim = _history()
+    sim = history()
     base = state_to_json(sim.state)
     tree = json.loads(base)
     checked = 0
-    for i, (path, kind, change) in enumerate(_mutations(tree)):
+    for i, (path, kind, change) in enumerate(mutations(tree)):
         if i % 3:  # a third of the ~500 mutations keeps this fast and still covers every table
             continue
         try:
-            mutated = state_from_json(json.dumps(_apply(tree, path, kind, change)))
+            mutated = state_from_json(json.dumps(apply_mutation(tree, path, kind, change)))
         except (KeyError, TypeError, ValueError):
             continue
         original = state_from_json(base)
@@ -171,17 +183,15 @@ def test_rows_that_do_not_fit_are_refused() -> None:
 
 def test_the_store_restarts_from_rows_and_writes_little(tmp_path: Path) -> None:
     """Store: commit after commit, reopen, same state and app hash; an idle block is one row."""
-    from test_chain_app import GENESIS, _tx
-
     from chain.app import App
     from chain.genesis import genesis_state
     from chain.store import Store
 
-    app = App(genesis_state(GENESIS))
+    app = App(genesis_state(APP_GENESIS))
     store = Store(tmp_path / "db.sqlite")
-    store.init_genesis(app.state, GENESIS.model_dump_json())
+    store.init_genesis(app.state, APP_GENESIS.model_dump_json())
     store.load_state()
-    busy = store.commit_block(app.deliver_block([_tx(app)], 10**18), app.state)
+    busy = store.commit_block(app.deliver_block([app_send_tx(app)], 10**18), app.state)
     idle = store.commit_block(app.deliver_block([], 10**18), app.state)
     assert busy.rows >= 2 and idle.rows == 1 and idle.bytes < 2000
     expected = app_hash(app.state)
@@ -219,24 +229,22 @@ def test_a_tampered_row_is_refused_on_restart_and_a_stale_state_on_commit(tmp_pa
     And a state that is not the one the header's app hash commits to is never written."""
     import sqlite3
 
-    from test_chain_app import GENESIS, _tx
-
     from chain.app import App
     from chain.genesis import genesis_state
     from chain.store import Store, StoreError
 
-    app = App(genesis_state(GENESIS))
+    app = App(genesis_state(APP_GENESIS))
     store = Store(tmp_path / "db.sqlite")
-    store.init_genesis(app.state, GENESIS.model_dump_json())
+    store.init_genesis(app.state, APP_GENESIS.model_dump_json())
     store.load_state()
-    store.commit_block(app.deliver_block([_tx(app)], 10**18), app.state)
+    store.commit_block(app.deliver_block([app_send_tx(app)], 10**18), app.state)
     block = app.deliver_block([], 10**18)
-    app.state.accounts[GENESIS.authority].balance += 1  # after the header's app hash was computed
+    app.state.accounts[APP_GENESIS.authority].balance += 1  # after the header's app hash was computed
     with pytest.raises(StoreError, match="app hash"):
         store.commit_block(block, app.state)
     store.close()
     db = sqlite3.connect(tmp_path / "db.sqlite")
-    key = path_key(("accounts", GENESIS.authority))
+    key = path_key(("accounts", APP_GENESIS.authority))
     (body,) = db.execute("SELECT body FROM state_rows WHERE path = ?", (key,)).fetchone()
     row = json.loads(body)
     row["balance"] += 1

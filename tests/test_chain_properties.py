@@ -13,7 +13,20 @@ from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_chain_module import (
+
+from chain import queries
+from chain.state import app_hash, total_supply
+from protocol.messages import (
+    Coin,
+    MsgCreateRun,
+    MsgLeaveRun,
+    MsgReportUnavailable,
+    MsgSend,
+    MsgSubmitOuterResult,
+    Reason,
+    Role,
+)
+from tests.support.chain import (
     AUTH,
     GNK,
     HOSTS,
@@ -27,19 +40,6 @@ from test_chain_module import (
     make_state,
     reveal_msg,
     verdict_msg,
-)
-
-from chain import queries
-from chain.state import app_hash, total_supply
-from protocol.messages import (
-    Coin,
-    MsgCreateRun,
-    MsgLeaveRun,
-    MsgReportUnavailable,
-    MsgSend,
-    MsgSubmitOuterResult,
-    Reason,
-    Role,
 )
 
 PEOPLE = HOSTS + VERIFIERS[:3]

@@ -10,26 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_chain_module import (
-    AUTH,
-    HOSTS,
-    STRANGER,
-    Sim,
-    addr,
-    assigned,
-    commit_msg,
-    h32,
-    make_state,
-    reveal_msg,
-    started,
-    to_reveal,
-    to_verify_deadline,
-    verdict_msg,
-)
 
 from chain import state as chain_state
 from chain.module import BlockContext, TxContext, begin_block, end_block, process_msg
@@ -43,7 +26,23 @@ from chain.state import (
     total_supply,
     transfer,
 )
-from protocol.messages import MsgSubmitOuterResult, Role
+from protocol.messages import Role
+from tests.support.chain import (
+    AUTH,
+    HOSTS,
+    STRANGER,
+    addr,
+    apply_mutation,
+    assigned,
+    h32,
+    history,
+    make_state,
+    mutations,
+    reveal_msg,
+    started,
+    to_reveal,
+    verdict_msg,
+)
 
 
 def test_round_trip_of_a_state_with_runs_commitments_and_reveals() -> None:
@@ -89,70 +88,18 @@ def test_transfer_conserves_supply_and_refuses_overdraft() -> None:
 # ---------------------------------------------------------------- app hash: a hash tree with cached digests
 
 
-def _history() -> Sim:
-    """Outer step 0 finished (sealed), step 1 live with commits, a reveal and a verdict."""
-    sim = started()
-    to_reveal(sim, HOSTS[:2])
-    for host in HOSTS[:2]:
-        sim.ok(reveal_msg(sim, host))
-        sim.ok(verdict_msg(assigned(sim, host)[0], host))
-    to_verify_deadline(sim)
-    for host in HOSTS[:2]:
-        sim.ok(MsgSubmitOuterResult(creator=host, run_id=1, outer_step=0, model_hash=h32("g1")))
-    assert sim.state.runs[1].steps[0].phase == Phase.DONE
-    sim.until(sim.step()["train_start"])
-    sim.block(*[commit_msg(h, step=1, base=h32("g1")) for h in HOSTS[:2]])
-    sim.until(sim.step()["challenge_height"] + 1)
-    sim.ok(reveal_msg(sim, HOSTS[0], step=1))
-    sim.ok(verdict_msg(assigned(sim, HOSTS[0])[0], HOSTS[0], step=1))
-    return sim
-
-
-def _mutations(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str, Any]]:
-    """Every leaf value and every dict key of the state JSON, with a changed value of the same kind."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            new_key = str(int(key) + 100) if key.isdigit() else key + "x"
-            yield path, "key", (key, new_key)
-            yield from _mutations(value, (*path, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _mutations(value, (*path, i))
-    elif isinstance(node, bool):
-        yield path, "value", not node
-    elif isinstance(node, int):
-        yield path, "value", node + 1
-    elif isinstance(node, str):
-        yield path, "value", node + "0"
-    elif node is None:
-        yield path, "value", 7
-
-
-def _apply(tree: Any, path: tuple[Any, ...], kind: str, change: Any) -> Any:
-    tree = json.loads(json.dumps(tree))
-    parent = tree
-    for part in path[:-1] if kind == "value" else path:
-        parent = parent[part]
-    if kind == "value":
-        parent[path[-1]] = change
-    else:
-        old, new = change
-        parent[new] = parent.pop(old)
-    return tree
-
-
 ENUM_FIELDS = {"role", "phase", "status", "outcome", "review"}
 """Typed fields (StrEnums): a value outside the enum is refused when the state is read."""
 
 
 def test_changing_any_field_or_key_anywhere_changes_the_app_hash() -> None:
-    sim = _history()
+    sim = history()
     before = app_hash(sim.state)
     tree = json.loads(state_to_json(sim.state))
     seen: Counter[str] = Counter()
-    for path, kind, change in _mutations(tree):
+    for path, kind, change in mutations(tree):
         try:
-            mutated = state_from_json(json.dumps(_apply(tree, path, kind, change)))
+            mutated = state_from_json(json.dumps(apply_mutation(tree, path, kind, change)))
         except (KeyError, TypeError, ValueError):  # a renamed dataclass field: not a state at all
             assert kind == "key" or path[-1] in ENUM_FIELDS, (kind, path)  # nor a phase nobody knows
             continue
@@ -166,7 +113,7 @@ def test_changing_any_field_or_key_anywhere_changes_the_app_hash() -> None:
 
 
 def test_app_hash_is_content_only_and_survives_json_round_trips() -> None:
-    sim = _history()
+    sim = history()
     warm = app_hash(sim.state)  # every digest cached by the blocks so far
     assert warm == app_hash(sim.state, cached=False)
     cold = state_from_json(state_to_json(sim.state))
@@ -176,7 +123,7 @@ def test_app_hash_is_content_only_and_survives_json_round_trips() -> None:
 
 
 def test_a_write_inside_a_sealed_step_or_an_account_changes_the_hash() -> None:
-    sim = _history()
+    sim = history()
     before = app_hash(sim.state)
     sealed = sim.state.runs[1].steps[0].contributions[HOSTS[0]]
     sealed.reward += 1  # the module never does this; a tampered snapshot would
@@ -194,7 +141,7 @@ def test_a_write_inside_a_sealed_step_or_an_account_changes_the_hash() -> None:
 
 
 def test_an_idle_block_rehashes_no_contribution_and_no_sealed_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    sim = _history()
+    sim = history()
     app_hash(sim.state)
     calls: Counter[str] = Counter()
     digest = chain_state._digest
@@ -245,7 +192,7 @@ def _spec_app_hash(z: dict[str, Any]) -> bytes:
 
 
 def test_the_app_hash_is_the_one_the_spec_defines() -> None:
-    sim = _history()
+    sim = history()
     assert app_hash(sim.state) == _spec_app_hash(json.loads(state_to_json(sim.state)))
     assert app_hash(make_state()) == _spec_app_hash(json.loads(state_to_json(make_state())))
     classes = (chain_state.Account, chain_state.Participant, chain_state.Verdict, chain_state.OuterStep)
@@ -255,7 +202,7 @@ def test_the_app_hash_is_the_one_the_spec_defines() -> None:
 def test_phases_outcomes_and_roles_are_enums_in_the_state_and_plain_strings_in_its_json() -> None:
     """Issue 24: the state holds StrEnums, read back as such; their JSON (and so the app hash and
     every vector) is the bare value, and a value outside an enum is refused on read."""
-    sim = _history()
+    sim = history()
     text = state_to_json(sim.state)
     back = state_from_json(text)
     run = back.runs[1]

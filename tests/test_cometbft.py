@@ -21,7 +21,6 @@ import httpx
 import pytest
 from cosmpy.aerial.client import LedgerClient
 from cosmpy.aerial.config import NetworkConfig
-from test_devnet import QUICK, leftover_processes
 
 from chain.abci.cometbft import ensure_binary
 from chain.abci.faults import FAULT_ENV
@@ -31,6 +30,7 @@ from gonka_diloco.devnet_config import make_config
 from gonka_diloco.report import evaluate
 from protocol.keys import test_wallet
 from protocol.messages import Coin, MsgSend
+from tests.support.procs import QUICK, leftover_processes
 
 pytestmark = pytest.mark.slow
 API = "/inference/diloco/v1"

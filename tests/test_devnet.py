@@ -3,7 +3,6 @@ end-to-end run over real processes and loopback HTTP (`issues show 6`, "Done whe
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gonka_diloco.devnet_config import TINY_DEVNET, make_config
+from gonka_diloco.devnet_config import make_config
 from gonka_diloco.procs import NodeProcess, NodeStartError, Supervisor
-from tests.support.procs import gone
+from tests.support.procs import QUICK, gone, leftover_processes
 
 # A node stand-in: spawns a grandchild (as uvicorn or torchrun would), logs, announces itself, waits.
 NODE = textwrap.dedent(
@@ -188,16 +187,6 @@ def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
 
 # ---------------------------------------------------------------- the end-to-end devnet
 
-QUICK = {
-    **TINY_DEVNET,
-    "hosts": 3,
-    "verifiers": 2,
-    "adversaries": [{"behaviour": "noise"}],
-    "outer_steps": 3,
-    "timeout": 150.0,
-}
-"""A devnet small enough for CI: a 1-layer GPT, H=10, 0.2 s blocks, three outer steps."""
-
 QUICK_TOML = """
 hosts = 3
 verifiers = 2
@@ -222,19 +211,6 @@ verify = 3.0
 escalation = 2.0
 result = 3.0
 """
-
-
-def leftover_processes(marker: str) -> list[str]:
-    """Processes whose command line mentions `marker` (every node's argv holds its run folder)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in argv and str(os.getpid()) != cmdline.parent.name:
-            found.append(f"{cmdline.parent.name}: {argv[:200]}")
-    return found
 
 
 @pytest.mark.slow

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_devnet import leftover_processes
 
 from gonka_diloco.devnet_chaos import Chaos, ChaosResult, Kill, chaos_run, corruption_seen, store_failures
 from nodekit.objects import Kind
 from nodekit.store import ContentStore
+from tests.support.procs import leftover_processes
 
 SEED = int(os.environ.get("CHAOS_SEED", "22"))
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-from test_devnet import QUICK, leftover_processes
 from typer.testing import CliRunner
 
 from gonka_diloco.cli import app
 from gonka_diloco.devnet import Devnet
 from gonka_diloco.devnet_config import make_config
 from gonka_diloco.report import evaluate, load_snapshot
+from tests.support.procs import QUICK, leftover_processes
 
 HONEST = {**QUICK, "adversaries": [], "verifiers": 1}
 

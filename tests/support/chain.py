@@ -1,11 +1,16 @@
 """The chain tests' harness: named accounts, a run config, a genesis state, `Sim` (a chain state
-driven message by message and block by block), builders for the protocol's messages and, for
-the overlapped schedule's two steps in flight, helpers that name the outer step they act on."""
+driven message by message and block by block), builders for the protocol's messages, a run with a
+sealed step and a live one (`history`) and every one-field change to a state's JSON (`mutations`,
+`apply_mutation`) for the app-hash and persistence tests and, for the overlapped schedule's two
+steps in flight, helpers that name the outer step they act on."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from cosmpy.crypto.address import Address
 
@@ -238,6 +243,64 @@ def balance(sim: Sim, who: str) -> int:
 
 def vote(host: str, model: str, step: int = 0) -> MsgSubmitOuterResult:
     return MsgSubmitOuterResult(creator=host, run_id=1, outer_step=step, model_hash=h32(model))
+
+
+# ---------------------------------------------------------------- a state to hash, and its every mutation
+
+
+def history() -> Sim:
+    """Outer step 0 finished (sealed), step 1 live with commits, a reveal and a verdict: the state
+    the app-hash and row-persistence tests both mutate, so each sees cached and live digests alike."""
+    sim = started()
+    to_reveal(sim, HOSTS[:2])
+    for host in HOSTS[:2]:
+        sim.ok(reveal_msg(sim, host))
+        sim.ok(verdict_msg(assigned(sim, host)[0], host))
+    to_verify_deadline(sim)
+    for host in HOSTS[:2]:
+        sim.ok(MsgSubmitOuterResult(creator=host, run_id=1, outer_step=0, model_hash=h32("g1")))
+    assert sim.state.runs[1].steps[0].phase == Phase.DONE
+    sim.until(sim.step()["train_start"])
+    sim.block(*[commit_msg(h, step=1, base=h32("g1")) for h in HOSTS[:2]])
+    sim.until(sim.step()["challenge_height"] + 1)
+    sim.ok(reveal_msg(sim, HOSTS[0], step=1))
+    sim.ok(verdict_msg(assigned(sim, HOSTS[0])[0], HOSTS[0], step=1))
+    return sim
+
+
+def mutations(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str, Any]]:
+    """Every leaf value and every dict key of the state JSON, with a changed value of the same kind:
+    shared so the app hash and the persisted rows are held to the same set of changes."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            new_key = str(int(key) + 100) if key.isdigit() else key + "x"
+            yield path, "key", (key, new_key)
+            yield from mutations(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from mutations(value, (*path, i))
+    elif isinstance(node, bool):
+        yield path, "value", not node
+    elif isinstance(node, int):
+        yield path, "value", node + 1
+    elif isinstance(node, str):
+        yield path, "value", node + "0"
+    elif node is None:
+        yield path, "value", 7
+
+
+def apply_mutation(tree: Any, path: tuple[Any, ...], kind: str, change: Any) -> Any:
+    """A copy of `tree` with one change from `mutations` made: shared with it, as its inverse reader."""
+    tree = json.loads(json.dumps(tree))
+    parent = tree
+    for part in path[:-1] if kind == "value" else path:
+        parent = parent[part]
+    if kind == "value":
+        parent[path[-1]] = change
+    else:
+        old, new = change
+        parent[new] = parent.pop(old)
+    return tree
 
 
 # ---------------------------------------------------------------- overlapped steps (one step by index)

@@ -1,11 +1,25 @@
-"""Process helpers for the tests that spawn process trees (devnet supervision, DDP ranks): wait
-for a process the test did not spawn to end."""
+"""Process helpers for the tests that spawn process trees (devnet supervision, DDP ranks, real
+validators): wait for a process the test did not spawn to end (`gone`), list the processes a run
+left behind (`leftover_processes`), and `QUICK`, the CI-sized devnet those runs start."""
 
 from __future__ import annotations
 
 import os
 import select
 from pathlib import Path
+
+from gonka_diloco.devnet_config import TINY_DEVNET
+
+QUICK = {
+    **TINY_DEVNET,
+    "hosts": 3,
+    "verifiers": 2,
+    "adversaries": [{"behaviour": "noise"}],
+    "outer_steps": 3,
+    "timeout": 150.0,
+}
+"""A devnet small enough for CI: a 1-layer GPT, H=10, 0.2 s blocks, three outer steps; shared so the
+devnet, fault and CometBFT tests vary one config rather than each keeping a copy."""
 
 
 def gone(pid: int, timeout: float = 10.0) -> bool:
@@ -26,3 +40,17 @@ def _zombie(pid: int) -> bool:
         return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return True
+
+
+def leftover_processes(marker: str) -> list[str]:
+    """Processes whose command line mentions `marker` (every node's argv holds its run folder):
+    shared so every real-process test checks that its run left nothing behind the same way."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in argv and str(os.getpid()) != cmdline.parent.name:
+            found.append(f"{cmdline.parent.name}: {argv[:200]}")
+    return found
