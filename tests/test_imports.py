@@ -113,3 +113,17 @@ def test_the_checker_catches_what_it_must(tmp_path: Path) -> None:
             assert any(f"{package}/{name}" in v for v in violations(package)), (package, name)
         finally:
             path.unlink()
+
+
+def test_test_files_share_helpers_only_through_tests_support() -> None:
+    """A helper two test files need lives in tests/support/, so no test file imports another
+    (by package path or by bare module name, as pytest's rootdir import also allows)."""
+    bad = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for module, _ in imports(path):
+            parts = module.split(".")
+            if parts[0] == "tests":
+                parts = parts[1:]
+            if parts and parts[0].startswith("test_"):
+                bad.append(f"{path.relative_to(ROOT)}: {module}")
+    assert bad == []
