@@ -31,6 +31,7 @@ from torch import nn
 from chain.client import ChainClient, ChainTimeout
 from nodekit.blobs import BlobCatalog, BlobError, ServerThread, build_app, parse_listen
 from nodekit.chainview import Phase, Stopped
+from nodekit.errorfeedback import sparse_codec
 from nodekit.globalmodel import GlobalModel
 from nodekit.holdings import Holdings
 from nodekit.memory import tune_allocator
@@ -234,7 +235,10 @@ class HostNode:
         self.holdings = Holdings(self.content, self.catalog, self.log)
         self.records = Records(self.dir / "commits", self.content, self.log)
         layout = {n: tuple(p.shape) for n, p in self.model.named_parameters()}
-        self.models = GlobalModels(self.rt, self.holdings, layout, self.objects, self.cfg.outer, self.peers)
+        self.models = GlobalModels(
+            self.rt, self.holdings, layout, self.objects, self.cfg.outer, self.peers,
+            sparse=sparse_codec(self.cfg),
+        )
         g0 = node_initial_global(
             self.cfg.initial_model_hash, self.model, self.config.init_checkpoint_source, c
         )
