@@ -13,6 +13,7 @@ accumulators are carried (and differ from zeros), and the global model's loss fa
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from nodekit.errorfeedback import EFWriter, ef_step_stored, start_ef
 from nodekit.globalmodel import GlobalModel
 from nodekit.objects import Kind
 from nodekit.store import EF_GROUP, ContentStore
-from protocol.config import Codec
+from protocol.config import Codec, ReplayMode
 from protocol.errorfeedback import EFConfig, ef_hash, ef_step, fresh_ef_hash
 from protocol.messages import Reason
 from replay.data import eval_loss
@@ -41,6 +42,7 @@ from tests.support.nodes import (
     verdicts,
     verifier_config,
 )
+from trainer.errorfeedback import FreshEFs
 from trainer.node import HostNode
 from verifier.node import VerifierNode
 
@@ -133,3 +135,41 @@ def test_the_stored_step_is_the_protocols_step(tmp_path: Path) -> None:
     want_payload, want_e = ef_step(e, delta, cfg)
     assert payload == want_payload and e_hash == ef_hash(want_e)
     assert content.has(Kind.ERROR_FEEDBACK, e_hash, EF_GROUP)
+
+
+def test_tolerance_mode_rebuilds_the_sparse_step_from_the_checked_claim(tmp_path: Path) -> None:
+    """Tolerance replay: the verifier encodes C(β·e + Δ) from the claimed θ_H it checked (what the
+    host encoded), so an honest sparse host is accepted and a forged accumulator still is not."""
+    corpus = tiny_corpus()
+    chain = LockstepChain()
+    cfg = run_config(
+        corpus, max_outer_steps=2, codec=Codec.SPARSE, codec_block_size=64, codec_topk=8,
+        replay_mode=ReplayMode.TOLERANCE, tolerance=1e-3, tolerance_exp_avg=1e-3, tolerance_exp_avg_sq=1e-3,
+    )  # fmt: skip
+    run_id = create_run(chain, cfg)
+    quick: dict[str, Any] = {"log": lambda e: None, "poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
+    honest = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, **quick)
+    forger = HostNode(host_config(tmp_path, 2, run_id), chain, corpus=corpus,
+                      behaviour=resolve_host("ef_forge", {"forger": "ef_hoard"}), **quick)  # fmt: skip
+    vcfg = verifier_config(tmp_path, 11, run_id)
+    verifier = VerifierNode(vcfg, chain, corpus=corpus, blob_timeout=5, **quick)
+    with running([honest.run, forger.run, verifier.run], chain):
+        pass
+    for n in range(2):
+        step = chain.query("outer_step", run_id=run_id, step=n)
+        assert step["accepted"] == [honest.address], (n, step["outcomes"])
+    reasons = {(n, h): r for n, h, r in verdicts(chain, run_id, 2)}
+    assert reasons == {(n, h): (Reason.ACCEPT if h == honest.address else Reason.DELTA_MISMATCH)
+                       for n in range(2) for h in (honest.address, forger.address)}  # fmt: skip
+    assert chain.query("start_ef_hash", run_id=run_id, host=honest.address) is not None
+
+
+def test_an_accumulator_written_while_pruning_is_kept_until_its_step_is_recorded() -> None:
+    """Overlapped runs prune after step n while step n + 1 (or n + 2) trains: an e_next on disk
+    but not yet in a record must survive that prune (`FreshEFs`)."""
+    fresh = FreshEFs(threading.RLock())
+    seen: list[set[str] | None] = []
+    assert fresh.write(3, lambda: (seen.append(fresh.held(1)), "e3")[1]) == "e3"
+    assert seen == [None]  # mid-write: prune nothing now
+    assert fresh.held(2) == {"e3"}  # written for a step after the pruned one: kept
+    assert fresh.held(3) == set()  # its step is pruned: the records and the chain decide now

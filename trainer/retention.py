@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from nodekit.objects import Kind
 from nodekit.store import EF_GROUP, OPTIMIZER_GROUP, delta_group_step
 from protocol.config import Codec
+from trainer.errorfeedback import FreshEFs
 
 if TYPE_CHECKING:
     from trainer.node import HostNode
@@ -21,6 +22,14 @@ class Retention:
 
     def __init__(self, host: HostNode) -> None:
         self.h = host
+        self._fresh: FreshEFs | None = None
+
+    @property
+    def fresh_efs(self) -> FreshEFs:
+        """Accumulators written by a step still training (overlapped runs prune meanwhile)."""
+        if self._fresh is None:
+            self._fresh = FreshEFs(self.h.lock)
+        return self._fresh
 
     def prune(self, n: int) -> None:
         """Finalized states go; Δs stay one step longer (late peers, copycats download them like
@@ -100,11 +109,17 @@ class Retention:
         """After step n: only the accumulators a start names (or may name) stay on disk."""
         if self.h.cfg.codec is not Codec.SPARSE:
             return
-        keep = self.start_efs() | self.own_pending_efs(n)
+        with self.h.lock:
+            fresh = self.fresh_efs.held(n)
+            if fresh is None:  # an e_next is being written right now: prune next time
+                return
+            self._drop_unnamed_efs(self.start_efs() | self.own_pending_efs(n) | fresh)
+        self.publish_ef()
+
+    def _drop_unnamed_efs(self, keep: set[str]) -> None:
         for h in self.h.content.hashes(Kind.ERROR_FEEDBACK, EF_GROUP):
             if h not in keep:
                 self.h.holdings.drop(Kind.ERROR_FEEDBACK, h, EF_GROUP)
-        self.publish_ef()
 
     def publish_ef(self) -> None:
         """Serve the accumulator the chain names as this host's start: its verifiers need it to

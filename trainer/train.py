@@ -190,7 +190,7 @@ class TrainPhase:
             return None
         h = self.h.view.start_ef_hash(self.h.address, n) if start is None else start.ef_hash
         try:
-            return CarriedEF.of(self.h.content, self.h.cfg, h)
+            return CarriedEF.of(self.h.content, self.h.cfg, h, n, self.h.retention.fresh_efs)
         except EFLost as e:
             raise NodeError(f"{e}; leave and rejoin") from e
 

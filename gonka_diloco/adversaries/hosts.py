@@ -80,7 +80,7 @@ from torch import Tensor
 
 from gonka_diloco.adversaries.sparse import EF_FORGERS
 from gonka_diloco.adversaries.steer import TARGETS, WHERE, make_genuine, steer_boundary
-from nodekit.errorfeedback import EFWriter, start_ef
+from nodekit.errorfeedback import start_ef
 from nodekit.statestore import clone_state
 from protocol import codecs
 from protocol.config import ReplayMode, RunConfig
@@ -789,11 +789,8 @@ class ForgedErrorFeedback(HostAdversary):
         layout = ctx.global_model.layout
         e = start_ef(ctx.ef.content, layout, ctx.ef.start_hash)
         payload, e_next = EF_FORGERS[self.forger](e, c.delta, ctx.ef.cfg)
-        writer = EFWriter(ctx.ef.content, layout)
-        for name in sorted(e_next):
-            writer.write(name, e_next[name])
         forged = ctx.with_payload(c, payload, dict(c.delta))
-        return dataclasses.replace(forged, final_ef_hash=writer.finish())
+        return dataclasses.replace(forged, final_ef_hash=ctx.ef.store(e_next, layout))
 
 
 HOSTS: dict[str, Callable[..., HostBehaviour]] = {
