@@ -42,7 +42,7 @@ from nodekit.reach import Reach, reach
 from nodekit.runtime import NodeRuntime
 from nodekit.statestore import StateStore
 from nodekit.store import ContentStore, atomic_write, sweep_temps
-from protocol.config import Overlap, RunConfig
+from protocol.config import Codec, Overlap, RunConfig
 from protocol.messages import Role
 from replay.checkpoint import node_initial_global
 from replay.data import Corpus, node_corpus
@@ -204,6 +204,8 @@ class HostNode:
             raise NodeError(
                 f"host.toml threads={self.config.threads}, the run replays with {self.cfg.threads}"
             )
+        if self.cfg.codec is Codec.SPARSE and self.team is not None:  # before anything is built
+            raise NodeError("codec sparse (error feedback) is not supported with a torchrun team yet")
         try:
             device = pin_device(self.cfg.threads, self.config.device)
         except DeviceError as e:
