@@ -185,6 +185,7 @@ class MemStore:
     def __init__(self) -> None:
         self.states: dict[str, State] = {}
         self.blobs: dict[str, bytes] = {}
+        self.efs: dict[str, Params] = {}  # codec sparse: carried accumulators by their hash
         self.pending: list[Any] = []  # the last boundary's background write (`StateStore.pending`)
 
     def flush(self) -> None:
@@ -208,9 +209,13 @@ class MemStore:
     def delta(self, delta_hash: str) -> bytes:
         return self.blobs[delta_hash]
 
+    def error_feedback(self, h: str) -> Params:
+        return self.efs[h]
+
     def clear(self) -> None:
         self.states.clear()
         self.blobs.clear()
+        self.efs.clear()
 
 
 @dataclass
@@ -282,6 +287,7 @@ def verify_contribution(
     store: MemStore,
     verifier: nn.Module,
     on_final: Callable[[Mapping[str, Tensor]], None] | None = None,
+    start_ef: str | None = None,
 ) -> tuple[bool, str, int]:
     """Challenge from a per-step pseudo block hash, then the verifier node's own `verify`.
 
@@ -300,6 +306,7 @@ def verify_contribution(
         run_id=1, outer_step=c.outer_step, host=host, cfg=env.cfg, trajectory_root=c.trajectory_root,
         leaf_count=c.leaf_count, delta_hash=c.delta_hash, final_optimizer_hash=c.final_optimizer_hash,
         tokens=c.tokens, env=c.env, sampled=tuple(sampled), openings=ops, prev_optimizer_hash=prev_opt,
+        final_ef_hash=c.final_ef_hash or None, start_ef_hash=start_ef,
     )  # fmt: skip
     derived = None
     if on_final is not None:
@@ -437,9 +444,16 @@ def run_diloco(
             entering = []
             for h in active:
                 replayed: list[Mapping[str, Tensor]] = []
+                c, start_ef = contribs[h], None
+                if sparse:  # what the host commits: C(β·e + Δ) and the hash of e_next (specs §4.1)
+                    payload, _, dh, eh = sparse_out[h]
+                    c = dataclasses.replace(c, payload=payload, delta_hash=dh, final_ef_hash=eh)
+                    if hosts[h].ef is not None:
+                        start_ef = ef_hash(hosts[h].ef, cfg.state_chunk_bytes)
+                        store.efs[start_ef] = hosts[h].ef
                 ok, reason, steps = verify_contribution(
-                    env, contribs[h], h, hosts[h].prev_optimizer_hash, starts[h][0], store, verifier,
-                    replayed.append if sparse else None,
+                    env, c, h, hosts[h].prev_optimizer_hash, starts[h][0], store, verifier,
+                    replayed.append if sparse else None, start_ef,
                 )  # fmt: skip
                 if ok and eager and h in parents and not parents[h][1]:
                     ok, reason = False, "PARENT_NOT_ACCEPTED"

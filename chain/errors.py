@@ -336,6 +336,23 @@ class ErrBadModelSpec(ChainError):
     code = 71
 
 
+# --- error feedback (codec sparse, specs §4.1)
+
+
+class ErrMissingEFHash(ChainError):
+    """A sparse run's commit names no `final_ef_hash`: the accumulator it carries on would be
+    unbound, so nothing could check that its next payload is C(β·e + Δ)."""
+
+    code = 80
+
+
+class ErrUnexpectedEFHash(ChainError):
+    """A commit of a run whose codec is not sparse names a `final_ef_hash`: such runs carry no
+    accumulator, and a field nobody checks must not enter the state."""
+
+    code = 81
+
+
 ERRORS: dict[int, type[ChainError]] = {cls.code: cls for cls in ChainError.__subclasses__()}
 """Every named error by code (the app and the client map codes back to names with it)."""
 assert len(ERRORS) == len(ChainError.__subclasses__()), "error codes must be unique"

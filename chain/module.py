@@ -47,7 +47,7 @@ from chain.state import (
     transfer,
 )
 from protocol import merkle, prf
-from protocol.config import Overlap, Phases, ReplayMode, RunConfig
+from protocol.config import Codec, Overlap, Phases, ReplayMode, RunConfig
 from protocol.messages import (
     MsgCommitPseudoGradient,
     MsgCreateRun,
@@ -352,6 +352,39 @@ def start_optimizer(run: Run, host: str, outer_step: int | None = None) -> str |
     return c.final_optimizer_hash if c is not None and c.outcome == Outcome.ACCEPTED else None
 
 
+def start_ef(run: Run, host: str, outer_step: int | None = None) -> str | None:
+    """The error-feedback accumulator hash a host's start state of `outer_step` carries (codec
+    sparse; None: zeros, or a run without error feedback). It follows the optimizer state in
+    every case (`start_optimizer`): the e_next its last accepted contribution committed
+    (`prev_ef`, sequential runs), or in overlapped runs the eager parent's, else that of its
+    accepted contribution two steps before. So an e from a contribution that did not enter the
+    model never carries into a later start, like its AdamW moments (§4.1)."""
+    if not overlapped(run):
+        return run.prev_ef.get(host)
+    index = run.current_step if outer_step is None else outer_step
+    parent = eager_parent(run, host, index)
+    if parent is not None:
+        return parent.final_ef_hash
+    base = run.steps.get(index - 2)
+    c = base.contributions.get(host) if base is not None else None
+    return c.final_ef_hash if c is not None and c.outcome == Outcome.ACCEPTED else None
+
+
+def _keep_carried(run: Run, host: str, c: Contribution) -> None:
+    """An accepted contribution: the host's next start carries its optimizer state and e_next."""
+    run.prev_optimizer[host] = c.final_optimizer_hash
+    if c.final_ef_hash is not None:
+        run.prev_ef[host] = c.final_ef_hash
+    else:
+        run.prev_ef.pop(host, None)
+
+
+def _drop_carried(run: Run, host: str) -> None:
+    """Any other outcome: nothing it carried chains on (fresh optimizer, zero accumulator)."""
+    run.prev_optimizer.pop(host, None)
+    run.prev_ef.pop(host, None)
+
+
 def apply_to_hash(run: Run, step: OuterStep) -> str | None:
     """The global model G the step's accepted Δs are applied to by the outer optimizer: the step's
     base (sequential runs, and step 0), or the previous step's result (overlapped runs: Δs
@@ -509,7 +542,16 @@ def _commit_fields(msg: MsgCommitPseudoGradient) -> dict[str, Any]:
         "codec": msg.codec.value,
         "tokens": msg.tokens,
         "env": msg.env.model_dump(mode="json"),
+        "final_ef_hash": msg.final_ef_hash or None,
     }
+
+
+def check_commit_ef(config: RunConfig, msg: MsgCommitPseudoGradient) -> None:
+    """A sparse run's commit binds the accumulator its host carries on; no other run's does (§4.1)."""
+    if config.codec is Codec.SPARSE and not msg.final_ef_hash:
+        raise errors.ErrMissingEFHash("codec sparse: the commit must carry final_ef_hash")
+    if config.codec is not Codec.SPARSE and msg.final_ef_hash:
+        raise errors.ErrUnexpectedEFHash(f"codec {config.codec.value} carries no error-feedback accumulator")
 
 
 def _same_commit(c: Contribution, fields: dict[str, Any]) -> bool:
@@ -539,6 +581,7 @@ def process_commit(state: ChainState, msg: MsgCommitPseudoGradient, ctx: TxConte
         raise errors.ErrBadTokens(f"{msg.tokens} != {config.tokens_per_outer_step}")
     if config.replay_mode is ReplayMode.BITWISE and msg.env.threads != config.threads:
         raise errors.ErrEnvMismatch(f"threads {msg.env.threads} != {config.threads}")
+    check_commit_ef(config, msg)
     fields = _commit_fields(msg)
     existing = step.contributions.get(msg.creator)
     if existing is not None and (_same_commit(existing, fields) or existing.equivocation_tx is not None):
@@ -683,7 +726,7 @@ def _start_results(state: ChainState, run: Run, step: OuterStep, height: int) ->
             if c.parent_delta_hash is not None and host not in in_model:
                 c.outcome = Outcome.PARENT_NOT_ACCEPTED
                 touched(c)
-                run.prev_optimizer.pop(host, None)
+                _drop_carried(run, host)
                 step.accepted.remove(host)
                 events.append(_event("parent_not_accepted", run_id=run.id, outer_step=step.index, host=host))
     if not step.accepted:
@@ -1080,9 +1123,9 @@ def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) ->
     for host in sorted(step.contributions):
         c = step.contributions[host]
         if c.outcome == Outcome.ACCEPTED:
-            run.prev_optimizer[host] = c.final_optimizer_hash
+            _keep_carried(run, host, c)
         else:  # an unverified state never chains on: the host restarts from a fresh optimizer
-            run.prev_optimizer.pop(host, None)
+            _drop_carried(run, host)
         events.append(
             _event(
                 "contribution_finalized",
@@ -1235,7 +1278,7 @@ def _end_result_round(state: ChainState, run: Run, step: OuterStep, height: int)
             amount = _slash(state, run, host, config.stake.host_slash_bps)
             c.slashed += amount
             touched(c)
-            run.prev_optimizer.pop(host, None)
+            _drop_carried(run, host)
             step.accepted.remove(host)
             step.dropped = sorted([*step.dropped, host])
             events.append(_event("withheld", run_id=run.id, outer_step=step.index, host=host, amount=amount))

@@ -39,6 +39,7 @@ from chain.state import (
     layout,
     map_cache,
     node_digest,
+    omitted_fields,
     own_text,
     sealed,
 )
@@ -209,7 +210,8 @@ def build_state(rows: list[tuple[str, str]], adopt_texts: bool = False) -> Chain
         cls = _resolve(path) if path else ChainState
         lay = layout(cls)
         body = json.loads(text)
-        if not isinstance(body, dict) or body.keys() != set(lay.inline):
+        may_omit = {name for name, _ in omitted_fields(cls)}
+        if not isinstance(body, dict) or not (set(lay.inline) - may_omit <= body.keys() <= set(lay.inline)):
             raise RowError(f"row {list(path)}: fields {sorted(body)} are not {cls.__name__}'s")
         for name, _, _ in lay.children:
             body[name] = {}

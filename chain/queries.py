@@ -20,6 +20,7 @@ from chain.module import (
     next_base,
     reveal_closes,
     run_config,
+    start_ef,
     start_optimizer,
     steps_in_flight,
 )
@@ -139,6 +140,7 @@ _COMMIT_FIELDS = (
     "tokens",
     "env",
     "equivocation_tx",
+    "final_ef_hash",
 )
 
 
@@ -268,6 +270,12 @@ def prev_optimizer_hash(state: ChainState, run_id: int, host: str, step: int | N
     return start_optimizer(_run(state, run_id), host, step)
 
 
+def start_ef_hash(state: ChainState, run_id: int, host: str, step: int | None = None) -> str | None:
+    """The error-feedback accumulator the host's start state of outer step `step` (default: the
+    current one) carries in a sparse run; None = zeros (specs §4.1)."""
+    return start_ef(_run(state, run_id), host, step)
+
+
 def start_state(state: ChainState, run_id: int, host: str, step: int | None = None) -> dict[str, Any]:
     """What the host's start state of outer step `step` (default: the current one) is made of
     (specs §2.2.1): the base model, the eager parent (the host's own step n − 1 Δ the outer step
@@ -281,6 +289,7 @@ def start_state(state: ChainState, run_id: int, host: str, step: int | None = No
         "parent_codec": None if parent is None else parent.codec,
         "parent_outer_step": None if parent is None else s.index - 1,
         "optimizer_hash": start_optimizer(run, host, s.index),
+        "ef_hash": start_ef(run, host, s.index),
     }
 
 
@@ -302,6 +311,7 @@ def next_start_state(state: ChainState, run_id: int, host: str) -> dict[str, Any
         "parent_codec": None if parent is None else parent.codec,
         "parent_outer_step": None if parent is None else index - 1,
         "optimizer_hash": start_optimizer(run, host, index),
+        "ef_hash": start_ef(run, host, index),
     }
 
 

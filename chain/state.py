@@ -33,6 +33,11 @@ from typing import Any
 from chain.params import MODULE_ACCOUNT, REWARD_POOL_ACCOUNT, ModuleParams, Outcome, Phase, Review, RunStatus
 from protocol.messages import Role
 
+OMIT_AT_DEFAULT = "omit_at_default"
+"""Field metadata: the field is left out of its node's canonical JSON while it holds its default,
+so a field added to the state later leaves every state that never sets it (and its app hash and
+rows) bit for bit as before. Only for fields of non-flat nodes (`layout`)."""
+
 
 @dataclass
 class Account:
@@ -105,6 +110,8 @@ class Contribution:
     reward: int = 0  # paid when the step's result is adopted (never for a Δ that was dropped)
     slashed: int = 0
     parent_delta_hash: str | None = None  # eager runs: the own previous Δ the start was built on (§2.2.1)
+    final_ef_hash: str | None = field(default=None, metadata={OMIT_AT_DEFAULT: True})
+    """Codec sparse: the error-feedback accumulator the host carries on (§4.1); None otherwise."""
 
 
 @dataclass
@@ -152,6 +159,8 @@ class Run:
     participants: dict[str, Participant] = field(default_factory=dict)
     steps: dict[int, OuterStep] = field(default_factory=dict)
     prev_optimizer: dict[str, str] = field(default_factory=dict)  # host -> last accepted optimizer hash
+    prev_ef: dict[str, str] = field(default_factory=dict, metadata={OMIT_AT_DEFAULT: True})
+    """Sparse runs: host -> the e_next hash of its last accepted contribution (§4.1)."""
 
 
 @dataclass
@@ -256,8 +265,35 @@ def _to_jsonable(obj: Any) -> Any:
     if names is not None:
         if _is_flat(type(obj)):
             return {name: getattr(obj, name) for name in names}
-        return {name: _to_jsonable(getattr(obj, name)) for name in names}
+        return _omit_defaults(type(obj), {name: _to_jsonable(getattr(obj, name)) for name in names})
     return obj
+
+
+_OMITTED: dict[type, tuple[tuple[str, Callable[[], Any]], ...]] = {}
+
+
+def omitted_fields(cls: type) -> tuple[tuple[str, Callable[[], Any]], ...]:
+    """(name, default maker) of the class's `OMIT_AT_DEFAULT` fields, cached."""
+    found = _OMITTED.get(cls)
+    if found is None:
+        found = _OMITTED[cls] = tuple(
+            (f.name, _default_maker(f)) for f in dataclasses.fields(cls) if f.metadata.get(OMIT_AT_DEFAULT)
+        )
+    return found
+
+
+def _default_maker(f: dataclasses.Field[Any]) -> Callable[[], Any]:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory
+    return lambda: f.default
+
+
+def _omit_defaults(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """Drop the `OMIT_AT_DEFAULT` fields that hold their default (their JSON form compared)."""
+    for name, make in omitted_fields(cls):
+        if name in data and data[name] == _to_jsonable(make()):
+            del data[name]
+    return data
 
 
 _FIELD_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
@@ -298,8 +334,13 @@ def _decoder(tp: Any) -> Callable[[Any], Any] | None:
         decode = tp
     elif isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a hint is a class, never an instance
         fields = tuple((name, _decoder(hint)) for name, hint in _field_hints(tp))
+        optional = {name for name, _ in omitted_fields(tp)}
         decode = lambda data: tp(  # noqa: E731
-            **{name: data[name] if f is None else f(data[name]) for name, f in fields}
+            **{
+                name: data[name] if f is None else f(data[name])
+                for name, f in fields
+                if name in data or name not in optional  # an omitted field takes its default
+            }
         )
     elif origin is dict:
         key_t, value = args[0], _decoder(args[1])
@@ -415,6 +456,7 @@ def layout(cls: type) -> Layout:
         values = getter if len(inline) > 1 else (lambda obj: (getter(obj),))
         # Cached by values only when equal values always print the same: no float fields (1 == 1.0).
         flat = _is_flat(cls) and not any(_has_float(hint) for _, hint in _field_hints(cls))
+        assert not (_is_flat(cls) and omitted_fields(cls)), f"{cls.__name__}: OMIT_AT_DEFAULT in a flat node"
         prefixes = tuple((name, _quote(name) + ":") for name in sorted(c[0] for c in children))
         cached = _LAYOUTS[cls] = Layout(tuple(inline), tuple(children), flat, values, tuple(native), prefixes)
     return cached
@@ -456,9 +498,10 @@ def own_text(obj: Any, cached: bool = True) -> str:
         return entry[1]
     if cached:  # fields that already are their JSON form skip the conversion (most of the work)
         own = zip(lay.inline, lay.values(obj), lay.native, strict=True)
-        text = _canon({name: value if native else _to_jsonable(value) for name, value, native in own})
+        data = {name: value if native else _to_jsonable(value) for name, value, native in own}
     else:
-        text = _canon({name: _to_jsonable(getattr(obj, name)) for name in lay.inline})
+        data = {name: _to_jsonable(getattr(obj, name)) for name in lay.inline}
+    text = _canon(_omit_defaults(type(obj), data))
     if tracked:
         obj.__dict__[_OWN] = (None, text)
     return text

@@ -180,7 +180,19 @@ def devnet(
         ),
     ] = None,
     codec: Annotated[
-        str | None, typer.Option(help=f"Δ codec: fp32, bf16, int8, int4 (default {D.codec.value}).")
+        str | None,
+        typer.Option(
+            help="Δ codec: fp32, bf16, int8, int4, or sparse (top-k with error feedback) "
+            f"(default {D.codec.value})."
+        ),
+    ] = None,
+    sparse_chunk: Annotated[
+        int | None,
+        typer.Option("--sparse-chunk", help=f"codec sparse: chunk C (default {D.sparse_chunk})."),
+    ] = None,
+    sparse_topk: Annotated[
+        int | None,
+        typer.Option("--sparse-topk", help=f"codec sparse: entries k per chunk (default {D.sparse_topk})."),
     ] = None,
     model_size: Annotated[
         str | None,
@@ -269,6 +281,8 @@ def devnet(
         "sampled_segments": sampled_segments,
         "verifiers_per_contribution": verifiers_per_contribution,
         "codec": codec,
+        "sparse_chunk": sparse_chunk,
+        "sparse_topk": sparse_topk,
         "model_size": model_size,
         "model": model,
         "dataset": dataset,

@@ -41,7 +41,7 @@ from gonka_diloco.devnet_config import (
 from gonka_diloco.live import LiveState, NodeView, progress_line, render
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
 from gonka_diloco.report import NodeRow, Snapshot, evaluate, write_report
-from protocol.config import ModelSpec, OuterOptim, Phases, RunConfig, Stake
+from protocol.config import Codec, ModelSpec, OuterOptim, Phases, RunConfig, Stake
 
 if TYPE_CHECKING:
     from chain.abci.cometbft import Localnet
@@ -147,6 +147,7 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         batch_size=cfg.batch_size,
         seq_len=cfg.seq_len,
         codec=cfg.codec,
+        **_sparse_fields(cfg),
         phases=phases,
         stake=Stake(min_host_stake=HOST_STAKE // 2, min_verifier_stake=VERIFIER_STAKE // 2),
         replay_mode=cfg.replay_mode,
@@ -158,6 +159,13 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         overlap=cfg.overlap,
         outer=OuterOptim(lr=cfg.outer_lr, momentum=cfg.outer_momentum),
     )
+
+
+def _sparse_fields(cfg: DevnetConfig) -> dict[str, int]:
+    """Codec sparse: its chunk and k (error feedback at β = 1, specs §4.1); nothing for the others."""
+    if cfg.codec is not Codec.SPARSE:
+        return {}
+    return {"codec_block_size": cfg.sparse_chunk, "codec_topk": cfg.sparse_topk}
 
 
 def model_spec(cfg: DevnetConfig) -> ModelSpec:

@@ -90,6 +90,12 @@ class DevnetConfig(Strict):
     batch_size: int = Field(8, ge=1, le=1024)
     seq_len: int = Field(64, ge=2, le=4096)
     codec: Codec = Codec.INT8
+    sparse_chunk: int = Field(
+        4096, ge=8, le=65536, description="codec sparse: chunk C of its top-k (specs §4.1 recommends 4096)"
+    )
+    sparse_topk: int = Field(
+        64, ge=1, le=65535, description="codec sparse: entries k kept per chunk (64 of 4096: 1.56%)"
+    )
     model_size: ModelSize = "small"
     model: ModelName = Field("gpt", description="gpt (sized by model_size) or a transformers preset")
     dataset: str = Field("", max_length=4096, description="prepared dataset folder or URL; '' = Shakespeare")
@@ -133,6 +139,8 @@ class DevnetConfig(Strict):
             raise ValueError("inner_steps (H) must be a multiple of segment_len (k)")
         if self.sampled_segments > self.inner_steps // self.segment_len:
             raise ValueError("sampled_segments (s) cannot exceed H/k")
+        if self.sparse_topk > self.sparse_chunk:
+            raise ValueError("sparse_topk (k) cannot exceed sparse_chunk (C)")
         if self.verifiers_per_contribution > self.verifiers:
             raise ValueError("verifiers_per_contribution (v) cannot exceed the number of verifiers")
         if self.hosts + self.verifiers > MAX_NODES:

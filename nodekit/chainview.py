@@ -118,6 +118,8 @@ class StartState:
     parent_outer_step: int | None = None
     optimizer_hash: str | None = None
     """None: a fresh optimizer."""
+    ef_hash: str | None = None
+    """Codec sparse: the error-feedback accumulator carried in (None: zeros; specs §4.1)."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,12 @@ class ChainView:
         if n is None:
             return self.q("prev_optimizer_hash", host=host)
         return self.q("prev_optimizer_hash", host=host, step=n)
+
+    def start_ef_hash(self, host: str, n: int | None = None) -> str | None:
+        """The error-feedback accumulator the host's start of outer step n carries (None: zeros)."""
+        if n is None:
+            return self.q("start_ef_hash", host=host)
+        return self.q("start_ef_hash", host=host, step=n)
 
     def start_state(self, host: str, n: int) -> StartState:
         """The base, eager parent and optimizer of the host's start of outer step n (§2.2.1)."""

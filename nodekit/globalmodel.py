@@ -26,7 +26,7 @@ from nodekit.storefiles import StoredTensors
 from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.codecs import Layout
 from protocol.config import OuterOptim
-from protocol.outer import Accumulator, global_model_hash, outer_update
+from protocol.outer import Accumulator, OuterError, SparseAccumulator, global_model_hash, outer_update
 from protocol.tensors import canonical_pieces, canonical_size
 
 PARAM, MOMENTUM = "param/", "momentum/"
@@ -36,6 +36,14 @@ Tensors = Mapping[str, Tensor]
 
 class GlobalModelError(ValueError):
     """A global model that is malformed, does not fit the model, or does not match its hash."""
+
+
+class BadPayload(GlobalModelError):
+    """An accepted sparse payload that does not decode (it hashed right: its author's fault)."""
+
+    def __init__(self, host: str, detail: str) -> None:
+        super().__init__(detail)
+        self.host = host
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,9 @@ class GlobalModel:
                 raise GlobalModelError(f"{host}: accepted Δ with {tokens} tokens")
             if {k: tuple(v.shape) for k, v in delta.items()} != dict(self.layout):
                 raise GlobalModelError(f"{host}: Δ layout does not match the global model")
-        params, momentum = outer_update(self.params, self.momentum, deltas, outer.lr, outer.momentum)
+        params, momentum = outer_update(
+            self.params, self.momentum, deltas, outer.lr, outer.momentum, rule=outer.rule
+        )
         return GlobalModel.adopt(params, momentum, self.chunk_bytes)
 
     def apply_streamed(
@@ -158,8 +168,35 @@ class GlobalModel:
         acc = Accumulator(self.layout, tokens)
         while acc.next_host is not None:
             acc.add(acc.next_host, delta_of(acc.next_host))
-        params, momentum = acc.finish(self.params, self.momentum, outer.lr, outer.momentum)
+        params, momentum = acc.finish(self.params, self.momentum, outer.lr, outer.momentum, outer.rule)
         del acc  # (finish consumed the running sum tensor by tensor)
+        return GlobalModel.adopt(params, momentum, self.chunk_bytes)
+
+    def apply_sparse(
+        self,
+        tokens: Mapping[str, int],
+        payload_of: Callable[[str], bytes | memoryview],
+        outer: OuterOptim,
+        *,
+        chunk: int,
+        topk: int,
+    ) -> GlobalModel:
+        """G_{n+1} over accepted sparse payloads (specs §4.1): g = +0, then each host's kept entries
+        added in sorted host order straight from its payload (`payload_of(host)`, asked once each),
+        so no Δ is ever dense; then the run's outer rule (NESTEROV or AVERAGE). Memory: the running
+        sum (one model's size) and one payload. The same bits as `protocol.outer.sparse_outer_update`."""
+        if not tokens:
+            return self
+        if any(w <= 0 for w in tokens.values()):
+            raise GlobalModelError("an accepted Δ with no tokens")
+        acc = SparseAccumulator(self.layout, tokens, chunk=chunk, topk=topk)
+        while (host := acc.next_host) is not None:
+            try:
+                acc.add(host, payload_of(host))
+            except OuterError as e:  # it hashes right and does not decode: nobody can use it
+                raise BadPayload(host, str(e)) from e
+        params, momentum = acc.finish(self.params, self.momentum, outer.lr, outer.momentum, outer.rule)
+        del acc
         return GlobalModel.adopt(params, momentum, self.chunk_bytes)
 
 

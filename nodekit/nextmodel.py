@@ -18,13 +18,14 @@ from torch import Tensor
 
 from nodekit.chainview import Accepted
 from nodekit.fetch import BlobError
-from nodekit.globalmodel import GlobalModel, GlobalStore
+from nodekit.globalmodel import BadPayload, GlobalModel, GlobalStore
 from nodekit.holdings import Holdings
 from nodekit.objects import Kind, ObjectPolicy
 from nodekit.runtime import NodeRuntime
 from nodekit.store import StoreError, delta_group
 from protocol.codecs import CodecError, iter_decode
 from protocol.config import OuterOptim
+from protocol.errorfeedback import EFConfig
 
 DELTA_FETCHES = 4
 """Accepted Δs fetched at once while aggregating (each from all of its holders at once)."""
@@ -48,8 +49,13 @@ class GlobalModels:
         objects: ObjectPolicy,
         outer: OuterOptim,
         peers: Callable[[], list[str]],
+        *,
+        sparse: EFConfig | None = None,
     ) -> None:
+        """`sparse`: the run's sparse codec (chunk, k), whose payloads are summed without ever
+        being made dense (specs §4.1); None for the dense codecs."""
         self.rt, self.holdings, self.objects, self.outer, self._peers = rt, holdings, objects, outer, peers
+        self.sparse = sparse
         self.store = GlobalStore(holdings.content, dict(layout))
         self._cache: dict[str, GlobalModel] = {}
         self._lock = threading.Lock()
@@ -145,8 +151,22 @@ class GlobalModels:
             except (CodecError, StoreError) as e:
                 raise _BadDelta(host, e) from e
 
+        def payload_of(host: str) -> bytes:
+            try:
+                return content.read_bytes(Kind.DELTA, by_host[host].delta_hash)
+            except StoreError as e:
+                raise _BadDelta(host, e) from e
+
+        tokens = {a.host: a.tokens for a in accepted}
         try:
-            return gm.apply_streamed({a.host: a.tokens for a in accepted}, delta_of, self.outer)
+            if self.sparse is not None:
+                try:
+                    return gm.apply_sparse(
+                        tokens, payload_of, self.outer, chunk=self.sparse.chunk, topk=self.sparse.topk
+                    )
+                except BadPayload as e:
+                    raise _BadDelta(e.host, CodecError(str(e))) from e
+            return gm.apply_streamed(tokens, delta_of, self.outer)
         except _BadDelta as e:
             error = f"{type(e.error).__name__}: {e.error}"
             self.rt.log("delta_unusable", outer_step=n, host=e.host, error=error)

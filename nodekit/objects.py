@@ -32,6 +32,7 @@ class Kind(StrEnum):
     OPTIMIZER = "optimizer"  # AdamW moments + step (a host's carried state, by its chain hash)
     MODEL = "model"  # a global model G (params + outer momentum)
     DELTA = "delta"  # a Δ payload (protocol.codecs)
+    ERROR_FEEDBACK = "error_feedback"  # a sparse run's carried accumulator e (specs §4.1), by its chain hash
 
 
 KINDS: tuple[str, ...] = tuple(k.value for k in Kind)
@@ -40,6 +41,7 @@ DOMAINS: dict[Kind, bytes] = {
     Kind.OPTIMIZER: domain(StateKind.OPTIMIZER),
     Kind.MODEL: domain(StateKind.GLOBAL),
     Kind.DELTA: chunks.DELTA_DOMAIN,
+    Kind.ERROR_FEEDBACK: domain(StateKind.ERROR_FEEDBACK),
 }
 
 
@@ -88,6 +90,11 @@ def optimizer_specs(model: nn.Module) -> list[TensorSpec]:
     return [s for s in training_specs(model) if not s[0].startswith("param/")]
 
 
+def ef_specs(layout: Mapping[str, tuple[int, ...]]) -> list[TensorSpec]:
+    """The error-feedback accumulator: float32, the model's parameter names and shapes (§4.1)."""
+    return sorted((name, torch.float32, tuple(shape)) for name, shape in layout.items())
+
+
 def model_specs(layout: Mapping[str, tuple[int, ...]]) -> list[TensorSpec]:
     out = [
         (f"{k}/{name}", torch.float32, tuple(shape))
@@ -114,8 +121,9 @@ class ObjectPolicy:
                 Kind.STATE: training_specs(model),
                 Kind.OPTIMIZER: optimizer_specs(model),
                 Kind.MODEL: model_specs(layout),
+                Kind.ERROR_FEEDBACK: ef_specs(layout),
             },
-            delta_length=payload_len(cfg.codec, cfg.codec_block_size, layout),
+            delta_length=payload_len(cfg.codec, cfg.codec_block_size, layout, cfg.codec_topk or None),
         )
 
     def length(self, kind: Kind | str) -> int:

@@ -28,7 +28,7 @@ from nodekit.objects import Kind, check_ref
 from nodekit.store import ContentStore, atomic_write
 from protocol import chunks
 
-BlobKind = Literal["state", "optimizer", "model", "delta"]
+BlobKind = Literal["state", "optimizer", "model", "delta", "error_feedback"]
 MAX_ERROR_ECHO = 64
 """The most of a client's input an error body repeats (a 100 kB header is not sent back)."""
 

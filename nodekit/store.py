@@ -60,6 +60,8 @@ READ_BLOCK = 1 << 20
 
 OPTIMIZER_GROUP = "optimizer"
 """Carried optimizer states (a host's own, the starts a verifier needs), across outer steps."""
+EF_GROUP = "error_feedback"
+"""Carried error-feedback accumulators of sparse runs (specs §4.1), kept like optimizer states."""
 _DELTA_PREFIX = "delta-"
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 from enum import IntEnum, StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from protocol.amounts import MAX_AMOUNT
 from protocol.config import Codec, Frozen, Hex32, RunConfig
@@ -114,6 +114,17 @@ class MsgCommitPseudoGradient(Msg):
     codec: Codec
     tokens: int = Field(ge=0)
     env: EnvFingerprint
+    final_ef_hash: str = Field("", pattern=r"^(?:[0-9a-f]{64})?$")
+    """Codec sparse: the hash of the error-feedback accumulator e_next the host carries on
+    (specs §4.1); empty for every other codec, so a dense commit's wire bytes are unchanged."""
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_ef(self, handler: Any) -> dict[str, Any]:
+        """`final_ef_hash` is in the dump only when set: dense commits dump as they always did."""
+        data: dict[str, Any] = handler(self)
+        if not self.final_ef_hash:
+            data.pop("final_ef_hash", None)
+        return data
 
 
 class SegmentOpening(Frozen):

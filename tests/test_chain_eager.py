@@ -81,7 +81,7 @@ def test_a_hosts_start_is_its_own_committed_delta_on_the_base_fixed_when_the_ste
     sim = started(eager(result_blocks=30), hosts=HOSTS[:3])
     assert start(sim, HOSTS[0], 0) == {
         "base_model_hash": h32("g0"), "parent_delta_hash": None, "parent_codec": None,
-        "parent_outer_step": None, "optimizer_hash": None,
+        "parent_outer_step": None, "optimizer_hash": None, "ef_hash": None,
     }  # fmt: skip
     ok_block(sim, commit_msg(HOSTS[0]), commit_msg(HOSTS[1]))  # host 2 sits step 0 out
     sim.until(step_of(sim, 0)["commit_deadline"] + 2)
@@ -158,7 +158,7 @@ def test_the_next_steps_start_is_answered_before_it_opens_exactly_as_it_will_ope
     sim = started(eager(result_blocks=30, train_blocks=40), verifiers=VERIFIERS[:3])  # step 0 ends in 1's
     assert nxt(sim, host) == {
         "outer_step": 1, "base_model_hash": h32("g0"), "parent_delta_hash": None, "parent_codec": None,
-        "parent_outer_step": None, "optimizer_hash": None,
+        "parent_outer_step": None, "optimizer_hash": None, "ef_hash": None,
     }  # fmt: skip
     ok_block(sim, commit_msg(host))  # committed: its own step 0 Δ is its step 1 parent
     early = nxt(sim, host)

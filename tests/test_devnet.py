@@ -185,6 +185,22 @@ def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
     assert other.initial_model_hash != rc.initial_model_hash  # the seed reaches the init
 
 
+def test_codec_sparse_gets_the_recommended_chunk_and_k() -> None:
+    """`--codec sparse`: C = 4096, k = 64 (specs §4.1) unless set; the dense codecs keep theirs."""
+    from gonka_diloco.devnet import run_config
+    from gonka_diloco.devnet_config import DevnetConfig, DevnetConfigError, load_config
+    from protocol.config import Codec
+
+    rc = run_config(DevnetConfig(model_size="tiny", codec=Codec.SPARSE))
+    assert (rc.codec, rc.codec_block_size, rc.codec_topk, rc.codec_ef_decay) == (Codec.SPARSE, 4096, 64, 1.0)
+    cfg = load_config(None, {"codec": "sparse", "sparse_chunk": 256, "sparse_topk": 8, "model_size": "tiny"})
+    assert (run_config(cfg).codec_block_size, run_config(cfg).codec_topk) == (256, 8)
+    dense = run_config(DevnetConfig(model_size="tiny"))
+    assert dense.codec is Codec.INT8 and dense.codec_topk == 0 and dense.codec_block_size == 256
+    with pytest.raises(DevnetConfigError, match="sparse_topk"):
+        load_config(None, {"codec": "sparse", "sparse_chunk": 16, "sparse_topk": 32})
+
+
 # ---------------------------------------------------------------- the end-to-end devnet
 
 QUICK_TOML = """

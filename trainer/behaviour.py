@@ -39,6 +39,7 @@ from replay.data import Corpus
 from replay.step import LossFn, env_fingerprint, optimizer_hash
 from trainer.commit import TrainedStep, pseudo_gradient, run_committed
 from trainer.ddp import Team
+from trainer.errorfeedback import CarriedEF
 
 
 class BehaviourError(ValueError):
@@ -84,6 +85,9 @@ class OuterContext:
     start_params: Mapping[str, Tensor] | None = None
     """The params this step trains from when they are not G_n's: an eager run's start (specs
     §2.2.1, `nodekit.eager`), computed on read. None: G_n (`global_model.params`)."""
+    ef: CarriedEF | None = None
+    """Codec sparse: the error-feedback accumulator the chain names for this step's start and where
+    e_next goes (specs §4.1); `train()` encodes with it. None for the other codecs."""
 
     @property
     def inner_optimizer(self) -> torch.optim.Optimizer:
@@ -112,6 +116,8 @@ class OuterContext:
             raise BehaviourError("train() is only available in make_contribution")
         if self.team is not None and self.team.shard_state and data is not None:
             raise BehaviourError("a sharded team trains the run's corpus only (rank 0 has 1/W of the state)")
+        if self.team is not None and self.ef is not None:
+            raise BehaviourError("codec sparse with a torchrun team is not supported yet (error feedback)")
         if self.team is not None and data is None:
             return self.team.train(
                 self.model, self.optimizer, self.cfg, self.data, host if host is not None else self.address,
@@ -130,6 +136,7 @@ class OuterContext:
             self.store,
             loss_fn=self.loss_fn,
             keep_delta=keep_delta,
+            ef=self.ef,
         )
 
     def assemble(
@@ -140,7 +147,7 @@ class OuterContext:
         params = {k.removeprefix("param/"): v for k, v in final_state.items() if k.startswith("param/")}
         g = self.start
         delta = {n: (g[n] - params[n]).to(torch.float32) for n in g}
-        payload = encode(delta, self.cfg.codec, self.cfg.codec_block_size)
+        payload = encode(delta, self.cfg.codec, self.cfg.codec_block_size, self.cfg.codec_topk or None)
         return TrainedStep(
             outer_step=self.outer_step,
             base_model_hash=self.global_model.hash,
@@ -159,7 +166,7 @@ class OuterContext:
 
     def with_delta(self, contribution: TrainedStep, delta: Mapping[str, Tensor]) -> TrainedStep:
         """The same trajectory committed with another Δ (noise, zero, scaled, sign-flipped)."""
-        payload = encode(delta, self.cfg.codec, self.cfg.codec_block_size)
+        payload = encode(delta, self.cfg.codec, self.cfg.codec_block_size, self.cfg.codec_topk or None)
         return self.with_payload(contribution, payload, dict(delta))
 
     def with_payload(
@@ -178,7 +185,8 @@ class OuterContext:
         """Download another host's accepted Δ payload (as any node may), every chunk verified
         against its hash; its exact length comes from the run's layout and codec."""
         cfg = self.cfg
-        length = payload_len(cfg.codec, cfg.codec_block_size, self.global_model.layout)
+        layout = self.global_model.layout
+        length = payload_len(cfg.codec, cfg.codec_block_size, layout, cfg.codec_topk or None)
         if max_payload_bytes is not None and length > max_payload_bytes:
             raise ValueError(f"a Δ of this run is {length} bytes > {max_payload_bytes}")
         ref = ObjectRef(Kind.DELTA, entry.delta_hash, length, cfg.state_chunk_bytes)

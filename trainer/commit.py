@@ -37,6 +37,7 @@ from replay.step import (
     train_segment,
 )
 from trainer.boundaries import Boundaries
+from trainer.errorfeedback import CarriedEF
 from trainer.sharded import ShardedState, ShardedStep
 
 
@@ -68,6 +69,9 @@ class TrainedStep:
     encoding and hashing Δ, waiting for the last leaf and the optimizer hash."""
     optimizer_digests: tuple[bytes, ...] = field(default=(), compare=False, repr=False)
     """Chunk digests of the final optimizer state (so the node stores it without hashing again)."""
+    final_ef_hash: str = ""
+    """Codec sparse: the hash of the error-feedback accumulator e_next carried on (specs §4.1; the
+    tensors are in the node's store); empty for the other codecs."""
 
     @property
     def leaf_count(self) -> int:
@@ -86,6 +90,7 @@ class TrainedStep:
             codec=self.codec,
             tokens=self.tokens,
             env=self.env,
+            final_ef_hash=self.final_ef_hash,
         )
 
 
@@ -204,6 +209,7 @@ def run_committed(
     sharding: ShardedState | None = None,
     keep_optimizer: str | None = None,
     keep_delta: bool = True,
+    ef: CarriedEF | None = None,
 ) -> TrainedStep:
     """Train one outer step from the global params with the host's carried optimizer state.
 
@@ -213,12 +219,17 @@ def run_committed(
     `follow_committed`) the final optimizer state is also saved, in content group `keep_optimizer`.
     `global_params` may be read from disk (`StoredTensors`): it is read once at the start and once,
     tensor by tensor, for Δ. Without `keep_delta` the returned contribution has no fp32 Δ
-    (`delta == {}`), only its payload: the honest node needs nothing else, and Δ is never held whole."""
+    (`delta == {}`), only its payload: the honest node needs nothing else, and Δ is never held whole.
+    With `ef` (codec sparse) the payload is C(β·e + Δ) and e_next goes to the store (specs §4.1)."""
     t_start = time.perf_counter()
 
     def delta() -> tuple[dict[str, Tensor], bytes]:
         layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        pieces = encode_pieces(delta_items(global_params, model), layout, cfg.codec, cfg.codec_block_size)
+        pieces = (
+            encode_pieces(delta_items(global_params, model), layout, cfg.codec, cfg.codec_block_size)
+            if ef is None
+            else [ef.encode(delta_items(global_params, model), layout)]
+        )
         payload = b"".join(pieces)
         del pieces
         return (pseudo_gradient(global_params, model) if keep_delta else {}), payload
@@ -247,6 +258,7 @@ def run_committed(
         train_seconds=t.train_seconds,
         protocol_seconds=time.perf_counter() - t_start - t.train_seconds,
         optimizer_digests=tuple(t.optimizer_digests or ()),
+        final_ef_hash="" if ef is None else ef.final_hash,
     )
 
 

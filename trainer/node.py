@@ -32,6 +32,7 @@ from chain.client import ChainClient, ChainTimeout
 from nodekit.blobs import BlobCatalog, BlobError, ServerThread, build_app, parse_listen
 from nodekit.board import NodePhase
 from nodekit.chainview import Phase, Stopped
+from nodekit.errorfeedback import sparse_codec
 from nodekit.globalmodel import GlobalModel
 from nodekit.holdings import Holdings
 from nodekit.memory import tune_allocator
@@ -42,7 +43,7 @@ from nodekit.reach import Reach, reach
 from nodekit.runtime import NodeRuntime, Patience
 from nodekit.statestore import StateStore
 from nodekit.store import ContentStore, atomic_write, sweep_temps
-from protocol.config import Overlap, RunConfig
+from protocol.config import Codec, Overlap, RunConfig
 from protocol.messages import Role
 from replay.checkpoint import node_initial_global
 from replay.data import Corpus, node_corpus
@@ -199,6 +200,8 @@ class HostNode:
             raise NodeError(
                 f"host.toml threads={self.config.threads}, the run replays with {self.cfg.threads}"
             )
+        if self.cfg.codec is Codec.SPARSE and self.team is not None:  # before anything is built
+            raise NodeError("codec sparse (error feedback) is not supported with a torchrun team yet")
         try:
             device = pin_device(self.cfg.threads, self.config.device)
         except DeviceError as e:
@@ -230,7 +233,10 @@ class HostNode:
         self.holdings = Holdings(self.content, self.catalog, self.log)
         self.records = Records(self.dir / "commits", self.content, self.log)
         layout = {n: tuple(p.shape) for n, p in self.model.named_parameters()}
-        self.models = GlobalModels(self.rt, self.holdings, layout, self.objects, self.cfg.outer, self.peers)
+        self.models = GlobalModels(
+            self.rt, self.holdings, layout, self.objects, self.cfg.outer, self.peers,
+            sparse=sparse_codec(self.cfg),
+        )
         g0 = node_initial_global(
             self.cfg.initial_model_hash, self.model, self.config.init_checkpoint_source, c
         )

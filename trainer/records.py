@@ -41,6 +41,8 @@ class Record:
     start: list[str | None] | None = None
     """The start it trained from (base, eager parent Δ, optimizer; `StartState`): a step trained
     before it opened is committed only if the chain names the same start when it opens."""
+    final_ef_hash: str = ""
+    """Codec sparse: the e_next it committed (the tensors are in the store; specs §4.1)."""
 
     @classmethod
     def of(cls, c: TrainedStep, start: StartState | None = None) -> Record:
@@ -56,6 +58,7 @@ class Record:
             c.env.model_dump(),
             c.mean_loss,
             start_key(start) if start is not None else None,
+            c.final_ef_hash,
         )
 
     def contribution(self, payload: bytes) -> TrainedStep:
@@ -73,6 +76,7 @@ class Record:
             env=EnvFingerprint(**self.env),
             mean_loss=self.mean_loss,
             losses=[],
+            final_ef_hash=self.final_ef_hash,
         )
 
 
@@ -114,4 +118,11 @@ class Records:
         try:
             return str(json.loads(self.path(n).read_bytes())["final_optimizer_hash"])
         except (OSError, ValueError, KeyError):
+            return None
+
+    def final_ef_hash(self, n: int) -> str | None:
+        """The error-feedback accumulator step n's record names (None: none, or no record)."""
+        try:
+            return str(json.loads(self.path(n).read_bytes()).get("final_ef_hash") or "") or None
+        except (OSError, ValueError, AttributeError):
             return None

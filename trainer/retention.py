@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nodekit.objects import Kind
-from nodekit.store import OPTIMIZER_GROUP, delta_group_step
+from nodekit.store import EF_GROUP, OPTIMIZER_GROUP, delta_group_step
+from protocol.config import Codec
+from trainer.errorfeedback import FreshEFs
 
 if TYPE_CHECKING:
     from trainer.node import HostNode
@@ -20,6 +22,14 @@ class Retention:
 
     def __init__(self, host: HostNode) -> None:
         self.h = host
+        self._fresh: FreshEFs | None = None
+
+    @property
+    def fresh_efs(self) -> FreshEFs:
+        """Accumulators written by a step still training (overlapped runs prune meanwhile)."""
+        if self._fresh is None:
+            self._fresh = FreshEFs(self.h.lock)
+        return self._fresh
 
     def prune(self, n: int) -> None:
         """Finalized states go; Δs stay one step longer (late peers, copycats download them like
@@ -40,6 +50,7 @@ class Retention:
                 if h not in keep:
                     holdings.drop(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
             self.publish_optimizer()
+            self.prune_ef(n)
             base = self.h.view.step(n).base_model_hash
             current = self.h.view.run().global_model_hash
             self.h.models.prune(self.models_to_keep([base, current]))
@@ -73,6 +84,54 @@ class Retention:
                 self.h.holdings.keep(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
             else:
                 self.h.holdings.withdraw(Kind.OPTIMIZER, h)
+        self.publish_ef()
+
+    # ---- the error-feedback accumulator (codec sparse, specs §4.1): kept and served like the optimizer
+
+    def start_efs(self) -> set[str]:
+        """The accumulators the chain names as this host's start states (as `start_optimizers`)."""
+        if self.h.cfg.codec is not Codec.SPARSE:
+            return set()
+        if not self.h.overlapped:
+            return {h for h in [self.h.view.start_ef_hash(self.h.address)] if h}
+        run = self.h.view.run()
+        steps = {*run.steps_in_flight, run.current_step + 1}
+        return {h for n in steps if (h := self.h.view.start_ef_hash(self.h.address, n))}
+
+    def own_pending_efs(self, n: int) -> set[str]:
+        """Overlapped runs: the e_next of this host's later steps (records on disk), not yet final."""
+        if not self.h.overlapped:
+            return set()
+        pending = (self.h.records.final_ef_hash(m) for m in range(n + 1, self.h.view.run().current_step + 2))
+        return {h for h in pending if h is not None}
+
+    def prune_ef(self, n: int) -> None:
+        """After step n: only the accumulators a start names (or may name) stay on disk."""
+        if self.h.cfg.codec is not Codec.SPARSE:
+            return
+        with self.h.lock:
+            fresh = self.fresh_efs.held(n)
+            if fresh is None:  # an e_next is being written right now: prune next time
+                return
+            self._drop_unnamed_efs(self.start_efs() | self.own_pending_efs(n) | fresh)
+        self.publish_ef()
+
+    def _drop_unnamed_efs(self, keep: set[str]) -> None:
+        for h in self.h.content.hashes(Kind.ERROR_FEEDBACK, EF_GROUP):
+            if h not in keep:
+                self.h.holdings.drop(Kind.ERROR_FEEDBACK, h, EF_GROUP)
+
+    def publish_ef(self) -> None:
+        """Serve the accumulator the chain names as this host's start: its verifiers need it to
+        rebuild C(β·e + Δ) and e_next (one 4 B/param download per verified contribution)."""
+        if self.h.cfg.codec is not Codec.SPARSE:
+            return
+        named = self.start_efs()
+        for h in self.h.content.hashes(Kind.ERROR_FEEDBACK, EF_GROUP):
+            if h in named:
+                self.h.holdings.keep(Kind.ERROR_FEEDBACK, h, EF_GROUP)
+            else:
+                self.h.holdings.withdraw(Kind.ERROR_FEEDBACK, h)
 
     def models_to_keep(self, keep: list[str]) -> list[str]:
         """Overlapped runs also keep the bases of the steps in flight and the latest G (the next

@@ -24,8 +24,10 @@ from nodekit.objects import DOMAINS, Kind
 from nodekit.store import OPTIMIZER_GROUP, StoreError, TensorSink
 from protocol.chunks import verify_manifest
 from protocol.codecs import CodecError
+from protocol.config import Codec
 from replay.step import make_optimizer, optimizer_state, training_state
 from trainer.commit import TrainedStep
+from trainer.errorfeedback import CarriedEF, EFLost
 
 if TYPE_CHECKING:
     from trainer.node import HostNode
@@ -96,6 +98,7 @@ class TrainPhase:
             opt = self.h.opts[n] = self.start_optimizer(n, start=start)
             ctx = self.h.context(n, gm, opt)
             ctx.start_params = self.eager_start(n, gm, start)
+            ctx.ef = self.carried_ef(n, start)
             t0 = time.perf_counter()
             contribution = self.h.behaviour.make_contribution(ctx)
             seconds = time.perf_counter() - t0
@@ -180,6 +183,17 @@ class TrainPhase:
             for p in model.parameters():  # every parameter carries its own step counter
                 opt.state[p]["step"].copy_(into["step"])
         return opt
+
+    def carried_ef(self, n: int, start: StartState | None = None) -> CarriedEF | None:
+        """Codec sparse: the error-feedback accumulator the chain names for step n's start (None:
+        zeros), read from this host's store; None for the other codecs (specs §4.1)."""
+        if self.h.cfg.codec is not Codec.SPARSE:
+            return None
+        h = self.h.view.start_ef_hash(self.h.address, n) if start is None else start.ef_hash
+        try:
+            return CarriedEF.of(self.h.content, self.h.cfg, h, n, self.h.retention.fresh_efs)
+        except EFLost as e:
+            raise NodeError(f"{e}; leave and rejoin") from e
 
     def eager_start(self, n: int, gm: GlobalModel, s: StartState | None = None) -> EagerStart | None:
         """An eager run's start params of step n (specs §2.2.1), None where the start is G_{n−1}

@@ -27,6 +27,7 @@ from chain.client import ChainClient, ChainTimeout, TxFailed
 from nodekit.blobs import BlobCatalog, BlobError, build_app
 from nodekit.board import NodePhase
 from nodekit.chainview import Phase, StepInfo, Stopped
+from nodekit.errorfeedback import EFWriter, ServedEF, sparse_codec
 from nodekit.globalmodel import GlobalModel
 from nodekit.holdings import Holdings
 from nodekit.memory import release, tune_allocator
@@ -37,6 +38,7 @@ from nodekit.reach import Reach, reach
 from nodekit.runtime import NodeRuntime, Patience
 from nodekit.serve import bind_kept_port
 from nodekit.store import (
+    EF_GROUP,
     OPTIMIZER_GROUP,
     ContentStore,
     delta_group,
@@ -44,7 +46,7 @@ from nodekit.store import (
     state_group_step,
 )
 from protocol.codecs import CodecError
-from protocol.config import Overlap, RunConfig
+from protocol.config import Codec, Overlap, RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
 from replay.checkpoint import node_initial_global
 from replay.data import Corpus, node_corpus
@@ -162,7 +164,8 @@ class VerifierNode:
         self.holdings = Holdings(self.content, self.catalog, self.log)
         layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
         self.models = GlobalModels(
-            self.rt, self.holdings, layout, self.objects, self.cfg.outer, self._holders
+            self.rt, self.holdings, layout, self.objects, self.cfg.outer, self._holders,
+            sparse=sparse_codec(self.cfg),
         )
         g0 = node_initial_global(self.cfg.initial_model_hash, model, self.config.init_checkpoint_source, c)
         if g0.hash == self.cfg.initial_model_hash:
@@ -190,6 +193,8 @@ class VerifierNode:
         and Δs of steps not yet pruned); `_prune` and `_drop_states` withdraw them in time."""
         for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
             self._serve(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
+        for h in self.content.hashes(Kind.ERROR_FEEDBACK, EF_GROUP):
+            self._serve(Kind.ERROR_FEEDBACK, h, EF_GROUP)
         for group in self.content.groups():
             if state_group_step(group) is not None:
                 for h in self.content.hashes(Kind.STATE, group):
@@ -375,7 +380,12 @@ class VerifierNode:
             final_optimizer_hash=c["final_optimizer_hash"], tokens=c["tokens"],
             env=EnvFingerprint.model_validate(c["env"]), sampled=tuple(segments), openings=opened,
             prev_optimizer_hash=start[0], parent_delta_hash=start[1],
+            final_ef_hash=c.get("final_ef_hash"), start_ef_hash=self._start_ef(host, n),
         )  # fmt: skip
+
+    def _start_ef(self, host: str, n: int) -> str | None:
+        """Codec sparse: the accumulator the chain names for the host's step n start (None: zeros)."""
+        return self.view.start_ef_hash(host, n) if self.cfg.codec is Codec.SPARSE else None
 
     def _start_state(self, host: str, n: int) -> tuple[str | None, str | None]:
         """(optimizer hash, parent Δ hash) of the host's step n start, as the chain rules it: an
@@ -410,7 +420,7 @@ class VerifierNode:
 
             ctx = ReplayContext(
                 model, loss_fn, self.corpus, gm.params, self.metrics.replay_steps.inc, on_derived=derived,
-                global_momentum=gm.momentum,
+                global_momentum=gm.momentum, ef_sink=self._ef_sink,
             )  # fmt: skip
 
             def check() -> Judgement:
@@ -423,6 +433,23 @@ class VerifierNode:
             for p in model.parameters():  # an idle replay model keeps its weights, not its last
                 p.grad = None  # gradients (4 B/param beside aggregation; the next replay makes new ones)
             self._contexts.put((model, loss_fn))
+
+    def _ef_sink(self, layout: Mapping[str, tuple[int, ...]]) -> ServedEF:
+        """The e_next a sparse check rebuilds goes to our store: the host's next start, served to
+        its next verifiers (`_prune` drops it once no start names it)."""
+        return ServedEF(EFWriter(self.content, layout), self._serve)
+
+    def _prune_ef(self, hosts: list[str], n: int, overlapped: bool) -> None:
+        """Codec sparse: keep only the accumulators a start still to be verified names (§4.1)."""
+        if self.cfg.codec is not Codec.SPARSE:
+            return
+        if overlapped:
+            named = {self.view.start_ef_hash(a, m) for a in hosts for m in (n + 1, n + 2)}
+        else:
+            named = {self.view.start_ef_hash(a) for a in hosts}
+        for h in self.content.hashes(Kind.ERROR_FEEDBACK, EF_GROUP):
+            if h not in named:
+                self.holdings.drop(Kind.ERROR_FEEDBACK, h, EF_GROUP)
 
     def _keep_derived(self, job: Job, final: State, payload: bytes) -> None:
         """What an accepting check leaves us (bitwise: our own replay; tolerance: the claimed end and
@@ -535,6 +562,7 @@ class VerifierNode:
         for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
             if h not in named:
                 self.holdings.drop(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
+        self._prune_ef(hosts, n, run.overlapped)
         keep = [self.view.step(n).base_model_hash, run.global_model_hash]
         keep += [self.view.step(m).base_model_hash for m in run.steps_in_flight]
         self.models.prune(keep)

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from torch import Tensor
+
 from nodekit.blobs import (
     BlobClient,
     BlobInvalid,
@@ -15,12 +17,14 @@ from nodekit.blobs import (
 )
 from nodekit.objects import Kind, ObjectPolicy
 from nodekit.store import (
+    EF_GROUP,
     OPTIMIZER_GROUP,
     BytesSink,
     ContentStore,
     StoreError,
     TensorSink,
 )
+from nodekit.storefiles import StoredTensors
 from replay.step import State
 from verifier.verify import (
     MalformedBlob,
@@ -140,6 +144,32 @@ class HttpSource:
         sink = TensorSink(self.objects.specs[Kind.OPTIMIZER]) if into is None else TensorSink.into(into)
         self.store.load_into(Kind.OPTIMIZER, optimizer_hash, sink, OPTIMIZER_GROUP)
         return sink.tensors
+
+    def error_feedback(self, ef_hash: str) -> Mapping[str, Tensor]:
+        """A host's carried accumulator (codec sparse, specs §4.1) by the hash the chain names: ours
+        (derived when we verified its previous step, verified on read) or fetched from its holders
+        into the store and served on; read tensor by tensor from disk, never held whole. Without a
+        store: fetched into memory."""
+        if self.store is None:
+            return self._tensors(Kind.ERROR_FEEDBACK, ef_hash)
+        with _lock(self.store, ef_hash):
+            if not self.store.has(Kind.ERROR_FEEDBACK, ef_hash, EF_GROUP):
+                try:
+                    ref = self.objects.ref(Kind.ERROR_FEEDBACK, ef_hash)
+                    report = fetch_to_store(self.client, self.store, ref, EF_GROUP, self.endpoints)
+                    if report is not None:
+                        self.on_fetched(report)
+                except BlobUnavailable as e:
+                    raise MissingData(str(e)) from e
+                except BlobInvalid as e:
+                    raise MalformedBlob(str(e)) from e
+            self.keep(Kind.ERROR_FEEDBACK, ef_hash, EF_GROUP)
+        try:
+            specs = self.objects.specs[Kind.ERROR_FEEDBACK]
+            return StoredTensors(self.store, Kind.ERROR_FEEDBACK, ef_hash, specs, EF_GROUP)
+        except StoreError as e:  # corrupted on our disk: fetched again next time
+            self.store.delete(Kind.ERROR_FEEDBACK, ef_hash, EF_GROUP)
+            raise MissingData(f"error-feedback accumulator {ef_hash[:12]}: {e}") from e
 
     def delta(self, delta_hash: str) -> bytes:
         """A Δ we hold (derived or fetched before: verified on read), else fetched. With a store, a

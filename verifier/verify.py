@@ -27,10 +27,12 @@ import torch
 from torch import Tensor, nn
 
 from nodekit.eager import EagerStart
+from nodekit.store import StoreError
 from protocol import chunks, codecs
 from protocol.codecs import CodecError
-from protocol.config import ReplayMode, RunConfig, canonical_json
+from protocol.config import Codec, ReplayMode, RunConfig, canonical_json
 from protocol.envclass import ReplayDecision, replay_decision
+from protocol.errorfeedback import EFConfig, EFError, ef_hash, ef_header, ef_tensors
 from protocol.inner import MOMENTS
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
@@ -90,6 +92,44 @@ class OptimizerSource(Protocol):
         ...
 
 
+class ErrorFeedbackSource(Protocol):
+    """A `BlobSource` that can also give a host's carried error-feedback accumulator by its chain
+    hash (codec sparse, specs §4.1): needed to rebuild C(β·e + Δ) and e_next."""
+
+    def error_feedback(self, ef_hash: str) -> Mapping[str, Tensor]:
+        """The accumulator (the model's parameter names, float32) whose hash is `ef_hash`."""
+        ...
+
+
+class EFSink(Protocol):
+    """Where a verification writes the e_next it rebuilds (the node: its store, served on)."""
+
+    def write(self, name: str, t: Tensor) -> None: ...
+
+    def finish(self) -> str:
+        """The hash of what was written (it is kept)."""
+        ...
+
+    def abort(self) -> None: ...
+
+
+class MemoryEF:
+    """An `EFSink` in memory (tests, and nodes without a store): hashed with `ef_hash`."""
+
+    def __init__(self, layout: Mapping[str, tuple[int, ...]], chunk_bytes: int) -> None:
+        self.tensors: dict[str, Tensor] = {}
+        self.chunk_bytes = chunk_bytes
+
+    def write(self, name: str, t: Tensor) -> None:
+        self.tensors[name] = t
+
+    def finish(self) -> str:
+        return ef_hash(self.tensors, self.chunk_bytes)
+
+    def abort(self) -> None:
+        self.tensors = {}
+
+
 @dataclass(frozen=True)
 class OpeningData:
     """One revealed segment; `proof` is None when only the chain (which checked it) had it."""
@@ -120,6 +160,10 @@ class Job:
     parent_delta_hash: str | None = None
     """Eager runs (specs §2.2.1): the host's step n − 1 Δ its start is built on (the chain's
     `start_state`); segment 0 starts from Nesterov(G_{n−1}, decoded parent Δ), not G_{n−1}."""
+    final_ef_hash: str | None = None
+    """Codec sparse (specs §4.1): the committed hash of the host's e_next."""
+    start_ef_hash: str | None = None
+    """Codec sparse: the accumulator the chain names for the host's start (None: zeros)."""
 
 
 @dataclass
@@ -141,6 +185,9 @@ class ReplayContext:
     """The replay optimizer, made once: starts are written into it and the model in place."""
     global_momentum: Mapping[str, Tensor] | None = None
     """G_n's outer momentum: needed only for a job with a parent Δ (the eager start)."""
+    ef_sink: Callable[[Mapping[str, tuple[int, ...]]], EFSink] | None = None
+    """Codec sparse: where the rebuilt e_next goes (None: `MemoryEF`); kept only if it hashes to
+    the committed one."""
 
     def live(self, job: Job) -> State:
         """The replay model's and optimizer's own tensors as a training state (no copies)."""
@@ -439,22 +486,81 @@ def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource |
     is not downloaded at all. Returns the payload we derived."""
     cfg = job.cfg
     layout = _layout(ctx.global_params)
-
-    def delta() -> Iterator[tuple[str, Tensor]]:  # tensor by tensor: no fp32 Δ of the whole model
-        for name in sorted(layout):
-            want = ctx.global_params[name]
-            theta = final.get(PARAM + name)
-            if theta is None or theta.shape != want.shape:
-                raise _Reject(Reason.DELTA_MISMATCH, f"final state lacks param {name}")
-            d = want - theta
-            if not bool(torch.isfinite(d).all()):
-                raise _Reject(Reason.DELTA_MISMATCH, f"Δ of {name} is not finite")
-            yield name, d
-
-    payload = b"".join(codecs.encode_pieces(delta(), layout, cfg.codec, cfg.codec_block_size))
+    delta = _deltas(ctx, final, layout)
+    payload = b"".join(codecs.encode_pieces(delta, layout, cfg.codec, cfg.codec_block_size))
     mine = codecs.delta_hash(payload, cfg.state_chunk_bytes)
     if mine != job.delta_hash:
         raise _Reject(Reason.DELTA_MISMATCH, f"committed Δ {job.delta_hash[:12]} != θ_global−θ_H {mine[:12]}")
+    return _served_matches(job, layout, payload, source)
+
+
+def _deltas(
+    ctx: ReplayContext, final: State, layout: Mapping[str, tuple[int, ...]]
+) -> Iterator[tuple[str, Tensor]]:
+    """Δ = θ_start − θ_H tensor by tensor, in name order: no fp32 Δ of the whole model."""
+    for name in sorted(layout):
+        want = ctx.global_params[name]
+        theta = final.get(PARAM + name)
+        if theta is None or theta.shape != want.shape:
+            raise _Reject(Reason.DELTA_MISMATCH, f"final state lacks param {name}")
+        d = want - theta
+        if not bool(torch.isfinite(d).all()):
+            raise _Reject(Reason.DELTA_MISMATCH, f"Δ of {name} is not finite")
+        yield name, d
+
+
+def check_ef_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource, served: bool) -> bytes:
+    """Codec sparse (specs §4.1): the committed Δ is C(β·e + θ_start − θ_H) and the committed e_next
+    is a − decode(C(a)), both rebuilt from `final` (bitwise: our replay; tolerance: the checked
+    claimed end, whose θ_H the host encoded) and the e the chain names (fetched by hash; none:
+    zeros). Either hash differing is DELTA_MISMATCH. With `served` (tolerance mode) the downloaded
+    payload must also be the one we derived. Returns the payload; e_next is in `ctx.ef_sink`."""
+    cfg, efc = job.cfg, EFConfig.of(job.cfg)
+    layout = _layout(ctx.global_params)
+    e: Mapping[str, Tensor] | None = None
+    if job.start_ef_hash is not None:
+        fetch = getattr(source, "error_feedback", None)
+        if fetch is None:
+            raise CannotVerify("this blob source cannot fetch an error-feedback accumulator")
+        e = fetch(job.start_ef_hash)  # every chunk checked against the hash the chain names
+    if not job.final_ef_hash:
+        raise _Reject(Reason.DELTA_MISMATCH, "a sparse commit without the hash of its e_next")
+    sink = ctx.ef_sink(layout) if ctx.ef_sink is not None else MemoryEF(layout, cfg.state_chunk_bytes)
+    bodies = []
+    try:
+        for t in ef_tensors(_deltas(ctx, final, layout), e, layout, efc):
+            bodies.append(t.body)
+            sink.write(t.name, t.e_next)
+            del t
+    except EFError as err:
+        sink.abort()
+        raise MalformedBlob(f"start accumulator {job.start_ef_hash or 'zeros'}: {err}") from err
+    except CodecError as err:
+        sink.abort()
+        raise _Reject(Reason.DELTA_MISMATCH, f"β·e + Δ cannot be encoded: {err}") from err
+    except StoreError as err:  # our own copy of the accumulator broke on disk: not the host's fault
+        sink.abort()
+        raise CannotVerify(f"start accumulator unreadable here: {err}") from err
+    except BaseException:
+        sink.abort()
+        raise
+    payload = ef_header(layout, efc) + b"".join(bodies)
+    mine = codecs.delta_hash(payload, cfg.state_chunk_bytes)
+    if mine != job.delta_hash:
+        sink.abort()
+        raise _Reject(
+            Reason.DELTA_MISMATCH, f"committed Δ {job.delta_hash[:12]} != C(β·e + θ_start − θ_H) {mine[:12]}"
+        )
+    got = sink.finish()
+    if got != job.final_ef_hash:
+        raise _Reject(Reason.DELTA_MISMATCH, f"committed e {job.final_ef_hash[:12]} != a − C(a) {got[:12]}")
+    return _served_matches(job, layout, payload, source if served else None)
+
+
+def _served_matches(
+    job: Job, layout: Mapping[str, tuple[int, ...]], payload: bytes, source: BlobSource | None
+) -> bytes:
+    """Tolerance mode: the payload the host serves must decode and be exactly the one we derived."""
     if source is None:
         return payload
     served = source.delta(job.delta_hash)  # the source checked every chunk against the hash
@@ -574,7 +680,10 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
                 raise _Reject(Reason.REPLAY_MISMATCH, why)
         if optimizer_hash(final, chunk) != job.final_optimizer_hash:
             raise _Reject(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
-        payload = check_delta(job, ctx, final, None if bitwise else source)
+        if job.cfg.codec is Codec.SPARSE:
+            payload = check_ef_delta(job, ctx, final, source, served=not bitwise)
+        else:
+            payload = check_delta(job, ctx, final, None if bitwise else source)
         if ctx.on_derived is not None:  # tolerance mode: the checked claim and the downloaded Δ
             ctx.on_derived(final, payload)
         reason, detail = Reason.ACCEPT, ""

@@ -78,7 +78,9 @@ import torch
 import zstandard
 from torch import Tensor
 
+from gonka_diloco.adversaries.sparse import EF_FORGERS
 from gonka_diloco.adversaries.steer import TARGETS, WHERE, make_genuine, steer_boundary
+from nodekit.errorfeedback import start_ef
 from nodekit.statestore import clone_state
 from protocol import codecs
 from protocol.config import ReplayMode, RunConfig
@@ -760,6 +762,37 @@ class SilentAfterAccept(HostAdversary):
         return [] if self.silent else super().commit_messages(contribution, ctx)
 
 
+class ForgedErrorFeedback(HostAdversary):
+    """Codec sparse: trains honestly, then commits what a `forger` of `adversaries/sparse.py` makes
+    of its step: a payload that decodes but is not C(β·e + Δ) (`topk_shifted`, `scaled`,
+    `sign_flip`, `random_k`, `ef_dropped` once e ≠ 0) and/or a carried e that is not a − C(a)
+    (`ef_hoard`). `steps`: only in these outer steps (honest in the others); None = every step."""
+
+    name = "ef_forge"
+    expected = ("DELTA_MISMATCH",)
+    chain_outcome = "rejected"
+    keeps_delta = True
+
+    def __init__(self, forger: str = "ef_hoard", steps: Sequence[int] | None = None) -> None:
+        super().__init__()
+        if forger not in EF_FORGERS:
+            raise ValueError(f"unknown forger {forger!r}; known: {', '.join(sorted(EF_FORGERS))}")
+        self.forger = forger
+        self.steps = None if steps is None else {int(n) for n in steps}
+
+    def make_contribution(self, ctx: OuterContext) -> TrainedStep:
+        if ctx.ef is None:
+            raise ValueError("ef_forge needs a run with codec 'sparse'")
+        c = ctx.train(keep_delta=True)
+        if self.steps is not None and ctx.outer_step not in self.steps:
+            return c
+        layout = ctx.global_model.layout
+        e = start_ef(ctx.ef.content, layout, ctx.ef.start_hash)
+        payload, e_next = EF_FORGERS[self.forger](e, c.delta, ctx.ef.cfg)
+        forged = ctx.with_payload(c, payload, dict(c.delta))
+        return dataclasses.replace(forged, final_ef_hash=ctx.ef.store(e_next, layout))
+
+
 HOSTS: dict[str, Callable[..., HostBehaviour]] = {
     "honest": HostBehaviour,
     "noise": NoiseDelta,
@@ -785,6 +818,7 @@ HOSTS: dict[str, Callable[..., HostBehaviour]] = {
     "loss_liar": LossLiar,
     "eager": EagerStart,
     "wrong_start": WrongEagerStart,
+    "ef_forge": ForgedErrorFeedback,
 }
 
 

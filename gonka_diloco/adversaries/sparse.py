@@ -16,8 +16,9 @@ its sizes are the layout's) and wrong in one way a host might want:
 A verifier rebuilds C(a) and e_next from its own replay of θ_H and the e the chain names and
 compares both hashes with the commitment (`verify_ef_step`). `ef_dropped` equals the honest
 step while e is zero (a host's first step, or after a rejected one): there it *is* honest.
-The host nodes wrap these in a `HostBehaviour` once they carry e (the lead's integration);
-`bench.sim` runs them today (`run_diloco(ef_attack=…)`, `tests/test_errorfeedback.py`).
+The host adversary `ef_forge` (`adversaries/hosts.py`, `forger=NAME`) commits them from a real
+node (`tests/test_sparse_nodes.py`); `bench.sim` runs them in process (`run_diloco(ef_attack=…)`,
+`tests/test_errorfeedback.py`).
 """
 
 from __future__ import annotations

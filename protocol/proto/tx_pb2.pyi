@@ -265,7 +265,7 @@ class MsgLeaveRun(_message.Message):
     def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ...) -> None: ...
 
 class MsgCommitPseudoGradient(_message.Message):
-    __slots__ = ("creator", "run_id", "outer_step", "base_model_hash", "trajectory_root", "leaf_count", "delta_hash", "final_optimizer_hash", "codec", "tokens", "env")
+    __slots__ = ("creator", "run_id", "outer_step", "base_model_hash", "trajectory_root", "leaf_count", "delta_hash", "final_optimizer_hash", "codec", "tokens", "env", "final_ef_hash")
     CREATOR_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +277,7 @@ class MsgCommitPseudoGradient(_message.Message):
     CODEC_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
+    FINAL_EF_HASH_FIELD_NUMBER: _ClassVar[int]
     creator: str
     run_id: int
     outer_step: int
@@ -288,7 +289,8 @@ class MsgCommitPseudoGradient(_message.Message):
     codec: str
     tokens: int
     env: EnvFingerprint
-    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., base_model_hash: _Optional[str] = ..., trajectory_root: _Optional[str] = ..., leaf_count: _Optional[int] = ..., delta_hash: _Optional[str] = ..., final_optimizer_hash: _Optional[str] = ..., codec: _Optional[str] = ..., tokens: _Optional[int] = ..., env: _Optional[_Union[EnvFingerprint, _Mapping]] = ...) -> None: ...
+    final_ef_hash: str
+    def __init__(self, creator: _Optional[str] = ..., run_id: _Optional[int] = ..., outer_step: _Optional[int] = ..., base_model_hash: _Optional[str] = ..., trajectory_root: _Optional[str] = ..., leaf_count: _Optional[int] = ..., delta_hash: _Optional[str] = ..., final_optimizer_hash: _Optional[str] = ..., codec: _Optional[str] = ..., tokens: _Optional[int] = ..., env: _Optional[_Union[EnvFingerprint, _Mapping]] = ..., final_ef_hash: _Optional[str] = ...) -> None: ...
 
 class SegmentOpening(_message.Message):
     __slots__ = ("segment", "start_leaf", "end_leaf", "proof")
