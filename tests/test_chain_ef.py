@@ -22,12 +22,13 @@ from tests.support.chain import (
     commit_msg,
     h32,
     make_config,
+    ok_block,
     reveal_msg,
     started,
+    step_of,
     verdict_msg,
     vote,
 )
-from tests.test_chain_overlap import ok_block, step_of
 
 
 def sparse_config(**kw: object) -> RunConfig:

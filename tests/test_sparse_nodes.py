@@ -31,6 +31,8 @@ from replay.data import eval_loss
 from replay.model import lm_loss
 from replay.spec import build_model
 from tests.support.nodes import (
+    IMPATIENT,
+    IMPATIENT_VERIFIER,
     SPEC,
     LockstepChain,
     create_run,
@@ -68,12 +70,13 @@ def test_sparse_hosts_carry_error_feedback_and_forgers_are_caught(tmp_path: Path
         inner={"lr": 3e-3},
     )  # fmt: skip
     run_id = create_run(chain, cfg)
-    quick: dict[str, Any] = {"log": lambda e: None, "poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
+    quick: dict[str, Any] = {"log": lambda e: None, "patience": IMPATIENT}
     hosts = {i: HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus,
                          behaviour=resolve_host(name, params), **quick)
              for i, (name, params) in HOSTS.items()}  # fmt: skip
     verifiers = [
-        VerifierNode(verifier_config(tmp_path, i, run_id), chain, corpus=corpus, blob_timeout=5, **quick)
+        VerifierNode(verifier_config(tmp_path, i, run_id), chain, corpus=corpus,
+                     **{**quick, "patience": IMPATIENT_VERIFIER})
         for i in VERIFIERS
     ]
     with running([n.run for n in [*hosts.values(), *verifiers]], chain):
@@ -147,12 +150,12 @@ def test_tolerance_mode_rebuilds_the_sparse_step_from_the_checked_claim(tmp_path
         replay_mode=ReplayMode.TOLERANCE, tolerance=1e-3, tolerance_exp_avg=1e-3, tolerance_exp_avg_sq=1e-3,
     )  # fmt: skip
     run_id = create_run(chain, cfg)
-    quick: dict[str, Any] = {"log": lambda e: None, "poll_timeout": 0.5, "blob_retries": 0, "blob_backoff": 0}
+    quick: dict[str, Any] = {"log": lambda e: None, "patience": IMPATIENT}
     honest = HostNode(host_config(tmp_path, 1, run_id), chain, corpus=corpus, **quick)
     forger = HostNode(host_config(tmp_path, 2, run_id), chain, corpus=corpus,
                       behaviour=resolve_host("ef_forge", {"forger": "ef_hoard"}), **quick)  # fmt: skip
     vcfg = verifier_config(tmp_path, 11, run_id)
-    verifier = VerifierNode(vcfg, chain, corpus=corpus, blob_timeout=5, **quick)
+    verifier = VerifierNode(vcfg, chain, corpus=corpus, **{**quick, "patience": IMPATIENT_VERIFIER})
     with running([honest.run, forger.run, verifier.run], chain):
         pass
     for n in range(2):

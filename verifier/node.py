@@ -27,7 +27,7 @@ from chain.client import ChainClient, ChainTimeout, TxFailed
 from nodekit.blobs import BlobCatalog, BlobError, build_app
 from nodekit.board import NodePhase
 from nodekit.chainview import Phase, StepInfo, Stopped
-from nodekit.errorfeedback import EFWriter, ServedEF, sparse_codec
+from nodekit.errorfeedback import sparse_codec
 from nodekit.globalmodel import GlobalModel
 from nodekit.holdings import Holdings
 from nodekit.memory import release, tune_allocator
@@ -46,7 +46,7 @@ from nodekit.store import (
     state_group_step,
 )
 from protocol.codecs import CodecError
-from protocol.config import Codec, Overlap, RunConfig
+from protocol.config import RunConfig
 from protocol.messages import EnvFingerprint, MsgSubmitVerdict, Reason, Role
 from replay.checkpoint import node_initial_global
 from replay.data import Corpus, node_corpus
@@ -56,6 +56,7 @@ from verifier.behaviour import VerifierBehaviour
 from verifier.metrics import VerifierMetrics
 from verifier.node_config import VerifierConfig
 from verifier.source import HttpSource
+from verifier.starts import CarriedStarts
 from verifier.verify import (
     CannotVerify,
     Job,
@@ -162,6 +163,7 @@ class VerifierNode:
         self.rt.swept(self.content.sweep())  # what a kill left half-written (part files), before any fetch
         self.catalog.chunk_bytes = c
         self.holdings = Holdings(self.content, self.catalog, self.log)
+        self.starts = CarriedStarts(self.view, self.cfg, self.content, self.holdings, self._serve)
         layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
         self.models = GlobalModels(
             self.rt, self.holdings, layout, self.objects, self.cfg.outer, self._holders,
@@ -373,27 +375,15 @@ class VerifierNode:
             OpeningData(o["segment"], o["start_leaf"], o["end_leaf"], tuple(o.get("proof") or ()) or None)
             for o in (reveal["openings"] if reveal else [])
         )
-        start = self._start_state(host, n)
+        start = self.starts.names(host, n)
         return Job(
             run_id=self.config.run_id, outer_step=n, host=host, cfg=self.cfg,
             trajectory_root=c["trajectory_root"], leaf_count=c["leaf_count"], delta_hash=c["delta_hash"],
             final_optimizer_hash=c["final_optimizer_hash"], tokens=c["tokens"],
             env=EnvFingerprint.model_validate(c["env"]), sampled=tuple(segments), openings=opened,
-            prev_optimizer_hash=start[0], parent_delta_hash=start[1],
-            final_ef_hash=c.get("final_ef_hash"), start_ef_hash=self._start_ef(host, n),
+            prev_optimizer_hash=start.optimizer_hash, parent_delta_hash=start.parent_delta_hash,
+            final_ef_hash=c.get("final_ef_hash"), start_ef_hash=start.ef_hash,
         )  # fmt: skip
-
-    def _start_ef(self, host: str, n: int) -> str | None:
-        """Codec sparse: the accumulator the chain names for the host's step n start (None: zeros)."""
-        return self.view.start_ef_hash(host, n) if self.cfg.codec is Codec.SPARSE else None
-
-    def _start_state(self, host: str, n: int) -> tuple[str | None, str | None]:
-        """(optimizer hash, parent Δ hash) of the host's step n start, as the chain rules it: an
-        eager run's `start_state` (specs §2.2.1), else (sequential) the previous optimizer and no parent."""
-        if self.cfg.overlap is not Overlap.EAGER:
-            return self.view.prev_optimizer_hash(host, n), None
-        s = self.view.start_state(host, n)
-        return s.optimizer_hash, s.parent_delta_hash
 
     def _judge(self, job: Job, gm: GlobalModel) -> Judgement | None:
         """Runs on a pool worker with that worker's own model; the behaviour decides what to report."""
@@ -420,7 +410,7 @@ class VerifierNode:
 
             ctx = ReplayContext(
                 model, loss_fn, self.corpus, gm.params, self.metrics.replay_steps.inc, on_derived=derived,
-                global_momentum=gm.momentum, ef_sink=self._ef_sink,
+                global_momentum=gm.momentum, ef_sink=self.starts.ef_sink,
             )  # fmt: skip
 
             def check() -> Judgement:
@@ -433,23 +423,6 @@ class VerifierNode:
             for p in model.parameters():  # an idle replay model keeps its weights, not its last
                 p.grad = None  # gradients (4 B/param beside aggregation; the next replay makes new ones)
             self._contexts.put((model, loss_fn))
-
-    def _ef_sink(self, layout: Mapping[str, tuple[int, ...]]) -> ServedEF:
-        """The e_next a sparse check rebuilds goes to our store: the host's next start, served to
-        its next verifiers (`_prune` drops it once no start names it)."""
-        return ServedEF(EFWriter(self.content, layout), self._serve)
-
-    def _prune_ef(self, hosts: list[str], n: int, overlapped: bool) -> None:
-        """Codec sparse: keep only the accumulators a start still to be verified names (§4.1)."""
-        if self.cfg.codec is not Codec.SPARSE:
-            return
-        if overlapped:
-            named = {self.view.start_ef_hash(a, m) for a in hosts for m in (n + 1, n + 2)}
-        else:
-            named = {self.view.start_ef_hash(a) for a in hosts}
-        for h in self.content.hashes(Kind.ERROR_FEEDBACK, EF_GROUP):
-            if h not in named:
-                self.holdings.drop(Kind.ERROR_FEEDBACK, h, EF_GROUP)
 
     def _keep_derived(self, job: Job, final: State, payload: bytes) -> None:
         """What an accepting check leaves us (bitwise: our own replay; tolerance: the claimed end and
@@ -555,14 +528,7 @@ class VerifierNode:
         self.holdings.drop_groups(delta_group_step, n - 1)
         hosts = [p.address for p in self.view.participants() if p.role == Role.HOST.value]
         run = self.view.run()
-        if run.overlapped:  # the start states of the steps still to be verified (§2.2.1)
-            named = {self.view.prev_optimizer_hash(a, m) for a in hosts for m in (n + 1, n + 2)}
-        else:
-            named = {self.view.prev_optimizer_hash(a) for a in hosts}
-        for h in self.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
-            if h not in named:
-                self.holdings.drop(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
-        self._prune_ef(hosts, n, run.overlapped)
+        self.starts.prune(hosts, n, run.overlapped)
         keep = [self.view.step(n).base_model_hash, run.global_model_hash]
         keep += [self.view.step(m).base_model_hash for m in run.steps_in_flight]
         self.models.prune(keep)

@@ -127,20 +127,25 @@ class HttpSource:
         self.keep(Kind.STATE, leaf_hash, self.group)
         return sink.tensors
 
-    def optimizer(self, optimizer_hash: str, into: State | None = None) -> State:
-        if self.store is None:
-            return self._tensors(Kind.OPTIMIZER, optimizer_hash, into)
-        if not self.store.has(Kind.OPTIMIZER, optimizer_hash, OPTIMIZER_GROUP):
+    def _into_store(self, kind: Kind, h: str, group: str) -> None:
+        """A carried state we do not hold yet, fetched from the holders into the store; then served on."""
+        assert self.store is not None
+        if not self.store.has(kind, h, group):
             try:
-                ref = self.objects.ref(Kind.OPTIMIZER, optimizer_hash)
-                report = fetch_to_store(self.client, self.store, ref, OPTIMIZER_GROUP, self.endpoints)
+                ref = self.objects.ref(kind, h)
+                report = fetch_to_store(self.client, self.store, ref, group, self.endpoints)
                 if report is not None:
                     self.on_fetched(report)
             except BlobUnavailable as e:
                 raise MissingData(str(e)) from e
             except BlobInvalid as e:
                 raise MalformedBlob(str(e)) from e
-            self.keep(Kind.OPTIMIZER, optimizer_hash, OPTIMIZER_GROUP)
+        self.keep(kind, h, group)
+
+    def optimizer(self, optimizer_hash: str, into: State | None = None) -> State:
+        if self.store is None:
+            return self._tensors(Kind.OPTIMIZER, optimizer_hash, into)
+        self._into_store(Kind.OPTIMIZER, optimizer_hash, OPTIMIZER_GROUP)
         sink = TensorSink(self.objects.specs[Kind.OPTIMIZER]) if into is None else TensorSink.into(into)
         self.store.load_into(Kind.OPTIMIZER, optimizer_hash, sink, OPTIMIZER_GROUP)
         return sink.tensors
@@ -153,17 +158,7 @@ class HttpSource:
         if self.store is None:
             return self._tensors(Kind.ERROR_FEEDBACK, ef_hash)
         with _lock(self.store, ef_hash):
-            if not self.store.has(Kind.ERROR_FEEDBACK, ef_hash, EF_GROUP):
-                try:
-                    ref = self.objects.ref(Kind.ERROR_FEEDBACK, ef_hash)
-                    report = fetch_to_store(self.client, self.store, ref, EF_GROUP, self.endpoints)
-                    if report is not None:
-                        self.on_fetched(report)
-                except BlobUnavailable as e:
-                    raise MissingData(str(e)) from e
-                except BlobInvalid as e:
-                    raise MalformedBlob(str(e)) from e
-            self.keep(Kind.ERROR_FEEDBACK, ef_hash, EF_GROUP)
+            self._into_store(Kind.ERROR_FEEDBACK, ef_hash, EF_GROUP)
         try:
             specs = self.objects.specs[Kind.ERROR_FEEDBACK]
             return StoredTensors(self.store, Kind.ERROR_FEEDBACK, ef_hash, specs, EF_GROUP)
