@@ -26,6 +26,7 @@ from protocol.config import Codec, ModelSpec, RunConfig
 from replay.data import shakespeare_corpus
 from replay.spec import build_model
 from replay.step import (
+    TrainJob,
     configure_determinism,
     load_training_state,
     make_optimizer,
@@ -65,11 +66,11 @@ def main() -> None:
     contribution = None
     with tempfile.TemporaryDirectory() as tmp:
         store = StateStore(tmp)
-        train_segment(model, opt, cfg, corpus, host, 0, 0, 2)  # warm-up, not timed
+        train_segment(TrainJob(cfg, corpus, host, 0), model, opt, 0, 2)  # warm-up, not timed
         for rep in range(args.reps):
             load_training_state(model, opt, start)
             t = time.perf_counter()
-            train_segment(model, opt, cfg, corpus, host, 0, 0, cfg.inner_steps)
+            train_segment(TrainJob(cfg, corpus, host, 0), model, opt, 0, cfg.inner_steps)
             plain_s.append(time.perf_counter() - t)
 
             load_training_state(model, opt, start)

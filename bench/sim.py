@@ -234,16 +234,17 @@ class Host:
         `tau`, train on; Δ = g − θ_H. Uncommitted: only Δ, tokens and the loss matter here."""
         from types import SimpleNamespace
 
-        from replay.step import train_segment
+        from replay.step import TrainJob, train_segment
 
         with torch.no_grad():
             for k, p in self.model.named_parameters():
                 p.copy_(start[k])
-        train_segment(self.model, self.opt, env.cfg, env.corpus, self.name, n, 0, tau)
+        job = TrainJob(env.cfg, env.corpus, self.name, n)
+        train_segment(job, self.model, self.opt, 0, tau)
         with torch.no_grad():
             for k, p in self.model.named_parameters():
                 p.add_(g[k] - start[k])
-        train_segment(self.model, self.opt, env.cfg, env.corpus, self.name, n, tau, env.cfg.inner_steps - tau)
+        train_segment(job, self.model, self.opt, tau, env.cfg.inner_steps - tau)
         delta = {k: (g[k] - p.detach()).float() for k, p in self.model.named_parameters()}
         return SimpleNamespace(delta=delta, tokens=env.cfg.tokens_per_outer_step, final_optimizer_hash=None)
 

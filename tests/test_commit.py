@@ -17,7 +17,7 @@ from protocol.codecs import decode, delta_hash
 from protocol.config import Codec, ReplayMode
 from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, domain, tensor_hash
-from replay.step import load_training_state, train_segment, training_hash, training_state
+from replay.step import TrainJob, load_training_state, train_segment, training_hash, training_state
 from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer import boundaries
 from trainer.boundaries import Boundaries, LiveBoundary, cool_spill, warm_spill
@@ -60,7 +60,7 @@ def test_leaves_open_and_replay(tmp_path: Path) -> None:
     # replaying segment 1 from its stored start lands on the committed end leaf
     model, opt = fresh(cfg)
     load_training_state(model, opt, store.get(c0.leaves[1]))
-    train_segment(model, opt, cfg, tiny_corpus(), HOST, 0, 5, 5)
+    train_segment(TrainJob(cfg, tiny_corpus(), HOST, 0), model, opt, 5, 5)
     assert training_hash(training_state(model, opt)) == c0.leaves[2]
     # the optimizer state carries into the next outer step: its first leaf has step = H
     assert float(store.get(c1.leaves[0], 1)["step"]) == cfg.inner_steps

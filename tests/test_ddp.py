@@ -13,6 +13,7 @@ import pytest
 
 from nodekit.statestore import StateStore
 from replay.step import (
+    TrainJob,
     configure_determinism,
     load_training_state,
     train_segment,
@@ -81,7 +82,7 @@ def test_two_gloo_ranks_commit_a_trajectory_that_replays_in_one_process(
     def replay(micro_batches: int) -> str:
         model, opt = fresh(cfg)
         load_training_state(model, opt, store.get(leaves[1], 0))
-        train_segment(model, opt, cfg, data, HOST, 0, 5, 5, micro_batches)
+        train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=micro_batches), model, opt, 5, 5)
         return training_hash(training_state(model, opt))
 
     assert replay(2) == leaves[2]

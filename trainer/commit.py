@@ -33,6 +33,7 @@ from replay.model import lm_loss
 from replay.step import (
     LossFn,
     SliceExchange,
+    TrainJob,
     env_fingerprint,
     train_segment,
 )
@@ -165,15 +166,13 @@ def _trajectory(
     boundaries = Boundaries(store, outer_step, cfg, opt, every=every, sharding=sharding)
     final_opt: Future[tuple[str, list[bytes] | None]] | None = None
     steps_s = 0.0
+    job = TrainJob(cfg, data, host, outer_step, micro_batches, loss_fn, exchange)
     try:
         for seg in range(cfg.n_segments + 1):
             boundaries.submit(model, opt)
             if seg < cfg.n_segments:
                 t0 = time.perf_counter()
-                losses += train_segment(
-                    model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
-                    loss_fn=loss_fn, exchange=exchange,
-                )  # fmt: skip
+                losses += train_segment(job, model, opt, seg * k, k)
                 steps_s += time.perf_counter() - t0
         if sharding is not None:
             final_opt = boundaries.optimizer(model, opt, keep_optimizer)

@@ -41,6 +41,7 @@ from replay.model import lm_loss
 from replay.spec import DEFAULT_ALLOW_LIST, BuiltModel, Factory, build
 from replay.step import (
     LossFn,
+    TrainJob,
     configure_determinism,
     load_training_state,
     make_optimizer,
@@ -127,10 +128,8 @@ def run_committed_ddp(
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(global_params[n])
-    train_segment(
-        model, opt, cfg, data, host, outer_step, 0, cfg.inner_steps, exchange.world_size,
-        loss_fn=loss_fn, exchange=exchange,
-    )  # fmt: skip
+    job = TrainJob(cfg, data, host, outer_step, exchange.world_size, loss_fn, exchange)
+    train_segment(job, model, opt, 0, cfg.inner_steps)
     return None
 
 

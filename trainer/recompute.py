@@ -20,6 +20,7 @@ from replay.device import host_view
 from replay.model import lm_loss
 from replay.step import (
     LossFn,
+    TrainJob,
     train_segment,
     training_state,
 )
@@ -133,6 +134,7 @@ def recompute_openings(
     function, checked against its committed leaf, and saved. Every rank of a sharded host runs
     this with the same plan (its part of every load, step, hash and save)."""
     k = cfg.segment_len
+    job = TrainJob(cfg, data, host, outer_step, micro_batches, loss_fn, exchange)
     on_disk = set(plan.on_disk)
     done: list[int] = []
     at: int | None = None  # the boundary the model currently holds
@@ -151,10 +153,7 @@ def recompute_openings(
             at = src
         assert model is not None and opt is not None
         while at < j:
-            train_segment(
-                model, opt, cfg, data, host, outer_step, at * k, k, micro_batches,
-                loss_fn=loss_fn, exchange=exchange,
-            )  # fmt: skip
+            train_segment(job, model, opt, at * k, k)
             at += 1
             if at in plan.needed and at not in on_disk and at not in done and at != j:
                 _save_recomputed(store, outer_step, leaves, at, model, opt, cfg, sharding)
