@@ -55,7 +55,7 @@ from replay.step import (
     training_hash,
     training_state,
 )
-from trainer.commit import TrainedStep, openings, param_tensors, run_committed
+from trainer.commit import CommitJob, TrainedStep, openings, param_tensors, run_committed
 
 Params = dict[str, Tensor]
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -249,7 +249,11 @@ class Host:
         return SimpleNamespace(delta=delta, tokens=env.cfg.tokens_per_outer_step, final_optimizer_hash=None)
 
     def contribute(self, env: Env, n: int, g: Params, g_hash: str, store: MemStore | None) -> TrainedStep:
-        return run_committed(self.model, self.opt, env.cfg, env.corpus, self.name, n, g, g_hash, store)  # type: ignore[arg-type]
+        job = CommitJob(
+            env.cfg, env.corpus, self.name, n, start_params=g, base_model_hash=g_hash,
+            store=store,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return run_committed(job, self.model, self.opt)
 
 
 def forge(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +22,7 @@ from replay.step import TrainJob, load_training_state, train_segment, training_h
 from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
 from trainer import boundaries
 from trainer.boundaries import Boundaries, LiveBoundary, cool_spill, warm_spill
-from trainer.commit import TrainedStep, openings, param_tensors, run_committed
+from trainer.commit import CommitJob, TrainedStep, openings, param_tensors, run_committed
 from trainer.recompute import materialize_openings
 
 CREATOR = HOST
@@ -32,8 +33,9 @@ def _outer(tmp_path: Path, codec: Codec = Codec.FP32) -> tuple[StateStore, list[
     store = StateStore(tmp_path / "states")
     model, opt = fresh(cfg)
     g0 = param_tensors(model)
-    c0 = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, store)
-    c1 = run_committed(model, opt, cfg, tiny_corpus(), HOST, 1, g0, "b" * 64, store)
+    job = CommitJob(cfg, tiny_corpus(), HOST, 0, start_params=g0, base_model_hash="a" * 64, store=store)
+    c0 = run_committed(job, model, opt)
+    c1 = run_committed(dataclasses.replace(job, outer_step=1, base_model_hash="b" * 64), model, opt)
     return store, [c0, c1], {"cfg": cfg, "g0": g0}
 
 
@@ -141,10 +143,11 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
     sparse = StateStore(tmp_path / "sparse", chunk_bytes=4096, checkpoint_every=3)
     model, opt = fresh(cfg)
     g0 = param_tensors(model)
-    c_full = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, full)
+    job = CommitJob(cfg, tiny_corpus(), HOST, 0, start_params=g0, base_model_hash="a" * 64, store=full)
+    c_full = run_committed(job, model, opt)
     assert len(full.hashes(0)) == 7  # m = 1 and tolerance mode: every boundary
     model, opt = fresh(cfg)
-    c = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, sparse)
+    c = run_committed(dataclasses.replace(job, store=sparse), model, opt)
     assert c.leaves == c_full.leaves and len(c.leaves) == 7
     assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (3, 5, 6)})  # 0 = G_n + optimizer
     bitwise_cfg = cfg.model_copy(update={"replay_mode": ReplayMode.BITWISE})
@@ -166,14 +169,15 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
         return m, o
 
     segments = [0, 3, 5]  # opens boundaries 0, 1, 3, 4, 5, 6
-    done = materialize_openings(sparse, 0, c.leaves, segments, start, cfg, tiny_corpus(), HOST)
+    done = materialize_openings(dataclasses.replace(job, store=sparse), c.leaves, segments, start)
     assert done == [0, 1, 4]
     assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (0, 1, 3, 4, 5, 6)})
     for j in (0, 1, 4):
         assert sparse.find(c.leaves[j], 0).read_bytes() == full.find(c.leaves[j], 0).read_bytes()
 
     segments = [1, 2, 5]  # bitwise: starts 1, 2 (recomputed from boundary 0) and 5 (persisted)
-    done = materialize_openings(bitwise, 0, c.leaves, segments, start, bitwise_cfg, tiny_corpus(), HOST)
+    bitwise_job = dataclasses.replace(job, config=bitwise_cfg, store=bitwise)
+    done = materialize_openings(bitwise_job, c.leaves, segments, start)
     assert done == [1, 2]
     assert sorted(bitwise.hashes(0)) == sorted({c.leaves[j] for j in (1, 2, 5)})  # 3 went
     for j in (1, 2):

@@ -26,7 +26,7 @@ RANK = """
 import json, sys
 sys.path.insert(0, {root!r})
 from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
-from trainer.commit import param_tensors
+from trainer.commit import CommitJob, param_tensors
 from trainer.ddp import init_from_env, run_committed_ddp
 from replay.step import configure_determinism
 from nodekit.statestore import StateStore
@@ -34,8 +34,9 @@ configure_determinism(1)
 ex = init_from_env("gloo")
 cfg = tiny_cfg()
 model, opt = fresh(cfg)
-c = run_committed_ddp(model, opt, cfg, tiny_corpus(), HOST, 0, param_tensors(model), "a" * 64,
-                      StateStore({store!r}) if ex.rank == 0 else None, ex)
+job = CommitJob(cfg, tiny_corpus(), HOST, 0, exchange=ex, start_params=param_tensors(model),
+                base_model_hash="a" * 64, store=StateStore({store!r}) if ex.rank == 0 else None)
+c = run_committed_ddp(job, model, opt)
 if c is not None:
     print(json.dumps({{"leaves": c.leaves, "micro_batches": c.env.micro_batches}}))
 import torch.distributed as dist

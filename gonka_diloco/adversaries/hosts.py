@@ -592,10 +592,7 @@ class EagerStart(HostAdversary):
         else:
             own = codecs.decode(previous, ctx.global_model.layout)
             eager = {n: ctx.global_model.params[n] - own[n] for n in ctx.global_model.params}
-            c = run_committed(
-                ctx.model, ctx.inner_optimizer, ctx.cfg, ctx.data, ctx.address, ctx.outer_step, eager,
-                ctx.global_model.hash, ctx.store, loss_fn=ctx.loss_fn,
-            )  # fmt: skip
+            c = run_committed(ctx.job(eager), ctx.model, ctx.inner_optimizer)
         self.history[ctx.outer_step] = c.payload
         return c
 
