@@ -20,8 +20,7 @@ from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, domain, tensor_hash
 from replay.step import TrainJob, load_training_state, train_segment, training_hash, training_state
 from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
-from trainer import boundaries
-from trainer.boundaries import Boundaries, LiveBoundary, cool_spill, warm_spill
+from trainer.boundaries import Boundaries, LiveBoundary, SpillPool
 from trainer.commit import CommitJob, TrainedStep, openings, param_tensors, run_committed
 from trainer.recompute import materialize_openings
 
@@ -195,7 +194,7 @@ def test_live_boundary_hashes_and_writes_the_boundary_not_what_the_step_made_of_
     live = {f"param/{i}": torch.randn(3000, generator=g) for i in range(8)}
     want = {k: v.clone() for k, v in live.items()}
     store = StateStore(tmp_path / "s", chunk_bytes=4096)
-    job = LiveBoundary(live, 4096, spill, None)
+    job = LiveBoundary(live, 4096, spill, None, SpillPool())
     job.sink = store.content.scratch(Kind.STATE, "0", job.total)
     with ThreadPoolExecutor(1) as worker:  # where the boundary worker runs it: off this thread
         fut = worker.submit(job.run)
@@ -216,12 +215,13 @@ def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_
     boundary's bytes into another's leaf; once the outer step ends, the buffer is freed."""
     g = torch.Generator().manual_seed(1)
     live = {f"param/{i}": torch.randn(3000, generator=g) for i in range(8)}
-    size = LiveBoundary(live, 4096, 1 << 30, None).spill
-    warm_spill(size)  # what `Boundaries` does for its outer step
+    pool = SpillPool()  # a `Boundaries`' own, for its outer step
+    size = LiveBoundary(live, 4096, 1 << 30, None, pool).spill
+    pool.warm(size)  # what `Boundaries` does at its first live boundary
     bufs, leaves = [], []
     for step in range(3):
         want = tensor_hash(live, StateKind.TRAINING, 4096)
-        job = LiveBoundary(live, 4096, 1 << 30, None)
+        job = LiveBoundary(live, 4096, 1 << 30, None, pool)
         job.release()  # before any chunk is taken: the whole boundary is copied out
         assert job.copied == job.total and job._spill is not None
         bufs.append(job._spill.ready.result())
@@ -232,24 +232,25 @@ def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_
         leaves.append(chunks.content_hash(domain(StateKind.TRAINING), 4096, job.total, digests))
         assert leaves[-1] == want
     assert bufs[0] is bufs[1] is bufs[2] and len(set(leaves)) == 3
-    assert size in boundaries._SPILLS
-    cool_spill(size)
-    assert size not in boundaries._SPILLS  # freed: not held through reveal and aggregation
+    assert size in pool
+    pool.cool(size)
+    assert size not in pool  # freed: not held through reveal and aggregation
 
 
 def test_a_second_boundary_waits_for_the_spill_buffer_instead_of_making_another() -> None:
-    """One spill buffer per size and process: a boundary whose release comes while the previous
+    """One spill buffer per size and pool (an outer step's): a boundary whose release comes while the previous
     one's copies are still unread waits for them (memory stays bounded), and gets the buffer as
     soon as that boundary's chunks are done; both leaves are their own boundary's."""
     g = torch.Generator().manual_seed(2)
     live = {f"param/{i}": torch.randn(2000, generator=g) for i in range(6)}
     first_want = tensor_hash(live, StateKind.TRAINING, 4096)
-    first = LiveBoundary(live, 4096, 1 << 30, None)
+    pool = SpillPool()
+    first = LiveBoundary(live, 4096, 1 << 30, None, pool)
     first.release()  # everything copied out; its chunks not hashed yet
     for v in live.values():
         v.mul_(2.0)
     second_want = tensor_hash(live, StateKind.TRAINING, 4096)
-    second = LiveBoundary(live, 4096, 1 << 30, None)
+    second = LiveBoundary(live, 4096, 1 << 30, None, pool)
     waiter = threading.Thread(target=second.release)
     waiter.start()
     waiter.join(0.3)
