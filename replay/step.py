@@ -2,7 +2,8 @@
 
 A segment is a pure function of (training state, run config, data, host, outer step, inner
 steps, number of gradient slices) under a fixed environment (torch version, thread count,
-deterministic algorithms). There is deliberately no second implementation anywhere.
+deterministic algorithms); `TrainJob` holds what of that is fixed for one outer step. There is
+deliberately no second implementation anywhere.
 
 Data-parallel hosts (`trainer.ddp`) plug in a `SliceExchange`: each rank computes the gradient
 of its slice of the PRF batch and the slices are gathered and summed in slice order, exactly as

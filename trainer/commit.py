@@ -123,9 +123,10 @@ def load_params(model: nn.Module, global_params: Mapping[str, Tensor]) -> None:
 @dataclass(frozen=True, eq=False, kw_only=True)
 class CommitJob(TrainJob):
     """One outer step as a host's committed loop trains it: the replayable `TrainJob` plus what
-    the host commits from and keeps. Built once per outer step (`OuterContext.job`); a team's
-    ranks and the recompute after the challenge get variants of it (`dataclasses.replace`), so
-    every call that trains the step reads the same context and none can drift from another."""
+    the host commits from and keeps. Built per outer step (`OuterContext.job`; reveal builds the
+    same for its recompute) and handed whole to every call that trains the step; a team's ranks
+    get variants of it (`dataclasses.replace`: their slices, exchange and sharded state), so no
+    call can be given a context that drifts from another's."""
 
     start_params: Mapping[str, Tensor] = field(repr=False)
     """What the step trains from and Δ is measured against: G_n, or an eager run's start. May be
