@@ -26,6 +26,7 @@ from protocol.config import Codec, ModelSpec, RunConfig
 from replay.data import shakespeare_corpus
 from replay.spec import build_model
 from replay.step import (
+    TrainJob,
     configure_determinism,
     load_training_state,
     make_optimizer,
@@ -33,7 +34,7 @@ from replay.step import (
     training_hash,
     training_state,
 )
-from trainer.commit import param_tensors, run_committed
+from trainer.commit import CommitJob, param_tensors, run_committed
 
 MODEL = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128}
 RESULTS = Path(__file__).parent / "results" / "host_overhead.json"
@@ -65,16 +66,17 @@ def main() -> None:
     contribution = None
     with tempfile.TemporaryDirectory() as tmp:
         store = StateStore(tmp)
-        train_segment(model, opt, cfg, corpus, host, 0, 0, 2)  # warm-up, not timed
+        train_segment(TrainJob(cfg, corpus, host, 0), model, opt, 0, 2)  # warm-up, not timed
         for rep in range(args.reps):
             load_training_state(model, opt, start)
             t = time.perf_counter()
-            train_segment(model, opt, cfg, corpus, host, 0, 0, cfg.inner_steps)
+            train_segment(TrainJob(cfg, corpus, host, 0), model, opt, 0, cfg.inner_steps)
             plain_s.append(time.perf_counter() - t)
 
             load_training_state(model, opt, start)
             t = time.perf_counter()
-            contribution = run_committed(model, opt, cfg, corpus, host, rep, g0, "0" * 64, store)
+            job = CommitJob(cfg, corpus, host, rep, start_params=g0, base_model_hash="0" * 64, store=store)
+            contribution = run_committed(job, model, opt)
             committed_s.append(time.perf_counter() - t)
             print(f"rep {rep}: plain {plain_s[-1]:.2f}s  committed {committed_s[-1]:.2f}s")
         # the boundary work alone, measured directly (the interleaved ratio is noisy on shared cores)

@@ -74,7 +74,7 @@ def _time_steps(
     from gonka_diloco.devnet_config import DevnetConfig
     from replay.data import shakespeare_corpus
     from replay.spec import build_model
-    from replay.step import configure_determinism, make_optimizer, train_segment
+    from replay.step import TrainJob, configure_determinism, make_optimizer, train_segment
 
     configure_determinism(1)
     cfg = DevnetConfig.model_validate_json(cfg_json)
@@ -83,13 +83,13 @@ def _time_steps(
     model = build_model(model_spec(cfg))
     opt = make_optimizer(model, rc.inner)
     host = "gonka1" + "q" * 38
-    train_segment(model, opt, rc, corpus, host, 0, 0, 2)  # warm-up
+    train_segment(TrainJob(rc, corpus, host, 0), model, opt, 0, 2)  # warm-up
     seconds = 0.0
     for r in range(rounds):
         if barrier is not None:
             barrier.wait()
         t = time.perf_counter()
-        train_segment(model, opt, rc, corpus, host, 0, 1 + r, steps)
+        train_segment(TrainJob(rc, corpus, host, 0), model, opt, 1 + r, steps)
         seconds = (time.perf_counter() - t) / steps
         if out is not None:
             out.put((role, seconds))

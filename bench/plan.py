@@ -222,7 +222,7 @@ def _probe(setting: dict[str, Any], steps: int, repeats: int) -> tuple[float, in
     from gonka_diloco.devnet_config import make_config
     from replay.data import shakespeare_corpus
     from replay.spec import build
-    from replay.step import make_optimizer, train_segment
+    from replay.step import TrainJob, make_optimizer, train_segment
 
     torch.set_num_threads(1)
     rc = run_config(make_config(setting))
@@ -230,11 +230,11 @@ def _probe(setting: dict[str, Any], steps: int, repeats: int) -> tuple[float, in
     model, opt = built.module, make_optimizer(built.module, rc.inner)
     data = shakespeare_corpus()
     host = "gonka1" + "q" * 38
-    train_segment(model, opt, rc, data, host, 0, 0, 3, loss_fn=built.loss_fn)
+    train_segment(TrainJob(rc, data, host, 0, loss_fn=built.loss_fn), model, opt, 0, 3)
     times = []
     for r in range(repeats):
         t0 = time.perf_counter()
-        train_segment(model, opt, rc, data, host, 0, 3 + r * steps, steps, loss_fn=built.loss_fn)
+        train_segment(TrainJob(rc, data, host, 0, loss_fn=built.loss_fn), model, opt, 3 + r * steps, steps)
         times.append((time.perf_counter() - t0) / steps)
     return statistics.median(times), sum(p.numel() for p in model.parameters())
 

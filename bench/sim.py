@@ -55,7 +55,7 @@ from replay.step import (
     training_hash,
     training_state,
 )
-from trainer.commit import TrainedStep, openings, param_tensors, run_committed
+from trainer.commit import CommitJob, TrainedStep, openings, param_tensors, run_committed
 
 Params = dict[str, Tensor]
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -239,21 +239,26 @@ class Host:
         `tau`, train on; Δ = g − θ_H. Uncommitted: only Δ, tokens and the loss matter here."""
         from types import SimpleNamespace
 
-        from replay.step import train_segment
+        from replay.step import TrainJob, train_segment
 
         with torch.no_grad():
             for k, p in self.model.named_parameters():
                 p.copy_(start[k])
-        train_segment(self.model, self.opt, env.cfg, env.corpus, self.name, n, 0, tau)
+        job = TrainJob(env.cfg, env.corpus, self.name, n)
+        train_segment(job, self.model, self.opt, 0, tau)
         with torch.no_grad():
             for k, p in self.model.named_parameters():
                 p.add_(g[k] - start[k])
-        train_segment(self.model, self.opt, env.cfg, env.corpus, self.name, n, tau, env.cfg.inner_steps - tau)
+        train_segment(job, self.model, self.opt, tau, env.cfg.inner_steps - tau)
         delta = {k: (g[k] - p.detach()).float() for k, p in self.model.named_parameters()}
         return SimpleNamespace(delta=delta, tokens=env.cfg.tokens_per_outer_step, final_optimizer_hash=None)
 
     def contribute(self, env: Env, n: int, g: Params, g_hash: str, store: MemStore | None) -> TrainedStep:
-        return run_committed(self.model, self.opt, env.cfg, env.corpus, self.name, n, g, g_hash, store)  # type: ignore[arg-type]
+        job = CommitJob(
+            env.cfg, env.corpus, self.name, n, start_params=g, base_model_hash=g_hash,
+            store=store,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return run_committed(job, self.model, self.opt)
 
 
 def forge(

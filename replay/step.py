@@ -2,7 +2,8 @@
 
 A segment is a pure function of (training state, run config, data, host, outer step, inner
 steps, number of gradient slices) under a fixed environment (torch version, thread count,
-deterministic algorithms). There is deliberately no second implementation anywhere.
+deterministic algorithms); `TrainJob` holds what of that is fixed for one outer step. There is
+deliberately no second implementation anywhere.
 
 Data-parallel hosts (`trainer.ddp`) plug in a `SliceExchange`: each rank computes the gradient
 of its slice of the PRF batch and the slices are gathered and summed in slice order, exactly as
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -300,26 +302,38 @@ def train_steps(
     return torch.stack(losses).tolist() if losses else []  # one device sync per call, not per step
 
 
+@dataclass(frozen=True, eq=False)
+class TrainJob:
+    """What one host's training in one outer step is a function of, besides its training state:
+    the run config, the data, the host and outer step (its PRF batches), the number of gradient
+    slices (`EnvFingerprint.micro_batches`), the loss, and how a rank's slice meets the others'.
+
+    One value for every call that trains or replays the step: the host's committed loop (its
+    host-side extension is `trainer.commit.CommitJob`), its recompute after the challenge, a
+    verifier's replay. The model and its optimizer are not in it: they are the state the job
+    moves, rebuilt for each replay and recompute (`dataclasses.replace` gives a variant job)."""
+
+    config: RunConfig
+    data: Corpus
+    host: str
+    outer_step: int
+    micro_batches: int = 1
+    loss_fn: LossFn = lm_loss
+    exchange: SliceExchange | ShardedUpdate | None = None
+    """A data-parallel rank's: its slice's gradient meets the others' (None: one process)."""
+
+
 def train_segment(
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    cfg: RunConfig,
-    data: Corpus,
-    host: str,
-    outer_step: int,
-    start_inner: int,
-    n_steps: int,
-    micro_batches: int = 1,
-    *,
-    loss_fn: LossFn = lm_loss,
-    exchange: SliceExchange | ShardedUpdate | None = None,
+    job: TrainJob, model: nn.Module, opt: torch.optim.Optimizer, start_inner: int, n_steps: int
 ) -> list[float]:
     """Run inner steps `start_inner .. start_inner + n_steps - 1` on their PRF batches; their losses."""
     from replay.data import batch  # imported here so that the step's core needs no pydantic
 
-    if micro_batches < 1 or n_steps < 0 or start_inner < 0:
+    if job.micro_batches < 1 or n_steps < 0 or start_inner < 0:
         raise ValueError("micro_batches must be >= 1 and steps non-negative")
-    batches = (batch(cfg, data, host, outer_step, i) for i in range(start_inner, start_inner + n_steps))
+    cfg, steps = job.config, range(start_inner, start_inner + n_steps)
+    batches = (batch(cfg, job.data, job.host, job.outer_step, i) for i in steps)
     return train_steps(
-        model, opt, cfg.inner, cfg.numerics, batches, micro_batches, loss_fn=loss_fn, exchange=exchange
-    )
+        model, opt, cfg.inner, cfg.numerics, batches, job.micro_batches,
+        loss_fn=job.loss_fn, exchange=job.exchange,
+    )  # fmt: skip

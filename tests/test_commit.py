@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,11 +18,10 @@ from protocol.codecs import decode, delta_hash
 from protocol.config import Codec, ReplayMode
 from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, domain, tensor_hash
-from replay.step import load_training_state, train_segment, training_hash, training_state
+from replay.step import TrainJob, load_training_state, train_segment, training_hash, training_state
 from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
-from trainer import boundaries
-from trainer.boundaries import Boundaries, LiveBoundary, cool_spill, warm_spill
-from trainer.commit import TrainedStep, openings, param_tensors, run_committed
+from trainer.boundaries import Boundaries, LiveBoundary, SpillPool
+from trainer.commit import CommitJob, TrainedStep, openings, param_tensors, run_committed
 from trainer.recompute import materialize_openings
 
 CREATOR = HOST
@@ -32,8 +32,9 @@ def _outer(tmp_path: Path, codec: Codec = Codec.FP32) -> tuple[StateStore, list[
     store = StateStore(tmp_path / "states")
     model, opt = fresh(cfg)
     g0 = param_tensors(model)
-    c0 = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, store)
-    c1 = run_committed(model, opt, cfg, tiny_corpus(), HOST, 1, g0, "b" * 64, store)
+    job = CommitJob(cfg, tiny_corpus(), HOST, 0, start_params=g0, base_model_hash="a" * 64, store=store)
+    c0 = run_committed(job, model, opt)
+    c1 = run_committed(dataclasses.replace(job, outer_step=1, base_model_hash="b" * 64), model, opt)
     return store, [c0, c1], {"cfg": cfg, "g0": g0}
 
 
@@ -60,7 +61,7 @@ def test_leaves_open_and_replay(tmp_path: Path) -> None:
     # replaying segment 1 from its stored start lands on the committed end leaf
     model, opt = fresh(cfg)
     load_training_state(model, opt, store.get(c0.leaves[1]))
-    train_segment(model, opt, cfg, tiny_corpus(), HOST, 0, 5, 5)
+    train_segment(TrainJob(cfg, tiny_corpus(), HOST, 0), model, opt, 5, 5)
     assert training_hash(training_state(model, opt)) == c0.leaves[2]
     # the optimizer state carries into the next outer step: its first leaf has step = H
     assert float(store.get(c1.leaves[0], 1)["step"]) == cfg.inner_steps
@@ -141,10 +142,11 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
     sparse = StateStore(tmp_path / "sparse", chunk_bytes=4096, checkpoint_every=3)
     model, opt = fresh(cfg)
     g0 = param_tensors(model)
-    c_full = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, full)
+    job = CommitJob(cfg, tiny_corpus(), HOST, 0, start_params=g0, base_model_hash="a" * 64, store=full)
+    c_full = run_committed(job, model, opt)
     assert len(full.hashes(0)) == 7  # m = 1 and tolerance mode: every boundary
     model, opt = fresh(cfg)
-    c = run_committed(model, opt, cfg, tiny_corpus(), HOST, 0, g0, "a" * 64, sparse)
+    c = run_committed(dataclasses.replace(job, store=sparse), model, opt)
     assert c.leaves == c_full.leaves and len(c.leaves) == 7
     assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (3, 5, 6)})  # 0 = G_n + optimizer
     bitwise_cfg = cfg.model_copy(update={"replay_mode": ReplayMode.BITWISE})
@@ -166,14 +168,15 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
         return m, o
 
     segments = [0, 3, 5]  # opens boundaries 0, 1, 3, 4, 5, 6
-    done = materialize_openings(sparse, 0, c.leaves, segments, start, cfg, tiny_corpus(), HOST)
+    done = materialize_openings(dataclasses.replace(job, store=sparse), c.leaves, segments, start)
     assert done == [0, 1, 4]
     assert sorted(sparse.hashes(0)) == sorted({c.leaves[j] for j in (0, 1, 3, 4, 5, 6)})
     for j in (0, 1, 4):
         assert sparse.find(c.leaves[j], 0).read_bytes() == full.find(c.leaves[j], 0).read_bytes()
 
     segments = [1, 2, 5]  # bitwise: starts 1, 2 (recomputed from boundary 0) and 5 (persisted)
-    done = materialize_openings(bitwise, 0, c.leaves, segments, start, bitwise_cfg, tiny_corpus(), HOST)
+    bitwise_job = dataclasses.replace(job, config=bitwise_cfg, store=bitwise)
+    done = materialize_openings(bitwise_job, c.leaves, segments, start)
     assert done == [1, 2]
     assert sorted(bitwise.hashes(0)) == sorted({c.leaves[j] for j in (1, 2, 5)})  # 3 went
     for j in (1, 2):
@@ -191,7 +194,7 @@ def test_live_boundary_hashes_and_writes_the_boundary_not_what_the_step_made_of_
     live = {f"param/{i}": torch.randn(3000, generator=g) for i in range(8)}
     want = {k: v.clone() for k, v in live.items()}
     store = StateStore(tmp_path / "s", chunk_bytes=4096)
-    job = LiveBoundary(live, 4096, spill, None)
+    job = LiveBoundary(live, 4096, spill, None, SpillPool())
     job.sink = store.content.scratch(Kind.STATE, "0", job.total)
     with ThreadPoolExecutor(1) as worker:  # where the boundary worker runs it: off this thread
         fut = worker.submit(job.run)
@@ -212,12 +215,13 @@ def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_
     boundary's bytes into another's leaf; once the outer step ends, the buffer is freed."""
     g = torch.Generator().manual_seed(1)
     live = {f"param/{i}": torch.randn(3000, generator=g) for i in range(8)}
-    size = LiveBoundary(live, 4096, 1 << 30, None).spill
-    warm_spill(size)  # what `Boundaries` does for its outer step
+    pool = SpillPool()  # a `Boundaries`' own, for its outer step
+    size = LiveBoundary(live, 4096, 1 << 30, None, pool).spill
+    pool.warm(size)  # what `Boundaries` does at its first live boundary
     bufs, leaves = [], []
     for step in range(3):
         want = tensor_hash(live, StateKind.TRAINING, 4096)
-        job = LiveBoundary(live, 4096, 1 << 30, None)
+        job = LiveBoundary(live, 4096, 1 << 30, None, pool)
         job.release()  # before any chunk is taken: the whole boundary is copied out
         assert job.copied == job.total and job._spill is not None
         bufs.append(job._spill.ready.result())
@@ -228,24 +232,25 @@ def test_live_boundaries_copy_into_one_reused_spill_buffer_and_still_hash_their_
         leaves.append(chunks.content_hash(domain(StateKind.TRAINING), 4096, job.total, digests))
         assert leaves[-1] == want
     assert bufs[0] is bufs[1] is bufs[2] and len(set(leaves)) == 3
-    assert size in boundaries._SPILLS
-    cool_spill(size)
-    assert size not in boundaries._SPILLS  # freed: not held through reveal and aggregation
+    assert size in pool
+    pool.cool(size)
+    assert size not in pool  # freed: not held through reveal and aggregation
 
 
 def test_a_second_boundary_waits_for_the_spill_buffer_instead_of_making_another() -> None:
-    """One spill buffer per size and process: a boundary whose release comes while the previous
+    """One spill buffer per size and pool (an outer step's): a boundary whose release comes while the previous
     one's copies are still unread waits for them (memory stays bounded), and gets the buffer as
     soon as that boundary's chunks are done; both leaves are their own boundary's."""
     g = torch.Generator().manual_seed(2)
     live = {f"param/{i}": torch.randn(2000, generator=g) for i in range(6)}
     first_want = tensor_hash(live, StateKind.TRAINING, 4096)
-    first = LiveBoundary(live, 4096, 1 << 30, None)
+    pool = SpillPool()
+    first = LiveBoundary(live, 4096, 1 << 30, None, pool)
     first.release()  # everything copied out; its chunks not hashed yet
     for v in live.values():
         v.mul_(2.0)
     second_want = tensor_hash(live, StateKind.TRAINING, 4096)
-    second = LiveBoundary(live, 4096, 1 << 30, None)
+    second = LiveBoundary(live, 4096, 1 << 30, None, pool)
     waiter = threading.Thread(target=second.release)
     waiter.start()
     waiter.join(0.3)

@@ -13,6 +13,7 @@ import pytest
 
 from nodekit.statestore import StateStore
 from replay.step import (
+    TrainJob,
     configure_determinism,
     load_training_state,
     train_segment,
@@ -25,7 +26,7 @@ RANK = """
 import json, sys
 sys.path.insert(0, {root!r})
 from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
-from trainer.commit import param_tensors
+from trainer.commit import CommitJob, param_tensors
 from trainer.ddp import init_from_env, run_committed_ddp
 from replay.step import configure_determinism
 from nodekit.statestore import StateStore
@@ -33,8 +34,9 @@ configure_determinism(1)
 ex = init_from_env("gloo")
 cfg = tiny_cfg()
 model, opt = fresh(cfg)
-c = run_committed_ddp(model, opt, cfg, tiny_corpus(), HOST, 0, param_tensors(model), "a" * 64,
-                      StateStore({store!r}) if ex.rank == 0 else None, ex)
+job = CommitJob(cfg, tiny_corpus(), HOST, 0, exchange=ex, start_params=param_tensors(model),
+                base_model_hash="a" * 64, store=StateStore({store!r}) if ex.rank == 0 else None)
+c = run_committed_ddp(job, model, opt)
 if c is not None:
     print(json.dumps({{"leaves": c.leaves, "micro_batches": c.env.micro_batches}}))
 import torch.distributed as dist
@@ -81,7 +83,7 @@ def test_two_gloo_ranks_commit_a_trajectory_that_replays_in_one_process(
     def replay(micro_batches: int) -> str:
         model, opt = fresh(cfg)
         load_training_state(model, opt, store.get(leaves[1], 0))
-        train_segment(model, opt, cfg, data, HOST, 0, 5, 5, micro_batches)
+        train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=micro_batches), model, opt, 5, 5)
         return training_hash(training_state(model, opt))
 
     assert replay(2) == leaves[2]

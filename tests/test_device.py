@@ -29,6 +29,7 @@ from replay.device import (
     resolve_device,
 )
 from replay.step import (
+    TrainJob,
     configure_determinism,
     env_fingerprint,
     load_training_state,
@@ -85,7 +86,7 @@ def test_snapshots_hold_the_state_as_of_the_call() -> None:
     snap = snapshot_to_host(live, opt)
     copy = training_state(model, opt, copy=True)
     before = training_hash(copy)
-    train_segment(model, opt, cfg, tiny_corpus(), HOST, 0, 0, 1)
+    train_segment(TrainJob(cfg, tiny_corpus(), HOST, 0), model, opt, 0, 1)
     assert training_hash(snap) == before != training_hash(training_state(model, opt))  # not aliased
     assert sorted(snap) == sorted(live) and len(snap) == len(live)
     assert all(v.device.type == "cpu" for v in copy.values())
@@ -100,16 +101,16 @@ def test_bf16_autocast_keeps_float32_master_state_and_replays_bitwise_in_another
     data = tiny_corpus()
     cfg16, cfg32 = tiny_cfg(numerics=BF16), tiny_cfg()
     model, opt = fresh(cfg16)
-    train_segment(model, opt, cfg16, data, HOST, 3, 0, 2)
+    train_segment(TrainJob(cfg16, data, HOST, 3), model, opt, 0, 2)
     start = training_state(model, opt, copy=True)
     save_file(start, str(tmp_path / "start.safetensors"))
-    train_segment(model, opt, cfg16, data, HOST, 3, 2, 3, micro_batches=2)
+    train_segment(TrainJob(cfg16, data, HOST, 3, micro_batches=2), model, opt, 2, 3)
     end = training_state(model, opt, copy=True)
     assert all(v.dtype == torch.float32 for v in end.values())  # hashed and stored as float32
 
     m32, o32 = fresh(cfg32)
     load_training_state(m32, o32, start)
-    train_segment(m32, o32, cfg32, data, HOST, 3, 2, 3, micro_batches=2)
+    train_segment(TrainJob(cfg32, data, HOST, 3, micro_batches=2), m32, o32, 2, 3)
     assert training_hash(training_state(m32, o32)) != training_hash(end)  # autocast really ran
 
     code = f"""
@@ -118,13 +119,13 @@ sys.path.insert(0, {str(ROOT)!r})
 from safetensors.torch import load_file
 from protocol.config import Numerics
 from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
-from replay.step import configure_determinism, load_training_state, train_segment
+from replay.step import TrainJob, configure_determinism, load_training_state, train_segment
 from replay.step import training_hash, training_state
 configure_determinism(1)
 cfg = tiny_cfg(numerics=Numerics(precision="bf16"))
 model, opt = fresh(cfg)
 load_training_state(model, opt, load_file({str(tmp_path / "start.safetensors")!r}))
-train_segment(model, opt, cfg, tiny_corpus(), HOST, 3, 2, 3, micro_batches=2)
+train_segment(TrainJob(cfg, tiny_corpus(), HOST, 3, micro_batches=2), model, opt, 2, 3)
 print(training_hash(training_state(model, opt)))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -36,7 +36,7 @@ from tests.support.nodes import TINY
 from tests.support.procs import gone
 from tests.support.replay import HOST as ADDRESS
 from tests.support.replay import ROOT, fresh, tiny_cfg, tiny_corpus
-from trainer.commit import param_tensors, run_committed
+from trainer.commit import CommitJob, param_tensors, run_committed
 
 HOST, VERIFIER = 1, 2
 STAKE = 1000
@@ -217,9 +217,10 @@ RANK = """
 import json, sys
 sys.path.insert(0, {root!r})
 from tests.test_host_ddp import corpus
+from dataclasses import replace
 from tests.support.replay import HOST, fresh, tiny_cfg
 from trainer import ddp
-from trainer.commit import param_tensors
+from trainer.commit import CommitJob, param_tensors
 from replay.step import configure_determinism, make_optimizer
 configure_determinism(1)
 ex = ddp.launch()
@@ -230,13 +231,15 @@ else:
     team = ddp.Team(ex)
     model, opt = fresh(cfg)
     g0 = param_tensors(model)
-    roots = [team.train(model, opt, cfg, corpus(), HOST, 0, g0, "a" * 64, None).trajectory_root]
+    job = CommitJob(cfg, corpus(), HOST, 0, start_params=g0, base_model_hash="a" * 64)
+    roots = [team.train(job, model, opt).trajectory_root]
     # carried moments, and a G_1 only rank 0 computed
     g1 = {{n: p * 0.5 for n, p in param_tensors(model).items()}}
-    roots.append(team.train(model, opt, cfg, corpus(), HOST, 1, g1, "b" * 64, None).trajectory_root)
+    job1 = replace(job, outer_step=1, start_params=g1, base_model_hash="b" * 64)
+    roots.append(team.train(job1, model, opt).trajectory_root)
     # its state thrown away (a fresh optimizer after a rejection), back to G_0
     opt = make_optimizer(model, cfg.inner)
-    roots.append(team.train(model, opt, cfg, corpus(), HOST, 2, g0, "a" * 64, None).trajectory_root)
+    roots.append(team.train(replace(job, outer_step=2), model, opt).trajectory_root)
     team.close()
     print(json.dumps({{"roots": roots}}))
 ddp.shutdown()
@@ -289,9 +292,8 @@ def test_followers_train_from_rank_0s_state_whatever_it_decided(tmp_path: Path) 
         g0 = param_tensors(model)
 
         def root(n: int, g: dict[str, torch.Tensor]) -> str:
-            return run_committed(
-                model, opt, cfg, data, ADDRESS, n, g, "0" * 64, micro_batches=2
-            ).trajectory_root
+            job = CommitJob(cfg, data, ADDRESS, n, micro_batches=2, start_params=g, base_model_hash="0" * 64)
+            return run_committed(job, model, opt).trajectory_root
 
         want = [root(0, g0)]
         want.append(root(1, {n: p * 0.5 for n, p in param_tensors(model).items()}))
@@ -317,7 +319,7 @@ from tests.support.replay import HOST, fresh, tiny_cfg
 from tests.test_host_ddp import TOLERANCE
 from nodekit.objects import Kind
 from trainer import ddp
-from trainer.commit import param_tensors
+from trainer.commit import CommitJob, param_tensors
 from replay.step import configure_determinism
 from nodekit.statestore import StateStore
 configure_determinism(1)
@@ -336,8 +338,9 @@ else:
         g = {{k: p * 0.5**n for k, p in g0.items()}}  # G_1 = G_0 / 2: what rank 0 alone decides
         team.carry(carried, "optimizer")
         opt = team.shard_optimizer(model, cfg, store.content)
-        c = team.train(model, opt, cfg, corpus(), HOST, n, g, "a" * 64, store)
-        done = team.materialize(store, n, c.leaves, [0, 2], model, cfg, corpus(), HOST, g)
+        job = CommitJob(cfg, corpus(), HOST, n, start_params=g, base_model_hash="a" * 64, store=store)
+        c = team.train(job, model, opt)
+        done = team.materialize(job, model, c.leaves, [0, 2])
         opened = all(store.has(c.leaves[j], n) for j in (0, 1, 2, 3))
         out.append([c.leaves, c.final_optimizer_hash, done, opened, store.hashes(n)])
         carried = c.final_optimizer_hash
@@ -366,7 +369,8 @@ def test_a_sharded_team_trains_hashes_saves_and_recomputes_the_unsharded_traject
         g0 = param_tensors(model)
         for n in range(2):
             g = {k: p * 0.5**n for k, p in g0.items()}
-            c = run_committed(model, opt, cfg, data, ADDRESS, n, g, "a" * 64, micro_batches=2)
+            job = CommitJob(cfg, data, ADDRESS, n, micro_batches=2, start_params=g, base_model_hash="a" * 64)
+            c = run_committed(job, model, opt)
             leaves, opt_hash, done, opened, kept = got[n]
             assert (leaves, opt_hash) == (c.leaves, c.final_optimizer_hash)
             assert done == [0, 1, 3] and opened

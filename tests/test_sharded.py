@@ -20,6 +20,7 @@ from nodekit.store import ContentStore, StoreError, put_shard, seal_shards
 from protocol import chunks
 from protocol.tensors import StateKind, canonical_bytes, tensor_hash
 from replay.step import (
+    TrainJob,
     configure_determinism,
     optimizer_state,
     train_segment,
@@ -77,7 +78,7 @@ def test_sharded_ranks_train_hash_and_save_the_unsharded_state(world: int, tmp_p
     configure_determinism(1)
     cfg, data, steps, c = tiny_cfg(batch_size=2 * world), tiny_corpus(), 3, 1024
     ref_model, ref_opt = fresh(cfg)
-    train_segment(ref_model, ref_opt, cfg, data, HOST, 0, 0, steps, micro_batches=world)
+    train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=world), ref_model, ref_opt, 0, steps)
     want = training_state(ref_model, ref_opt)
 
     train, boundary = LocalGroup(world), LocalGroup(world)
@@ -89,7 +90,7 @@ def test_sharded_ranks_train_hash_and_save_the_unsharded_state(world: int, tmp_p
         model = models[r]
         opt = make_shard_optimizer(model, plan, r, cfg.inner)
         step = ShardedStep(plan, train.member(r), bucket_elems=1000)  # several reduce-scatter rounds
-        train_segment(model, opt, cfg, data, HOST, 0, 0, steps, world, exchange=step)
+        train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=world, exchange=step), model, opt, 0, steps)
         state = ShardedState(plan, model, boundary.member(r))
         local = state.local(model, opt)
         h, digests = state.hash(local, StateKind.TRAINING, c)

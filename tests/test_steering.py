@@ -26,6 +26,7 @@ from protocol.config import Numerics, Precision, ReplayMode
 from protocol.messages import MsgCreateRun, Reason
 from protocol.wire import from_any, to_any
 from replay.step import (
+    TrainJob,
     configure_determinism,
     load_training_state,
     optimizer_hash,
@@ -243,10 +244,10 @@ class ForgedBoundary(HostBehaviour):
         cfg, k = ctx.cfg, ctx.cfg.segment_len
         cur = start_state(ctx)
         states, losses = [cur], []
+        job = TrainJob(cfg, ctx.data, ctx.address, ctx.outer_step, loss_fn=ctx.loss_fn)
         for j in range(cfg.n_segments):
             load_training_state(ctx.model, ctx.optimizer, cur)
-            losses += train_segment(ctx.model, ctx.optimizer, cfg, ctx.data, ctx.address, ctx.outer_step,
-                                    j * k, k, loss_fn=ctx.loss_fn)  # fmt: skip
+            losses += train_segment(job, ctx.model, ctx.optimizer, j * k, k)
             cur = clone_state(training_state(ctx.model, ctx.optimizer))
             if j == 1:
                 for name in [n for n in cur if n.startswith("exp_avg/")]:

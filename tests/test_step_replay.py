@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from replay.step import (
     StateError,
+    TrainJob,
     configure_determinism,
     env_fingerprint,
     load_training_state,
@@ -30,13 +31,13 @@ import json, sys, torch
 from safetensors.torch import load_file
 sys.path.insert(0, {root!r})
 from tests.support.replay import HOST, fresh, tiny_cfg, tiny_corpus
-from replay.step import configure_determinism, load_training_state, train_segment
+from replay.step import TrainJob, configure_determinism, load_training_state, train_segment
 from replay.step import training_hash, training_state
 configure_determinism(1)
 cfg = tiny_cfg(inner=json.loads({inner!r}))
 model, opt = fresh(cfg)
 load_training_state(model, opt, load_file({path!r}))
-train_segment(model, opt, cfg, tiny_corpus(), HOST, 3, 5, 5)
+train_segment(TrainJob(cfg, tiny_corpus(), HOST, 3), model, opt, 5, 5)
 print(training_hash(training_state(model, opt)))
 """
 
@@ -46,10 +47,10 @@ def test_segment_replays_bitwise_in_another_process(tmp_path: Path) -> None:
     cfg = tiny_cfg(inner={"warmup_steps": 4})
     data = tiny_corpus()
     model, opt = fresh(cfg)
-    train_segment(model, opt, cfg, data, HOST, 3, 0, 5)
+    train_segment(TrainJob(cfg, data, HOST, 3), model, opt, 0, 5)
     start = training_state(model, opt, copy=True)
     save_file(start, str(tmp_path / "start.safetensors"))
-    train_segment(model, opt, cfg, data, HOST, 3, 5, 5)
+    train_segment(TrainJob(cfg, data, HOST, 3), model, opt, 5, 5)
     end_hash = training_hash(training_state(model, opt))
 
     path = str(tmp_path / "start.safetensors")
@@ -62,7 +63,7 @@ def test_segment_replays_bitwise_in_another_process(tmp_path: Path) -> None:
     def replay(start_inner: int, n: int, host: str = HOST, outer: int = 3) -> str:
         m, o = fresh(cfg)
         load_training_state(m, o, load_file(str(tmp_path / "start.safetensors")))
-        train_segment(m, o, cfg, data, host, outer, start_inner, n)
+        train_segment(TrainJob(cfg, data, host, outer), m, o, start_inner, n)
         return training_hash(training_state(m, o))
 
     assert replay(5, 5) == end_hash
@@ -79,8 +80,8 @@ def test_fresh_state_equals_loaded_zero_state() -> None:
     b_model, b_opt = fresh(cfg)
     load_training_state(b_model, b_opt, zero)
     data = tiny_corpus()
-    train_segment(a_model, a_opt, cfg, data, HOST, 0, 0, 3)
-    train_segment(b_model, b_opt, cfg, data, HOST, 0, 0, 3)
+    train_segment(TrainJob(cfg, data, HOST, 0), a_model, a_opt, 0, 3)
+    train_segment(TrainJob(cfg, data, HOST, 0), b_model, b_opt, 0, 3)
     sa, sb = training_state(a_model, a_opt), training_state(b_model, b_opt)
     assert training_hash(sa) == training_hash(sb)
     assert optimizer_hash(sa) == optimizer_hash(sb)
@@ -98,7 +99,7 @@ def test_foreach_and_per_tensor_adamw_agree() -> None:
         assert opt.param_groups[0]["foreach"] is False and opt.param_groups[0]["weight_decay"] > 0
         for g in opt.param_groups:
             g["foreach"] = foreach
-        train_segment(model, opt, cfg, data, HOST, 0, 0, 3, micro_batches=2)
+        train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=2), model, opt, 0, 3)
         hashes.append(training_hash(training_state(model, opt)))
         assert all(p.grad is None for p in model.parameters())  # freed at the segment's end
     assert hashes[0] == hashes[1]
@@ -108,13 +109,13 @@ def test_micro_batches_change_the_trajectory_only_slightly() -> None:
     cfg = tiny_cfg()
     data = tiny_corpus()
     (m1, o1), (m2, o2) = fresh(cfg), fresh(cfg)
-    l1 = train_segment(m1, o1, cfg, data, HOST, 0, 0, 3)
-    l2 = train_segment(m2, o2, cfg, data, HOST, 0, 0, 3, micro_batches=2)
+    l1 = train_segment(TrainJob(cfg, data, HOST, 0), m1, o1, 0, 3)
+    l2 = train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=2), m2, o2, 0, 3)
     assert l1[0] == pytest.approx(l2[0], rel=1e-5)
     p1, p2 = dict(m1.named_parameters()), dict(m2.named_parameters())
     assert all(torch.allclose(p1[k], p2[k], atol=1e-4) for k in p1)
     with pytest.raises(ValueError, match="equal slices"):
-        train_segment(m1, o1, cfg, data, HOST, 0, 0, 1, micro_batches=3)
+        train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=3), m1, o1, 0, 1)
 
 
 def test_warmup_and_bad_states() -> None:

@@ -285,9 +285,8 @@ class TwoSlices(HostBehaviour):
     """A data-parallel host (2 ranks) as `trainer.ddp` trains: each batch as two summed slices."""
 
     def make_contribution(self, ctx: OuterContext) -> TrainedStep:
-        gm = ctx.global_model
-        c = run_committed(ctx.model, ctx.optimizer, ctx.cfg, ctx.data, ctx.address, ctx.outer_step,
-                          gm.params, gm.hash, ctx.store, micro_batches=2, loss_fn=ctx.loss_fn)  # fmt: skip
+        job = dataclasses.replace(ctx.job(ctx.global_model.params), micro_batches=2)
+        c = run_committed(job, ctx.model, ctx.inner_optimizer)
         return dataclasses.replace(c, env=c.env.model_copy(update={"micro_batches": 2}))
 
 

@@ -37,7 +37,7 @@ from protocol.merkle import merkle_root
 from protocol.messages import MsgCommitPseudoGradient
 from replay.data import Corpus
 from replay.step import LossFn, env_fingerprint, optimizer_hash
-from trainer.commit import TrainedStep, pseudo_gradient, run_committed
+from trainer.commit import CommitJob, TrainedStep, pseudo_gradient, run_committed
 from trainer.ddp import Team
 from trainer.errorfeedback import CarriedEF
 
@@ -101,6 +101,15 @@ class OuterContext:
         """The params the chain's rule says this step starts from, and Δ is measured against."""
         return self.global_model.params if self.start_params is None else self.start_params
 
+    def job(self, start: Mapping[str, Tensor] | None = None) -> CommitJob:
+        """This step's training job in this process: the run's data, this host, the model's loss,
+        from `start` (default: the chain's rule, `self.start`) against G_n, into the host's store."""
+        return CommitJob(
+            self.cfg, self.data, self.address, self.outer_step, loss_fn=self.loss_fn,
+            start_params=self.start if start is None else start, base_model_hash=self.global_model.hash,
+            store=self.store, ef=self.ef,
+        )  # fmt: skip
+
     def train(
         self, *, host: str | None = None, data: Corpus | None = None, keep_delta: bool = True
     ) -> TrainedStep:
@@ -118,26 +127,14 @@ class OuterContext:
             raise BehaviourError("a sharded team trains the run's corpus only (rank 0 has 1/W of the state)")
         if self.team is not None and self.ef is not None:
             raise BehaviourError("codec sparse with a torchrun team is not supported yet (error feedback)")
+        job = self.job()
+        if host is not None:
+            job = dataclasses.replace(job, host=host)
         if self.team is not None and data is None:
-            return self.team.train(
-                self.model, self.optimizer, self.cfg, self.data, host if host is not None else self.address,
-                self.outer_step, self.start, self.global_model.hash, self.store,
-                loss_fn=self.loss_fn, keep_delta=keep_delta,
-            )  # fmt: skip
-        return run_committed(
-            self.model,
-            self.optimizer,
-            self.cfg,
-            data if data is not None else self.data,
-            host if host is not None else self.address,
-            self.outer_step,
-            self.start,
-            self.global_model.hash,
-            self.store,
-            loss_fn=self.loss_fn,
-            keep_delta=keep_delta,
-            ef=self.ef,
-        )
+            return self.team.train(job, self.model, self.optimizer, keep_delta=keep_delta)
+        if data is not None:
+            job = dataclasses.replace(job, data=data)
+        return run_committed(job, self.model, self.optimizer, keep_delta=keep_delta)
 
     def assemble(
         self, leaves: Sequence[str], final_state: Mapping[str, Tensor], losses: Sequence[float]

@@ -1,7 +1,8 @@
 """Boundary work off the training thread: every k steps the full training state is hashed on all
 cores (and every m-th one persisted) from the live tensors while the next step's forward and
 backward run; the training thread waits only if that is not done by the next optimizer update.
-GPU states go through a pinned host spill buffer, lent from a small pool of one buffer per size.
+GPU states go through a pinned host copy; live CPU boundaries let the next step go by copying what
+is left of them into a spill buffer, lent from the outer step's pool of one buffer per size.
 """
 
 from __future__ import annotations
@@ -60,67 +61,70 @@ class _Spill:
     def _fault(self) -> None:
         try:  # zero-filled: every page touched here, by torch, which lets go of the GIL meanwhile
             self.ready.set_result(torch.zeros(self.nbytes, dtype=torch.uint8))  # (bytearray's holds it)
-        except BaseException as e:  # MemoryError: re-raised by `take_spill`, where it is needed
+        except BaseException as e:  # MemoryError: re-raised by `SpillPool.take`, where it is needed
             self.ready.set_exception(e)
 
 
-_SPILLS: dict[int, _Spill] = {}  # size -> the buffer, while it is used
-_SPILLS_COND = threading.Condition()
+class SpillPool:
+    """The spill buffers of one outer step's live boundaries (`Boundaries` owns one): one per size,
+    never more, so memory stays bounded; a boundary that finds its size lent waits for it.
 
+    `warm` says an outer step will copy spills of `nbytes`: the buffer is faulted in now, off the
+    training thread. A fresh buffer's first touch costs ~5x the copy into it (page faults: 0.44 s/GB
+    against 0.09 s/GB on this box) and the copy runs on the training thread, so it is made ahead and
+    reused by every boundary of the step. It is the memory `release` may copy into anyway (a host's
+    peak is while it trains). `cool`: the step ended; with no other user the buffer is freed (it is
+    not kept through reveal and aggregation, where other memory peaks)."""
 
-def _spill(nbytes: int) -> _Spill:
-    spill = _SPILLS.get(nbytes)
-    if spill is None:
-        spill = _SPILLS[nbytes] = _Spill(nbytes)
-    return spill
+    def __init__(self) -> None:
+        self._spills: dict[int, _Spill] = {}  # size -> the buffer, while it is used
+        self._cond = threading.Condition()
 
+    def __contains__(self, nbytes: int) -> bool:
+        with self._cond:
+            return nbytes in self._spills
 
-def _forget(spill: _Spill) -> None:
-    if spill.users <= 0 and not spill.lent and _SPILLS.get(spill.nbytes) is spill:
-        del _SPILLS[spill.nbytes]  # nothing of this size trains: its memory goes back
+    def _spill(self, nbytes: int) -> _Spill:
+        spill = self._spills.get(nbytes)
+        if spill is None:
+            spill = self._spills[nbytes] = _Spill(nbytes)
+        return spill
 
+    def _forget(self, spill: _Spill) -> None:
+        if spill.users <= 0 and not spill.lent and self._spills.get(spill.nbytes) is spill:
+            del self._spills[spill.nbytes]  # nothing of this size trains: its memory goes back
 
-def warm_spill(nbytes: int) -> None:
-    """An outer step will copy spills of `nbytes`: fault the buffer in now, off the training
-    thread. A fresh buffer's first touch costs ~5x the copy into it (page faults: 0.44 s/GB against
-    0.09 s/GB on this box) and the copy runs on the training thread, so it is made ahead and reused
-    by every boundary of the step. It is the memory `release` may copy into anyway (a host's peak
-    is while it trains); one per size, never more, so memory stays bounded."""
-    with _SPILLS_COND:
-        _spill(nbytes).users += 1
+    def warm(self, nbytes: int) -> None:
+        with self._cond:
+            self._spill(nbytes).users += 1
 
+    def cool(self, nbytes: int) -> None:
+        with self._cond:
+            spill = self._spills.get(nbytes)
+            if spill is not None:
+                spill.users -= 1
+                self._forget(spill)
 
-def cool_spill(nbytes: int) -> None:
-    """The outer step that warmed it ended: with no other user the buffer is freed (it is not kept
-    through reveal and aggregation, where other memory peaks)."""
-    with _SPILLS_COND:
-        spill = _SPILLS.get(nbytes)
-        if spill is not None:
-            spill.users -= 1
-            _forget(spill)
+    def take(self, nbytes: int) -> _Spill:
+        """The spill buffer of `nbytes`, once the boundary that has it gave it back (`give`).
+        Never call it holding a lock the holder's chunks need: they must finish for it to come back."""
+        with self._cond:
+            while (spill := self._spill(nbytes)).lent:
+                self._cond.wait()
+            spill.lent = True
+        try:
+            spill.ready.result()
+        except BaseException:
+            self.give(spill)
+            raise
+        return spill
 
-
-def take_spill(nbytes: int) -> _Spill:
-    """The spill buffer of `nbytes`, once the boundary that has it gave it back (`give_spill`).
-    Never call it holding a lock the holder's chunks need: they must finish for it to come back."""
-    with _SPILLS_COND:
-        while (spill := _spill(nbytes)).lent:
-            _SPILLS_COND.wait()
-        spill.lent = True
-    try:
-        spill.ready.result()
-    except BaseException:
-        give_spill(spill)
-        raise
-    return spill
-
-
-def give_spill(spill: _Spill) -> None:
-    """Nobody reads the buffer any more: the next `take_spill` of its size gets it."""
-    with _SPILLS_COND:
-        spill.lent = False
-        _forget(spill)
-        _SPILLS_COND.notify_all()
+    def give(self, spill: _Spill) -> None:
+        """Nobody reads the buffer any more: the next `take` of its size gets it."""
+        with self._cond:
+            spill.lent = False
+            self._forget(spill)
+            self._cond.notify_all()
 
 
 def _spill_default(snap: Mapping[str, Tensor]) -> int:
@@ -143,17 +147,18 @@ class LiveBoundary:
     """
 
     def __init__(
-        self, snap: Mapping[str, Tensor], chunk_bytes: int, spill: int, sink: FileSink | None
+        self, snap: Mapping[str, Tensor], chunk_bytes: int, spill: int, sink: FileSink | None, pool: SpillPool
     ) -> None:
         self.stream = chunks.Stream(canonical_pieces(snap))
         self.total = self.stream.total
         n = chunks.n_chunks(self.total, chunk_bytes)
         self.spans = [chunks.chunk_span(i, self.stream.total, chunk_bytes) for i in range(n)]
         self.spill, self.sink = min(spill, self.total), sink  # nothing to copy beyond the state
+        self.pool = pool  # where the spill buffer of `spill` bytes is lent from
         self._cond = threading.Condition(threading.Lock())
         self._started = [False] * n  # chunk i taken by a pool thread (from the live state or a copy)
         self._copies: dict[int, memoryview] = {}
-        self._spill: _Spill | None = None  # `take_spill`'s, while copies in it are unread
+        self._spill: _Spill | None = None  # `pool.take`'s, while copies in it are unread
         self._reading = 0  # pool threads reading the live state right now
         self._next = 0  # every chunk below it was taken or copied
         self._released = False
@@ -188,7 +193,7 @@ class LiveBoundary:
         with self._cond:  # every chunk is done: nothing reads the spill buffer any more
             spill, self._spill = self._spill, None
         if spill is not None:
-            give_spill(spill)
+            self.pool.give(spill)
         return digests
 
     def _todo(self) -> list[int]:
@@ -210,7 +215,7 @@ class LiveBoundary:
                 return
             todo = self._todo()
         if todo:  # the spill buffer, taken without our lock: our chunks go on meanwhile, and the
-            buf = take_spill(self.spill)  # boundary that still has it needs its own chunks to end
+            buf = self.pool.take(self.spill)  # boundary that still has it needs its own chunks to end
         with self._cond:
             todo = self._todo()  # the bytes fit in the buffer: at most `spill`
             t1 = time.perf_counter()
@@ -237,7 +242,7 @@ class LiveBoundary:
             self._released = True
             self.stream = chunks.Stream([])  # no view of the live tensors is kept
         if buf is not None:  # taken, but every chunk started meanwhile: nothing to copy
-            give_spill(buf)
+            self.pool.give(buf)
 
 
 class Boundaries:
@@ -267,10 +272,12 @@ class Boundaries:
         every: int = 1,
         sharding: ShardedState | None = None,
         spill: int | None = None,
+        spills: SpillPool | None = None,
     ) -> None:
         self.store, self.outer_step, self.cfg = store, outer_step, cfg
         self.every = max(1, every)
         self.spill = spill  # bytes a live boundary may copy out to let the next step go (`LiveBoundary`)
+        self.spills = spills if spills is not None else SpillPool()  # this step's spill buffers
         self._release: Callable[[], None] | None = None
         self.copied = 0
         self.sharding = sharding  # every rank submits the same boundaries: their collectives pair up
@@ -282,7 +289,7 @@ class Boundaries:
         self._hook = opt.register_step_pre_hook(lambda *_: self._settle(in_step=True) if self._live else None)
         self.waits: dict[str, float] = dict.fromkeys(WAIT_CAUSES, 0.0)  # by cause; `release` keeps its own
         self._live_jobs: list[LiveBoundary] = []
-        self._spills: set[int] = set()  # spill sizes this step warmed (`warm_spill`), cooled at the end
+        self._warmed: set[int] = set()  # spill sizes this step warmed (`SpillPool.warm`), cooled at the end
         self.step_seconds = 0.0  # the part of it spent inside optimizer steps (the pre-step hook)
 
     def persisted(self, j: int) -> bool:
@@ -341,10 +348,10 @@ class Boundaries:
         tensors (a copy of at most `spill` bytes of what is left)."""
         c = self.cfg.state_chunk_bytes
         spill = self.spill if self.spill is not None else max(c, _spill_default(snap))
-        job = LiveBoundary(snap, c, spill, None)
-        if job.spill not in self._spills:  # faulted in during this first boundary's hashing
-            self._spills.add(job.spill)
-            warm_spill(job.spill)
+        job = LiveBoundary(snap, c, spill, None, self.spills)
+        if job.spill not in self._warmed:  # faulted in during this first boundary's hashing
+            self._warmed.add(job.spill)
+            self.spills.warm(job.spill)
         self._live_jobs.append(job)
         persisted = self.store is not None and self.persisted(j)
         if persisted:
@@ -440,9 +447,9 @@ class Boundaries:
             self._inflight = self._release = None
             self._hook.remove()
             self._pool.shutdown(wait=False)  # queued writes still run
-            for nbytes in self._spills:  # the last copies were read: every leaf is hashed
-                cool_spill(nbytes)
-            self._spills.clear()
+            for nbytes in self._warmed:  # the last copies were read: every leaf is hashed
+                self.spills.cool(nbytes)
+            self._warmed.clear()
             self.waits["last_leaf"] += time.perf_counter() - t0
 
     def final_optimizer(self) -> tuple[str, list[bytes] | None]:

@@ -13,6 +13,7 @@ rank's part and saved as per-rank shard files, so the leaves are the unsharded o
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -25,20 +26,13 @@ from torch import Tensor, nn
 from nodekit.statestore import StateStore
 from nodekit.storefiles import StoredTensors
 from protocol.codecs import delta_hash, encode_pieces
-from protocol.config import Codec, RunConfig
+from protocol.config import Codec
 from protocol.merkle import merkle_root, pair_proof
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient, SegmentOpening
-from replay.data import Corpus
-from replay.model import lm_loss
-from replay.step import (
-    LossFn,
-    SliceExchange,
-    env_fingerprint,
-    train_segment,
-)
+from replay.step import TrainJob, env_fingerprint, train_segment
 from trainer.boundaries import Boundaries
 from trainer.errorfeedback import CarriedEF
-from trainer.sharded import ShardedState, ShardedStep
+from trainer.sharded import ShardedState
 
 
 @dataclass(frozen=True)
@@ -131,6 +125,30 @@ def load_params(model: nn.Module, global_params: Mapping[str, Tensor]) -> None:
                 p.copy_(global_params[n])
 
 
+@dataclass(frozen=True, eq=False, kw_only=True)
+class CommitJob(TrainJob):
+    """One outer step as a host's committed loop trains it: the replayable `TrainJob` plus what
+    the host commits from and keeps. Built per outer step (`OuterContext.job`; reveal builds the
+    same for its recompute) and handed whole to every call that trains the step; a team's ranks
+    get variants of it (`dataclasses.replace`: their slices, exchange and sharded state), so no
+    call can be given a context that drifts from another's."""
+
+    start_params: Mapping[str, Tensor] = field(repr=False)
+    """What the step trains from and Δ is measured against: G_n, or an eager run's start. May be
+    read from disk (`StoredTensors`): it is read once at the start and once, tensor by tensor, for Δ."""
+    base_model_hash: str = ""
+    """The committed base model (G_n's hash)."""
+    store: StateStore | None = None
+    """Where boundaries are persisted: every `checkpoint_every`-th (a host setting) and what is
+    always opened. None: only hashed (a DDP follower, a benchmark)."""
+    sharding: ShardedState | None = None
+    """A rank of a host with sharded training state (`trainer.sharded`): its part of each boundary."""
+    keep_optimizer: str | None = None
+    """A sharded rank: the content group its part of the final optimizer state is saved in."""
+    ef: CarriedEF | None = None
+    """Codec sparse: the host's carried error-feedback accumulator, which encodes the payload."""
+
+
 @dataclass
 class _Trajectory:
     leaves: list[str]
@@ -144,30 +162,18 @@ class _Trajectory:
 
 
 def _trajectory(
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    cfg: RunConfig,
-    data: Corpus,
-    host: str,
-    outer_step: int,
-    global_params: Mapping[str, Tensor],
-    store: StateStore | None,
-    micro_batches: int,
-    loss_fn: LossFn,
-    exchange: SliceExchange | ShardedStep | None,
-    sharding: ShardedState | None,
-    keep_optimizer: str | None,
-    after: Callable[[], Any],
+    job: CommitJob, model: nn.Module, opt: torch.optim.Optimizer, after: Callable[[], Any]
 ) -> _Trajectory:
     """The loop every rank runs: boundaries and segments; then `after()` (rank 0's Δ, encoded
     while the last boundary and the final optimizer state are hashed)."""
+    cfg, store, sharding = job.config, job.store, job.sharding
     if store is not None:
         store.flush()  # the previous step's last boundary is written from these very tensors
-    load_params(model, global_params)
+    load_params(model, job.start_params)
     k = cfg.segment_len
     losses: list[float] = []
     every = store.checkpoint_every if store is not None else 1
-    boundaries = Boundaries(store, outer_step, cfg, opt, every=every, sharding=sharding)
+    boundaries = Boundaries(store, job.outer_step, cfg, opt, every=every, sharding=sharding)
     final_opt: Future[tuple[str, list[bytes] | None]] | None = None
     steps_s = 0.0
     try:
@@ -175,13 +181,10 @@ def _trajectory(
             boundaries.submit(model, opt)
             if seg < cfg.n_segments:
                 t0 = time.perf_counter()
-                losses += train_segment(
-                    model, opt, cfg, data, host, outer_step, seg * k, k, micro_batches,
-                    loss_fn=loss_fn, exchange=exchange,
-                )  # fmt: skip
+                losses += train_segment(job, model, opt, seg * k, k)
                 steps_s += time.perf_counter() - t0
         if sharding is not None:
-            final_opt = boundaries.optimizer(model, opt, keep_optimizer)
+            final_opt = boundaries.optimizer(model, opt, job.keep_optimizer)
         out = after()
     finally:
         leaves = boundaries.leaves()
@@ -193,55 +196,36 @@ def _trajectory(
 
 
 def run_committed(
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    cfg: RunConfig,
-    data: Corpus,
-    host: str,
-    outer_step: int,
-    global_params: Mapping[str, Tensor],
-    base_model_hash: str,
-    store: StateStore | None = None,
-    *,
-    micro_batches: int = 1,
-    loss_fn: LossFn = lm_loss,
-    exchange: SliceExchange | ShardedStep | None = None,
-    sharding: ShardedState | None = None,
-    keep_optimizer: str | None = None,
-    keep_delta: bool = True,
-    ef: CarriedEF | None = None,
+    job: CommitJob, model: nn.Module, opt: torch.optim.Optimizer, *, keep_delta: bool = True
 ) -> TrainedStep:
-    """Train one outer step from the global params with the host's carried optimizer state.
+    """Train one outer step from the job's start params with the host's carried optimizer state.
 
     The store's `checkpoint_every` (m, a host setting) says which boundaries are persisted; the
     others are recomputed from the nearest persisted one if the challenge opens them
     (`materialize_openings`). With `sharding` (rank 0 of a sharded host; the others run
     `follow_committed`) the final optimizer state is also saved, in content group `keep_optimizer`.
-    `global_params` may be read from disk (`StoredTensors`): it is read once at the start and once,
-    tensor by tensor, for Δ. Without `keep_delta` the returned contribution has no fp32 Δ
-    (`delta == {}`), only its payload: the honest node needs nothing else, and Δ is never held whole.
-    With `ef` (codec sparse) the payload is C(β·e + Δ) and e_next goes to the store (specs §4.1)."""
+    Without `keep_delta` the returned contribution has no fp32 Δ (`delta == {}`), only its
+    payload: the honest node needs nothing else, and Δ is never held whole. With the job's `ef`
+    (codec sparse) the payload is C(β·e + Δ) and e_next goes to the store (specs §4.1)."""
     t_start = time.perf_counter()
+    cfg, start = job.config, job.start_params
 
     def delta() -> tuple[dict[str, Tensor], bytes]:
         layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
         pieces = (
-            encode_pieces(delta_items(global_params, model), layout, cfg.codec, cfg.codec_block_size)
-            if ef is None
-            else [ef.encode(delta_items(global_params, model), layout)]
+            encode_pieces(delta_items(start, model), layout, cfg.codec, cfg.codec_block_size)
+            if job.ef is None
+            else [job.ef.encode(delta_items(start, model), layout)]
         )
         payload = b"".join(pieces)
         del pieces
-        return (pseudo_gradient(global_params, model) if keep_delta else {}), payload
+        return (pseudo_gradient(start, model) if keep_delta else {}), payload
 
-    t = _trajectory(
-        model, opt, cfg, data, host, outer_step, global_params, store, micro_batches, loss_fn, exchange,
-        sharding, keep_optimizer, delta,
-    )  # fmt: skip
+    t = _trajectory(job, model, opt, delta)
     d, payload = t.out
     return TrainedStep(
-        outer_step=outer_step,
-        base_model_hash=base_model_hash,
+        outer_step=job.outer_step,
+        base_model_hash=job.base_model_hash,
         leaves=t.leaves,
         trajectory_root=merkle_root([bytes.fromhex(h) for h in t.leaves]).hex(),
         delta=d,
@@ -250,7 +234,7 @@ def run_committed(
         codec=cfg.codec,
         final_optimizer_hash=t.optimizer_hash,
         tokens=cfg.tokens_per_outer_step,
-        env=env_fingerprint(micro_batches=micro_batches),
+        env=env_fingerprint(micro_batches=job.micro_batches),
         mean_loss=sum(t.losses) / len(t.losses),
         losses=t.losses,
         boundary_seconds=t.boundary_seconds,
@@ -258,31 +242,18 @@ def run_committed(
         train_seconds=t.train_seconds,
         protocol_seconds=time.perf_counter() - t_start - t.train_seconds,
         optimizer_digests=tuple(t.optimizer_digests or ()),
-        final_ef_hash="" if ef is None else ef.final_hash,
+        final_ef_hash="" if job.ef is None else job.ef.final_hash,
     )
 
 
-def follow_committed(
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    cfg: RunConfig,
-    data: Corpus,
-    host: str,
-    outer_step: int,
-    global_params: Mapping[str, Tensor],
-    store: StateStore | None,
-    *,
-    exchange: ShardedStep,
-    sharding: ShardedState,
-    loss_fn: LossFn = lm_loss,
-    keep_optimizer: str | None = None,
-) -> list[str]:
+def follow_committed(job: CommitJob, model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
     """A rank ≥ 1 of a sharded host in rank 0's `run_committed`: the same boundaries (its part of
-    each hash, its shard files) and steps; no Δ. Returns the leaves (every rank learns them)."""
-    return _trajectory(
-        model, opt, cfg, data, host, outer_step, global_params, store, exchange.world_size, loss_fn,
-        exchange, sharding, keep_optimizer, lambda: None,
-    ).leaves  # fmt: skip
+    each hash, its shard files) and steps; no Δ. Returns the leaves (every rank learns them).
+    The job's `exchange` and `sharding` are this rank's; its slices are the world size."""
+    if job.exchange is None or job.sharding is None:
+        raise ValueError("follow_committed is for a rank of a sharded host: exchange and sharding")
+    job = dataclasses.replace(job, micro_batches=job.exchange.world_size)
+    return _trajectory(job, model, opt, lambda: None).leaves
 
 
 def openings(contribution: TrainedStep, segments: Sequence[int]) -> list[SegmentOpening]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import signal
@@ -37,7 +38,6 @@ from protocol.config import RunConfig
 from protocol.tensors import StateKind
 from replay.data import Corpus, shakespeare_corpus
 from replay.device import resolve_device
-from replay.model import lm_loss
 from replay.spec import DEFAULT_ALLOW_LIST, BuiltModel, Factory, build
 from replay.step import (
     LossFn,
@@ -47,7 +47,7 @@ from replay.step import (
     train_segment,
     training_state,
 )
-from trainer.commit import TrainedStep, follow_committed, run_committed
+from trainer.commit import CommitJob, TrainedStep, follow_committed, run_committed
 from trainer.recompute import OpeningPlan, drop_sources, plan_openings, recompute_openings
 from trainer.sharded import DistCollectives, ShardedState, ShardedStep, ShardPlan, make_shard_optimizer
 
@@ -104,33 +104,20 @@ def init_from_env(
 
 
 def run_committed_ddp(
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    cfg: RunConfig,
-    data: Corpus,
-    host: str,
-    outer_step: int,
-    global_params: Mapping[str, Tensor],
-    base_model_hash: str,
-    store: StateStore | None,
-    exchange: GatherExchange,
-    *,
-    loss_fn: LossFn = lm_loss,
-    keep_delta: bool = True,
+    job: CommitJob, model: nn.Module, opt: torch.optim.Optimizer, *, keep_delta: bool = True
 ) -> TrainedStep | None:
-    """One outer step on every rank; rank 0 returns the contribution, the others None."""
+    """One outer step on every rank (the job's `exchange`: this rank's, its slices the world size);
+    rank 0 returns the contribution, the others None."""
+    exchange = job.exchange
+    if exchange is None:
+        raise ValueError("run_committed_ddp needs the job's exchange (this rank's GatherExchange)")
+    job = dataclasses.replace(job, micro_batches=exchange.world_size)
     if exchange.rank == 0:
-        return run_committed(
-            model, opt, cfg, data, host, outer_step, global_params, base_model_hash, store,
-            micro_batches=exchange.world_size, loss_fn=loss_fn, exchange=exchange, keep_delta=keep_delta,
-        )  # fmt: skip
+        return run_committed(job, model, opt, keep_delta=keep_delta)
     with torch.no_grad():
         for n, p in model.named_parameters():
-            p.copy_(global_params[n])
-    train_segment(
-        model, opt, cfg, data, host, outer_step, 0, cfg.inner_steps, exchange.world_size,
-        loss_fn=loss_fn, exchange=exchange,
-    )  # fmt: skip
+            p.copy_(job.start_params[n])
+    train_segment(job, model, opt, 0, job.config.inner_steps)
     return None
 
 
@@ -273,73 +260,62 @@ class Team:
         carried, group = self._carried
         return self._rank(model).optimizer(model, cfg.inner, store, carried, group)
 
-    def _job(
-        self, op: str, cfg: RunConfig, host: str, outer_step: int, store: StateStore | None
-    ) -> dict[str, Any]:
-        job: dict[str, Any] = {
-            "stop": False, "op": op, "outer_step": outer_step, "host": host,
-            "config": cfg.model_dump(mode="json"), "device": self.exchange.device.type,
+    def _header(self, op: str, job: CommitJob) -> dict[str, Any]:
+        """What a follower needs to take part in `op` of `job` (its own data, model and loss)."""
+        store = job.store
+        header: dict[str, Any] = {
+            "stop": False, "op": op, "outer_step": job.outer_step, "host": job.host,
+            "config": job.config.model_dump(mode="json"), "device": self.exchange.device.type,
             "sharded": self.shard_state,
         }  # fmt: skip
         if self.shard_state:
             carried, group = self._carried
-            job["carried_optimizer"], job["optimizer_group"] = carried, group
-            job["store"] = None if store is None else {
+            header["carried_optimizer"], header["optimizer_group"] = carried, group
+            header["store"] = None if store is None else {
                 "root": str(store.root), "chunk_bytes": store.chunk_bytes,
                 "checkpoint_every": store.checkpoint_every,
             }  # fmt: skip
-        return job
+        return header
 
     @property
     def world_size(self) -> int:
         return self.exchange.world_size
 
     def train(
-        self,
-        model: nn.Module,
-        opt: torch.optim.Optimizer,
-        cfg: RunConfig,
-        data: Corpus,
-        host: str,
-        outer_step: int,
-        global_params: Mapping[str, Tensor],
-        base_model_hash: str,
-        store: StateStore | None,
-        *,
-        loss_fn: LossFn = lm_loss,
-        keep_delta: bool = True,
+        self, job: CommitJob, model: nn.Module, opt: torch.optim.Optimizer, *, keep_delta: bool = True
     ) -> TrainedStep:
-        """`run_committed` over all ranks, from the global params and rank 0's carried optimizer."""
+        """`run_committed` over all ranks, from the job's start params and rank 0's carried
+        optimizer: the job as rank 0's, with the team's slices, exchange and (sharded) state."""
         if self.closed:
             raise TeamError("the team was stopped or broke in an earlier call")
+        cfg = job.config
         if cfg.batch_size % self.world_size:
             raise ValueError(f"batch_size {cfg.batch_size} does not split over {self.world_size} ranks")
         named = dict(model.named_parameters())
         with torch.no_grad():
             for n in sorted(named):  # name order: one pass over a G_n read from disk
-                named[n].copy_(global_params[n])
-        job = self._job("train", cfg, host, outer_step, store)
+                named[n].copy_(job.start_params[n])
+        header = self._header("train", job)
         group = self.exchange.group
         c: TrainedStep | None
         try:
             if self.shard_state:
                 rank = self._rank(model)
-                _send_header(job, group)
+                _send_header(header, group)
                 rank.broadcast_params(model, group)
-                c = run_committed(
-                    model, opt, cfg, data, host, outer_step, global_params, base_model_hash, store,
-                    micro_batches=self.world_size, loss_fn=loss_fn, exchange=rank.step, sharding=rank.state,
-                    keep_optimizer=self._carried[1] if store is not None else None, keep_delta=keep_delta,
+                keep = self._carried[1] if job.store is not None else None
+                ranked = dataclasses.replace(
+                    job, micro_batches=self.world_size, exchange=rank.step, sharding=rank.state,
+                    keep_optimizer=keep,
                 )  # fmt: skip
+                c = run_committed(ranked, model, opt, keep_delta=keep_delta)
             else:
                 state = training_state(model, opt)
-                _send_header({**job, **_state_header(state)}, group)
+                _send_header({**header, **_state_header(state)}, group)
                 for name in sorted(state):
                     dist.broadcast(state[name].contiguous(), 0, group=group)
-                c = run_committed_ddp(
-                    model, opt, cfg, data, host, outer_step, global_params, base_model_hash, store,
-                    self.exchange, loss_fn=loss_fn, keep_delta=keep_delta,
-                )  # fmt: skip
+                ddp = dataclasses.replace(job, exchange=self.exchange)
+                c = run_committed_ddp(ddp, model, opt, keep_delta=keep_delta)
         except Exception as e:
             self.closed = True
             why = f"{type(e).__name__}: {e}"
@@ -348,25 +324,18 @@ class Team:
         return c
 
     def materialize(
-        self,
-        store: StateStore,
-        outer_step: int,
-        leaves: list[str],
-        segments: list[int],
-        model: nn.Module,
-        cfg: RunConfig,
-        data: Corpus,
-        host: str,
-        global_params: Mapping[str, Tensor],
-        *,
-        loss_fn: LossFn = lm_loss,
+        self, job: CommitJob, model: nn.Module, leaves: list[str], segments: list[int]
     ) -> list[int]:
         """`trainer.recompute.materialize_openings` for a sharded team: rank 0 plans (and deletes what
         is not needed); every rank recomputes its part of the missing opened boundaries from the
-        persisted ones (or from G_n, which rank 0 broadcasts, and the carried optimizer state)."""
+        persisted ones (or from the job's start params, which rank 0 broadcasts, and the carried
+        optimizer state)."""
         if self.closed:
             raise TeamError("the team was stopped or broke in an earlier call")
-        plan = plan_openings(store, outer_step, leaves, segments, cfg.replay_mode)
+        store = job.store
+        if store is None:
+            raise ValueError("opened boundaries are recomputed into the host's store: the job has none")
+        plan = plan_openings(store, job.outer_step, leaves, segments, job.config.replay_mode)
         done: list[int] = []
         if plan.missing:
             rank = self._rank(model)
@@ -375,25 +344,25 @@ class Team:
             def start() -> tuple[nn.Module, torch.optim.Optimizer]:
                 with torch.no_grad():
                     for n, p in model.named_parameters():
-                        p.copy_(global_params[n])
+                        p.copy_(job.start_params[n])
                 rank.broadcast_params(model, self.exchange.group)
-                return model, rank.optimizer(model, cfg.inner, store.content, carried, group)
+                return model, rank.optimizer(model, job.config.inner, store.content, carried, group)
 
-            job = self._job("recompute", cfg, host, outer_step, store)
-            job.update(leaves=leaves, plan=plan.to_json())
+            header = self._header("recompute", job)
+            header.update(leaves=leaves, plan=plan.to_json())
+            ranked = dataclasses.replace(
+                job, micro_batches=self.world_size, exchange=rank.step, sharding=rank.state
+            )
             try:
-                _send_header(job, self.exchange.group)
-                done = recompute_openings(
-                    plan, store, outer_step, leaves, start, cfg, data, host, micro_batches=self.world_size,
-                    loss_fn=loss_fn, exchange=rank.step, sharding=rank.state,
-                )  # fmt: skip
+                _send_header(header, self.exchange.group)
+                done = recompute_openings(ranked, plan, leaves, start)
             except ValueError:
                 raise  # every rank saw the same wrong hash and stopped at the same point
             except Exception as e:
                 self.closed = True
                 why = f"{type(e).__name__}: {e}"
                 raise TeamError(f"sharded recompute failed ({why}); restart the host") from e
-        drop_sources(store, outer_step, leaves, plan)
+        drop_sources(store, job.outer_step, leaves, plan)
         return done
 
     def close(self) -> None:
@@ -457,10 +426,11 @@ def follow(
             dist.broadcast(state[name], 0, group=exchange.group)
         load_training_state(model, opt, state)
         params = {k.removeprefix("param/"): v for k, v in state.items() if k.startswith("param/")}
-        run_committed_ddp(
-            model, opt, cfg, data, str(header["host"]), int(header["outer_step"]), params, "", None, exchange,
-            loss_fn=loss_fn,
+        job = CommitJob(
+            cfg, data, str(header["host"]), int(header["outer_step"]), loss_fn=loss_fn, exchange=exchange,
+            start_params=params,
         )  # fmt: skip
+        run_committed_ddp(job, model, opt)
         jobs += 1
 
 
@@ -480,7 +450,11 @@ def _follow_sharded(
         every = int(where["checkpoint_every"])
         store = StateStore(where["root"], chunk_bytes=int(where["chunk_bytes"]), checkpoint_every=every)
     carried, group = header.get("carried_optimizer"), str(header.get("optimizer_group"))
-    host, outer_step = str(header["host"]), int(header["outer_step"])
+    params = {n: p.detach() for n, p in model.named_parameters()}  # the live ones: G_n once `start` ran
+    job = CommitJob(
+        cfg, data, str(header["host"]), int(header["outer_step"]), micro_batches=exchange.world_size,
+        loss_fn=loss_fn, exchange=rank.step, start_params=params, store=store, sharding=rank.state,
+    )  # fmt: skip
 
     def start() -> tuple[nn.Module, torch.optim.Optimizer]:
         rank.broadcast_params(model, exchange.group)
@@ -488,20 +462,14 @@ def _follow_sharded(
 
     if header.get("op") == "train":
         model, opt = start()
-        params = {n: p.detach() for n, p in model.named_parameters()}  # G_n, as rank 0 sent it
-        follow_committed(
-            model, opt, cfg, data, host, outer_step, params, store, exchange=rank.step, sharding=rank.state,
-            loss_fn=loss_fn, keep_optimizer=group if store is not None else None,
-        )  # fmt: skip
+        keep = group if store is not None else None
+        follow_committed(dataclasses.replace(job, keep_optimizer=keep), model, opt)
     elif header.get("op") == "recompute":
         if store is None:
             raise TeamError("recompute needs the host's store")
         plan = OpeningPlan.from_json(header["plan"])
         with contextlib.suppress(ValueError):  # a wrong hash: rank 0 saw it too and reports it
-            recompute_openings(
-                plan, store, outer_step, [str(h) for h in header["leaves"]], start, cfg, data, host,
-                micro_batches=exchange.world_size, loss_fn=loss_fn, exchange=rank.step, sharding=rank.state,
-            )  # fmt: skip
+            recompute_openings(job, plan, [str(h) for h in header["leaves"]], start)
     else:
         raise TeamError(f"unknown job {header.get('op')!r}")
     if store is not None:

@@ -15,15 +15,10 @@ from nodekit.statestore import StateStore
 from nodekit.store import TensorSink
 from protocol.config import ReplayMode, RunConfig
 from protocol.tensors import StateKind, tensor_hash_and_digests
-from replay.data import Corpus
 from replay.device import host_view
-from replay.model import lm_loss
-from replay.step import (
-    LossFn,
-    train_segment,
-    training_state,
-)
-from trainer.sharded import ShardedState, ShardedStep
+from replay.step import train_segment, training_state
+from trainer.commit import CommitJob
+from trainer.sharded import ShardedState
 
 
 def _save_recomputed(
@@ -114,25 +109,18 @@ def plan_openings(
 
 
 def recompute_openings(
+    job: CommitJob,
     plan: OpeningPlan,
-    store: StateStore,
-    outer_step: int,
     leaves: Sequence[str],
     start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
-    cfg: RunConfig,
-    data: Corpus,
-    host: str,
-    *,
-    micro_batches: int = 1,
-    loss_fn: LossFn = lm_loss,
-    exchange: ShardedStep | None = None,
-    sharding: ShardedState | None = None,
 ) -> list[int]:
     """Each missing opened boundary, recomputed bitwise from the nearest persisted one below it
     (boundary 0: `start()` rebuilds it from G_n and the carried optimizer) with the same step
-    function, checked against its committed leaf, and saved. Every rank of a sharded host runs
-    this with the same plan (its part of every load, step, hash and save)."""
-    k = cfg.segment_len
+    function and the job that trained it, checked against its committed leaf, and saved in the
+    job's store. Every rank of a sharded host runs this with the same plan (its part of every
+    load, step, hash and save)."""
+    store, sharding, outer_step = _store(job), job.sharding, job.outer_step
+    k = job.config.segment_len
     on_disk = set(plan.on_disk)
     done: list[int] = []
     at: int | None = None  # the boundary the model currently holds
@@ -151,17 +139,20 @@ def recompute_openings(
             at = src
         assert model is not None and opt is not None
         while at < j:
-            train_segment(
-                model, opt, cfg, data, host, outer_step, at * k, k, micro_batches,
-                loss_fn=loss_fn, exchange=exchange,
-            )  # fmt: skip
+            train_segment(job, model, opt, at * k, k)
             at += 1
             if at in plan.needed and at not in on_disk and at not in done and at != j:
-                _save_recomputed(store, outer_step, leaves, at, model, opt, cfg, sharding)
+                _save_recomputed(store, outer_step, leaves, at, model, opt, job.config, sharding)
                 done.append(at)
-        _save_recomputed(store, outer_step, leaves, j, model, opt, cfg, sharding)
+        _save_recomputed(store, outer_step, leaves, j, model, opt, job.config, sharding)
         done.append(j)
     return done
+
+
+def _store(job: CommitJob) -> StateStore:
+    if job.store is None:
+        raise ValueError("opened boundaries are recomputed into the host's store: the job has none")
+    return job.store
 
 
 def drop_sources(store: StateStore, outer_step: int, leaves: Sequence[str], plan: OpeningPlan) -> None:
@@ -171,29 +162,21 @@ def drop_sources(store: StateStore, outer_step: int, leaves: Sequence[str], plan
 
 
 def materialize_openings(
-    store: StateStore,
-    outer_step: int,
+    job: CommitJob,
     leaves: Sequence[str],
     segments: Sequence[int],
     start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
-    cfg: RunConfig,
-    data: Corpus,
-    host: str,
-    *,
-    micro_batches: int = 1,
-    loss_fn: LossFn = lm_loss,
 ) -> list[int]:
-    """After the challenge: every boundary a verifier may fetch on disk (`needed_boundaries`),
-    nothing else.
+    """After the challenge: every boundary a verifier may fetch in the job's store
+    (`needed_boundaries`), nothing else.
 
     Persisted boundaries that are neither opened nor the nearest source of an opened one go at
     once; each missing opened boundary is recomputed (`recompute_openings`); then the sources go.
     Returns the boundaries that were recomputed. Raises `ValueError` if a recomputed state does
     not hash to its leaf (the host could not reproduce its own trajectory).
     """
-    plan = plan_openings(store, outer_step, leaves, segments, cfg.replay_mode)
-    done = recompute_openings(
-        plan, store, outer_step, leaves, start, cfg, data, host, micro_batches=micro_batches, loss_fn=loss_fn
-    )
-    drop_sources(store, outer_step, leaves, plan)
+    store = _store(job)
+    plan = plan_openings(store, job.outer_step, leaves, segments, job.config.replay_mode)
+    done = recompute_openings(job, plan, leaves, start)
+    drop_sources(store, job.outer_step, leaves, plan)
     return done

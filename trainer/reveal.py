@@ -19,7 +19,7 @@ from nodekit.chainview import Phase
 from nodekit.objects import Kind
 from nodekit.store import OPTIMIZER_GROUP, delta_group
 from protocol.messages import MsgRevealContribution
-from trainer.commit import TrainedStep, load_params, openings
+from trainer.commit import CommitJob, TrainedStep, load_params, openings
 from trainer.recompute import materialize_openings
 
 if TYPE_CHECKING:
@@ -94,18 +94,18 @@ class RevealPhase:
         params: Mapping[str, Tensor],
         start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
     ) -> None:
+        # the job the step trained with (its slice count committed in the env; a team sets its own)
+        job = CommitJob(
+            self.h.cfg, self.h.corpus, self.h.address, n, micro_batches=c.env.micro_batches,
+            loss_fn=self.h.loss_fn, start_params=params, base_model_hash=c.base_model_hash,
+            store=self.h.store,
+        )  # fmt: skip
         try:
             if self.h.team is not None and self.h.team.shard_state:
                 self.h.team.carry(self.h.view.prev_optimizer_hash(self.h.address, n) or None, OPTIMIZER_GROUP)
-                done = self.h.team.materialize(
-                    self.h.store, n, c.leaves, segments, self.h.model, self.h.cfg, self.h.corpus,
-                    self.h.address, params, loss_fn=self.h.loss_fn,
-                )  # fmt: skip
+                done = self.h.team.materialize(job, self.h.model, c.leaves, segments)
             else:
-                done = materialize_openings(
-                    self.h.store, n, c.leaves, segments, start, self.h.cfg, self.h.corpus, self.h.address,
-                    micro_batches=c.env.micro_batches, loss_fn=self.h.loss_fn,
-                )  # fmt: skip
+                done = materialize_openings(job, c.leaves, segments, start)
         except (ValueError, OSError) as e:  # cannot reproduce an own boundary: serve what we have
             self.h.log("recompute_failed", outer_step=n, error=f"{type(e).__name__}: {e}")
             return

@@ -54,7 +54,14 @@ from protocol.config import RunConfig
 from replay.data import Corpus, shakespeare_corpus
 from replay.device import host_state, resolve_device
 from replay.spec import build
-from replay.step import State, configure_determinism, load_training_state, make_optimizer, train_segment
+from replay.step import (
+    State,
+    TrainJob,
+    configure_determinism,
+    load_training_state,
+    make_optimizer,
+    train_segment,
+)
 from replay.step import training_state as live_state
 from verifier.tolerance import CUMULATIVE_CHECKS, PARAM, TOLERANCE_CHECKS, tolerance_distances
 from verifier.update_space import bias_corrections
@@ -165,7 +172,8 @@ def _run(cfg: RunConfig, data: Corpus, start: State, plan: Plan, outer: int, dev
     load_training_state(built.module, opt, start)
     for host, first, n in plan:
         if n:
-            train_segment(built.module, opt, cfg, data, host, outer, first, n, loss_fn=built.loss_fn)
+            job = TrainJob(cfg, data, host, outer, loss_fn=built.loss_fn)
+            train_segment(job, built.module, opt, first, n)
     return host_state(dict(live_state(built.module, opt)))  # a host copy: a GPU replay's too
 
 
@@ -306,7 +314,8 @@ def calibrate(
         opt = make_optimizer(built.module, cfg.inner)
         for t in range(trials + 1):  # the fresh state, then warm ones (moments not zero)
             if t:
-                train_segment(built.module, opt, cfg, data, HOST, 1000 + t, 0, warmup, loss_fn=built.loss_fn)
+                job = TrainJob(cfg, data, HOST, 1000 + t, loss_fn=built.loss_fn)
+                train_segment(job, built.module, opt, 0, warmup)
             path = work / f"start-{t}.safetensors"
             state = live_state(built.module, opt, copy=True)
             save_file({k: v.contiguous() for k, v in state.items()}, str(path))

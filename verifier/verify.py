@@ -43,6 +43,7 @@ from replay.step import (
     LossFn,
     State,
     StateError,
+    TrainJob,
     load_training_state,
     make_optimizer,
     optimizer_hash,
@@ -345,6 +346,12 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
         raise _Reject(Reason.WRONG_START, detail)
 
 
+def replay_job(job: Job, ctx: ReplayContext) -> TrainJob:
+    """The host's training job for this outer step, as the verifier replays it: the host's PRF
+    batches, its slice count (the committed env), the model's loss; one process, no exchange."""
+    return TrainJob(job.cfg, ctx.data, job.host, job.outer_step, job.env.micro_batches, ctx.loss_fn)
+
+
 def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> State:
     """The host's own step function from `start`, over the PRF batches of `segment`.
 
@@ -354,18 +361,7 @@ def replay_segment(job: Job, ctx: ReplayContext, start: State, segment: int) -> 
     k = job.cfg.segment_len
     opt = make_optimizer(ctx.model, job.cfg.inner)
     load_training_state(ctx.model, opt, start)
-    train_segment(
-        ctx.model,
-        opt,
-        job.cfg,
-        ctx.data,
-        job.host,
-        job.outer_step,
-        segment * k,
-        k,
-        job.env.micro_batches,
-        loss_fn=ctx.loss_fn,
-    )
+    train_segment(replay_job(job, ctx), ctx.model, opt, segment * k, k)
     ctx.on_replay_steps(k)
     return host_view(training_state(ctx.model, opt))
 
@@ -638,10 +634,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
             k = job.cfg.segment_len
             if ctx.opt is None:
                 raise CannotVerify("replay context has no optimizer")
-            train_segment(
-                ctx.model, ctx.opt, job.cfg, ctx.data, job.host, job.outer_step, o.segment * k, k,
-                job.env.micro_batches, loss_fn=ctx.loss_fn,
-            )  # fmt: skip
+            train_segment(replay_job(job, ctx), ctx.model, ctx.opt, o.segment * k, k)
             ctx.on_replay_steps(job.cfg.segment_len)
             seconds += time.perf_counter() - t0
             steps += job.cfg.segment_len

@@ -85,7 +85,7 @@ from nodekit.statestore import clone_state
 from protocol import codecs
 from protocol.config import ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
-from replay.step import State, load_training_state, train_segment, training_hash, training_state
+from replay.step import State, TrainJob, load_training_state, train_segment, training_hash, training_state
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import TrainedStep, run_committed
 
@@ -250,6 +250,7 @@ class LazyHost(HostAdversary):
     def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
         fake = self.faked(cfg, ctx.address, ctx.outer_step)
+        job = TrainJob(cfg, ctx.data, ctx.address, ctx.outer_step, loss_fn=ctx.loss_fn)
         prev = cur = start_state(ctx)
         states = [cur]
         losses: list[float] = []
@@ -263,10 +264,7 @@ class LazyHost(HostAdversary):
                 nxt = make_genuine(nxt, cfg.inner)  # moments AdamW can produce (specs §6.3)
                 load_training_state(ctx.model, ctx.inner_optimizer, nxt)
             else:
-                losses += train_segment(
-                    ctx.model, ctx.inner_optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
-                    loss_fn=ctx.loss_fn,
-                )  # fmt: skip
+                losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)
                 nxt = clone_state(training_state(ctx.model, ctx.inner_optimizer))
             prev, cur = cur, nxt
             states.append(cur)
@@ -513,14 +511,12 @@ class MomentSteer(HostAdversary):
 
     def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
+        job = TrainJob(cfg, ctx.data, ctx.address, ctx.outer_step, loss_fn=ctx.loss_fn)
         cur = start_state(ctx)
         states, losses = [cur], []
         for j in range(cfg.n_segments):
             load_training_state(ctx.model, ctx.inner_optimizer, cur)
-            losses += train_segment(
-                ctx.model, ctx.inner_optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
-                loss_fn=ctx.loss_fn,
-            )  # fmt: skip
+            losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)
             cur = self.steer(clone_state(training_state(ctx.model, ctx.inner_optimizer)), ctx)
             states.append(cur)
         load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
@@ -561,14 +557,12 @@ class BudgetSteer(HostAdversary):
 
     def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
+        job = TrainJob(cfg, ctx.data, ctx.address, ctx.outer_step, loss_fn=ctx.loss_fn)
         cur = start_state(ctx)
         states, losses = [cur], []
         for j in range(cfg.n_segments):
             load_training_state(ctx.model, ctx.inner_optimizer, cur)
-            losses += train_segment(
-                ctx.model, ctx.inner_optimizer, cfg, ctx.data, ctx.address, ctx.outer_step, j * k, k,
-                loss_fn=ctx.loss_fn,
-            )  # fmt: skip
+            losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)
             end = clone_state(training_state(ctx.model, ctx.inner_optimizer))
             cur = steer_boundary(end, cur, cfg, self.fraction, self.target, self.where, self.seed,
                                  params=self.steer_params, cumulative=self.cumulative)  # fmt: skip
@@ -600,10 +594,7 @@ class EagerStart(HostAdversary):
         else:
             own = codecs.decode(previous, ctx.global_model.layout)
             eager = {n: ctx.global_model.params[n] - own[n] for n in ctx.global_model.params}
-            c = run_committed(
-                ctx.model, ctx.inner_optimizer, ctx.cfg, ctx.data, ctx.address, ctx.outer_step, eager,
-                ctx.global_model.hash, ctx.store, loss_fn=ctx.loss_fn,
-            )  # fmt: skip
+            c = run_committed(ctx.job(eager), ctx.model, ctx.inner_optimizer)
         self.history[ctx.outer_step] = c.payload
         return c
 
