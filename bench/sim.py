@@ -299,7 +299,8 @@ def verify_contribution(
     Returns (accepted, reason name, replayed inner steps). `on_final` gets the verifier's own
     replayed θ_H (`ReplayContext.on_derived`: all checks passed, bit for bit the host's).
     """
-    from verifier.verify import Job, OpeningData, ReplayContext, verify
+    from verifier.job import Job, OpeningData, ReplayContext
+    from verifier.verify import verify
 
     block = hashlib.sha256(f"bench:{env.cfg.seed}:{c.outer_step}".encode()).hexdigest()
     sampled = sample_segments(block, host, env.cfg.n_segments, env.cfg.sampled_segments)

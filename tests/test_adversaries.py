@@ -23,7 +23,7 @@ from nodekit.globalmodel import GlobalModel
 from protocol import codecs
 from protocol.messages import Reason
 from replay.step import configure_determinism
-from verifier.verify import Job, Judgement
+from verifier.job import Job, Judgement
 
 A = "gonka1" + "a" * 38
 

@@ -30,8 +30,8 @@ from tests.support.nodes import (
 )
 from trainer.node import HostNode
 from verifier.behaviour import VerifierBehaviour
+from verifier.job import Job, Judgement
 from verifier.node import VerifierNode
-from verifier.verify import Job, Judgement
 
 
 class OfflineIfDrawnFirst(VerifierBehaviour):

@@ -34,10 +34,10 @@ from tests.support.nodes import (
     verifier_config,
 )
 from trainer.node import HostNode
+from verifier.job import MissingData
 from verifier.node import VerifierNode
 from verifier.node_config import ConfigError, load_verifier_config
 from verifier.source import HttpSource
-from verifier.verify import MissingData
 
 HOSTS = {1: "honest", 2: "zero", 3: "malformed", 4: "no_reveal", 5: "copycat"}
 HOST_PARAMS: dict[str, dict[str, Any]] = {

@@ -27,11 +27,9 @@ from protocol.messages import EnvFingerprint, Reason
 from replay.step import State, configure_determinism, env_fingerprint, optimizer_state
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import TrainedStep, run_committed
+from verifier.job import CannotVerify, Job, MissingData
 from verifier.tolerance import TOLERANCE_CHECKS, param_distance, state_distances, tolerance_mismatch
 from verifier.verify import (
-    CannotVerify,
-    Job,
-    MissingData,
     check_verifier_env,
     fresh_optimizer_hash,
     fresh_optimizer_state,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from protocol.messages import EnvFingerprint
-from verifier.verify import Job, Judgement
+from verifier.job import Job, Judgement
 
 
 class VerifierBehaviour:

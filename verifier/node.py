@@ -53,19 +53,12 @@ from replay.data import Corpus, node_corpus
 from replay.spec import DEFAULT_ALLOW_LIST, Factory, Holder, build, check_fits
 from replay.step import DeviceError, State, env_fingerprint, optimizer_state, pin_device
 from verifier.behaviour import VerifierBehaviour
+from verifier.job import CannotVerify, Job, Judgement, OpeningData, ReplayContext
 from verifier.metrics import VerifierMetrics
 from verifier.node_config import VerifierConfig
 from verifier.source import HttpSource
 from verifier.starts import CarriedStarts
-from verifier.verify import (
-    CannotVerify,
-    Job,
-    Judgement,
-    OpeningData,
-    ReplayContext,
-    check_verifier_env,
-    verify,
-)
+from verifier.verify import check_verifier_env, verify
 
 __all__ = ["NodeError", "VerifierNode"]
 

@@ -26,10 +26,7 @@ from nodekit.store import (
 )
 from nodekit.storefiles import StoredTensors
 from replay.step import State
-from verifier.verify import (
-    MalformedBlob,
-    MissingData,
-)
+from verifier.job import MalformedBlob, MissingData
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()

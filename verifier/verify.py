@@ -19,28 +19,22 @@ import hashlib
 import inspect
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from nodekit.eager import EagerStart
-from nodekit.store import StoreError
-from protocol import chunks, codecs
+from protocol import chunks
 from protocol.codecs import CodecError
-from protocol.config import Codec, ReplayMode, RunConfig, canonical_json
+from protocol.config import Codec, ReplayMode, canonical_json
 from protocol.envclass import ReplayDecision, replay_decision
-from protocol.errorfeedback import EFConfig, EFError, ef_hash, ef_header, ef_tensors
 from protocol.inner import MOMENTS
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
 from protocol.tensors import StateKind, canonical_header, canonical_size, domain
-from replay.data import Corpus
 from replay.device import host_state, host_view
 from replay.step import (
-    LossFn,
     State,
     StateError,
     TrainJob,
@@ -51,173 +45,20 @@ from replay.step import (
     training_hash,
     training_state,
 )
+from verifier.delta import check_delta, check_ef_delta, layout_of
+from verifier.job import (
+    BlobSource,
+    CannotVerify,
+    Job,
+    Judgement,
+    MalformedBlob,
+    MissingData,
+    OpeningData,
+    Rejected,
+    ReplayContext,
+)
 from verifier.tolerance import PARAM, Cumulative, cumulative_mismatch, param_distance, tolerance_mismatch
 from verifier.update_space import genuine_mismatch
-
-
-class MissingData(Exception):
-    """A revealed blob could not be fetched (unreachable host, 404 after the reveal deadline)."""
-
-
-class MalformedBlob(Exception):
-    """A fetched blob is too large, does not decode, or does not hash to what was asked for."""
-
-
-class CannotVerify(Exception):
-    """This verifier cannot judge the contribution (e.g. its environment differs in bitwise mode).
-
-    Not the host's fault: the node abstains instead of rejecting honest work.
-    """
-
-
-class BlobSource(Protocol):
-    """Where revealed data comes from. Implementations verify hashes and bound sizes."""
-
-    def state(self, leaf_hash: str) -> State:
-        """The training state whose `training_hash` is `leaf_hash`."""
-        ...
-
-    def delta(self, delta_hash: str) -> bytes:
-        """The Δ payload whose chunked hash is `delta_hash` (the committed one in tolerance mode; in
-        an eager run the parent Δ a start is built on)."""
-        ...
-
-
-class OptimizerSource(Protocol):
-    """A `BlobSource` that can also give a host's carried optimizer state by its chain hash, so
-    segment 0's start is rebuilt from G_n instead of downloaded (optional: without it, the start
-    state is fetched)."""
-
-    def optimizer(self, optimizer_hash: str) -> State:
-        """The optimizer state (moments + step) whose OPTIMIZER hash is `optimizer_hash`."""
-        ...
-
-
-class ErrorFeedbackSource(Protocol):
-    """A `BlobSource` that can also give a host's carried error-feedback accumulator by its chain
-    hash (codec sparse, specs §4.1): needed to rebuild C(β·e + Δ) and e_next."""
-
-    def error_feedback(self, ef_hash: str) -> Mapping[str, Tensor]:
-        """The accumulator (the model's parameter names, float32) whose hash is `ef_hash`."""
-        ...
-
-
-class EFSink(Protocol):
-    """Where a verification writes the e_next it rebuilds (the node: its store, served on)."""
-
-    def write(self, name: str, t: Tensor) -> None: ...
-
-    def finish(self) -> str:
-        """The hash of what was written (it is kept)."""
-        ...
-
-    def abort(self) -> None: ...
-
-
-class MemoryEF:
-    """An `EFSink` in memory (tests, and nodes without a store): hashed with `ef_hash`."""
-
-    def __init__(self, layout: Mapping[str, tuple[int, ...]], chunk_bytes: int) -> None:
-        self.tensors: dict[str, Tensor] = {}
-        self.chunk_bytes = chunk_bytes
-
-    def write(self, name: str, t: Tensor) -> None:
-        self.tensors[name] = t
-
-    def finish(self) -> str:
-        return ef_hash(self.tensors, self.chunk_bytes)
-
-    def abort(self) -> None:
-        self.tensors = {}
-
-
-@dataclass(frozen=True)
-class OpeningData:
-    """One revealed segment; `proof` is None when only the chain (which checked it) had it."""
-
-    segment: int
-    start_leaf: str
-    end_leaf: str
-    proof: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Job:
-    """Everything public about one assigned contribution, read from the chain."""
-
-    run_id: int
-    outer_step: int
-    host: str
-    cfg: RunConfig
-    trajectory_root: str
-    leaf_count: int
-    delta_hash: str
-    final_optimizer_hash: str
-    tokens: int
-    env: EnvFingerprint
-    sampled: tuple[int, ...]
-    openings: tuple[OpeningData, ...]
-    prev_optimizer_hash: str | None  # None: the host's first accepted outer step, start fresh
-    parent_delta_hash: str | None = None
-    """Eager runs (specs §2.2.1): the host's step n − 1 Δ its start is built on (the chain's
-    `start_state`); segment 0 starts from Nesterov(G_{n−1}, decoded parent Δ), not G_{n−1}."""
-    final_ef_hash: str | None = None
-    """Codec sparse (specs §4.1): the committed hash of the host's e_next."""
-    start_ef_hash: str | None = None
-    """Codec sparse: the accumulator the chain names for the host's start (None: zeros)."""
-
-
-@dataclass
-class ReplayContext:
-    """What replay needs besides the job: the model, its loss, the corpus and G_n's params."""
-
-    model: nn.Module
-    loss_fn: LossFn
-    data: Corpus
-    global_params: Mapping[str, Tensor]  # G_n, keyed by the model's parameter names
-    on_replay_steps: Callable[[int], None] = field(default=lambda n: None)
-    on_derived: Callable[[State, bytes], None] | None = None
-    """All checks passed: the host's final state (bitwise mode: our replay, bit for bit; tolerance
-    mode: the claimed end state, checked) and the Δ payload (derived from it; in tolerance mode the
-    downloaded one, equal to it). The node keeps both: the optimizer state is the host's next
-    start (no fetch next time, and others rebuild segment 0 from it) and the Δ is served to everyone
-    who aggregates, so neither depends on the author staying online."""
-    opt: torch.optim.Optimizer | None = field(default=None, repr=False)
-    """The replay optimizer, made once: starts are written into it and the model in place."""
-    global_momentum: Mapping[str, Tensor] | None = None
-    """G_n's outer momentum: needed only for a job with a parent Δ (the eager start)."""
-    ef_sink: Callable[[Mapping[str, tuple[int, ...]]], EFSink] | None = None
-    """Codec sparse: where the rebuilt e_next goes (None: `MemoryEF`); kept only if it hashes to
-    the committed one."""
-
-    def live(self, job: Job) -> State:
-        """The replay model's and optimizer's own tensors as a training state (no copies)."""
-        if self.opt is None:
-            self.opt = make_optimizer(self.model, job.cfg.inner)
-        return training_state(self.model, self.opt)
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """A verdict before it is signed: reason, human detail, and the hash that binds our replay."""
-
-    reason: Reason
-    detail: str
-    evidence_hash: str
-    replayed_leaves: tuple[str, ...] = ()
-    replay_steps: int = 0
-    replay_seconds: float = 0.0
-
-    @property
-    def accept(self) -> bool:
-        return self.reason is Reason.ACCEPT
-
-
-class _Reject(Exception):
-    def __init__(self, reason: Reason, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 def evidence_hash(job: Job, reason: Reason, replayed: Sequence[str], detail: str) -> str:
@@ -242,12 +83,12 @@ def check_proofs(job: Job) -> None:
     """Openings are exactly the challenged segments, and each pair proof binds to the root."""
     n = job.cfg.n_segments
     if job.leaf_count != n + 1:
-        raise _Reject(Reason.BAD_PROOF, f"leaf_count {job.leaf_count} != H/k + 1 = {n + 1}")
+        raise Rejected(Reason.BAD_PROOF, f"leaf_count {job.leaf_count} != H/k + 1 = {n + 1}")
     if not job.openings:
-        raise _Reject(Reason.MISSING_DATA, "nothing was revealed")
+        raise Rejected(Reason.MISSING_DATA, "nothing was revealed")
     got = sorted(o.segment for o in job.openings)
     if got != sorted(job.sampled):
-        raise _Reject(Reason.BAD_PROOF, f"opened segments {got} != challenged {sorted(job.sampled)}")
+        raise Rejected(Reason.BAD_PROOF, f"opened segments {got} != challenged {sorted(job.sampled)}")
     try:
         root = bytes.fromhex(job.trajectory_root)
         for o in job.openings:
@@ -256,9 +97,9 @@ def check_proofs(job: Job) -> None:
             left, right = bytes.fromhex(o.start_leaf), bytes.fromhex(o.end_leaf)
             proof = [bytes.fromhex(p) for p in o.proof]
             if not verify_pair(left, right, o.segment, job.leaf_count, proof, root):
-                raise _Reject(Reason.BAD_PROOF, f"segment {o.segment}: pair proof does not match the root")
+                raise Rejected(Reason.BAD_PROOF, f"segment {o.segment}: pair proof does not match the root")
     except ValueError as e:
-        raise _Reject(Reason.BAD_PROOF, f"proof is not hex: {e}") from e
+        raise Rejected(Reason.BAD_PROOF, f"proof is not hex: {e}") from e
 
 
 def check_claims(job: Job) -> None:
@@ -266,13 +107,13 @@ def check_claims(job: Job) -> None:
     cfg = job.cfg
     if job.tokens != cfg.tokens_per_outer_step:
         want = cfg.tokens_per_outer_step
-        raise _Reject(Reason.BAD_TOKENS, f"tokens {job.tokens} != H*batch*seq_len = {want}")
+        raise Rejected(Reason.BAD_TOKENS, f"tokens {job.tokens} != H*batch*seq_len = {want}")
     slices = job.env.micro_batches
     if cfg.batch_size % slices:  # a DDP host's slices must split the PRF batch evenly
-        raise _Reject(Reason.BAD_ENVIRONMENT, f"batch {cfg.batch_size} does not split into {slices} slices")
+        raise Rejected(Reason.BAD_ENVIRONMENT, f"batch {cfg.batch_size} does not split into {slices} slices")
     bitwise = cfg.replay_mode is ReplayMode.BITWISE  # tolerance mode exists for other environments
     if bitwise and (job.env.threads != cfg.threads or not job.env.deterministic):
-        raise _Reject(
+        raise Rejected(
             Reason.BAD_ENVIRONMENT,
             f"committed env threads={job.env.threads} deterministic={job.env.deterministic}, "
             f"run needs threads={cfg.threads} deterministic=True",
@@ -321,12 +162,6 @@ def fresh_optimizer_hash(model: nn.Module, chunk_bytes: int) -> str:
     return chunks.hash_stream(domain(StateKind.OPTIMIZER), pieces, chunk_bytes)[0]
 
 
-def _layout(params: Mapping[str, Tensor]) -> dict[str, tuple[int, ...]]:
-    """Shapes by name without reading tensors a `StoredTensors` G_n would load from disk."""
-    shapes = getattr(params, "shapes", None)
-    return dict(shapes) if shapes is not None else {n: tuple(t.shape) for n, t in params.items()}
-
-
 def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
     """Leaf 0 must be G_n's params with the host's previous committed optimizer state (or fresh)."""
     names = sorted(n for n, _ in ctx.model.named_parameters())  # name order: one pass over G_n
@@ -334,16 +169,16 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
         got = start.get(PARAM + name)
         want = ctx.global_params.get(name)
         if got is None or want is None or got.shape != want.shape or got.dtype != want.dtype:
-            raise _Reject(Reason.WRONG_START, f"start param {name} does not fit G_n")
+            raise Rejected(Reason.WRONG_START, f"start param {name} does not fit G_n")
         if not torch.equal(got, want):
-            raise _Reject(Reason.WRONG_START, f"start param {name} differs from G_n")
+            raise Rejected(Reason.WRONG_START, f"start param {name} differs from G_n")
     c = job.cfg.state_chunk_bytes
     want_opt = job.prev_optimizer_hash or fresh_optimizer_hash(ctx.model, c)
     got_opt = optimizer_hash(start, c)
     if got_opt != want_opt:
         kind = "fresh" if job.prev_optimizer_hash is None else "previously committed"
         detail = f"start optimizer {got_opt[:12]} is not the {kind} state {want_opt[:12]}"
-        raise _Reject(Reason.WRONG_START, detail)
+        raise Rejected(Reason.WRONG_START, detail)
 
 
 def replay_job(job: Job, ctx: ReplayContext) -> TrainJob:
@@ -431,7 +266,7 @@ def rebuild_start(
         if into is not None:  # G_n's params straight into the live ones, one tensor at a time
             live_params = {k: t for k, t in into.items() if k.startswith(PARAM)}
             shapes = {k[len(PARAM) :]: tuple(t.shape) for k, t in live_params.items()}
-            if _layout(ctx.global_params) != shapes:  # our own G_n: not the host's fault
+            if layout_of(ctx.global_params) != shapes:  # our own G_n: not the host's fault
                 raise StateError("G_n does not fit the replay model")
             with torch.no_grad():
                 for k in sorted(live_params):
@@ -449,10 +284,10 @@ def rebuild_start(
             raise
         # the start is fixed by chain data alone: a leaf 0 that is not it is wrong, served or not
         # (an honest host need not serve segment 0's start, so a wrong one is rarely served)
-        raise _Reject(Reason.WRONG_START, "start leaf is not the rule's start (and is not served)") from None
+        raise Rejected(Reason.WRONG_START, "start leaf is not the rule's start (and is not served)") from None
     check_start(job, ctx, claimed)
     if opt_state is not None:
-        raise _Reject(Reason.WRONG_START, "start leaf is not G_n with the carried optimizer state")
+        raise Rejected(Reason.WRONG_START, "start leaf is not G_n with the carried optimizer state")
     return claimed
 
 
@@ -471,102 +306,8 @@ def _start_again(job: Job, ctx: ReplayContext, source: BlobSource, o: OpeningDat
         if o.segment == 0:
             return rebuild_start(job, ctx, source, o.start_leaf)
         return _checked_state(source, o.start_leaf)
-    except (MissingData, MalformedBlob, _Reject):
+    except (MissingData, MalformedBlob, Rejected):
         return None
-
-
-def check_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource | None) -> bytes:
-    """Committed Δ hash == hash of encode(θ_global − θ_H); the served payload is exactly that one.
-
-    With `source` None (bitwise mode: `final` is our own replay, bit for bit the host's θ_H) the Δ
-    is not downloaded at all. Returns the payload we derived."""
-    cfg = job.cfg
-    layout = _layout(ctx.global_params)
-    delta = _deltas(ctx, final, layout)
-    payload = b"".join(codecs.encode_pieces(delta, layout, cfg.codec, cfg.codec_block_size))
-    mine = codecs.delta_hash(payload, cfg.state_chunk_bytes)
-    if mine != job.delta_hash:
-        raise _Reject(Reason.DELTA_MISMATCH, f"committed Δ {job.delta_hash[:12]} != θ_global−θ_H {mine[:12]}")
-    return _served_matches(job, layout, payload, source)
-
-
-def _deltas(
-    ctx: ReplayContext, final: State, layout: Mapping[str, tuple[int, ...]]
-) -> Iterator[tuple[str, Tensor]]:
-    """Δ = θ_start − θ_H tensor by tensor, in name order: no fp32 Δ of the whole model."""
-    for name in sorted(layout):
-        want = ctx.global_params[name]
-        theta = final.get(PARAM + name)
-        if theta is None or theta.shape != want.shape:
-            raise _Reject(Reason.DELTA_MISMATCH, f"final state lacks param {name}")
-        d = want - theta
-        if not bool(torch.isfinite(d).all()):
-            raise _Reject(Reason.DELTA_MISMATCH, f"Δ of {name} is not finite")
-        yield name, d
-
-
-def check_ef_delta(job: Job, ctx: ReplayContext, final: State, source: BlobSource, served: bool) -> bytes:
-    """Codec sparse (specs §4.1): the committed Δ is C(β·e + θ_start − θ_H) and the committed e_next
-    is a − decode(C(a)), both rebuilt from `final` (bitwise: our replay; tolerance: the checked
-    claimed end, whose θ_H the host encoded) and the e the chain names (fetched by hash; none:
-    zeros). Either hash differing is DELTA_MISMATCH. With `served` (tolerance mode) the downloaded
-    payload must also be the one we derived. Returns the payload; e_next is in `ctx.ef_sink`."""
-    cfg, efc = job.cfg, EFConfig.of(job.cfg)
-    layout = _layout(ctx.global_params)
-    e: Mapping[str, Tensor] | None = None
-    if job.start_ef_hash is not None:
-        fetch = getattr(source, "error_feedback", None)
-        if fetch is None:
-            raise CannotVerify("this blob source cannot fetch an error-feedback accumulator")
-        e = fetch(job.start_ef_hash)  # every chunk checked against the hash the chain names
-    if not job.final_ef_hash:
-        raise _Reject(Reason.DELTA_MISMATCH, "a sparse commit without the hash of its e_next")
-    sink = ctx.ef_sink(layout) if ctx.ef_sink is not None else MemoryEF(layout, cfg.state_chunk_bytes)
-    bodies = []
-    try:
-        for t in ef_tensors(_deltas(ctx, final, layout), e, layout, efc):
-            bodies.append(t.body)
-            sink.write(t.name, t.e_next)
-            del t
-    except EFError as err:
-        sink.abort()
-        raise MalformedBlob(f"start accumulator {job.start_ef_hash or 'zeros'}: {err}") from err
-    except CodecError as err:
-        sink.abort()
-        raise _Reject(Reason.DELTA_MISMATCH, f"β·e + Δ cannot be encoded: {err}") from err
-    except StoreError as err:  # our own copy of the accumulator broke on disk: not the host's fault
-        sink.abort()
-        raise CannotVerify(f"start accumulator unreadable here: {err}") from err
-    except BaseException:
-        sink.abort()
-        raise
-    payload = ef_header(layout, efc) + b"".join(bodies)
-    mine = codecs.delta_hash(payload, cfg.state_chunk_bytes)
-    if mine != job.delta_hash:
-        sink.abort()
-        raise _Reject(
-            Reason.DELTA_MISMATCH, f"committed Δ {job.delta_hash[:12]} != C(β·e + θ_start − θ_H) {mine[:12]}"
-        )
-    got = sink.finish()
-    if got != job.final_ef_hash:
-        raise _Reject(Reason.DELTA_MISMATCH, f"committed e {job.final_ef_hash[:12]} != a − C(a) {got[:12]}")
-    return _served_matches(job, layout, payload, source if served else None)
-
-
-def _served_matches(
-    job: Job, layout: Mapping[str, tuple[int, ...]], payload: bytes, source: BlobSource | None
-) -> bytes:
-    """Tolerance mode: the payload the host serves must decode and be exactly the one we derived."""
-    if source is None:
-        return payload
-    served = source.delta(job.delta_hash)  # the source checked every chunk against the hash
-    try:
-        codecs.decode(served, layout)  # what every host will do with it: must not fail
-    except codecs.CodecError as e:
-        raise MalformedBlob(f"Δ payload: {e}") from e
-    if served != payload:
-        raise MalformedBlob("served Δ payload differs from the committed Δ")
-    return payload
 
 
 def eager_context(job: Job, ctx: ReplayContext, source: BlobSource) -> ReplayContext:
@@ -627,7 +368,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
                 if o.segment > 0:  # the host's claim for the end of segment o − 1, opened or not
                     bad = genuine_mismatch(live, job.cfg.inner)
                     if bad is not None:
-                        raise _Reject(Reason.REPLAY_MISMATCH, f"segment {o.segment}: start is not a "
+                        raise Rejected(Reason.REPLAY_MISMATCH, f"segment {o.segment}: start is not a "
                                                               f"genuine AdamW state: {bad}")  # fmt: skip
             start: State | None = None if bitwise else host_state(live)  # a copy in host memory, like `claim`
             t0 = time.perf_counter()
@@ -655,7 +396,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
                     dist = param_distance(end, claim, start) if known else math.inf  # type: ignore[arg-type]
                     why = f"param distance {dist:.3e}"
                 if why is not None:
-                    raise _Reject(
+                    raise Rejected(
                         Reason.REPLAY_MISMATCH,
                         f"segment {o.segment}: replay {leaf[:12]} != committed {o.end_leaf[:12]}, {why}",
                     )
@@ -666,13 +407,13 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
                 final = claim if claim is not None else end
             del start, claim
         if final is None:  # check_proofs guarantees the last segment is opened; defensive
-            raise _Reject(Reason.BAD_PROOF, "the last segment was not opened")
+            raise Rejected(Reason.BAD_PROOF, "the last segment was not opened")
         if total is not None:  # the opened segments together: residuals that add up (specs §6.4)
             why = cumulative_mismatch(total, job.cfg.cumulative_tolerances)
             if why is not None:
-                raise _Reject(Reason.REPLAY_MISMATCH, why)
+                raise Rejected(Reason.REPLAY_MISMATCH, why)
         if optimizer_hash(final, chunk) != job.final_optimizer_hash:
-            raise _Reject(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
+            raise Rejected(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
         if job.cfg.codec is Codec.SPARSE:
             payload = check_ef_delta(job, ctx, final, source, served=not bitwise)
         else:
@@ -680,7 +421,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
         if ctx.on_derived is not None:  # tolerance mode: the checked claim and the downloaded Δ
             ctx.on_derived(final, payload)
         reason, detail = Reason.ACCEPT, ""
-    except _Reject as r:
+    except Rejected as r:
         reason, detail = r.reason, r.detail
     except MissingData as e:
         reason, detail = Reason.MISSING_DATA, str(e)

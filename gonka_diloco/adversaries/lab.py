@@ -27,7 +27,7 @@ from replay.spec import build
 from replay.step import State, load_training_state, make_optimizer, optimizer_hash, training_state
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import TrainedStep, openings
-from verifier.verify import Job, MalformedBlob, MissingData, OpeningData, ReplayContext
+from verifier.job import Job, MalformedBlob, MissingData, OpeningData, ReplayContext
 
 TINY_GPT = ModelSpec(
     factory="trainer.model:small_gpt",

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from protocol.messages import EnvFingerprint, Reason
 from verifier.behaviour import VerifierBehaviour
-from verifier.verify import Job, Judgement, evidence_hash
+from verifier.job import Job, Judgement
+from verifier.verify import evidence_hash
 
 
 class LazyVerifier(VerifierBehaviour):
