@@ -539,7 +539,7 @@ def _commit_fields(msg: MsgCommitPseudoGradient) -> dict[str, Any]:
         "leaf_count": msg.leaf_count,
         "delta_hash": msg.delta_hash,
         "final_optimizer_hash": msg.final_optimizer_hash,
-        "codec": msg.codec.value,
+        "codec": msg.codec,
         "tokens": msg.tokens,
         "env": msg.env.model_dump(mode="json"),
         "final_ef_hash": msg.final_ef_hash or None,

@@ -31,6 +31,7 @@ from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
 from chain.params import MODULE_ACCOUNT, REWARD_POOL_ACCOUNT, ModuleParams, Outcome, Phase, Review, RunStatus
+from protocol.config import Codec
 from protocol.messages import Role
 
 OMIT_AT_DEFAULT = "omit_at_default"
@@ -94,7 +95,7 @@ class Contribution:
     leaf_count: int
     delta_hash: str
     final_optimizer_hash: str
-    codec: str
+    codec: Codec
     tokens: int
     env: dict[str, Any]
     equivocation_tx: str | None = None  # a second, different commit: slashable evidence

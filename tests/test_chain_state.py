@@ -88,7 +88,7 @@ def test_transfer_conserves_supply_and_refuses_overdraft() -> None:
 # ---------------------------------------------------------------- app hash: a hash tree with cached digests
 
 
-ENUM_FIELDS = {"role", "phase", "status", "outcome", "review"}
+ENUM_FIELDS = {"role", "phase", "status", "outcome", "review", "codec"}
 """Typed fields (StrEnums): a value outside the enum is refused when the state is read."""
 
 
