@@ -388,6 +388,16 @@ def wire_vectors() -> list[dict[str, Any]]:
         # §2.3.1: `early_close` (Phases field 15) is on the wire only when set
         MsgCreateRun(creator=HOST, config=cfg.model_copy(
             update={"phases": cfg.phases.model_copy(update={"early_close": True})})),
+        # §4.1: a sparse run (codec, chunk C, k) and its commit, which names the host's e_next
+        # (`final_ef_hash`, field 12; a dense commit leaves it off the wire)
+        MsgCreateRun(creator=HOST, config=cfg.model_copy(
+            update={"codec": Codec.SPARSE, "codec_block_size": 4096, "codec_topk": 64})),
+        MsgCommitPseudoGradient(
+            creator=HOST, run_id=1, outer_step=3, base_model_hash=h, trajectory_root=h, leaf_count=11,
+            delta_hash=h, final_optimizer_hash=h, codec=Codec.SPARSE, tokens=5120,
+            env=EnvFingerprint(torch_version="2.13.0", threads=1),
+            final_ef_hash=hashlib.sha256(b"e").hexdigest(),
+        ),
     ]
     return [
         {
