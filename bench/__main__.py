@@ -31,6 +31,7 @@ BENCHES = [
     "bench.scale",
     "bench.chain_bft",
     "bench.overlap",  # devnets with and without the overlapped schedule (~5 min)
+    "bench.devnet_codec",  # issue 26: a devnet per Δ codec (int8, sparse), adversary rejected (~4 min)
     "bench.gpu_check",  # the full check on a GPU machine; tiny sizes on CPU (results/gpu_check_cpu.json)
     "bench.plan",  # last: it reads detection.json (and scale.json) and the constants the others wrote
 ]

@@ -702,6 +702,74 @@ def soak(d: dict[str, Any]) -> Lines:
     ]
 
 
+def _adversary_reasons(outcomes: list[dict[str, Any]]) -> str:
+    """The verifiers' reasons for the adversary's contributions, steps with the same reasons merged."""
+    by: dict[str, list[str]] = {}
+    for o in outcomes:
+        why = ", ".join(r.replace(": ", " ") for r in o["reasons"]) or "no verdict"
+        by.setdefault(f"{o['outcome']} ({why})", []).append(str(o["outer_step"]))
+    def span(steps: list[str]) -> str:
+        n = [int(x) for x in steps]
+        if len(n) == 1:
+            return f"step {n[0]}"
+        contiguous = n == list(range(n[0], n[0] + len(n)))
+        return f"steps {n[0]}–{n[-1]}" if contiguous else f"steps {','.join(steps)}"
+
+    return "; ".join(f"{span(steps)}: {what}" for what, steps in by.items()) or "—"
+
+
+def devnet_codec(d: dict[str, Any]) -> Lines:
+    rows = []
+    for c in d["cases"]:
+        loss = c.get("val_loss") or []
+        b = c.get("delta_bytes_per_host_step") or {}
+        size = f"{b['median']:g}" if b.get("median") is not None else "?"
+        if b.get("min") != b.get("max"):
+            size += f" ({b['min']}–{b['max']})"
+        adv = ", ".join(f"{h}={n}" for h, n in (c.get("adversaries") or {}).items()) or "none"
+        codec = c.get("codec", c["case"].split(":")[0])
+        if codec == "sparse" and c.get("codec_topk"):
+            codec += f" (k = {c['codec_topk']} per {c.get('codec_block_size')})"
+        rows.append([
+            codec, adv, c.get("outer_steps_done", "?"),
+            f"{c.get('accepted', '?')} / {c.get('rejected', '?')}",
+            f"{c.get('adversary_rejected', '?')} / {c.get('adversary_total', '?')}",
+            _adversary_reasons(c.get("adversary_outcomes") or []),
+            f"{loss[0]:.4f} → {loss[-1]:.4f}" if loss else "?", size, f"{c['wall_s']:.0f}",
+            "PASS" if c["passed"] else "FAIL",
+        ])
+    sizes = {c.get("codec"): (c.get("delta_bytes_per_host_step") or {}).get("median") for c in d["cases"]}
+    dense, sparse = sizes.get("int8"), sizes.get("sparse")
+    ratio = (f"Δ payload int8 ÷ sparse: **{dense / sparse:.2f}×** ({dense:g} vs {sparse:g} bytes per host "
+             "per outer step). " if dense and sparse else "")
+    all_rejected = all(c.get("adversary_total") and c.get("adversary_rejected") == c.get("adversary_total")
+                       for c in d["cases"])
+    fell = all(len(c.get("val_loss") or []) > 1 and c["val_loss"][-1] < c["val_loss"][0] for c in d["cases"])
+    passed = all(c["passed"] for c in d["cases"])
+    why = []
+    for c in (c for c in d["cases"] if not c["passed"]):
+        f = c.get("failures") or [c.get("error", "non-zero exit status")]
+        more = f" (+{len(f) - 1} more, the last: {f[-1]})" if len(f) > 1 else ""
+        sits = f"; {c['sit_outs']} sit-outs" if "sit_outs" in c else ""
+        why.append(f"- {c['case']} FAIL: {f[0]}{more}{sits}")
+    return [
+        "Each row is one `gonka-diloco devnet --codec CODEC --adversary NAME --no-live` (4 hosts, one of "
+        "them adversarial, 2 verifiers, the default small GPT), run one after the other on the shared "
+        f"cores (load average {d.get('loadavg_before', '?')} before, {d.get('loadavg_after', '?')} after; "
+        f"{d.get('utc', '?')}). Figures come from each run's snapshot.json; Δ bytes is the payload one "
+        "host commits per outer step (median over the honest hosts' contributions). `ef_forge` sends a "
+        "sparse payload and carried accumulator that are not C(β·e + Δ).",
+        "",
+        *table(["codec", "adversary", "outer steps", "accepted / rejected", "adversary rejected",
+                "verifiers' reasons (adversary)", "validation loss", "Δ bytes", "wall s", "result"], rows),
+        f"{ratio}Every adversary contribution rejected: **{'yes' if all_rejected else 'NO'}**; validation "
+        f"loss fell in every run: **{'yes' if fell else 'NO'}**; every devnet passed its own checks: "
+        f"**{'yes' if passed else 'NO'}**.",
+        "",
+        *([*why, ""] if why else []),
+    ]
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("convergence", "1. Convergence: data-parallel vs ours (verified) vs torchft DiLoCo", "bench.convergence",
      convergence),
@@ -763,6 +831,11 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      ".venv/bin/python -m bench.soak --suites 3 --devnets 0 --name soak_suites", soak),
     ("soak_suites_first", "11d'. The first round of it, before its one failure was fixed at its cause",
      ".venv/bin/python -m bench.soak --suites 3 --devnets 0 --name soak_suites", soak),
+    ("devnet_codec", "11e. The devnet with each Δ codec: an adversary rejected, the loss falling (issue 26)",
+     "bench.devnet_codec", devnet_codec),
+    ("devnet_codec_first", "11e'. Its first round, beside a full test suite (load ≈ 8): int8's honest hosts "
+     "committed late (ErrLateCommit in their logs)",
+     ".venv/bin/python -m bench.devnet_codec", devnet_codec),
     ("hashing", "Hashing throughput", "bench.hashing", generic),
     ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
      "--out bench/results/calibration.json", generic),
@@ -1010,6 +1083,10 @@ def render_only(stems: list[str]) -> Path:
         if stem not in stems:
             continue
         head = f"## {title}\n"
+        if head not in text:  # a new section: in SECTIONS' order, before the next one already there
+            later = [f"## {t}\n" for _, t, _, _ in SECTIONS[[s[0] for s in SECTIONS].index(stem) + 1 :]]
+            at = min((i for h in later if (i := text.find(h)) >= 0), default=len(text))
+            text = text[:at] + head + "\n" + text[at:]
         a = text.index(head)
         b = text.find("\n## ", a + len(head))
         body = "\n".join(_section(runs.get(stem, []), title, module, render)).rstrip() + "\n"
