@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +80,13 @@ def committed(home: Path) -> list[tuple[int, str, str]]:
     return [(h, block_hash, json.loads(header)["app_hash"]) for h, block_hash, header in rows]
 
 
-def caught_up(url: str, height: int) -> dict[str, Any]:
-    found = block(url, height, wait=30.0)
-    assert found is not None, f"{url} did not reach height {height}"
+def caught_up(url: str, height: int, timeout: float = 120.0) -> dict[str, Any]:
+    """Block `height` once `url` has it. A restarted validator block-syncs from its peers first:
+    under CPU starvation that took longer than one 30 s wait (seen once at 3× oversubscription), so
+    this asks again until `timeout`; an honest catch-up returns as soon as the block is there."""
+    deadline = time.monotonic() + timeout
+    while (found := block(url, height, wait=min(30.0, max(1.0, deadline - time.monotonic())))) is None:
+        assert time.monotonic() < deadline, f"{url} did not reach height {height} within {timeout:.0f} s"
     return found
 
 

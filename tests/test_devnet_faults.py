@@ -55,7 +55,7 @@ def test_chain_killed_mid_run_resumes_and_the_run_completes(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> None:
     folder = tmp_path / "run"
-    cfg = make_config({**HONEST, "hosts": 3, "outer_steps": 4})
+    cfg = make_config({**HONEST, "hosts": 3, "outer_steps": 5})
     victim = "host-2"
     with Devnet(cfg, folder) as dn:
         dn.start()
@@ -72,6 +72,18 @@ def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> 
 
         dn.watch(until=committed)
         dn.kill(victim)
+
+        # Restart as soon as step 1 takes no more reveals (past `reveal_closes`), so it stays
+        # unrevealed, but with the rest of step 1 and three more steps ahead: on an overloaded
+        # machine a host process takes tens of seconds to come up, and windows that close early
+        # once everyone expected is in ran the last two steps of a shorter run out before it was
+        # back (it then had no step to rejoin in).
+        def reveals_closed(run: dict[str, Any]) -> bool:
+            s = dn.chain.query("outer_step", run_id=dn.run_id, step=1)
+            return run["current_step"] >= 2 or dn.chain.height() > s["reveal_closes"]
+
+        dn.watch(until=reveals_closed)
+        dn.restart(victim)
         dn.watch(until=lambda run: run["current_step"] >= 2)
         step1 = dn.chain.query("outer_step", run_id=dn.run_id, step=1)
         assert step1["phase"] == "DONE"  # the outer step finalized
@@ -82,7 +94,6 @@ def test_host_killed_mid_outer_step_is_left_out_then_rejoins(tmp_path: Path) -> 
         revealed = address in [r["host"] for r in reveals]
         if not revealed:  # the step finalized without the killed host
             assert address not in step1["accepted"] and len(step1["accepted"]) == 2
-        dn.restart(victim)
         dn.watch()
         dn.settle_losses()
         snap = dn.snapshot()
