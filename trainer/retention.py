@@ -6,6 +6,7 @@ models the steps in flight still need stay on disk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from nodekit.objects import Kind
@@ -69,22 +70,30 @@ class Retention:
     def start_optimizers(self) -> set[str]:
         """The optimizer states the chain names as this host's start states: of the current step
         (overlapped runs: of every step in flight, and of the next one)."""
-        if not self.h.overlapped:
-            return {h for h in [self.h.view.prev_optimizer_hash(self.h.address)] if h}
-        run = self.h.view.run()
-        steps = {*run.steps_in_flight, run.current_step + 1}
-        return {h for n in steps if (h := self.h.view.prev_optimizer_hash(self.h.address, n))}
+        return self._named_starts(self.h.view.prev_optimizer_hash)
 
     def publish_optimizer(self) -> None:
         """Serve the optimizer state the chain names as this host's start state: verifiers rebuild
         segment 0 from it and G_n instead of downloading a whole training state."""
-        named = self.start_optimizers()
-        for h in self.h.content.hashes(Kind.OPTIMIZER, OPTIMIZER_GROUP):
-            if h in named:
-                self.h.holdings.keep(Kind.OPTIMIZER, h, OPTIMIZER_GROUP)
-            else:
-                self.h.holdings.withdraw(Kind.OPTIMIZER, h)
+        self._serve_only(Kind.OPTIMIZER, OPTIMIZER_GROUP, self.start_optimizers())
         self.publish_ef()
+
+    def _named_starts(self, lookup: Callable[..., str | None]) -> set[str]:
+        """The hashes `lookup(address[, step])` gives for this host's start: of the current step
+        (overlapped runs: of every step in flight, and of the next one)."""
+        if not self.h.overlapped:
+            return {h for h in [lookup(self.h.address)] if h}
+        run = self.h.view.run()
+        steps = {*run.steps_in_flight, run.current_step + 1}
+        return {h for n in steps if (h := lookup(self.h.address, n))}
+
+    def _serve_only(self, kind: Kind, group: str, named: set[str]) -> None:
+        """Serve what on disk the chain names; withdraw the rest (it stays on disk until pruned)."""
+        for h in self.h.content.hashes(kind, group):
+            if h in named:
+                self.h.holdings.keep(kind, h, group)
+            else:
+                self.h.holdings.withdraw(kind, h)
 
     # ---- the error-feedback accumulator (codec sparse, specs §4.1): kept and served like the optimizer
 
@@ -92,11 +101,7 @@ class Retention:
         """The accumulators the chain names as this host's start states (as `start_optimizers`)."""
         if self.h.cfg.codec is not Codec.SPARSE:
             return set()
-        if not self.h.overlapped:
-            return {h for h in [self.h.view.start_ef_hash(self.h.address)] if h}
-        run = self.h.view.run()
-        steps = {*run.steps_in_flight, run.current_step + 1}
-        return {h for n in steps if (h := self.h.view.start_ef_hash(self.h.address, n))}
+        return self._named_starts(self.h.view.start_ef_hash)
 
     def own_pending_efs(self, n: int) -> set[str]:
         """Overlapped runs: the e_next of this host's later steps (records on disk), not yet final."""
@@ -126,12 +131,7 @@ class Retention:
         rebuild C(β·e + Δ) and e_next (one 4 B/param download per verified contribution)."""
         if self.h.cfg.codec is not Codec.SPARSE:
             return
-        named = self.start_efs()
-        for h in self.h.content.hashes(Kind.ERROR_FEEDBACK, EF_GROUP):
-            if h in named:
-                self.h.holdings.keep(Kind.ERROR_FEEDBACK, h, EF_GROUP)
-            else:
-                self.h.holdings.withdraw(Kind.ERROR_FEEDBACK, h)
+        self._serve_only(Kind.ERROR_FEEDBACK, EF_GROUP, self.start_efs())
 
     def models_to_keep(self, keep: list[str]) -> list[str]:
         """Overlapped runs also keep the bases of the steps in flight and the latest G (the next
