@@ -183,13 +183,15 @@ class GlobalModel:
     ) -> GlobalModel:
         """G_{n+1} over accepted sparse payloads (specs §4.1): g = +0, then each host's kept entries
         added in sorted host order straight from its payload (`payload_of(host)`, asked once each),
-        so no Δ is ever dense; then the run's outer rule (NESTEROV or AVERAGE). Memory: the running
-        sum (one model's size) and one payload. The same bits as `protocol.outer.sparse_outer_update`."""
+        so no Δ is ever dense; then the run's outer rule (NESTEROV or AVERAGE) over the mean its
+        `outer.sparse_mean` names. Memory: the running sum (one model's size), with CONTRIBUTORS a
+        count per coordinate (1 byte up to 255 hosts), and one payload. The same bits as
+        `protocol.outer.sparse_outer_update`."""
         if not tokens:
             return self
         if any(w <= 0 for w in tokens.values()):
             raise GlobalModelError("an accepted Δ with no tokens")
-        acc = SparseAccumulator(self.layout, tokens, chunk=chunk, topk=topk)
+        acc = SparseAccumulator(self.layout, tokens, chunk=chunk, topk=topk, mean=outer.sparse_mean)
         while (host := acc.next_host) is not None:
             try:
                 acc.add(host, payload_of(host))

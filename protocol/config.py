@@ -81,6 +81,19 @@ class OuterRule(StrEnum):
     AVERAGE = "average"
 
 
+class SparseMean(StrEnum):
+    """Whose values a coordinate of the sparse codec's mean g averages (specs §4.1, §7).
+
+    HOSTS: the token-weighted mean over every accepted host, a host that did not keep the
+    coordinate counting as 0, so a value only some hosts kept is shrunk by their share.
+    CONTRIBUTORS: the token-weighted mean over the hosts that kept it (SparseLoCo's reference
+    aggregation, a scatter mean that leaves out the others' zeros); +0 where nobody kept it.
+    Dense codecs send every coordinate from every host: there the two are the same mean."""
+
+    HOSTS = "hosts"
+    CONTRIBUTORS = "contributors"
+
+
 class Frozen(BaseModel):
     """Every config and message model. Floats must be finite (`allow_inf_nan=False`): NaN and ±inf
     have no canonical JSON (Python writes `NaN`, `Infinity`, which JSON does not define), so a config
@@ -131,6 +144,8 @@ class OuterOptim(Frozen):
     lr: float = Field(0.7, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     rule: OuterRule = Field(OuterRule.NESTEROV, description="outer update rule (specs §7)")
+    sparse_mean: SparseMean = Field(SparseMean.HOSTS, description="sparse codec: whose values a coordinate's "
+                                    "mean averages (specs §4.1)")  # fmt: skip
 
     @field_validator("rule", mode="before")
     @classmethod
@@ -138,13 +153,21 @@ class OuterOptim(Frozen):
         """An unset proto3 string reads as "": DiLoCo's Nesterov."""
         return OuterRule.NESTEROV if value == "" else value
 
+    @field_validator("sparse_mean", mode="before")
+    @classmethod
+    def _sparse_mean_unset(cls, value: Any) -> Any:
+        """An unset proto3 string reads as "": the mean over all hosts (the rule before issue 37)."""
+        return SparseMean.HOSTS if value == "" else value
+
     @model_serializer(mode="wrap")
-    def _omit_default_rule(self, handler: Any) -> dict[str, Any]:
-        """`rule` is in the dump (config hash, wire bytes, chain state) only when it is not
-        NESTEROV: existing runs keep their hashes bit for bit."""
+    def _omit_defaults(self, handler: Any) -> dict[str, Any]:
+        """`rule` and `sparse_mean` are in the dump (config hash, wire bytes, chain state) only when
+        not NESTEROV / HOSTS: existing runs keep their hashes bit for bit."""
         data = handler(self)
         if self.rule is OuterRule.NESTEROV:
             data.pop("rule", None)
+        if self.sparse_mean is SparseMean.HOSTS:
+            data.pop("sparse_mean", None)
         return data
 
 

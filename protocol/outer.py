@@ -17,7 +17,7 @@ import torch
 
 from protocol import codecs
 from protocol.chunks import DEFAULT_CHUNK_BYTES
-from protocol.config import Codec, OuterRule
+from protocol.config import Codec, OuterRule, SparseMean
 from protocol.tensors import StateKind, tensor_hash
 
 Tensors = Mapping[str, torch.Tensor]
@@ -229,19 +229,73 @@ def _add_entries(acc: torch.Tensor, entries: codecs.SparseEntries, c: torch.Tens
     flat[entries.positions] = torch.add(flat[entries.positions], torch.mul(entries.values, c))
 
 
+_DIVIDE_PIECE = 1 << 22
+
+
+def count_dtype(hosts: int) -> torch.dtype:
+    """The narrowest integer that counts to `hosts`: 1 byte a coordinate up to 255 hosts."""
+    return torch.uint8 if hosts <= 255 else torch.int16 if hosts <= 32767 else torch.int32
+
+
+class Denominators:
+    """CONTRIBUTORS' d_j = +0 + c_i over the hosts that kept j, in sorted host order (specs §7).
+
+    When every c_i is the same float32 — always on chain, where every accepted contribution
+    carries the run's `tokens_per_outer_step` — d_j depends only on how many hosts kept j: a
+    count per coordinate (`count_dtype`, 1 byte up to 255 hosts) and a table D[n] of those n-fold
+    sums stand in for a float32 per coordinate. Otherwise the float32 sums themselves are kept.
+    Both are the same bits."""
+
+    def __init__(self, coeffs: Sequence[torch.Tensor]) -> None:
+        self.table: torch.Tensor | None = None
+        self.dtype = torch.float32
+        if coeffs and len({float(c) for c in coeffs}) == 1:
+            sums = [torch.zeros((), dtype=torch.float32)]
+            for c in coeffs:
+                sums.append(torch.add(sums[-1], c))
+            self.table, self.dtype = torch.stack(sums), count_dtype(len(coeffs))
+
+    def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self.dtype)
+
+    def add(self, den: torch.Tensor, positions: torch.Tensor, c: torch.Tensor) -> None:
+        """One host's kept positions (unique within a payload) into `den`."""
+        flat = den.view(-1)
+        if self.table is not None:
+            flat[positions] += 1
+        else:
+            flat[positions] = torch.add(flat[positions], c)
+
+    def divide(self, s: torch.Tensor, den: torch.Tensor) -> None:
+        """s_j ← s_j / d_j in place (one float32 division). Where d_j = +0 nobody with a nonzero
+        weight kept j, so s_j is +0; it is divided by 1 and stays +0. Element-wise, so it runs in
+        pieces: the temporaries (d_j looked up, its int64 index) stay O(piece), not O(tensor)."""
+        flat_s, flat_den, one = s.view(-1), den.view(-1), torch.ones((), dtype=torch.float32)
+        for lo in range(0, flat_s.numel(), _DIVIDE_PIECE):
+            piece = flat_s[lo : lo + _DIVIDE_PIECE]
+            d = flat_den[lo : lo + _DIVIDE_PIECE]
+            if self.table is not None:
+                d = self.table[d.long()]
+            torch.div(piece, torch.where(d == 0, one, d), out=piece)
+
+
 class SparseAccumulator:
     """The mean of sparse Δs (specs §7, sparse codec) host by host in sorted order: g = +0, then
     g = g + c_i·Δ̂_i for each accepted host, each payload's kept entries decoded straight into the
-    running sum, so no Δ is ever dense. Holds the sum (the model's size) and one tensor's entries.
-    Same bits as `sparse_outer_tensors` (tensor by tensor, all payloads at hand)."""
+    running sum, so no Δ is ever dense. Holds the sum (the model's size) and one tensor's entries;
+    with `mean` CONTRIBUTORS also who kept each coordinate (`Denominators`: 1 byte a coordinate up
+    to 255 hosts of equal tokens), by which `finish` divides. Same bits as `sparse_outer_tensors`
+    (tensor by tensor, all payloads at hand)."""
 
     def __init__(self, layout: Mapping[str, tuple[int, ...]], tokens: Mapping[str, int], *, chunk: int,
-                 topk: int) -> None:  # fmt: skip
+                 topk: int, mean: SparseMean = SparseMean.HOSTS) -> None:  # fmt: skip
         self.hosts = sorted(tokens)
         self.coeffs = [_scalar(c) for c in mean_weights([tokens[h] for h in self.hosts])]
         self.layout = {n: tuple(int(d) for d in s) for n, s in layout.items()}
         self.chunk, self.topk = chunk, topk
         self.acc = {n: torch.zeros(s, dtype=torch.float32) for n, s in self.layout.items()}
+        self.den = Denominators(self.coeffs) if SparseMean(mean) is SparseMean.CONTRIBUTORS else None
+        self.kept = {n: self.den.zeros(s) for n, s in self.layout.items()} if self.den is not None else {}
         self.added = 0
 
     @property
@@ -258,6 +312,8 @@ class SparseAccumulator:
         c = self.coeffs[self.added]
         for name, entries in decoded:
             _add_entries(self.acc[name], entries, c)
+            if self.den is not None:
+                self.den.add(self.kept[name], entries.positions, c)
         self.added += 1
 
     def finish(
@@ -269,6 +325,9 @@ class SparseAccumulator:
         _check(params, momentum, "momentum")
         if set(params) != set(self.layout):
             raise OuterError("params names differ from the accumulated Δs")
+        if self.den is not None:  # the sum becomes the contributors' mean in place, tensor by tensor
+            for name in sorted(self.acc):
+                self.den.divide(self.acc[name], self.kept.pop(name))
         return apply_rule(rule, params, momentum, self.acc, lr, mu, consume=True)
 
 
@@ -283,10 +342,12 @@ def sparse_outer_tensors(
     lr: float,
     mu: float,
     rule: OuterRule = OuterRule.NESTEROV,
+    mean: SparseMean = SparseMean.HOSTS,
 ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
     """G_{n+1} tensor by tensor with every accepted payload at hand (memory-mapped): for each name
     in order, g = +0, then g = g + c_i·Δ̂_i[name] over the hosts in sorted order, then the rule on
-    that tensor. Memory: one dense tensor (its sum, θ and b). Same bits as `SparseAccumulator`.
+    that tensor (`mean` CONTRIBUTORS: g divided by its `Denominators` first). Memory: one dense
+    tensor (its sum, θ and b). Same bits as `SparseAccumulator`.
     `params` come in name order; `momentum` is read by name. Every payload's header is checked
     before the first tensor is yielded; a body that fails its decoder raises OuterError."""
     ordered = sorted(payloads, key=lambda p: p[0])
@@ -296,6 +357,7 @@ def sparse_outer_tensors(
     shapes = {n: tuple(int(d) for d in s) for n, s in layout.items()}
     heads = [_sparse_header(p, shapes, chunk, topk, h) for h, _, p in ordered]
     coeffs = [_scalar(c) for c in mean_weights([w for _, w, _ in ordered])] if ordered else []
+    den = Denominators(coeffs) if SparseMean(mean) is SparseMean.CONTRIBUTORS else None
     names = sorted(shapes, key=lambda n: n.encode())
     it = iter(params)
     for name in names:
@@ -311,8 +373,14 @@ def sparse_outer_tensors(
             yield name, theta.clone(), b.clone()
             continue
         g = torch.zeros(shapes[name], dtype=torch.float32)
+        kept = den.zeros(shapes[name]) if den is not None else None
         for (host, _, payload), h, c in zip(ordered, heads, coeffs, strict=True):
-            _add_entries(g, _entries(payload, h, name, host), c)
+            entries = _entries(payload, h, name, host)
+            _add_entries(g, entries, c)
+            if den is not None and kept is not None:
+                den.add(kept, entries.positions, c)
+        if den is not None and kept is not None:
+            den.divide(g, kept)
         p2, m2 = apply_rule(rule, {name: theta}, {name: b}, {name: g}, lr, mu, consume=True)
         yield name, p2[name], m2[name]
 
@@ -327,6 +395,7 @@ def sparse_outer_update(
     chunk: int,
     topk: int,
     rule: OuterRule = OuterRule.NESTEROV,
+    mean: SparseMean = SparseMean.HOSTS,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """`outer_update` for sparse payloads (host, tokens, canonical payload): the vectors' form."""
     _check(params, momentum, "momentum")
@@ -334,7 +403,8 @@ def sparse_outer_update(
     names = sorted(params, key=lambda n: n.encode())
     new_p, new_m = {}, {}
     for name, p2, m2 in sparse_outer_tensors(((n, params[n]) for n in names), momentum, payloads, layout,
-                                             chunk=chunk, topk=topk, lr=lr, mu=mu, rule=rule):  # fmt: skip
+                                             chunk=chunk, topk=topk, lr=lr, mu=mu, rule=rule,
+                                             mean=mean):  # fmt: skip
         new_p[name], new_m[name] = p2, m2
     return new_p, new_m
 

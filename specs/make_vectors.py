@@ -311,7 +311,7 @@ def outer_vectors() -> list[dict[str, Any]]:
                 },
             }
         )
-    return out
+    return out + contributors_vectors(params, momentum, deltas)
 
 
 Deltas = list[tuple[str, int, dict[str, torch.Tensor]]]
@@ -332,6 +332,30 @@ def sparse_outer_vectors(params: dict[str, torch.Tensor], momentum: dict[str, to
         out.append({
             "input": {"lr": lr, "mu": mu, "rule": rule.value, "chunk": 8, "topk": 3,
                       "params": set_to_json(params), "momentum": set_to_json(momentum),
+                      "payloads": [{"host": h, "tokens": w, "payload": p.hex()} for h, w, p in ps]},
+            "output": {"params": set_to_json(new_p), "momentum": set_to_json(new_m),
+                       "global_model_hash": global_model_hash(new_p, new_m)},
+        })  # fmt: skip
+    return out
+
+
+def contributors_vectors(params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
+                         deltas: Deltas) -> list[dict[str, Any]]:  # fmt: skip
+    """§4.1 `sparse_mean = "contributors"` (issue 37): each coordinate's mean over the hosts that kept
+    it, with unequal tokens (float32 denominators) and equal ones (what the chain admits: a count)."""
+    from protocol.config import OuterRule, SparseMean
+    from protocol.outer import sparse_outer_update
+
+    equal = [(h, 4096, d) for h, _, d in deltas]
+    out = []
+    for rule, lr, mu, ds in [(OuterRule.NESTEROV, 0.7, 0.9, deltas), (OuterRule.AVERAGE, 1.0, 0.9, deltas),
+                             (OuterRule.NESTEROV, 0.7, 0.9, equal), (OuterRule.AVERAGE, 1.0, 0.0, equal)]:
+        ps = [(h, w, codecs.encode(d, Codec.SPARSE, 8, 3)) for h, w, d in ds]
+        new_p, new_m = sparse_outer_update(params, momentum, ps, lr, mu, chunk=8, topk=3, rule=rule,
+                                           mean=SparseMean.CONTRIBUTORS)  # fmt: skip
+        out.append({
+            "input": {"lr": lr, "mu": mu, "rule": rule.value, "mean": SparseMean.CONTRIBUTORS.value,
+                      "chunk": 8, "topk": 3, "params": set_to_json(params), "momentum": set_to_json(momentum),
                       "payloads": [{"host": h, "tokens": w, "payload": p.hex()} for h, w, p in ps]},
             "output": {"params": set_to_json(new_p), "momentum": set_to_json(new_m),
                        "global_model_hash": global_model_hash(new_p, new_m)},

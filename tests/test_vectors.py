@@ -123,12 +123,13 @@ def test_outer_vectors() -> None:
         i = v["input"]
         params, momentum = set_from_json(i["params"]), set_from_json(i["momentum"])
         if "payloads" in i:  # §7 over sparse payloads (§4.1)
-            from protocol.config import OuterRule
+            from protocol.config import OuterRule, SparseMean
             from protocol.outer import sparse_outer_update
 
             ps = [(p["host"], p["tokens"], bytes.fromhex(p["payload"])) for p in i["payloads"]]
             new_p, new_m = sparse_outer_update(params, momentum, ps, i["lr"], i["mu"], chunk=i["chunk"],
-                                               topk=i["topk"], rule=OuterRule(i["rule"]))  # fmt: skip
+                                               topk=i["topk"], rule=OuterRule(i["rule"]),
+                                               mean=SparseMean(i.get("mean", "hosts")))  # fmt: skip
             assert set_to_json(new_p) == v["output"]["params"]
             assert set_to_json(new_m) == v["output"]["momentum"]
             assert global_model_hash(new_p, new_m) == v["output"]["global_model_hash"]

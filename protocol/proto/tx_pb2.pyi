@@ -55,14 +55,16 @@ class InnerOptim(_message.Message):
     def __init__(self, lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., min_lr_fraction: _Optional[float] = ...) -> None: ...
 
 class OuterOptim(_message.Message):
-    __slots__ = ("lr", "momentum", "rule")
+    __slots__ = ("lr", "momentum", "rule", "sparse_mean")
     LR_FIELD_NUMBER: _ClassVar[int]
     MOMENTUM_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_MEAN_FIELD_NUMBER: _ClassVar[int]
     lr: float
     momentum: float
     rule: str
-    def __init__(self, lr: _Optional[float] = ..., momentum: _Optional[float] = ..., rule: _Optional[str] = ...) -> None: ...
+    sparse_mean: str
+    def __init__(self, lr: _Optional[float] = ..., momentum: _Optional[float] = ..., rule: _Optional[str] = ..., sparse_mean: _Optional[str] = ...) -> None: ...
 
 class Phases(_message.Message):
     __slots__ = ("join_blocks", "train_blocks", "reveal_blocks", "verify_blocks", "escalation_blocks", "max_escalations", "result_blocks", "epoch_length", "poc_window", "audit_blocks", "confirm_blocks", "result_rounds", "min_hosts", "min_verifiers", "early_close")
