@@ -329,6 +329,35 @@ SPARSE_CONTENDERS: dict[str, dict[str, Any]] = {
 }
 """Contenders of the sparse comparison; each runs at every inner lr of the sweep."""
 
+_SPARSE_KNOBS: dict[str, tuple[str, type]] = {
+    "lr": ("outer_lr", float), "mu": ("outer_momentum", float), "k": ("codec_topk", int),
+    "b": ("ef_decay", float), "C": ("codec_chunk", int),
+}  # fmt: skip
+
+
+def sparse_contender(name: str) -> dict[str, Any]:
+    """A contender by name: one of `SPARSE_CONTENDERS`, or `sparse_<nesterov|average>` followed by
+    `_`-separated knobs (issue 37): `contrib` (the mean over the hosts that kept a coordinate,
+    `outer.sparse_mean`), `efreset` (no error feedback carried), `lr<x>` outer lr, `mu<x>` outer
+    momentum, `k<n>` entries per chunk, `C<n>` chunk, `b<x>` β; e.g. `sparse_average_contrib_k128`."""
+    if name in SPARSE_CONTENDERS:
+        return SPARSE_CONTENDERS[name]
+    parts = name.split("_")
+    if parts[:1] != ["sparse"] or len(parts) < 2 or parts[1] not in ("nesterov", "average"):
+        raise ValueError(f"unknown sparse contender {name!r}")
+    setup: dict[str, Any] = dict(_AVERAGE if parts[1] == "average" else {"codec": "sparse", **_NESTEROV})
+    for knob in parts[2:]:
+        if knob == "contrib":
+            setup["sparse_mean"] = "contributors"
+        elif knob == "efreset":
+            setup["ef_reset"] = True
+        elif (key := knob.rstrip("0123456789.")) and key in _SPARSE_KNOBS and knob[len(key):]:
+            field, kind = _SPARSE_KNOBS[key]
+            setup[field] = kind(knob[len(key):])
+        else:
+            raise ValueError(f"unknown knob {knob!r} in sparse contender {name!r}")
+    return {"kind": "diloco", "setup": setup}
+
 
 def sparse_plan(quick: bool, shape_ht: tuple[int, int] | None = None) -> dict[str, Any]:
     """M = 4 hosts on Llama-tiny; full: H = 100, T = 6 (2,400 batch gradients per contender,
@@ -356,9 +385,8 @@ def sparse_jobs(plan: dict[str, Any], warm: str, only: list[str] | None = None) 
     base = {**plan["base"].to_json(), "init_params": warm}
     jobs = []
     for lr in plan["inner_lrs"]:
-        for name, c in SPARSE_CONTENDERS.items():
-            if only and name not in only:
-                continue
+        for name in only or list(SPARSE_CONTENDERS):
+            c = sparse_contender(name)
             job: dict[str, Any] = {"label": f"{name}/lr{lr:g}", "kind": c["kind"],
                                    "setup": {**base, **c.get("setup", {}), "inner_lr": lr}}  # fmt: skip
             if c["kind"] == "diloco":
@@ -408,6 +436,7 @@ def sparse(
     quick: bool = False, shape_ht: tuple[int, int] | None = None, only: list[str] | None = None,
     suffix: str = "",
     inner_lrs: list[float] | None = None,
+    workers: int = 2,
 ) -> dict[str, Any]:
     """The comparison of part three; the warm start is computed once, before the contenders.
     `shape_ht`, `only`: another (H, T) split of the same compute, some contenders only
@@ -425,7 +454,8 @@ def sparse(
         pre_job = {"label": "pretrain", "kind": "pretrain", "setup": pre, "save_params": warm}
         pretrained = run_jobs([pre_job])[0]
         result["warm_start_loss"] = pretrained.get("final_val_loss")
-        runs = run_jobs(sparse_jobs(plan, warm, only), per_child=1) if "error" not in pretrained else []
+        jobs = sparse_jobs(plan, warm, only)
+        runs = run_jobs(jobs, workers=workers, per_child=1) if "error" not in pretrained else []
     result["load_after"] = os.getloadavg()
     result["warm_start"] = plan["warm_start"]
     result["setting"] = sparse_summary(plan, runs)
@@ -460,12 +490,13 @@ if __name__ == "__main__":
     ap.add_argument("--sparse-shape", default="", help="sparse only: HxT, another split of the same compute")
     ap.add_argument("--sparse-contenders", default="", help="sparse only: comma-separated contender names")
     ap.add_argument("--sparse-name", default="", help="sparse only: a suffix of the results file")
+    ap.add_argument("--workers", type=int, default=2, help="sparse only: child processes at a time")
     args = ap.parse_args()
     if args.sparse_shape or args.sparse_contenders:
         shape_ht = tuple(int(x) for x in args.sparse_shape.split("x")) if args.sparse_shape else None
         names = [x for x in args.sparse_contenders.split(",") if x] or None
         lrs = [float(x) for x in args.inner_lrs.split(",") if x] or None
-        sparse(args.quick, shape_ht, names, args.sparse_name, lrs)  # type: ignore[arg-type]
+        sparse(args.quick, shape_ht, names, args.sparse_name, lrs, args.workers)  # type: ignore[arg-type]
     elif args.outer_steps is not None or args.inner_lrs or args.warm_only:
         lrs = [float(x) for x in args.inner_lrs.split(",") if x]
         sweep(args.quick, args.outer_steps, lrs or None, scratch=not args.warm_only)

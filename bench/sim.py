@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
-from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, OuterRule, RunConfig
+from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, OuterRule, RunConfig, SparseMean
 from protocol.errorfeedback import EFConfig, ef_hash, ef_step, verify_ef_step
 from protocol.merkle import merkle_root
 from protocol.outer import (
@@ -92,6 +92,8 @@ class Setup:
     codec_topk: int = 0  # codec "sparse": entries kept per chunk (0 = C/64)
     ef_decay: float = 1.0  # codec "sparse": β of the error-feedback accumulator
     outer_rule: str = "nesterov"  # or "average" (SparseLoCo: θ − lr·mean, no momentum)
+    sparse_mean: str = "hosts"  # codec "sparse": or "contributors" (SparseLoCo's per-coordinate mean)
+    ef_reset: bool = False  # codec "sparse", research: every step from e = 0 (no error feedback carried)
 
     def spec(self) -> ModelSpec:
         return ModelSpec(factory=self.factory, config=dict(self.model))
@@ -139,7 +141,8 @@ def make_env(setup: Setup) -> Env:
         seed=setup.seed, inner_steps=setup.inner_steps, segment_len=setup.segment_len,
         sampled_segments=setup.sampled_segments, batch_size=setup.batch_size, seq_len=setup.seq_len,
         data_shards=max(8, setup.hosts), codec=Codec(setup.codec), threads=1, inner=setup.inner(),
-        outer=OuterOptim(lr=setup.outer_lr, momentum=setup.outer_momentum, rule=OuterRule(setup.outer_rule)),
+        outer=OuterOptim(lr=setup.outer_lr, momentum=setup.outer_momentum, rule=OuterRule(setup.outer_rule),
+                         sparse_mean=SparseMean(setup.sparse_mean)),
         **sparse,
     )  # fmt: skip
     return Env(setup, cfg, corpus, host_names(setup.hosts))
@@ -482,7 +485,7 @@ def run_diloco(
             hosts[h].prev_optimizer_hash = contribs[h].final_optimizer_hash
         if eager:
             entering = [h for h in entering if h not in parents or parents[h][1]]
-        for h in entering if sparse else ():  # the chain names e_next of an accepted Δ next time
+        for h in entering if sparse and not setup.ef_reset else ():  # the chain names e_next of an accepted Δ
             hosts[h].ef = sparse_out[h][1]
         decoded: dict[str, Params] = {}
         sizes = [len(sparse_out[h][0]) for h in entering] if sparse else []
@@ -498,7 +501,8 @@ def run_diloco(
             mean = None
             if entering:
                 acc = SparseAccumulator(layout, {h: contribs[h].tokens for h in entering},
-                                        chunk=cfg.codec_block_size, topk=cfg.sparse_topk)  # fmt: skip
+                                        chunk=cfg.codec_block_size, topk=cfg.sparse_topk,
+                                        mean=cfg.outer.sparse_mean)  # fmt: skip
                 for h in sorted(entering):
                     acc.add(h, sparse_out[h][0])
                 g, mom = acc.finish(g, mom, cfg.outer.lr, cfg.outer.momentum, rule)
