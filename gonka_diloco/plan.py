@@ -606,6 +606,44 @@ def timeline(i: Inputs, c: Constants) -> Timeline:
     )  # fmt: skip
 
 
+AGGREGATION_SHARE_LIMIT = 0.5
+"""Where a codec's aggregation stops fitting beside training: half of it (RESULTS §9b: at 30B int8
+reaches it at 64 hosts, sparse at 869)."""
+
+
+def aggregation_share(i: Inputs, c: Constants, codec: Codec) -> float:
+    """Aggregation (fetch and sum the other Δs, `aggregate_seconds`) ÷ training, had the run `codec`."""
+    return aggregate_seconds(replace(i, codec=codec), c) / max(i.H * step_seconds(i), 1e-12)
+
+
+def host_limit(i: Inputs, c: Constants, codec: Codec, *, most: int = 1 << 20) -> int | None:
+    """The fewest hosts at which `codec`'s aggregation reaches `AGGREGATION_SHARE_LIMIT` of training
+    (None: not up to `most`). The share only grows with hosts, so bisection finds it."""
+    if aggregation_share(replace(i, hosts=most), c, codec) < AGGREGATION_SHARE_LIMIT:
+        return None
+    lo, hi = 1, most  # share(lo) < limit ≤ share(hi), once lo is checked
+    if aggregation_share(replace(i, hosts=lo), c, codec) >= AGGREGATION_SHARE_LIMIT:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if aggregation_share(replace(i, hosts=mid), c, codec) >= AGGREGATION_SHARE_LIMIT:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def codec_advice(i: Inputs, c: Constants) -> dict[str, Any]:
+    """Which Δ codec this fleet should run: int8 while its aggregation fits beside training (it
+    learns better per outer step: RESULTS §1h), the sparse codec past that host count (its Δ is
+    ~36× smaller at 30B, so aggregation stays flat far longer)."""
+    shares = {codec.value: aggregation_share(i, c, codec) for codec in (Codec.INT8, Codec.SPARSE)}
+    limits = {codec.value: host_limit(i, c, codec) for codec in (Codec.INT8, Codec.SPARSE)}
+    fits = shares[Codec.INT8.value] < AGGREGATION_SHARE_LIMIT
+    recommended = Codec.INT8 if fits else Codec.SPARSE
+    return {"recommended": recommended.value, "share": shares, "host_limit": limits}
+
+
 def configured_period(phases: PhaseBlocks, block_seconds: float, aggregate: float) -> float:
     """A step with fixed phases (§2.2): train + 1 + reveal + verify blocks to finalization, the
     result as soon as a majority voted (≥ 1 block after aggregating), then 1 block to open."""
@@ -663,6 +701,8 @@ class Plan:
     cost: float
     """GPU-seconds the run spends (hosts' wall + verifiers' replays) per useful training second."""
     warnings: list[str]
+    codec: dict[str, Any] = field(default_factory=dict)
+    """`codec_advice`: the codec this host count should run, and where each stops fitting."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -713,6 +753,14 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
                         f"{i.host_ram / 1e12:.2f} TB")  # fmt: skip
     if i.replay is ReplayMode.TOLERANCE and i.k > 10:
         warnings.append("tolerance mode needs short segments (k ≤ 10) to see one skipped step")
+    advice = codec_advice(i, c)
+    if advice["recommended"] != i.codec.value and i.codec in (Codec.INT8, Codec.SPARSE):
+        limit = advice["host_limit"][Codec.INT8.value]
+        share = advice["share"][Codec.INT8.value]
+        why = (f"int8's aggregation is {share:.0%} of training (half of it from {limit} hosts)"
+               if advice["recommended"] == Codec.SPARSE.value else
+               "int8's aggregation fits and it learns better per outer step (RESULTS §1h)")  # fmt: skip
+        warnings.append(f"codec {advice['recommended']} recommended at {i.hosts} hosts: {why}")
     if i.phases is not None:
         need = recommended_phases(tl, i.block_seconds, margin=0.0)
         for name in ("train", "reveal", "verify"):
@@ -787,6 +835,7 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         phases=asdict(recommended_phases(tl, i.block_seconds)),
         cost=cost,
         warnings=warnings,
+        codec=advice,
     )
 
 

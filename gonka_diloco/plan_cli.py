@@ -241,6 +241,7 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("network", "aggregation", f"download {fmt_bytes(n['host_download_bytes'])} "
          f"({i['hosts'] - 1} Δs), {fmt_seconds(n['aggregate_s'])} = "
          f"{fmt_pct(n['aggregate_s'] / max(tl['train'], 1e-12))} of training"),
+        ("network", "codec by host count", _codec_row(p)),
         ("network", "host upload per step", f"{fmt_bytes(n['host_upload_bytes'])} (openings "
          f"{fmt_bytes(n['host_upload_openings_bytes'])}, Δs {fmt_bytes(n['host_upload_delta_bytes'])})"),
         ("verification", "bytes per contribution", fmt_bytes(ver["bytes_per_contribution"])),
@@ -282,6 +283,21 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
          ", ".join(f"{k} {v}" for k, v in p.phases.items())),
     ]  # fmt: skip
     return rows
+
+
+def _codec_row(p: Plan) -> str:
+    """`plan.codec_advice`: what this host count should run and where each codec stops fitting."""
+    a = p.codec
+    if not a:
+        return "-"
+
+    def limit(codec: str) -> str:
+        n = a["host_limit"][codec]
+        return f"{codec} from {n} hosts" if n is not None else f"{codec} never"
+
+    return (f"{a['recommended']} at {p.inputs['hosts']} hosts (aggregation ÷ training: int8 "
+            f"{fmt_pct(a['share']['int8'])}, sparse {fmt_pct(a['share']['sparse'])}; past half of it: "
+            f"{limit('int8')}, {limit('sparse')})")  # fmt: skip
 
 
 def _table(p: Plan, c: Constants) -> Table:

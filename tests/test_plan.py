@@ -249,6 +249,23 @@ def test_plan_hangs_together() -> None:
     assert not pm.plan(replace(i, params=50e9, sharding=Sharding.FSDP_OFFLOAD), C).warnings
 
 
+def test_the_codec_is_recommended_by_host_count() -> None:
+    """int8 while its aggregation stays under half the training time, the sparse codec past it
+    (issue 37); the limit is the first host count whose share reaches half."""
+    i = Inputs(params=30e9, hosts=16, H=500)
+    limit = pm.host_limit(i, C, Codec.INT8)
+    assert limit is not None and 2 < limit < 1000
+    assert pm.aggregation_share(replace(i, hosts=limit), C, Codec.INT8) >= pm.AGGREGATION_SHARE_LIMIT
+    assert pm.aggregation_share(replace(i, hosts=limit - 1), C, Codec.INT8) < pm.AGGREGATION_SHARE_LIMIT
+    sparse_limit = pm.host_limit(i, C, Codec.SPARSE)
+    assert sparse_limit is not None and sparse_limit > 5 * limit  # a ~36× smaller Δ
+    below, above = pm.plan(replace(i, hosts=limit - 1), C), pm.plan(replace(i, hosts=limit), C)
+    assert below.codec["recommended"] == "int8" and not any("codec" in w for w in below.warnings)
+    assert above.codec["recommended"] == "sparse"
+    assert any("codec sparse recommended" in w for w in above.warnings)
+    assert not any("codec" in w for w in pm.plan(replace(i, hosts=limit, codec=Codec.SPARSE), C).warnings)
+
+
 def test_configured_phases_that_are_too_short_are_flagged() -> None:
     i = Inputs(params=1e9, phases=PhaseBlocks(train=1, reveal=1, verify=1))
     p = pm.plan(i, C)
