@@ -428,6 +428,7 @@ def sparse_summary(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str
             if int8 is not None:
                 entry["bytes_vs_int8"] = int8["bytes_per_host"] / r["bytes_per_host"]
                 entry["loss_le_int8"] = r["final_val_loss"] <= int8["final_val_loss"]
+                entry["loss_vs_int8"] = r["final_val_loss"] / int8["final_val_loss"]  # issue 37: ≤ 1.01
         out["best"][name] = entry
     return out
 
@@ -470,9 +471,11 @@ def sparse(
     for name, b in result["setting"]["best"].items():
         extra = ""
         if "bytes_vs_int8" in b:
-            extra = (f"; {b['bytes_vs_int8']:.1f}x fewer bytes than int8, loss ≤ int8: {b['loss_le_int8']}; "
-                     f"DP needs {b['ratio_vs_dp_at_equal_loss'] or float('nan'):.0f}x the bytes to reach it"
-                     + ("" if b["dp_reached"] else " (never reached: lower bound)"))  # fmt: skip
+            extra = (f"; {b['bytes_vs_int8']:.1f}x fewer bytes than int8, loss {b['loss_vs_int8']:.4f}x "
+                     f"int8's (≤ int8: {b['loss_le_int8']})")  # fmt: skip
+        if b.get("ratio_vs_dp_at_equal_loss"):
+            extra += (f"; DP needs {b['ratio_vs_dp_at_equal_loss']:.0f}x the bytes to reach it"
+                      + ("" if b["dp_reached"] else " (never reached: lower bound)"))  # fmt: skip
         print(f"best {name}: {b['label']} {b['final_val_loss']:.4f}{extra}")
     name = "convergence_sparse" if shape_ht is None else f"convergence_sparse_H{shape_ht[0]}_T{shape_ht[1]}"
     name += f"_{suffix}" if suffix else ""
