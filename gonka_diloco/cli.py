@@ -194,6 +194,14 @@ def devnet(
         int | None,
         typer.Option("--sparse-topk", help=f"codec sparse: entries k per chunk (default {D.sparse_topk})."),
     ] = None,
+    sparse_mean: Annotated[
+        str | None,
+        typer.Option(
+            "--sparse-mean",
+            help="codec sparse: each coordinate's mean over the hosts that kept it (contributors) or over "
+            f"all hosts (hosts) (default {D.sparse_mean.value}).",
+        ),
+    ] = None,
     model_size: Annotated[
         str | None,
         typer.Option("--model-size", help=f"Model preset: tiny, small or base (default {D.model_size})."),
@@ -283,6 +291,7 @@ def devnet(
         "codec": codec,
         "sparse_chunk": sparse_chunk,
         "sparse_topk": sparse_topk,
+        "sparse_mean": sparse_mean,
         "model_size": model_size,
         "model": model,
         "dataset": dataset,

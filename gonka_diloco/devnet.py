@@ -157,15 +157,25 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         threads=cfg.threads,
         max_outer_steps=cfg.outer_steps,
         overlap=cfg.overlap,
-        outer=OuterOptim(lr=cfg.outer_lr, momentum=cfg.outer_momentum),
+        outer=_outer(cfg),
     )
 
 
-def _sparse_fields(cfg: DevnetConfig) -> dict[str, int]:
-    """Codec sparse: its chunk and k (error feedback at β = 1, specs §4.1); nothing for the others."""
+def _sparse_fields(cfg: DevnetConfig) -> dict[str, int | float]:
+    """Codec sparse: its chunk, k and β (specs §4.1); nothing for the others."""
     if cfg.codec is not Codec.SPARSE:
         return {}
-    return {"codec_block_size": cfg.sparse_chunk, "codec_topk": cfg.sparse_topk}
+    return {"codec_block_size": cfg.sparse_chunk, "codec_topk": cfg.sparse_topk,
+            "codec_ef_decay": cfg.sparse_ef_decay}  # fmt: skip
+
+
+def _outer(cfg: DevnetConfig) -> OuterOptim:
+    """DiLoCo's Nesterov for the dense codecs; for the sparse one the rule, lr and mean measured best
+    for it (bench/RESULTS.md §1h: Nesterov 0.7 / 0.9 over a sparse mean overshoots)."""
+    if cfg.codec is not Codec.SPARSE:
+        return OuterOptim(lr=cfg.outer_lr, momentum=cfg.outer_momentum)
+    return OuterOptim(lr=cfg.sparse_outer_lr, momentum=cfg.outer_momentum, rule=cfg.sparse_outer_rule,
+                      sparse_mean=cfg.sparse_mean)  # fmt: skip
 
 
 def model_spec(cfg: DevnetConfig) -> ModelSpec:
