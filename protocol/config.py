@@ -84,11 +84,13 @@ class OuterRule(StrEnum):
 class SparseMean(StrEnum):
     """Whose values a coordinate of the sparse codec's mean g averages (specs §4.1, §7).
 
-    HOSTS: the token-weighted mean over every accepted host, a host that did not keep the
-    coordinate counting as 0, so a value only some hosts kept is shrunk by their share.
-    CONTRIBUTORS: the token-weighted mean over the hosts that kept it (SparseLoCo's reference
-    aggregation, a scatter mean that leaves out the others' zeros); +0 where nobody kept it.
-    Dense codecs send every coordinate from every host: there the two are the same mean."""
+    CONTRIBUTORS (the default): the token-weighted mean over the hosts that kept it (SparseLoCo's
+    reference aggregation, a scatter mean that leaves out the others' zeros); +0 where nobody kept
+    it. HOSTS: the token-weighted mean over every accepted host, a host that did not keep the
+    coordinate counting as 0, so a value only some hosts kept is shrunk by their share while each
+    of them drops all of it from its error feedback (the rule before issue 37; measured worse,
+    bench/RESULTS.md §1h). Dense codecs send every coordinate from every host: there the two are
+    the same mean."""
 
     HOSTS = "hosts"
     CONTRIBUTORS = "contributors"
@@ -144,8 +146,8 @@ class OuterOptim(Frozen):
     lr: float = Field(0.7, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     rule: OuterRule = Field(OuterRule.NESTEROV, description="outer update rule (specs §7)")
-    sparse_mean: SparseMean = Field(SparseMean.HOSTS, description="sparse codec: whose values a coordinate's "
-                                    "mean averages (specs §4.1)")  # fmt: skip
+    sparse_mean: SparseMean = Field(SparseMean.CONTRIBUTORS, description="sparse codec: whose values a "
+                                    "coordinate's mean averages (specs §4.1)")  # fmt: skip
 
     @field_validator("rule", mode="before")
     @classmethod
@@ -156,17 +158,17 @@ class OuterOptim(Frozen):
     @field_validator("sparse_mean", mode="before")
     @classmethod
     def _sparse_mean_unset(cls, value: Any) -> Any:
-        """An unset proto3 string reads as "": the mean over all hosts (the rule before issue 37)."""
-        return SparseMean.HOSTS if value == "" else value
+        """An unset proto3 string reads as "": the contributors' mean (measured best, issue 37)."""
+        return SparseMean.CONTRIBUTORS if value == "" else value
 
     @model_serializer(mode="wrap")
     def _omit_defaults(self, handler: Any) -> dict[str, Any]:
         """`rule` and `sparse_mean` are in the dump (config hash, wire bytes, chain state) only when
-        not NESTEROV / HOSTS: existing runs keep their hashes bit for bit."""
+        not at their defaults (NESTEROV, CONTRIBUTORS): existing runs keep their hashes bit for bit."""
         data = handler(self)
         if self.rule is OuterRule.NESTEROV:
             data.pop("rule", None)
-        if self.sparse_mean is SparseMean.HOSTS:
+        if self.sparse_mean is SparseMean.CONTRIBUTORS:
             data.pop("sparse_mean", None)
         return data
 

@@ -196,25 +196,28 @@ def _cfg(**kw: object) -> RunConfig:
 
 
 def test_the_setting_keeps_every_existing_hash_and_wire_byte() -> None:
+    """CONTRIBUTORS is the default and is omitted at it (as is an unset proto3 string): every config
+    written before keeps its dump, hash and wire bytes; HOSTS is written out."""
     from protocol.messages import MsgCreateRun
     from protocol.wire import from_any, to_any
 
     creator = "gonka1" + "q" * 38
+    assert OuterOptim().sparse_mean is SparseMean.CONTRIBUTORS
     sparse = _cfg(codec="sparse", codec_block_size=4096, outer=OuterOptim(lr=1.0, rule="average"))
     for base in (_cfg(), sparse):
-        outer = base.outer.model_copy(update={"sparse_mean": SparseMean.HOSTS})
+        outer = base.outer.model_copy(update={"sparse_mean": SparseMean.CONTRIBUTORS})
         same = base.model_copy(update={"outer": outer})
         assert "sparse_mean" not in base.model_dump(mode="json")["outer"]
         assert same.config_hash() == base.config_hash()
         assert to_any(MsgCreateRun(creator=creator, config=same)).value == \
             to_any(MsgCreateRun(creator=creator, config=base)).value  # fmt: skip
-    contrib = _cfg(codec="sparse", codec_block_size=4096, codec_ef_decay=0.95,
-                   outer=OuterOptim(lr=1.0, rule="average", sparse_mean="contributors"))  # fmt: skip
-    assert contrib.model_dump(mode="json")["outer"]["sparse_mean"] == "contributors"
-    assert contrib.config_hash() != contrib.model_copy(update={"outer": OuterOptim(lr=1.0, rule="average")}) \
-        .config_hash()  # fmt: skip
-    back = from_any(to_any(MsgCreateRun(creator=creator, config=contrib)))
-    assert back.config == contrib and back.config.config_hash() == contrib.config_hash()  # type: ignore[union-attr]
-    assert OuterOptim.model_validate({"sparse_mean": ""}).sparse_mean is SparseMean.HOSTS  # proto3 unset
+    hosts = _cfg(codec="sparse", codec_block_size=4096,
+                 outer=OuterOptim(lr=1.0, rule="average", sparse_mean="hosts"))  # fmt: skip
+    assert hosts.model_dump(mode="json")["outer"]["sparse_mean"] == "hosts"
+    assert hosts.config_hash() != sparse.config_hash()
+    back = from_any(to_any(MsgCreateRun(creator=creator, config=hosts)))
+    assert back.config == hosts and back.config.config_hash() == hosts.config_hash()  # type: ignore[union-attr]
+    unset = OuterOptim.model_validate({"sparse_mean": ""})  # proto3 unset
+    assert unset.sparse_mean is SparseMean.CONTRIBUTORS
     with pytest.raises(ValueError, match="sparse_mean"):
         OuterOptim.model_validate({"sparse_mean": "median"})

@@ -24,7 +24,7 @@ from nodekit.errorfeedback import EFWriter, ef_step_stored, start_ef
 from nodekit.globalmodel import GlobalModel
 from nodekit.objects import Kind
 from nodekit.store import EF_GROUP, ContentStore
-from protocol.config import Codec, ReplayMode
+from protocol.config import Codec, ReplayMode, SparseMean
 from protocol.errorfeedback import EFConfig, ef_hash, ef_step, fresh_ef_hash
 from protocol.messages import Reason
 from replay.data import eval_loss
@@ -69,14 +69,16 @@ def test_sparse_hosts_carry_error_feedback_and_forgers_are_caught(tmp_path: Path
         corpus, max_outer_steps=STEPS, codec=Codec.SPARSE, codec_block_size=64, codec_topk=8,
         inner={"lr": 3e-3},
     )  # fmt: skip
+    assert cfg.outer.sparse_mean is SparseMean.CONTRIBUTORS  # the default (issue 37)
     run_id = create_run(chain, cfg)
     quick: dict[str, Any] = {"log": lambda e: None, "patience": IMPATIENT}
     hosts = {i: HostNode(host_config(tmp_path, i, run_id), chain, corpus=corpus,
                          behaviour=resolve_host(name, params), **quick)
              for i, (name, params) in HOSTS.items()}  # fmt: skip
+    followed: list[dict[str, Any]] = []  # the verifiers compute G_{n+1} themselves (nodekit.nextmodel)
     verifiers = [
         VerifierNode(verifier_config(tmp_path, i, run_id), chain, corpus=corpus,
-                     **{**quick, "patience": IMPATIENT_VERIFIER})
+                     **{**quick, "patience": IMPATIENT_VERIFIER, "log": followed.append})
         for i in VERIFIERS
     ]
     with running([n.run for n in [*hosts.values(), *verifiers]], chain):
@@ -109,6 +111,11 @@ def test_sparse_hosts_carry_error_feedback_and_forgers_are_caught(tmp_path: Path
         assert ContentStore(tmp_path / f"host-{i}" / "store").has(Kind.ERROR_FEEDBACK, carried[-1], EF_GROUP)
     for a in forgers:  # a rejected contribution never chains on: its next start is zeros again
         assert chain.query("start_ef_hash", run_id=run_id, host=a) is None
+
+    # the verifiers' own G_{n+1}, over the contributors' mean, is the hosts' result the chain adopted
+    applied = {(e["node"], e["outer_step"]) for e in followed if e["event"] == "outer_step_applied"}
+    assert not [e for e in followed if e["event"] == "outer_step_differs"]
+    assert len(applied) == STEPS * len(VERIFIERS), sorted(applied)
 
     # the model learned: G_T's validation loss is below G_0's
     final = chain.run(run_id)["global_model_hash"]
