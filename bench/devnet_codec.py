@@ -41,17 +41,22 @@ def loadavg() -> str:
         return "?"
 
 
-def parse_cases(text: str) -> list[tuple[str, str]]:
-    """`CODEC:ADVERSARY,…` as (codec, adversary) pairs; the adversary keeps any `:COUNT:k=v` tail."""
+def parse_cases(text: str) -> list[tuple[str, str, str]]:
+    """`CODEC:ADVERSARY[@TOML],…` as (codec, adversary, devnet TOML or "") triples; the adversary keeps
+    any `:COUNT:k=v` tail. A TOML (DevnetConfig fields, e.g. `bench/devnet_sparse_issue26.toml`: the
+    sparse outer step before issue 37) sets what the flags do not."""
     cases = []
     for part in (p.strip() for p in text.split(",")):
         if part:
+            part, _, toml = part.partition("@")
             codec, _, adversary = part.partition(":")
-            cases.append((codec, adversary or "noise"))
+            cases.append((codec, adversary or "noise", toml))
     return cases
 
 
-def devnet_command(codec: str, adversary: str, out_dir: str, outer_steps: int | None) -> list[str]:
+def devnet_command(
+    codec: str, adversary: str, out_dir: str, outer_steps: int | None, toml: str = ""
+) -> list[str]:
     cmd = [
         str(ROOT / ".venv" / "bin" / "gonka-diloco"),
         "devnet",
@@ -63,6 +68,7 @@ def devnet_command(codec: str, adversary: str, out_dir: str, outer_steps: int | 
         "--out-dir",
         out_dir,
     ]
+    cmd += ["--config", toml] if toml else []
     return cmd + (["--outer-steps", str(outer_steps)] if outer_steps is not None else [])
 
 
@@ -82,6 +88,8 @@ def summarize(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {
         "codec": snapshot["config"]["codec"],
         "codec_topk": snapshot["config"].get("codec_topk"),
+        "codec_ef_decay": snapshot["config"].get("codec_ef_decay"),  # omitted at the default
+        "outer": snapshot["config"].get("outer"),
         "codec_block_size": snapshot["config"].get("codec_block_size"),
         "adversaries": {n["name"]: n["behaviour"] for n in hosts if n["behaviour"] != "honest"},
         "outer_steps_done": sum(s["phase"] == "DONE" for s in snapshot["steps"]),
@@ -114,12 +122,12 @@ def summarize(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_case(
-    codec: str, adversary: str, outer_steps: int | None, timeout: float, keep: Path | None
+    codec: str, adversary: str, outer_steps: int | None, timeout: float, keep: Path | None, toml: str = ""
 ) -> dict[str, Any]:
     """One devnet; PASS is the devnet's own verdict (exit status 0: it passed every check)."""
     with tempfile.TemporaryDirectory(prefix="bench-devnet-codec-") as tmp_dir:
         out_dir = str(keep or tmp_dir)
-        cmd = devnet_command(codec, adversary, out_dir, outer_steps)
+        cmd = devnet_command(codec, adversary, out_dir, outer_steps, toml)
         known = set(Path(out_dir).iterdir()) if Path(out_dir).exists() else set()
         t0 = time.perf_counter()
         try:
@@ -132,7 +140,7 @@ def run_case(
         snap = runs[-1] / "snapshot.json" if runs else None
         shown = [".venv/bin/gonka-diloco", *(a for a in cmd[1:] if a not in ("--out-dir", out_dir))]
         result: dict[str, Any] = {
-            "case": f"{codec}:{adversary}",
+            "case": f"{codec}:{adversary}" + (f"@{toml}" if toml else ""),
             "command": " ".join(shown),
             "exit_status": rc,
             "passed": rc == 0,
@@ -161,8 +169,8 @@ def main(quick: bool = False) -> dict[str, Any]:
     before = loadavg()
     print(f"load average before: {before} (the machine is shared)", flush=True)
     cases = []
-    for codec, adversary in parse_cases(args.cases):
-        r = run_case(codec, adversary, outer, args.timeout, args.keep)
+    for codec, adversary, toml in parse_cases(args.cases):
+        r = run_case(codec, adversary, outer, args.timeout, args.keep, toml)
         cases.append(r)
         loss = r.get("val_loss") or []
         print(
