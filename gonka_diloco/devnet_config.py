@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from protocol.config import Codec, OuterRule, Overlap, ReplayMode, SparseMean
+from protocol.config import EF_DECAY, Codec, OuterRule, Overlap, ReplayMode, SparseMean
 
 ParamValue = int | float | str | bool
 
@@ -101,7 +101,7 @@ class DevnetConfig(Strict):
         SparseMean.CONTRIBUTORS, description="codec sparse: a coordinate's mean over the hosts that kept it "
         "(contributors, SparseLoCo's) or over all hosts (specs §4.1)"
     )
-    sparse_ef_decay: float = Field(0.95, gt=0, le=1, description="codec sparse: β of error feedback (§4.1)")
+    sparse_ef_decay: float = Field(EF_DECAY, gt=0, le=1, description="codec sparse: β of error feedback")
     sparse_outer_rule: OuterRule = Field(OuterRule.AVERAGE, description="codec sparse: the outer rule (§7)")
     sparse_outer_lr: float = Field(1.0, gt=0, description="codec sparse: the outer lr")
     model_size: ModelSize = "small"

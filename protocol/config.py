@@ -81,6 +81,11 @@ class OuterRule(StrEnum):
     AVERAGE = "average"
 
 
+EF_DECAY = 0.9
+"""The sparse codec's default β (`RunConfig.codec_ef_decay`): measured best at H = 25 and H = 100
+(bench/RESULTS.md §1i, §1j, §1m; 1 before issue 37). Omitted from the dump at it."""
+
+
 class SparseMean(StrEnum):
     """Whose values a coordinate of the sparse codec's mean g averages (specs §4.1, §7).
 
@@ -269,7 +274,7 @@ class RunConfig(Frozen):
         0, ge=0, le=65535, description="sparse: entries kept per chunk of codec_block_size (0 = ⌊C/64⌋)"
     )
     codec_ef_decay: float = Field(
-        1.0, gt=0, le=1, description="sparse: β of the error-feedback accumulator, a = β·e + Δ (specs §4.1)"
+        EF_DECAY, gt=0, le=1, description="sparse: β of the error-feedback accumulator, a = β·e + Δ (§4.1)"
     )
     inner: InnerOptim = InnerOptim()
     outer: OuterOptim = OuterOptim()
@@ -321,15 +326,15 @@ class RunConfig(Frozen):
                 data.pop(name, None)
         if not self.codec_topk:  # the sparse codec's parameters, likewise, at their defaults
             data.pop("codec_topk", None)
-        if self.codec_ef_decay == 1.0:
+        if self.codec_ef_decay == EF_DECAY:
             data.pop("codec_ef_decay", None)
         return data
 
     @field_validator("codec_ef_decay", mode="before")
     @classmethod
     def _decay_unset(cls, value: Any) -> Any:
-        """An unset proto3 double reads as 0.0 (never a valid β): no decay."""
-        return 1.0 if value == 0 else value
+        """An unset proto3 double reads as 0.0 (never a valid β): the default."""
+        return EF_DECAY if value == 0 else value
 
     @model_validator(mode="after")
     def _sparse_consistent(self) -> RunConfig:
@@ -339,7 +344,7 @@ class RunConfig(Frozen):
             if self.codec_topk > self.codec_block_size:
                 raise ValueError(f"codec_topk = {self.codec_topk} exceeds codec_block_size = "
                                  f"{self.codec_block_size}")  # fmt: skip
-        elif self.codec_topk or self.codec_ef_decay != 1.0:
+        elif self.codec_topk or self.codec_ef_decay != EF_DECAY:
             raise ValueError(f"codec_topk and codec_ef_decay apply to codec 'sparse' only, not "
                              f"{self.codec.value!r}")  # fmt: skip
         return self

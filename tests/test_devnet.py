@@ -186,14 +186,14 @@ def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
 
 
 def test_codec_sparse_gets_the_recommended_chunk_and_k() -> None:
-    """`--codec sparse`: C = 4096, k = 64, β = 0.95, and its outer step (specs §4.1) unless set; the
+    """`--codec sparse`: C = 4096, k = 64, β = 0.9, and its outer step (specs §4.1) unless set; the
     dense codecs keep theirs."""
     from gonka_diloco.devnet import run_config
     from gonka_diloco.devnet_config import DevnetConfig, DevnetConfigError, load_config
     from protocol.config import Codec, OuterRule, SparseMean
 
     rc = run_config(DevnetConfig(model_size="tiny", codec=Codec.SPARSE))
-    assert (rc.codec, rc.codec_block_size, rc.codec_topk, rc.codec_ef_decay) == (Codec.SPARSE, 4096, 64, 0.95)
+    assert (rc.codec, rc.codec_block_size, rc.codec_topk, rc.codec_ef_decay) == (Codec.SPARSE, 4096, 64, 0.9)
     # and the outer step measured best for it (issue 37): SparseLoCo's average, lr 1, contributors' mean
     outer = (rc.outer.rule, rc.outer.lr, rc.outer.sparse_mean)
     assert outer == (OuterRule.AVERAGE, 1.0, SparseMean.CONTRIBUTORS)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from gonka_diloco.adversaries.sparse import EF_FORGERS
 from protocol import codecs
-from protocol.config import Codec, ModelSpec, OuterOptim, OuterRule, RunConfig
+from protocol.config import EF_DECAY, Codec, ModelSpec, OuterOptim, OuterRule, RunConfig
 from protocol.errorfeedback import (
     EFConfig,
     EFError,
@@ -160,7 +160,10 @@ def test_config_defaults_keep_every_existing_hash() -> None:
     assert EFConfig.of(sparse) == EFConfig(4096, 64, 0.95)
     assert _cfg(codec="sparse", codec_block_size=4096).sparse_topk == 64  # 0 = C/64
     assert RunConfig.model_validate({**d, "codec_ef_decay": 0.0, "outer": {"lr": 1.0, "rule": ""}}) == \
-        sparse.model_copy(update={"codec_ef_decay": 1.0, "outer": OuterOptim(lr=1.0)})  # proto3 unset
+        sparse.model_copy(update={"codec_ef_decay": EF_DECAY, "outer": OuterOptim(lr=1.0)})  # proto3 unset
+    # β's default is issue 37's measured best, omitted at it; β = 1 (the default before) is written out
+    assert EF_DECAY == 0.9 and _cfg(codec="sparse").codec_ef_decay == EF_DECAY
+    assert _cfg(codec="sparse", codec_ef_decay=1.0).model_dump(mode="json")["codec_ef_decay"] == 1.0
 
 
 @pytest.mark.parametrize(
