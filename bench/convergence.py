@@ -405,6 +405,7 @@ def sparse_summary(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str
         rows.append({"contender": name, "inner_lr": float(lr), "final_val_loss": r.get("final_val_loss"),
                      "mb_per_host": r["bytes_per_host"] / 1e6 if "bytes_per_host" in r else None,
                      "verdicts": r.get("verdicts"), "wall_s": r.get("wall_s"),
+                     "flushed": r.get("final_val_loss_flushed"),  # sparse: θ_T with every e applied
                      "error": r.get("error", "")[-400:]})  # fmt: skip
     ok = [r for r in runs if "final_val_loss" in r]
     best: dict[str, dict[str, Any]] = {}
@@ -467,7 +468,8 @@ def sparse(
     for r in result["setting"]["rows"]:
         loss = f"{r['final_val_loss']:.4f}" if r["final_val_loss"] is not None else "error"
         mb = f"{r['mb_per_host']:.4g}" if r["mb_per_host"] is not None else ""
-        print(f"| {r['contender']} | {r['inner_lr']:g} | {loss} | {mb} | {r['verdicts'] or ''} |")
+        flushed = f" (flushed {r['flushed']:.4f})" if r.get("flushed") is not None else ""
+        print(f"| {r['contender']} | {r['inner_lr']:g} | {loss}{flushed} | {mb} | {r['verdicts'] or ''} |")
     for name, b in result["setting"]["best"].items():
         extra = ""
         if "bytes_vs_int8" in b:

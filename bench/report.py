@@ -619,6 +619,13 @@ def convergence_sparse_issue37(d: dict[str, Any]) -> Lines:
             mb, f"1/{i8_bytes / (mb * 1e6):.1f}" if mb and i8_bytes else "",
         ])  # fmt: skip
     header = ["contender", "inner lr", "final val loss", "× int8", "MB sent per host", "bytes ÷ int8's"]
+    if any(r.get("flushed") is not None for r in s["rows"]):  # issue 37's diagnostic, where it was run
+        out[0] += (" *Loss with every e flushed*: the loss of θ_T − lr·mean(e) over the hosts' final "
+                   "error-feedback accumulators (one dense flush no node does: how much of the missing "
+                   "progress is still held unsent at the end).")  # fmt: skip
+        header.append("loss with every e flushed")
+        rows = [[*row, fmt(r.get("flushed")) if r.get("flushed") is not None else ""]
+                for row, r in zip(rows, s["rows"], strict=True)]  # fmt: skip
     out += table(header, rows)
     for name, b in sorted(sparse, key=lambda nb: nb[1]["final_val_loss"]):
         met = b["loss_vs_int8"] <= 1.01 and b["bytes_vs_int8"] >= 25

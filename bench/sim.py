@@ -524,12 +524,16 @@ def run_diloco(
             "outer_step": n + 1, "inner_steps": (n + 1) * setup.inner_steps,
             "val_loss": evaluate(env, init, g), "bytes_per_host": sent,
         })  # fmt: skip
+    unsent: dict[str, float] = {}
+    if sparse:  # issue 37's diagnostic: what the accumulators still hold at the end, never sent
+        unsent = unsent_tail(env, init, g, [hosts[h].ef for h in active], cfg.outer.lr)
     if save_params:
         from safetensors.torch import save_file
 
         save_file(g, save_params)
     total_inner = setup.outer_steps * setup.inner_steps * len(active)
     return {
+        **unsent,
         "final_val_loss": curve[-1]["val_loss"],
         "curve": curve,
         "params": n_params(g),
@@ -541,6 +545,20 @@ def run_diloco(
         "replay_fraction": replay_steps / total_inner if verify else 0.0,
         "verify_time_fraction": t_verify / t_train if verify else 0.0,
     }
+
+
+def unsent_tail(
+    env: Env, init: nn.Module, g: Params, efs: Sequence[Params | None], lr: float
+) -> dict[str, float]:
+    """Research (issue 37): how much of a sparse run's missing progress its hosts' error-feedback
+    accumulators still hold at the end, sent by nobody yet: the loss of θ_T − lr·mean(e) (one final
+    dense flush of every accumulator) beside θ_T's, and ‖mean e‖. No node does this."""
+    held = [e for e in efs if e is not None]
+    if not held:
+        return {}
+    flushed = {n: t - lr * sum(e[n] for e in held) / len(held) for n, t in g.items()}
+    norm = sum(float(sum(e[n] for e in held).double().square().sum()) for n in g) ** 0.5 / len(held)
+    return {"final_val_loss_flushed": evaluate(env, init, flushed), "unsent_mean_norm": norm}
 
 
 # ---------------------------------------------------------------- synchronous data-parallel baseline
