@@ -238,7 +238,7 @@ def count_dtype(hosts: int) -> torch.dtype:
 
 
 class Denominators:
-    """CONTRIBUTORS' d_j = +0 + c_i over the hosts that kept j, in sorted host order (specs §7).
+    """CONTRIBUTORS' d_j = +0 + c_i over the hosts that kept j, in sorted host order (specs §4.1).
 
     When every c_i is the same float32 — always on chain, where every accepted contribution
     carries the run's `tokens_per_outer_step` — d_j depends only on how many hosts kept j: a
