@@ -637,6 +637,7 @@ def convergence_sparse_issue37(d: dict[str, Any]) -> Lines:
 
 _CMD37 = ".venv/bin/python -m bench.convergence --workers 1 "
 _T37 = "sparse_average_contrib_b0.9_lr1.25"
+_D37 = "sparse_average_contrib_b0.9"
 ISSUE37: list[tuple[str, str, str]] = [
     ("convergence_sparse_H25_T24_mean",
      "1h. The sparse mean over the hosts that kept a coordinate (issue 37; H = 25, T = 24)",
@@ -665,20 +666,27 @@ ISSUE37: list[tuple[str, str, str]] = [
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 100x6 --sparse-name i37 --sparse-contenders int8_nesterov,"
      f"sparse_average_b0.95,sparse_average_contrib_b0.95,sparse_average_contrib_b0.9,{_T37},{_T37}_k60"),
     ("convergence_sparse_H15_T40_i37", "1n. H = 15, T = 40 (the same compute)",
-     _CMD37 + f"--inner-lrs 0.002 --sparse-shape 15x40 --sparse-name i37 --sparse-contenders int8_nesterov,"
-     f"{_T37},{_T37}_k60"),
+     _CMD37 + "--inner-lrs 0.002 --sparse-shape 15x40 --sparse-name i37 --sparse-contenders int8_nesterov,"
+     f"{_D37},{_T37},{_D37}_k60"),
     ("convergence_sparse_H50_T12_i37", "1o. H = 50, T = 12 (the same compute)",
-     _CMD37 + f"--inner-lrs 0.002 --sparse-shape 50x12 --sparse-name i37 --sparse-contenders int8_nesterov,"
-     f"{_T37},{_T37}_k60"),
+     _CMD37 + "--inner-lrs 0.002 --sparse-shape 50x12 --sparse-name i37 --sparse-contenders int8_nesterov,"
+     f"{_D37},{_T37},{_D37}_k60"),
     ("convergence_sparse_H25_T48_i37", "1p. H = 25, T = 48 (twice the compute)",
-     _CMD37 + f"--inner-lrs 0.002 --sparse-shape 25x48 --sparse-name i37 --sparse-contenders int8_nesterov,"
-     f"{_T37},{_T37}_k60,{_T37}_k256"),
+     _CMD37 + "--inner-lrs 0.002 --sparse-shape 25x48 --sparse-name i37 --sparse-contenders int8_nesterov,"
+     f"{_D37},{_D37}_k60,{_D37}_k256"),
     ("convergence_sparse_H100_T24_i37", "1q. H = 100, T = 24 (four times the compute)",
-     _CMD37 + f"--inner-lrs 0.002 --sparse-shape 100x24 --sparse-name i37 --sparse-contenders int8_nesterov,"
-     f"{_T37},{_T37}_k60"),
+     _CMD37 + "--inner-lrs 0.002 --sparse-shape 100x24 --sparse-name i37 --sparse-contenders int8_nesterov,"
+     f"{_D37},{_D37}_k60"),
+    ("convergence_sparse_H25_T24_flush", "1r. Where the gap is: every accumulator flushed at the end "
+     "(H = 25, T = 24)",
+     _CMD37 + "--inner-lrs 0.002 --sparse-shape 25x24 --sparse-name flush --sparse-contenders int8_nesterov,"
+     f"sparse_average_b0.95,{_D37}"),
+    ("convergence_sparse_H100_T6_flush", "1s. The same at H = 100, T = 6",
+     _CMD37 + "--inner-lrs 0.002 --sparse-shape 100x6 --sparse-name flush --sparse-contenders int8_nesterov,"
+     f"{_D37}"),
 ]  # fmt: skip
 """Issue 37's runs: (results stem, section title, the command that made it)."""
-GAP_TITLE = "1r. Issue 37: the best sparse setting against int8 DiLoCo, by H and T"
+GAP_TITLE = "1t. Issue 37: the best sparse setting against int8 DiLoCo, by H and T"
 
 
 def _gap_cell(nb: tuple[str, dict[str, Any]] | None) -> str:
