@@ -96,7 +96,7 @@ class DevnetConfig(Strict):
     sparse_topk: int = Field(
         64, ge=1, le=65535, description="codec sparse: entries k kept per chunk (64 of 4096: 1.56%)"
     )
-    # codec sparse: the outer step measured best for it (bench/RESULTS.md §1h, issue 37), not DiLoCo's
+    # codec sparse: the outer step measured best for it (bench/RESULTS.md §1h–§1t, issue 37), not DiLoCo's
     sparse_mean: SparseMean = Field(
         SparseMean.CONTRIBUTORS, description="codec sparse: a coordinate's mean over the hosts that kept it "
         "(contributors, SparseLoCo's) or over all hosts (specs §4.1)"

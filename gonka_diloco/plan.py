@@ -635,7 +635,7 @@ def host_limit(i: Inputs, c: Constants, codec: Codec, *, most: int = 1 << 20) ->
 
 def codec_advice(i: Inputs, c: Constants) -> dict[str, Any]:
     """Which Δ codec this fleet should run: int8 while its aggregation fits beside training (it
-    learns better per outer step: RESULTS §1h), the sparse codec past that host count (its Δ is
+    learns better per outer step: RESULTS §1t), the sparse codec past that host count (its Δ is
     ~36× smaller at 30B, so aggregation stays flat far longer)."""
     shares = {codec.value: aggregation_share(i, c, codec) for codec in (Codec.INT8, Codec.SPARSE)}
     limits = {codec.value: host_limit(i, c, codec) for codec in (Codec.INT8, Codec.SPARSE)}
@@ -759,7 +759,7 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         share = advice["share"][Codec.INT8.value]
         why = (f"int8's aggregation is {share:.0%} of training (half of it from {limit} hosts)"
                if advice["recommended"] == Codec.SPARSE.value else
-               "int8's aggregation fits and it learns better per outer step (RESULTS §1h)")  # fmt: skip
+               "int8's aggregation fits and it learns better per outer step (RESULTS §1t)")  # fmt: skip
         warnings.append(f"codec {advice['recommended']} recommended at {i.hosts} hosts: {why}")
     if i.phases is not None:
         need = recommended_phases(tl, i.block_seconds, margin=0.0)
