@@ -728,7 +728,8 @@ def sparse_gap(runs: dict[str, list[tuple[Path, Any]]]) -> Lines:
         cheap = _best_at(scored, 25)
         met = bool(cheap and cheap[1]["loss_vs_int8"] <= 1.01)
         int8_cell = f"{i8:.4f} ({g['int8']['label'].split('/')[-1]})"
-        rows.append([h, t, int8_cell, _gap_cell(cheap), _gap_cell(_best_at(scored, 24)),
+        today = _best_at([nb for nb in scored if "contrib" not in nb[0]], 0)  # the mean over all hosts
+        rows.append([h, t, int8_cell, _gap_cell(today), _gap_cell(cheap), _gap_cell(_best_at(scored, 24)),
                      _gap_cell(_best_at(scored, 0)),
                      "met" if met else "not met", ", ".join(f"§{x}" for x in g["sections"])])  # fmt: skip
     if not rows:
@@ -740,8 +741,9 @@ def sparse_gap(runs: dict[str, list[tuple[Path, Any]]]) -> Lines:
         "layout k = 64 of 4096 is 24.5× int8's bytes, its names and short tensors weighing more than at 1B "
         "or 30B, where it is 35.9×; k = 60 is 25.5×).",
         "",
-        *table(["H", "T", "int8 loss", "best sparse at ≥ 25× fewer bytes", "at ≥ 24× (k ≤ 64 of 4096)",
-                "at any density", "goal", "sections"], rows),
+        *table(["H", "T", "int8 loss", "sparse, mean over all hosts (before)",
+                "best sparse at ≥ 25× fewer bytes", "at ≥ 24× (k ≤ 64 of 4096)", "at any density", "goal",
+                "sections"], rows),
     ]  # fmt: skip
 
 
