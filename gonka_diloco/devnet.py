@@ -170,8 +170,8 @@ def _sparse_fields(cfg: DevnetConfig) -> dict[str, int | float]:
 
 
 def _outer(cfg: DevnetConfig) -> OuterOptim:
-    """DiLoCo's Nesterov for the dense codecs; for the sparse one the rule, lr and mean measured best
-    for it (bench/RESULTS.md §1h–§1j: Nesterov 0.7 / 0.9 over a sparse mean overshoots)."""
+    """DiLoCo's Nesterov for the dense codecs; for the sparse one its own rule, lr and mean (by
+    default Nesterov 0.7 / 0.9 over the contributors' mean: bench/RESULTS.md §11f)."""
     if cfg.codec is not Codec.SPARSE:
         return OuterOptim(lr=cfg.outer_lr, momentum=cfg.outer_momentum)
     return OuterOptim(lr=cfg.sparse_outer_lr, momentum=cfg.outer_momentum, rule=cfg.sparse_outer_rule,

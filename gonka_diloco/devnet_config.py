@@ -96,14 +96,16 @@ class DevnetConfig(Strict):
     sparse_topk: int = Field(
         64, ge=1, le=65535, description="codec sparse: entries k kept per chunk (64 of 4096: 1.56%)"
     )
-    # codec sparse: the outer step measured best for it (bench/RESULTS.md §1h–§1t, issue 37), not DiLoCo's
+    # codec sparse: its mean and β as RunConfig's defaults (issue 37); its outer step DiLoCo's, which from
+    # scratch learns fastest per outer step here (bench/RESULTS.md §11f; from a warm start SparseLoCo's
+    # average at lr 1 does, §1h–§1t)
     sparse_mean: SparseMean = Field(
         SparseMean.CONTRIBUTORS, description="codec sparse: a coordinate's mean over the hosts that kept it "
         "(contributors, SparseLoCo's) or over all hosts (specs §4.1)"
     )
     sparse_ef_decay: float = Field(EF_DECAY, gt=0, le=1, description="codec sparse: β of error feedback")
-    sparse_outer_rule: OuterRule = Field(OuterRule.AVERAGE, description="codec sparse: the outer rule (§7)")
-    sparse_outer_lr: float = Field(1.0, gt=0, description="codec sparse: the outer lr")
+    sparse_outer_rule: OuterRule = Field(OuterRule.NESTEROV, description="codec sparse: the outer rule (§7)")
+    sparse_outer_lr: float = Field(0.7, gt=0, description="codec sparse: the outer lr")
     model_size: ModelSize = "small"
     model: ModelName = Field("gpt", description="gpt (sized by model_size) or a transformers preset")
     dataset: str = Field("", max_length=4096, description="prepared dataset folder or URL; '' = Shakespeare")

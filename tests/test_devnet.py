@@ -194,9 +194,12 @@ def test_codec_sparse_gets_the_recommended_chunk_and_k() -> None:
 
     rc = run_config(DevnetConfig(model_size="tiny", codec=Codec.SPARSE))
     assert (rc.codec, rc.codec_block_size, rc.codec_topk, rc.codec_ef_decay) == (Codec.SPARSE, 4096, 64, 0.9)
-    # and the outer step measured best for it (issue 37): SparseLoCo's average, lr 1, contributors' mean
-    outer = (rc.outer.rule, rc.outer.lr, rc.outer.sparse_mean)
-    assert outer == (OuterRule.AVERAGE, 1.0, SparseMean.CONTRIBUTORS)
+    # and the outer step that learned fastest on the devnet (issue 37): Nesterov, the contributors' mean
+    outer = (rc.outer.rule, rc.outer.lr, rc.outer.momentum, rc.outer.sparse_mean)
+    assert outer == (OuterRule.NESTEROV, 0.7, 0.9, SparseMean.CONTRIBUTORS)
+    toml = {"codec": "sparse", "sparse_outer_rule": "average", "sparse_outer_lr": 1.0, "model_size": "tiny"}
+    average = run_config(load_config(None, toml))
+    assert (average.outer.rule, average.outer.lr) == (OuterRule.AVERAGE, 1.0)
     hosts = run_config(load_config(None, {"codec": "sparse", "sparse_mean": "hosts", "model_size": "tiny"}))
     assert hosts.outer.sparse_mean is SparseMean.HOSTS
     cfg = load_config(None, {"codec": "sparse", "sparse_chunk": 256, "sparse_topk": 8, "model_size": "tiny"})
