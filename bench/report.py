@@ -983,7 +983,7 @@ def devnet_sparse_issue37(d: dict[str, Any]) -> Lines:
                        for c in d["cases"])  # fmt: skip
         out.append(f"- today's default learns at least as fast per outer step as before (every step's loss ≤ "
                    "before's): "
-                   f"**{'yes' if faster else 'no'}**; the adversary rejected in every step of both: "
+                   f"**{'yes' if faster else 'no'}**; the adversary rejected in every step of every run: "
                    f"**{'yes' if rejected else 'no'}**")  # fmt: skip
     return [*out, ""]
 
