@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from chain import errors
@@ -880,10 +881,14 @@ def block_seed(state: ChainState) -> str:
     return prf.seed_from_blocks(state.recent_block_hashes)
 
 
-def _assign(c: Contribution, verifiers: list[str], round: int) -> None:
+def _assign(c: Contribution, verifiers: list[str], round: int, first_slot: int | None = None) -> None:
+    """Append verifiers to a contribution's rounds; with `first_slot` (a windowed contribution's
+    initial, escalation or audit draw) the i-th drawn verifier holds slot first_slot + i."""
     new = [v for v in verifiers if v not in c.verifier_rounds]
     c.verifiers += new
     c.verifier_rounds.update(dict.fromkeys(new, round))
+    if first_slot is not None and c.windows:
+        c.slots.update({v: first_slot + i for i, v in enumerate(verifiers) if v in new})
     touched(c)
 
 
@@ -893,10 +898,15 @@ def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int, delay: 
     step.challenge_height = height
     pools = DrawPools(run, draw_cutoff(step, delay))
     events = []
+    n = config.n_segments
     for host in sorted(step.contributions):
         c = step.contributions[host]
-        c.sampled_segments = prf.sample_segments(seed, host, config.n_segments, config.sampled_segments)
-        _assign(c, pools.for_contribution(c).draw(seed, host, config.verifiers_per_contribution, 0), 0)
+        if config.windowed:  # every slot's window now, the audit's too: the host serves them all
+            c.windows = prf.draw_windows(seed, host, n, config.window_len, config.checker_slots)
+            c.sampled_segments = prf.windows_opened(c.windows, n, config.window_len)
+        else:
+            c.sampled_segments = prf.sample_segments(seed, host, n, config.sampled_segments)
+        _assign(c, pools.for_contribution(c).draw(seed, host, config.verifiers_per_contribution, 0), 0, 0)
         events.append(
             _event(
                 "challenge",
@@ -905,6 +915,7 @@ def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int, delay: 
                 host=host,
                 segments=",".join(map(str, c.sampled_segments)),
                 verifiers=",".join(c.verifiers),
+                **({"windows": ",".join(map(str, c.windows))} if c.windows else {}),
             )
         )
     return events
@@ -949,7 +960,7 @@ def _draw_audits(run: Run, step: OuterStep, seed: str, height: int, delay: int) 
             auditors = pool.draw(seed, host, config.audit_verifiers, step.round, exclude=c.verifier_rounds)
         if auditors:
             c.review, c.audited = Review.AUDIT, True
-            _assign(c, auditors, step.round)
+            _assign(c, auditors, step.round, config.verifiers_per_contribution)  # the audit slots
             waiting = True
             events.append(
                 _event("audit", run_id=run.id, outer_step=step.index, host=host, verifiers=",".join(auditors))
@@ -1063,15 +1074,84 @@ def _initial_review(c: Contribution, final_round: bool) -> Outcome | Review | No
     return Review.PROVISIONAL if accepts else Outcome.UNVERIFIED  # no verdicts: nobody slashed
 
 
-def _confirmed(run: Run, c: Contribution) -> Outcome:
-    """A dispute's outcome: the stake-weighted majority of every bonded verifier assigned to it
-    (after `_open_dispute`, every active verifier). No majority either way: unverified."""
-    panel = sum(stake_of(run, v) for v in c.verifier_rounds)
-    accepts = sum(stake_of(run, v) for v, x in c.verdicts.items() if x.reason == Reason.ACCEPT)
-    rejects = sum(stake_of(run, v) for v, x in c.verdicts.items() if x.reason != Reason.ACCEPT)
-    if 2 * rejects > panel:
+class Question(StrEnum):
+    """What a dispute asks (§2.5.3). Every checker checks the Δ against θ_H; the rest of a check
+    (proofs, claims, the start, the replayed segments, the data) is about the segments it opened."""
+
+    SEGMENTS = "segments"
+    DELTA = "delta"
+
+
+def _question_of(reason: int) -> Question:
+    return Question.DELTA if reason == Reason.DELTA_MISMATCH else Question.SEGMENTS
+
+
+def disputed_windows(c: Contribution) -> list[int]:
+    """Windowed contributions: the start segments of the windows some slot holder rejected, sorted:
+    what a dispute panel replays (with the Δ)."""
+    return sorted(
+        {c.windows[c.slots[v]] for v, x in c.verdicts.items() if x.reason != Reason.ACCEPT and v in c.slots}
+    )
+
+
+def _voters(c: Contribution, question: Question) -> list[str]:
+    """The assigned verifiers whose verdict answers `question`: everyone for the Δ (every check
+    checks it); for the segments, a panel member (it replays the disputed windows) or a slot holder
+    whose window is disputed — never one whose ACCEPT is about a window nobody disputed. Without
+    windows every verifier opened the same segments."""
+    if question is Question.DELTA or not c.windows:
+        return list(c.verifier_rounds)
+    disputed = set(disputed_windows(c))
+    return [v for v in c.verifier_rounds if v not in c.slots or c.windows[c.slots[v]] in disputed]
+
+
+def _answers(c: Contribution, verifier: str, question: Question) -> bool | None:
+    """A verdict's answer to a question: True (passed), False (failed), None (not reached). A
+    check stops at its first failure: a slot holder (and, without windows, every verifier) checks
+    its segments first and Δ last, so its segments reject says nothing of the Δ and its Δ reject
+    says the segments passed; a dispute panel member (windows: no slot) checks Δ first, so a Δ
+    reject says nothing of the disputed windows and a segments reject says Δ passed — every panel
+    vote answers Δ, and no lone Δ claim decides it."""
+    reason = c.verdicts[verifier].reason
+    if reason == Reason.ACCEPT:
+        return True
+    if _question_of(reason) is question:
+        return False
+    delta_first = bool(c.windows) and verifier not in c.slots
+    reached = question is (Question.DELTA if delta_first else Question.SEGMENTS)
+    return True if reached else None
+
+
+def _questions(c: Contribution) -> list[Question]:
+    """The questions a dispute asks: those some reject raised, in a fixed order."""
+    raised = {_question_of(x.reason) for x in c.verdicts.values() if x.reason != Reason.ACCEPT}
+    return [q for q in Question if q in raised]
+
+
+def _decide(run: Run, c: Contribution, question: Question) -> Outcome:
+    """One question's stake-weighted majority among its voters: REJECTED (it failed), ACCEPTED (it
+    passed) or UNVERIFIED (no majority either way). A voter whose check stopped before the question
+    (a reject of the segments says nothing of the Δ) is not counted; a silent one is (silence never
+    makes a majority)."""
+    answered = [v for v in c.verdicts if _answers(c, v, question) is not None]
+    voters = [v for v in _voters(c, question) if v not in c.verdicts or v in answered]
+    panel = sum(stake_of(run, v) for v in voters)
+    answers = [(stake_of(run, v), _answers(c, v, question)) for v in voters if v in c.verdicts]
+    if 2 * sum(w for w, a in answers if a is False) > panel:
         return Outcome.REJECTED
-    if 2 * accepts > panel:
+    if 2 * sum(w for w, a in answers if a is True) > panel:
+        return Outcome.ACCEPTED
+    return Outcome.UNVERIFIED
+
+
+def _confirmed(run: Run, c: Contribution) -> Outcome:
+    """A dispute's outcome: each question it asks decided by the stake majority of the bonded
+    verifiers assigned to it that answer it (after `_open_dispute`, every active verifier); rejected
+    if any question failed, accepted if every one passed, otherwise unverified."""
+    decisions = [_decide(run, c, q) for q in _questions(c)]
+    if Outcome.REJECTED in decisions:
+        return Outcome.REJECTED
+    if decisions and all(d == Outcome.ACCEPTED for d in decisions):
         return Outcome.ACCEPTED
     return Outcome.UNVERIFIED
 
@@ -1086,15 +1166,33 @@ def _slash(state: ChainState, run: Run, address: str, bps: int) -> int:
     return amount
 
 
-def _contradicts(verdict: Verdict, outcome: str) -> bool:
+def _contradicts(run: Run, c: Contribution, verifier: str) -> bool:
+    """Does this verdict say the opposite of what was decided? A reject of an accepted
+    contribution; an accept of a slashed one — except, for a contribution rejected by a dispute, an
+    accept that answered no question the dispute found failed (a window nobody disputed)."""
+    verdict, outcome = c.verdicts[verifier], c.outcome
     if outcome == Outcome.ACCEPTED:
         return verdict.reason != Reason.ACCEPT
-    return outcome in SLASHED_OUTCOMES and verdict.reason == Reason.ACCEPT
+    disputed = outcome == Outcome.REJECTED and c.review == Review.CONFIRM
+    if verdict.reason != Reason.ACCEPT:  # a reject whose own question a dispute found passed
+        return disputed and _decide(run, c, _question_of(verdict.reason)) == Outcome.ACCEPTED
+    if outcome not in SLASHED_OUTCOMES:
+        return False
+    if not disputed:
+        return True
+    return any(
+        verifier in _voters(c, q) and _decide(run, c, q) == Outcome.REJECTED for q in _questions(c)
+    )
 
 
-def _is_fraud(c: Contribution) -> bool:
-    """Rejected by a confirmed dispute although some verifier accepted it: evidence of collusion."""
-    return c.outcome == Outcome.REJECTED and c.review == Review.CONFIRM and _tally(c)[0] > 0
+def _is_fraud(run: Run, c: Contribution) -> bool:
+    """Rejected by a confirmed dispute although a verifier accepted what it found failed: evidence
+    of collusion."""
+    return (
+        c.outcome == Outcome.REJECTED
+        and c.review == Review.CONFIRM
+        and any(_contradicts(run, c, v) for v in c.verdicts)
+    )
 
 
 def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
@@ -1105,15 +1203,14 @@ def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) ->
     for host in sorted(step.contributions):
         c = step.contributions[host]
         assert c.outcome is not None
-        fraud = _is_fraud(c)
+        fraud = _is_fraud(run, c)
         if c.outcome in SLASHED_OUTCOMES:
             c.slashed = _slash(
                 state, run, host, stake.fraud_host_slash_bps if fraud else stake.host_slash_bps
             )
             touched(c)
         for verifier in sorted(c.verdicts):
-            verdict = c.verdicts[verifier]
-            if _contradicts(verdict, c.outcome):
+            if _contradicts(run, c, verifier):
                 bps = stake.fraud_verifier_slash_bps if fraud else stake.verifier_slash_bps
                 amount = _slash(state, run, verifier, bps)
                 events.append(
@@ -1225,7 +1322,7 @@ def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> lis
             step.round,
             exclude=c.verifier_rounds,
         )
-        _assign(c, new, step.round)
+        _assign(c, new, step.round, 0)  # the initial slots' windows again
         events.append(
             _event(
                 "escalation",

@@ -16,6 +16,7 @@ from typing import Any
 from chain import errors
 from chain.module import (
     apply_to_hash,
+    disputed_windows,
     eager_parent,
     next_base,
     reveal_closes,
@@ -162,9 +163,15 @@ def commitment(state: ChainState, run_id: int, host: str, step: int | None = Non
     return None if c is None else _commitment(c)
 
 
+def _windows(c: Contribution) -> dict[str, Any]:
+    slots = dict(sorted(c.slots.items()))
+    return {"windows": list(c.windows), "slots": slots, "disputed": disputed_windows(c)}
+
+
 def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[str, Any]:
     """Per host: the segments to open and the verifiers (with the round each was drawn in: the
-    initial rounds, then the audit and the dispute panel, if any)."""
+    initial rounds, then the audit and the dispute panel, if any); windowed runs add each slot's
+    window start, the verifiers' slots and the windows a dispute panel replays (§2.3, §2.5.3)."""
     s = _step(_run(state, run_id), step)
     items = [
         {
@@ -174,6 +181,7 @@ def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[
             "verifier_rounds": dict(sorted(c.verifier_rounds.items())),
             "review": c.review,
             "audited": c.audited,
+            **(_windows(c) if c.windows else {}),
         }
         for c in (s.contributions[h] for h in sorted(s.contributions))
     ]

@@ -113,6 +113,12 @@ class Contribution:
     parent_delta_hash: str | None = None  # eager runs: the own previous Δ the start was built on (§2.2.1)
     final_ef_hash: str | None = field(default=None, metadata={OMIT_AT_DEFAULT: True})
     """Codec sparse: the error-feedback accumulator the host carries on (§4.1); None otherwise."""
+    windows: list[int] = field(default_factory=list, metadata={OMIT_AT_DEFAULT: True})
+    """Sampling windows (§2.3): the start segment of each checker slot's window (v initial slots,
+    which escalations reuse, then a audit slots), drawn at the challenge; empty otherwise."""
+    slots: dict[str, int] = field(default_factory=dict, metadata={OMIT_AT_DEFAULT: True})
+    """Sampling windows: verifier -> its slot in `windows`. A dispute panel member has none: it
+    checks the disputed windows (§2.5.3)."""
 
 
 @dataclass
