@@ -21,7 +21,7 @@ from nodekit.statestore import StateStore, state_from_bytes
 from nodekit.store import StoreError
 from protocol import codecs
 from protocol.config import ModelSpec, RunConfig
-from protocol.prf import sample_segments
+from protocol.prf import draw_windows, sample_segments, windows_opened
 from replay.data import Corpus
 from replay.spec import build
 from replay.step import State, load_training_state, make_optimizer, optimizer_hash, training_state
@@ -145,12 +145,20 @@ class Lab:
         revealed: bool = True,
         with_proofs: bool = True,
         sampled: Sequence[int] | None = None,
+        window: Sequence[int] | None = None,
     ) -> Job:
-        """The verifier's view: commitment fields, the challenged segments and what was opened."""
+        """The verifier's view: commitment fields, the challenged segments and what was opened.
+        `window` (sampling windows): the segments this checker replays; what is opened is then
+        every window the challenge drew (`sampled`, else the config's slots) and the last segment."""
         c = run.contribution
-        segs = list(sampled) if sampled is not None else sample_segments(
-            challenge, run.address, self.cfg.n_segments, self.cfg.sampled_segments
-        )
+        n = self.cfg.n_segments
+        if sampled is not None:
+            segs = list(sampled)
+        elif window is not None:
+            starts = draw_windows(challenge, run.address, n, self.cfg.window_len, self.cfg.checker_slots)
+            segs = windows_opened([*starts, *window], n, self.cfg.window_len)
+        else:
+            segs = sample_segments(challenge, run.address, n, self.cfg.sampled_segments)
         opened = []
         if revealed:
             for o in openings(c, segs):
@@ -161,6 +169,7 @@ class Lab:
             trajectory_root=c.trajectory_root, leaf_count=c.leaf_count, delta_hash=c.delta_hash,
             final_optimizer_hash=c.final_optimizer_hash, tokens=c.tokens, env=c.env,
             sampled=tuple(segs), openings=tuple(opened), prev_optimizer_hash=run.prev_optimizer_hash,
+            window=None if window is None else tuple(window),
         )  # fmt: skip
 
     def replay_context(self, gm: GlobalModel) -> ReplayContext:
