@@ -93,6 +93,10 @@ class NodeRow(Model):
     log: str = ""  # path relative to the run folder
     local_loss: dict[int, float] = Field(default_factory=dict)  # outer step -> last local loss
     val_loss: dict[int, float] = Field(default_factory=dict)
+    traffic: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Object bytes since the node started, `up` (served) and `down` (fetched), by kind (`/status`)."""
+    replayed_steps: int = 0
+    """A verifier's inner steps replayed since it started (`/status`)."""
 
 
 class ValidatorRow(Model):
@@ -377,6 +381,45 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+TRAFFIC_KINDS = {"delta": "Δ", "state": "states", "optimizer": "optimizer", "model": "G",
+                 "error_feedback": "e"}  # fmt: skip
+
+
+def traffic_per_step(snap: Snapshot) -> dict[str, dict[str, dict[str, float]]]:
+    """node -> up/down -> kind -> bytes per outer step done, plus `replayed` -> steps per outer
+    step (what `bench.verification` compares with the planner)."""
+    steps = max(1, len([s for s in snap.steps if s.phase == "DONE"]))
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for n in snap.nodes:
+        if not n.traffic and not n.replayed_steps:
+            continue
+        per = {d: {k: v / steps for k, v in n.traffic.get(d, {}).items()} for d in ("up", "down")}
+        out[n.name] = {**per, "replayed": {"steps": n.replayed_steps / steps}}
+    return out
+
+
+def traffic_rows(snap: Snapshot) -> list[list[str]]:
+    rows = []
+    per_step = traffic_per_step(snap)
+    for n in snap.nodes:
+        t = per_step.get(n.name)
+        if t is None:
+            continue
+        cells = [_bytes(t[d].get(k, 0.0)) for d in ("up", "down") for k in TRAFFIC_KINDS]
+        replayed = f"{t['replayed']['steps']:.1f}" if n.role == "verifier" else "-"
+        rows.append([n.name, n.role, *cells, replayed])
+    return rows
+
+
+def _bytes(b: float) -> str:
+    if b <= 0:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
 def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
     parts = [f"# gonka-diloco run {snap.run_id}", ""]
     if snap.chain_url:
@@ -472,6 +515,20 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
         ]
         header = ["validator", "address", "height", "app hash", "state", "missed blocks", "restarts"]
         parts += [_table(header, validator_rows), ""]
+    traffic = traffic_rows(snap)
+    if traffic:
+        steps = max(1, len([s for s in snap.steps if s.phase == "DONE"]))
+        parts += [
+            "## Bytes per node per outer step",
+            "",
+            f"Object bytes each node served (↑) and fetched (↓), by kind, averaged over the {steps} outer "
+            "steps done (`/status` traffic; a restarted node counts from its restart); states are opened "
+            "training states and θ_H's parameters, G global models; replayed: a verifier's inner steps.",
+            "",
+            _table(["node", "role", *[f"{d} {k}" for d in ("↑", "↓") for k in TRAFFIC_KINDS.values()],
+                    "replayed steps"], traffic),
+            "",
+        ]  # fmt: skip
     parts += ["## Nodes", ""]
     if snap.judged:
         node_rows = [
