@@ -171,6 +171,18 @@ def devnet(
             "--sampled", "-s", help=f"s: segments opened per contribution (default {D.sampled_segments})."
         ),
     ] = None,
+    sampling: Annotated[
+        str | None,
+        typer.Option(
+            "--sampling",
+            help=f"windows: each checker replays its own window of w segments; segments: every checker "
+            f"opens the same s (default {D.sampling.value}, specs §2.3).",
+        ),
+    ] = None,
+    window_segments: Annotated[
+        int | None,
+        typer.Option("--window", "-w", help=f"w: segments per checker window (default {D.window_segments})."),
+    ] = None,
     verifiers_per_contribution: Annotated[
         int | None,
         typer.Option(
@@ -279,6 +291,8 @@ def devnet(
         "inner_steps": inner_steps,
         "segment_len": segment_len,
         "sampled_segments": sampled_segments,
+        "sampling": sampling,
+        "window_segments": window_segments,
         "verifiers_per_contribution": verifiers_per_contribution,
         "codec": codec,
         "sparse_chunk": sparse_chunk,

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from protocol.config import Codec, Overlap, ReplayMode
+from protocol.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
+from protocol.config import DEFAULT_WINDOW_SEGMENTS, Codec, Overlap, ReplayMode, Sampling
 
 ParamValue = int | float | str | bool
 
@@ -85,7 +86,14 @@ class DevnetConfig(Strict):
     outer_steps: int = Field(6, ge=1, le=1000)
     inner_steps: int = Field(50, ge=1, description="H")
     segment_len: int = Field(5, ge=1, description="k")
-    sampled_segments: int = Field(2, ge=1, description="s")
+    sampled_segments: int = Field(2, ge=1, description="s (sampling = segments)")
+    sampling: Sampling = Field(Sampling.WINDOWS, description="windows: each checker its own window (§2.3)")
+    window_segments: int = Field(DEFAULT_WINDOW_SEGMENTS, ge=1, description="w (sampling = windows)")
+    state_chunk_bytes: int = Field(
+        DEFAULT_CHUNK_BYTES, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES,
+        description="c: chunk size of every content hash (a devnet's states are small: smaller chunks "
+        "fetch θ_H's parameters alone)",
+    )  # fmt: skip
     verifiers_per_contribution: int = Field(1, ge=1, description="v")
     batch_size: int = Field(8, ge=1, le=1024)
     seq_len: int = Field(64, ge=2, le=4096)
