@@ -251,6 +251,34 @@ def devnet(
     tolerance_exp_avg_sq: Annotated[
         float | None, typer.Option("--tolerance-exp-avg-sq", help="Tolerance-mode threshold on exp_avg_sq.")
     ] = None,
+    tolerance_update: Annotated[
+        float | None,
+        typer.Option(
+            "--tolerance-update",
+            help="Tolerance-mode threshold on exp_avg in update space (default: --tolerance-exp-avg's).",
+        ),
+    ] = None,
+    tolerance_denominator: Annotated[
+        float | None,
+        typer.Option(
+            "--tolerance-denominator",
+            help="Tolerance-mode threshold on AdamW's denominator (default: --tolerance-exp-avg-sq's).",
+        ),
+    ] = None,
+    tolerance_cumulative: Annotated[
+        float | None,
+        typer.Option(
+            "--tolerance-cumulative",
+            help="Tolerance-mode threshold on the opened segments' summed parameter residuals (default off).",
+        ),
+    ] = None,
+    tolerance_cumulative_update: Annotated[
+        float | None,
+        typer.Option(
+            "--tolerance-cumulative-update",
+            help="Tolerance-mode threshold on their summed update-space residuals (default off).",
+        ),
+    ] = None,
     seed: Annotated[
         int | None, typer.Option(help=f"Run seed: model init, data, batches (default {D.seed}).")
     ] = None,
@@ -307,6 +335,10 @@ def devnet(
         "tolerance": tolerance,
         "tolerance_exp_avg": tolerance_exp_avg,
         "tolerance_exp_avg_sq": tolerance_exp_avg_sq,
+        "tolerance_update": tolerance_update,
+        "tolerance_denominator": tolerance_denominator,
+        "tolerance_cumulative": tolerance_cumulative,
+        "tolerance_cumulative_update": tolerance_cumulative_update,
         "seed": seed,
         "timeout": timeout,
         "out_dir": out_dir,

@@ -112,6 +112,18 @@ class DevnetConfig(Strict):
     tolerance: float = Field(0.0, ge=0, description="tolerance mode: threshold on the parameters")
     tolerance_exp_avg: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg")
     tolerance_exp_avg_sq: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg_sq")
+    tolerance_update: float = Field(
+        0.0, ge=0, description="tolerance mode: exp_avg in update space (0 = tolerance_exp_avg)"
+    )
+    tolerance_denominator: float = Field(
+        0.0, ge=0, description="tolerance mode: AdamW's denominator (0 = tolerance_exp_avg_sq)"
+    )
+    tolerance_cumulative: float = Field(
+        0.0, ge=0, description="tolerance mode: opened segments' summed param residuals (0 = off)"
+    )
+    tolerance_cumulative_update: float = Field(
+        0.0, ge=0, description="tolerance mode: their summed update-space residuals (0 = off)"
+    )
     seed: int = Field(0, ge=0, lt=2**63)
     threads: int = Field(1, ge=1, le=64)
     phases: PhaseSeconds = PhaseSeconds()

@@ -9,6 +9,7 @@ the right loss.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from nodekit.node import NodeError
-from protocol.config import ModelSpec, RunConfig
+from protocol.config import ModelSpec, ReplayMode, RunConfig
 from protocol.inner import FP32_BYTES, GRAD_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM
 from protocol.modelsize import ModelSize, ModelSizeError, factory_config, model_size
 from replay import hf
@@ -91,6 +92,20 @@ exp_avg_sq (4 + 4); G_0 is the parameters and a zero outer momentum (4 + 4). A f
 peak: the global model G (8 B/param) is memory-mapped from disk, and spill buffers and fetched
 states come on top (bench.scale measures peaks of 1.84x / 2.00x the 12 B/param training state for
 host / verifier), so a node that passes may still need more, while one that fails cannot run."""
+
+
+CUMULATIVE_BYTES_PER_PARAM = 2 * FP32_BYTES
+"""A tolerance-mode verification that sums its opened segments' residuals (specs §6.4,
+`verifier.tolerance.Cumulative`) keeps two float32 vectors of the parameters' size for the whole
+verification, per replay worker, in host memory whatever the replay device."""
+
+
+def sums_residuals(cfg: RunConfig) -> bool:
+    """Whether a verification of this run keeps the summed-residual accumulators: tolerance mode
+    with a summed-residual threshold set (unset, the checks and their 8 B/param are skipped)."""
+    return cfg.replay_mode is ReplayMode.TOLERANCE and any(
+        math.isfinite(t) for t in cfg.cumulative_tolerances.values()
+    )
 
 
 class ModelTooLarge(NodeError):
@@ -188,7 +203,9 @@ def check_fits(
     checked against memory, and then against a build on the meta device: they must agree. Needed:
     `BYTES_PER_PARAM[holder]` per parameter per model (`workers` replay models for a verifier) plus
     the activation floor, on `device`; off CPU each model is first built in host memory (4 B/param).
-    `available` overrides the memory probe (tests). Given a bare `ModelSpec`, no activations count.
+    A verifier of a run that sums residuals (`sums_residuals`) also holds its accumulators
+    (`CUMULATIVE_BYTES_PER_PARAM` per worker) in host memory. `available` overrides the memory
+    probe (tests). Given a bare `ModelSpec`, no activations and no accumulators count.
     """
     spec = cfg.model if isinstance(cfg, RunConfig) else cfg
     try:
@@ -200,10 +217,18 @@ def check_fits(
     dev = torch.device(device)
     models = max(1, workers) if holder is Holder.VERIFIER else 1
     floor = activation_floor(cfg, size) if isinstance(cfg, RunConfig) and holder is not Holder.BUILD else 0
-    per = f"{models} x ({BYTES_PER_PARAM[holder]} B/param + {floor / 2**30:,.1f} GiB activations)"
-    _require(models * (BYTES_PER_PARAM[holder] * size.params + floor), dev, size, holder, per, available)
-    if dev.type != "cpu":  # each model is built in host memory first, then moved
-        _require(4 * size.params, torch.device("cpu"), size, holder, "4 B/param to build it", available)
+    cpu = dev.type == "cpu"
+    summed = holder is Holder.VERIFIER and isinstance(cfg, RunConfig) and sums_residuals(cfg)
+    acc = CUMULATIVE_BYTES_PER_PARAM if summed else 0  # in host memory, on the device or not
+    sums = f" + {acc} B/param summed residuals" if acc else ""
+    held = BYTES_PER_PARAM[holder] + (acc if cpu else 0)
+    gib = f"{floor / 2**30:,.1f} GiB activations"
+    per = f"{models} x ({BYTES_PER_PARAM[holder]} B/param{sums if cpu else ''} + {gib})"
+    _require(models * (held * size.params + floor), dev, size, holder, per, available)
+    if not cpu:  # each model is built in host memory first, then moved; the sums stay there
+        host = (FP32_BYTES + models * acc) * size.params
+        why = f"{FP32_BYTES} B/param to build it" + (f", {models} x ({sums[3:]})" if acc else "")
+        _require(host, torch.device("cpu"), size, holder, why, available)
     try:
         counted = meta_param_count(spec, allow_list)
     except (BadModelSpec, ModelNotAllowed) as e:

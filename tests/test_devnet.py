@@ -185,6 +185,20 @@ def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
     assert other.initial_model_hash != rc.initial_model_hash  # the seed reaches the init
 
 
+def test_every_tolerance_threshold_reaches_the_run_config() -> None:
+    """Issue 36 (3): the devnet sets the update-space and summed-residual thresholds too."""
+    from gonka_diloco.devnet import run_config
+    from gonka_diloco.devnet_config import load_config
+    from protocol.config import ReplayMode
+
+    names = ("tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq", "tolerance_update",
+             "tolerance_denominator", "tolerance_cumulative", "tolerance_cumulative_update")  # fmt: skip
+    values = {n: 0.01 * (i + 1) for i, n in enumerate(names)}
+    rc = run_config(load_config(None, {"model_size": "tiny", "replay_mode": "tolerance", **values}))
+    assert rc.replay_mode is ReplayMode.TOLERANCE
+    assert {n: getattr(rc, n) for n in names} == values
+
+
 def test_codec_sparse_gets_the_recommended_chunk_and_k() -> None:
     """`--codec sparse`: C = 4096, k = 64 (specs §4.1) unless set; the dense codecs keep theirs."""
     from gonka_diloco.devnet import run_config
