@@ -325,7 +325,7 @@ def export(
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
         try:
-            _write(store, final, who, layout, tmp, dtype, tok)
+            _write(store, final, who, layout, tmp, dtype, tok, out.name)
         except StoreError as e:  # this copy is not G's (corrupted, truncated, another layout)
             shutil.rmtree(tmp, ignore_errors=True)
             reasons.append(f"{who}: {_short(e)}")
@@ -343,8 +343,9 @@ def export(
 
 def _write(
     store: ContentStore, final: Final, who: str, layout: dict[str, tuple[int, ...]], out: Path, dtype: str,
-    tok: Tokenizer,
+    tok: Tokenizer, name: str,
 ) -> None:  # fmt: skip
+    """Every file of the folder into `out` (a temp folder that becomes `name`)."""
     prov = final.prov.with_source(who)
     spec = final.cfg.model
     weights = write_safetensors(store, prov.model_hash, layout, spec.factory, out / WEIGHTS_FILE, dtype, prov)
@@ -368,7 +369,7 @@ def _write(
 
             tok_cfg["eos_token"] = Tok.from_str(raw.decode()).id_to_token(tok.eot)
         (out / TOKENIZER_CONFIG_FILE).write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    (out / MODEL_FILE).write_text(model_md(final.cfg, prov, weights, tok, out.name))
+    (out / MODEL_FILE).write_text(model_md(final.cfg, prov, weights, tok, name))
     for p in out.iterdir():
         with open(p, "rb") as f:
             os.fsync(f.fileno())
@@ -484,14 +485,14 @@ def model_md(cfg: RunConfig, prov: Provenance, weights: dict[str, Any], tok: Tok
     if cfg.model.factory in hf.FACTORIES:
         load = (
             "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            f'model = AutoModelForCausalLM.from_pretrained("{folder}")\n'
+            f'model = AutoModelForCausalLM.from_pretrained("{folder}")  # this folder\n'
             + (f'tokenizer = AutoTokenizer.from_pretrained("{folder}")\n' if tok.kind != "unknown" else "")
             + "```"
         )
     else:
         load = (
             "```python\nfrom replay.spec import load_exported  # the gonka-diloco package\n"
-            f'model = load_exported("{folder}")  # model(token_ids) -> logits\n```'
+            f'model = load_exported("{folder}")  # this folder; model(token_ids) -> logits\n```'
         )
     return f"""# gonka-diloco run {prov.run_id}: final model
 

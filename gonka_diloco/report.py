@@ -522,8 +522,9 @@ def _final_model_section(snap: Snapshot) -> list[str]:
     parts = [
         "## Final model",
         "",
-        f"Exported to `{m.folder}/` (global model `{m.model_hash[:16]}`; see its MODEL.md): "
-        f"`gonka-diloco model sample {m.folder} --prompt {json.dumps(m.prompt)}` continues a prompt.",
+        f"Exported to `{m.folder}/` in this run folder (global model `{m.model_hash[:16]}`; its MODEL.md "
+        f"says where it came from). Here, `gonka-diloco model sample {m.folder} --prompt "
+        f"{json.dumps(m.prompt)}` continues a prompt.",
         "",
     ]
     if m.samples:

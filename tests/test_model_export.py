@@ -26,6 +26,7 @@ from gonka_diloco.export import (
     fetch_params,
     final_from_chain,
     final_from_folder,
+    run_tokenizer,
     verify_export,
 )
 from gonka_diloco.report import ContributionRow, NodeRow, Snapshot, StepRow
@@ -378,3 +379,30 @@ def test_the_report_names_the_exported_folder_and_shows_both_samples() -> None:
     md = render_markdown(snap, has_plot=False)
     assert "## Final model" in md and "Exported to `model/`" in md
     assert '  G_0: "xq#"' in md and 'final: "the the"' in md and '"**HAMLET**  \\n"' in md
+
+
+def test_a_run_on_a_prepared_dataset_ships_its_tokenizer(tmp_path: Path) -> None:
+    import transformers
+
+    from replay.prepare import PrepareOptions, load_tokenizer, prepare
+
+    (tmp_path / "corpus.txt").write_text("The verifier replays the sampled segments of every host.\n" * 40)
+    manifest = prepare([str(tmp_path / "corpus.txt")], tmp_path / "ds", PrepareOptions(train_bpe=300))
+    spec = ModelSpec(factory="trainer.hf:llama", config=spec_config("llama", "tiny", vocab_size=300))
+    folder = run_folder(tmp_path, spec, trained(spec), dataset=manifest.manifest_hash())
+    with pytest.raises(ExportError, match=r"^dataset 'Shakespeare' has manifest \w{12}, the run's is"):
+        run_tokenizer(final_from_folder(folder).cfg, "")  # a dataset that is not the run's
+    final = final_from_folder(folder)
+    final.dataset = str(tmp_path / "ds")
+    out, _ = export(final, tmp_path / "out")
+    ours = load_tokenizer(tmp_path / "ds", manifest)
+    text = "The verifier replays"
+    assert transformers.AutoTokenizer.from_pretrained(out)(text)["input_ids"] == ours.encode([text])[0]
+    config = json.loads((out / "config.json").read_text())
+    assert config["eos_token_id"] == manifest.tokenizer.eot_token == 0 and config["vocab_size"] == 300
+    assert "the dataset's tokenizer" in (out / "MODEL.md").read_text()
+    model = load_exported(out)
+    written = continue_text(
+        model, folder_tokenizer(out), text, 128, Settings(tokens=8, temperature=1.0, seed=3)
+    )
+    assert isinstance(written, str)
