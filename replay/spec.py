@@ -258,9 +258,9 @@ def export_name(factory: str, name: str) -> str:
 def exported_section(folder: Path | str) -> dict[str, object]:
     """config.json's `gonka_diloco` section, checked to be one this version reads."""
     path = Path(folder) / CONFIG_FILE
+    if not Path(folder).is_dir():
+        raise ExportedModelError(f"{folder}: no such model folder")
     try:
-        if not Path(folder).is_dir():
-            raise ExportedModelError(f"{folder}: no such model folder")
         if path.stat().st_size > MAX_EXPORT_CONFIG_BYTES:
             raise ExportedModelError(f"{path} is larger than {MAX_EXPORT_CONFIG_BYTES} bytes")
         data = json.loads(path.read_bytes())

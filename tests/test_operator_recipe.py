@@ -87,12 +87,14 @@ def test_the_readme_recipe_runs_as_separate_processes(tmp_path: Path) -> None:
         text = (tmp_path / "report" / "report.md").read_text()
         # 6. the trained model out, after the nodes exited: nobody serves it any more, but it is on
         # the hosts' disks, read there by the hash the chain adopted
-        gone = _cli("model", "export", "--chain", url, "--run", "1", "--out", "fetched", env=env, cwd=tmp_path)
-        assert gone.returncode == 1 and gone.stderr.startswith("error: no node of run 1 serves its final model")
-        exported = _cli("model", "export", "mine/host-0", "--chain", url, "--run", "1", "--out", "model",
-                        env=env, cwd=tmp_path)  # fmt: skip
+        chain_run = ("--chain", url, "--run", "1")
+        gone = _cli("model", "export", *chain_run, "--out", "fetched", env=env, cwd=tmp_path)
+        assert gone.returncode == 1
+        assert gone.stderr.startswith("error: no node of run 1 serves its final model"), gone.stderr
+        exported = _cli("model", "export", "mine/host-0", *chain_run, "--out", "model", env=env, cwd=tmp_path)
         assert exported.returncode == 0, exported.stdout + exported.stderr
-        sampled = _cli("model", "sample", "model", "--prompt", "To be", "--tokens", "20", env=env, cwd=tmp_path)
+        sample = ("model", "sample", "model", "--prompt", "To be", "--tokens", "20")
+        sampled = _cli(*sample, env=env, cwd=tmp_path)
         assert sampled.returncode == 0 and sampled.stdout.startswith("To be"), sampled.stdout + sampled.stderr
     finally:
         for node in nodes:
