@@ -439,6 +439,7 @@ def write_safetensors(
 
         put(struct.pack("<Q", len(head)) + head)
         if dtype == "float32":  # the stored bytes as they are: one verified chunk at a time
+            params.release()  # (it checked the header; its cached chunk is not needed)
             start, end = offsets[names[0]][0], offsets[names[-1]][1]
             contiguous = all(offsets[a][1] == offsets[b][0] for a, b in itertools.pairwise(names))
             if not contiguous or end - start != pos:  # pragma: no cover - the canonical form guarantees it
