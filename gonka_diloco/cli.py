@@ -39,6 +39,10 @@ LAZY: dict[str, tuple[str, str]] = {
     "data": ("gonka_diloco.data_cli", "Prepare token-shard datasets from text or JSONL (`data prepare`)."),
     "status": ("gonka_diloco.status_cli", "Show runs, outer steps, phases, contributions and verdicts."),
     "plan": ("gonka_diloco.plan_cli", "What a run costs and how safe it is, per outer step (and --sweep)."),
+    "model": (
+        "gonka_diloco.model_cli",
+        "Export a finished run's trained model (`model export`), and write text with it (`model sample`).",
+    ),
 }
 """name -> (module with a typer `app`, the one-line help shown without importing it)."""
 

@@ -132,6 +132,17 @@ class ChainStats(Model):
         return max(0, self.last_height - self.first_height + 1)
 
 
+class FinalModelRow(Model):
+    """The devnet's export of its final model, and what G_0 and the final model write after one
+    prompt (reproducible: greedy, or sampled from a fixed seed)."""
+
+    folder: str  # relative to the run folder
+    model_hash: str
+    prompt: str = ""
+    settings: str = ""  # "greedy, 80 tokens"
+    samples: dict[str, str] = Field(default_factory=dict)  # "G_0" / "final" -> the continuation
+
+
 class Snapshot(Model):
     run_id: int
     source: str = "devnet"  # devnet: nodes we started (judged); chain: any run on a chain (described)
@@ -148,6 +159,8 @@ class Snapshot(Model):
     wall_s: float | None = None
     failures: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)  # what could not be read or does not add up, one each
+    chain_id: str = ""
+    final_model: FinalModelRow | None = None  # a devnet's export of its final model
 
     @property
     def judged(self) -> bool:
@@ -366,6 +379,8 @@ def summary_rows(snap: Snapshot) -> list[tuple[str, str]]:
         ),
         ("rewards paid", _gnk(snap.chain.rewards)),
     ]
+    if snap.final_model is not None:
+        rows.append(("final model", f"{snap.final_model.folder}/ ({snap.final_model.model_hash[:12]})"))
     if snap.judged:
         rows.append(("wall time", f"{snap.wall_s:.0f} s" if snap.wall_s is not None else "n/a"))
         rows.append(("result", "PASS" if not snap.failures else "FAIL"))
@@ -436,6 +451,7 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
         seen = snap.tokens_seen()
         rows = [[str(k), f"{seen.get(k, 0):,}", f"{v:.4f}", f"{perplexity(v):.2f}"] for k, v in val.items()]
         parts += [_table(["outer step", "tokens seen", "validation loss", "perplexity"], rows), ""]
+    parts += _final_model_section(snap)
     parts += ["## Contributions", ""]
     rows = [
         [
@@ -553,6 +569,26 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
             "",
         ]
     return "\n".join(parts)
+
+
+def _final_model_section(snap: Snapshot) -> list[str]:
+    """Where the final model was exported, how to use it, and what G_0 and it write."""
+    m = snap.final_model
+    if m is None:
+        return []
+    parts = [
+        "## Final model",
+        "",
+        f"Exported to `{m.folder}/` in this run folder (global model `{m.model_hash[:16]}`; its MODEL.md "
+        f"says where it came from). Here, `gonka-diloco model sample {m.folder} --prompt "
+        f"{json.dumps(m.prompt)}` continues a prompt.",
+        "",
+    ]
+    if m.samples:
+        parts += [f"After {json.dumps(m.prompt)} ({m.settings}):", "", "```"]
+        parts += [f"{name:>5}: {json.dumps(text, ensure_ascii=False)}" for name, text in m.samples.items()]
+        parts += ["```", ""]
+    return parts
 
 
 def write_report(snap: Snapshot, folder: Path) -> Path:

@@ -9,6 +9,7 @@ the right loss.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -174,6 +175,14 @@ def _cgroup_room() -> int | None:
 def meta_param_count(spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST) -> int:
     """The model built on torch's meta device (shapes only, nothing allocated): the numel of
     `named_parameters()`, shared tensors once, exactly what a training state holds."""
+    return sum(torch.Size(shape).numel() for shape in meta_layout(spec, allow_list).values())
+
+
+def meta_layout(
+    spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST
+) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of the model built on the meta device: the layout of a run's global
+    model, known before a byte of it is allocated or fetched (whatever the model's size)."""
     factory = allow_list.get(spec.factory)
     if factory is None:
         raise ModelNotAllowed(f"model factory {spec.factory!r} is not on this node's allow-list")
@@ -185,7 +194,7 @@ def meta_param_count(spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAUL
     module = made[0] if isinstance(made, tuple) else made
     if not isinstance(module, nn.Module):
         raise BadModelSpec(f"{spec.factory} must return an nn.Module or (nn.Module, loss_fn)")
-    return sum(p.numel() for _, p in module.named_parameters())
+    return {n: tuple(p.shape) for n, p in module.named_parameters()}
 
 
 def check_fits(
@@ -249,3 +258,86 @@ def _require(
             f"{needed / 2**30:,.1f} GiB on {device} ({why}); this machine has "
             f"{room / 2**30:,.1f} GiB available"
         )
+
+
+# ---- a model `gonka-diloco model export` wrote, loaded back (the built-in GPT has no other loader)
+
+EXPORT_FORMAT = "gonka-diloco/model/v1"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+EXPORT_KEY = "gonka_diloco"
+"""config.json's section that says what the folder is: the format, the run's `ModelSpec`, provenance."""
+MAX_EXPORT_CONFIG_BYTES = 1 << 20
+
+
+class ExportedModelError(ValueError):
+    """An exported model folder that cannot be loaded; the message names the file and why."""
+
+
+def export_name(factory: str, name: str) -> str:
+    """The name a parameter has in an exported model.safetensors: a `transformers` model's own
+    (`model.layers.0…`, so `from_pretrained` loads it), else the project's."""
+    return name.removeprefix("lm.") if factory in hf.FACTORIES else name
+
+
+def exported_section(folder: Path | str) -> dict[str, object]:
+    """config.json's `gonka_diloco` section, checked to be one this version reads."""
+    path = Path(folder) / CONFIG_FILE
+    if not Path(folder).is_dir():
+        raise ExportedModelError(f"{folder}: no such model folder")
+    try:
+        if path.stat().st_size > MAX_EXPORT_CONFIG_BYTES:
+            raise ExportedModelError(f"{path} is larger than {MAX_EXPORT_CONFIG_BYTES} bytes")
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        what = "is it a `gonka-diloco model export` folder?"
+        raise ExportedModelError(f"{folder}: no {CONFIG_FILE} ({what})") from None
+    except (OSError, ValueError) as e:
+        raise ExportedModelError(f"{path}: not readable JSON ({e})") from None
+    section = data.get(EXPORT_KEY) if isinstance(data, dict) else None
+    if not isinstance(section, dict) or section.get("format") != EXPORT_FORMAT:
+        raise ExportedModelError(f"{path}: no {EXPORT_KEY} section of format {EXPORT_FORMAT} (not an export)")
+    return section
+
+
+def load_exported(folder: Path | str, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST) -> nn.Module:
+    """The model of an exported folder in eval mode: built from its `ModelSpec` by a factory on
+    `allow_list` (a folder never makes us import code), then filled tensor by tensor from
+    model.safetensors (float32 whatever the file's dtype; names and shapes checked; no second copy
+    of the model; never unpickled). Its forward is the training forward: `model(idx) -> logits`."""
+    from safetensors import SafetensorError, safe_open
+
+    section = exported_section(folder)
+    config = Path(folder) / CONFIG_FILE
+    try:
+        spec = ModelSpec.model_validate(section.get("model_spec"))
+    except ValueError as e:
+        raise ExportedModelError(f"{config}: {EXPORT_KEY}.model_spec is not a model spec ({e})") from None
+    try:
+        model = build_model(spec, allow_list)
+    except (ModelNotAllowed, BadModelSpec) as e:
+        raise ExportedModelError(f"{config}: {e}") from None
+    params = {export_name(spec.factory, n): p for n, p in model.named_parameters()}
+    weights = Path(folder) / WEIGHTS_FILE
+    try:
+        with safe_open(str(weights), framework="pt") as f, torch.no_grad():
+            keys = set(f.keys())
+            if keys != set(params):
+                odd = sorted(keys ^ set(params))
+                raise ExportedModelError(
+                    f"{weights}: its tensors are not the model's ({len(odd)} differ, e.g. {odd[:3]})"
+                )
+            for name in sorted(params):
+                t = f.get_tensor(name)
+                if tuple(t.shape) != tuple(params[name].shape) or not t.is_floating_point():
+                    raise ExportedModelError(
+                        f"{weights}: {name} is {t.dtype}{list(t.shape)}, the model needs "
+                        f"float{list(params[name].shape)}"
+                    )
+                params[name].copy_(t)
+                del t
+    except FileNotFoundError:
+        raise ExportedModelError(f"{folder}: no {WEIGHTS_FILE}") from None
+    except (SafetensorError, OSError) as e:
+        raise ExportedModelError(f"{weights}: not a readable safetensors file ({e})") from None
+    return model.eval()

@@ -74,6 +74,9 @@ def test_top_level_help_does_not_import_the_nodes() -> None:
         ["chain"],
         ["host"],
         ["verifier"],
+        ["model"],
+        ["model", "export"],
+        ["model", "sample"],
     ],
 )
 def test_every_command_has_help(args: list[str]) -> None:

@@ -262,7 +262,8 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path, overlap: str) -
     if overlap == "eager":  # and windows that close once all they wait for is in (specs §2.3.1)
         args.append("--early-close")
     result = CliRunner().invoke(app, args)
-    [folder] = (tmp_path / "runs").iterdir()
+    [folder] = [p for p in (tmp_path / "runs").iterdir() if not p.is_symlink()]
+    assert (tmp_path / "runs" / "latest").resolve() == folder  # runs/latest: the newest run folder
     assert leftover_processes(str(folder)) == []
     assert result.exit_code == 0, result.output + (folder / "logs").as_posix()
     assert f"devnet: report at {folder / 'report.md'}" in result.output and "PASS" in result.output
@@ -295,4 +296,9 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path, overlap: str) -
     assert snap.chain.txs and snap.chain.rewards > 0 and snap.chain.host_slashed > 0
     text = (folder / "report.md").read_text()
     assert "| result | PASS |" in text and (folder / "loss.png").exists()
+    # the finished run's final model, exported from the honest hosts' disks after the nodes stopped
+    assert snap.final_model is not None and snap.final_model.model_hash == snap.steps[-1].result_hash
+    assert set(snap.final_model.samples) == {"G_0", "final"} and "## Final model" in text
+    assert {p.name for p in (folder / "model").iterdir()} >= {"model.safetensors", "config.json", "MODEL.md"}
+    assert f"exported to {folder / 'model'} (read from host-0's disk)" in result.output
     assert {p.name for p in (folder / "logs").iterdir()} >= {"chain.log", "host-0.log", "verifier-1.log"}
