@@ -49,6 +49,7 @@ from gonka_diloco.plan import (
     Sharding,
     detection_probability,
     plan,
+    run_default,
     sweep,
 )
 from gonka_diloco.plan_constants import RESULTS, SCALE_EFFICIENCY_KEYS, load_constants
@@ -257,6 +258,8 @@ def devnet_inputs(setting: dict[str, Any], run_cfg: dict[str, Any], params: int,
         params=float(params), hosts=setting["hosts"], verifier_nodes=setting["verifiers"], gpus_per_host=1,
         cpu_cores=1, step_seconds=step_s, up=LOCAL_LINK, down=LOCAL_LINK, disk_write=LOCAL_LINK,
         H=run_cfg["inner_steps"], k=run_cfg["segment_len"], s=run_cfg["sampled_segments"],
+        sampling=run_cfg.get("sampling") or run_default("sampling"),  # omitted from run.json at the default
+        w=run_cfg.get("window_segments") or run_default("window_segments"),
         v=run_cfg["verifiers_per_contribution"], m=1, codec=run_cfg["codec"],
         tokens_per_step=run_cfg["batch_size"] * run_cfg["seq_len"], pipeline=Pipeline.TODAY, audit_p=0.0,
         block_seconds=setting["block_interval"], sharding=Sharding.NONE,
@@ -493,9 +496,11 @@ def plot_30b(c: Constants, rec: dict[str, Any] | None) -> list[dict[str, Any]]:
     base = replace(H100_1GBIT, params=30e9)
     if rec:
         r = rec["inputs"]
-        base = replace(base, k=r["k"], s=r["s"], v=r["v"], m=r["m"], codec=r["codec"], sharding=r["sharding"])
+        base = replace(base, k=r["k"], s=r["s"], v=r["v"], m=r["m"], codec=r["codec"], sharding=r["sharding"],
+                       sampling=r.get("sampling", base.sampling), w=r.get("w", base.w))  # fmt: skip
+    least = 1 if base.windowed else base.s
     hs = [
-        h for h in (25, 50, 100, 200, 250, 500, 1000, 2000, 4000) if h % base.k == 0 and h // base.k >= base.s
+        h for h in (25, 50, 100, 200, 250, 500, 1000, 2000, 4000) if h % base.k == 0 and h // base.k >= least
     ]
     points = []
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -509,7 +514,8 @@ def plot_30b(c: Constants, rec: dict[str, Any] | None) -> list[dict[str, Any]]:
                 points.append({"gbit": gbit, "H": h, "overlap": overlap, "utilization": u})
             ax.plot(hs, ys, style, color=color, marker=".",
                     label=f"{gbit:g} Gbit/s{' overlapped' if overlap else ' sequential'}")  # fmt: skip
-    title = f"30B on 16 × 8×H100: k={base.k} s={base.s} v={base.v} m={base.m} {base.codec}"
+    sample = f"w={base.w}" if base.windowed else f"s={base.s}"
+    title = f"30B on 16 × 8×H100: k={base.k} {sample} v={base.v} m={base.m} {base.codec}"
     ax.set(xscale="log", xlabel="H (inner steps per outer step)", ylabel="compute utilization",
            ylim=(0, 1.02), title=title)  # fmt: skip
     ax.axhline(0.9, color="grey", lw=0.5)
