@@ -976,6 +976,19 @@ def audit_slash(i: Inputs) -> float:
     return i.host_stake * i.audit_slash_bps / 10_000
 
 
+def most_profitable_fake(i: Inputs, train_seconds: float) -> tuple[int, float, float]:
+    """(segments, expected profit, deterring slash) of the lazy fake that pays best, over 1 … n
+    faked segments: the floors below bound two points of that curve, not its maximum."""
+    best = (0, -math.inf, 0.0)
+    for faked in range(1, i.n + 1):
+        f = faked / i.n
+        cheat, gain = lazy_cheat(i, f), cheat_gain(i, f, train_seconds)
+        profit = expected_profit(cheat, gain, host_slash(i), audit_slash(i))
+        if profit > best[1]:
+            best = (faked, profit, min_deterrent_slash(cheat, gain))
+    return best
+
+
 def economics(i: Inputs, train_seconds: float) -> dict[str, Any]:
     """Issue 34's floors: a host faking half its segments is caught in ≥ 90% of outer steps and
     expects a loss; one faking one segment is caught in ≥ 20%; a fake Δ reaches the model in ≤ 1%
@@ -986,6 +999,7 @@ def economics(i: Inputs, train_seconds: float) -> dict[str, Any]:
     one = one_segment_detection(i)
     bound = collusion_share_bound(i.v, i.audit_p, i.auditors, FAKE_DELTA_CEILING, COALITION)
     at_coalition = fake_delta_success(COALITION, i.v, i.audit_p, i.auditors)
+    worst, worst_profit, worst_slash = most_profitable_fake(i, train_seconds)
     ok = {
         "half_fake": caught >= HALF_FAKE_CAUGHT and profit < 0,
         "one_segment": one >= ONE_SEGMENT_CAUGHT,
@@ -994,6 +1008,7 @@ def economics(i: Inputs, train_seconds: float) -> dict[str, Any]:
     return {
         "half_fake_caught": caught, "half_fake_profit": profit, "one_segment_caught": one,
         "fake_delta_sigma_bound": bound, "fake_delta_success_at_coalition": at_coalition,
+        "best_fake_segments": worst, "best_fake_profit": worst_profit, "best_fake_min_slash": worst_slash,
         "meets": ok, "meets_all": all(ok.values()), "at_run_defaults": at_run_defaults(i),
     }  # fmt: skip
 

@@ -387,7 +387,10 @@ def economics_sentence(e: dict[str, Any]) -> str:
         f"{fmt_gnk(e['half_fake_profit'])} (< 0){mark('half_fake')}; a one-segment fake is caught in "
         f"{fmt_pct(e['one_segment_caught'])} (≥ {fmt_pct(ONE_SEGMENT_CAUGHT)}){mark('one_segment')}; "
         f"{coalition}."
-    )
+        + (f" Beyond the floors: faking {e['best_fake_segments']} segments pays best, "
+           f"{fmt_gnk(e['best_fake_profit'])} expected per outer step (deterred from a slash of "
+           f"{fmt_gnk(e['best_fake_min_slash'])})." if e["best_fake_profit"] > 0 else "")
+    )  # fmt: skip
 
 
 def window_rows(ch: WindowChoice, default_w: int) -> list[tuple[str, str]]:

@@ -369,6 +369,21 @@ def test_economics_at_the_defaults_and_off_them() -> None:
     assert text.startswith("these settings do not meet") and text.count("NOT MET") == 3
 
 
+@pytest.mark.parametrize("sampling", list(Sampling))
+def test_most_profitable_fake_is_the_top_of_the_profit_curve(sampling: Sampling) -> None:
+    i = Inputs(H=50, k=5, w=2, s=3, sampling=sampling)
+    train = 3600.0
+    slash, a_slash = pm.host_slash(i), pm.audit_slash(i)
+    curve = {
+        j: pm.expected_profit(pm.lazy_cheat(i, j / 10), pm.cheat_gain(i, j / 10, train), slash, a_slash)
+        for j in range(1, 11)
+    }
+    faked, profit, deterring = pm.most_profitable_fake(i, train)
+    assert profit == max(curve.values()) and curve[faked] == profit
+    cheat = pm.lazy_cheat(i, faked / 10)
+    assert deterring == pytest.approx(pm.min_deterrent_slash(cheat, pm.cheat_gain(i, faked / 10, train)))
+
+
 def test_choose_window() -> None:
     i = Inputs()
     ch = pm.choose_window(i, C)
