@@ -510,7 +510,7 @@ def from_zero_check_bytes(params: float, n: int, w: int, ef: float = 0.0) -> flo
     return OPTIMIZER_BYTES_PER_PARAM * params + (B - 1) / B * PARAM_BYTES_PER_PARAM * params + ef
 
 
-def replay_segments(i: Inputs) -> float:
+def replay_segments_per_check(i: Inputs) -> float:
     """Segments one check replays: s (every opened segment) or its window's n/B."""
     return window_replay_segments(i.n, i.window_len) if i.windowed else float(i.s)
 
@@ -549,7 +549,8 @@ def replay_share(i: Inputs) -> float:
     """Verifiers' replay GPU time ÷ the host's training compute: checks × segments per check × k/H
     (× the offload overhead, which a replay pays too)."""
     t = step_seconds(i)
-    return checks_per_contribution(i) * replay_segments(i) * i.k / i.H * (t + step_overhead_seconds(i)) / t
+    overhead = (t + step_overhead_seconds(i)) / t
+    return checks_per_contribution(i) * replay_segments_per_check(i) * i.k / i.H * overhead
 
 
 def contributions_per_verifier(i: Inputs) -> float:
@@ -818,7 +819,7 @@ def verify_seconds(i: Inputs, c: Constants, t_step: float) -> dict[str, float]:
     per = verifier_bytes_per_contribution(i, c)
     load = max(1.0, contributions_per_verifier(i))
     data = max(checks_per_contribution(i) * per / i.up, load * per / i.down)
-    replay = replay_segments(i) * i.k * t_step
+    replay = replay_segments_per_check(i) * i.k * t_step
     first = min(per / i.down, replay)
     return {"data": data, "replay": load * replay, "total": max(data, load * replay) + first}
 
@@ -1088,7 +1089,7 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
             "bytes_per_contribution": verifier_bytes_per_contribution(i, c),
             "checks_per_contribution": checks_per_contribution(i),
             "states_per_contribution": states_per_contribution(i, c),
-            "replay_segments_per_check": replay_segments(i),
+            "replay_segments_per_check": replay_segments_per_check(i),
             "window_segments": float(i.window_len if i.windowed else 0),
             "blocks": float(i.blocks if i.windowed else 0),
             "one_segment_detection": one_segment_detection(i),

@@ -215,10 +215,10 @@ def test_window_replay_and_the_start_from_segment_zero() -> None:
     assert pm.from_zero_segments(9, 3) == pytest.approx((3 + 6 + 9) / 3)
     assert pm.from_zero_check_bytes(1e9, 10, 3) == pytest.approx(8e9 + 3 / 4 * 4e9)
     i = Inputs(params=1e9, H=50, k=5, w=3, v=4, auditors=3, audit_p=1.0)
-    assert pm.replay_segments(i) == 2.5
+    assert pm.replay_segments_per_check(i) == 2.5
     assert pm.replay_share(i) == pytest.approx(7 * 2.5 * 5 / 50)  # checks · (n/B) · k/H
     assert pm.verify_seconds(i, C, t_step=2.0)["replay"] >= 2.5 * 5 * 2.0
-    assert pm.replay_segments(replace(i, sampling=SEGMENTS, s=4)) == 4
+    assert pm.replay_segments_per_check(replace(i, sampling=SEGMENTS, s=4)) == 4
 
 
 def test_window_detection_by_hand() -> None:
