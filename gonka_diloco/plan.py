@@ -333,10 +333,10 @@ def recompute_segments(n: int, s: int, m: int) -> float:
 
 
 def window_persisted(n: int, m: int, tolerance: bool) -> list[int]:
-    """The boundaries a host has on disk after training (`trainer.boundaries.Boundaries.persisted`):
-    every m-th (boundary 0 is G_n + the carried optimizer state, rebuilt), the last segment's start
-    n − 1 and, in tolerance mode, θ_H (boundary n)."""
-    return sorted({*range(0, n, m), n - 1, *((n,) if tolerance else ())})
+    """The boundaries a host has on disk after a windowed step's training
+    (`trainer.boundaries.Boundaries.persisted`): every m-th (boundary 0 is G_n + the carried
+    optimizer state, rebuilt) and θ_H (boundary n), which every checker short of it fetches."""
+    return sorted({*range(0, n, m), n})
 
 
 def window_needs(n: int, w: int, b: int, tolerance: bool) -> range:
@@ -1360,14 +1360,16 @@ def check_seconds(i: Inputs, bytes_: float, segments: float) -> float:
 
 
 def choose_window(i: Inputs, c: Constants, budget: float = REPLAY_BUDGET) -> WindowChoice:
-    """The planner's w: among w whose replay share (checks · (n/B) · k/H) fits the compute budget,
-    those within 0.5% of the least overlapped period, and of those the largest w (fewest blocks:
-    the most detection of a small fake). Then, for that w, whether a check is faster starting from
-    a downloaded block start or replaying from segment 0 (no state download)."""
+    """The planner's w: among w whose replay share (checks · (n/B) · k/H) fits the compute budget
+    and that catch a one-segment fake in ≥ 20% of outer steps (the security floor; if none does,
+    every w in the budget), those within 0.5% of the least overlapped period, and of those the
+    largest w (fewest blocks: the most detection of a small fake). Then, for that w, whether a
+    check is faster starting from a downloaded block start or replaying from segment 0 (no state
+    download). `w_one_segment_floor` is the choice with the floor, reported beside it."""
     options = window_options(i, c)
     fit = [o for o in options if o.replay_share <= budget]
-    pick = fastest_largest(fit) or min(options, key=lambda o: (o.replay_share, o.overlapped_s))
     floor = fastest_largest([o for o in fit if o.one_segment_detection >= ONE_SEGMENT_CAUGHT])
+    pick = floor or fastest_largest(fit) or min(options, key=lambda o: (o.replay_share, o.overlapped_s))
     chosen = replace(i, sampling=Sampling.WINDOWS, w=pick.w)
     down_bytes = window_bytes_per_check(chosen, c)
     down_segments = window_replay_segments(chosen.n, pick.w)

@@ -402,15 +402,15 @@ def window_rows(ch: WindowChoice, default_w: int) -> list[tuple[str, str]]:
         f"{ch.from_zero_segments:.3g} segments)"
         if ch.from_zero_check_s is not None else "from segment 0: not in tolerance mode"
     )  # fmt: skip
-    floor = ("none in the budget" if ch.w_one_segment_floor is None
-             else f"w = {ch.w_one_segment_floor}")  # fmt: skip
+    floor = ("none in the budget: the budget's choice" if ch.w_one_segment_floor is None
+             else "met")  # fmt: skip
     return [
         ("w", f"{ch.w} segments, B = {ch.blocks} blocks ({same}){budget}"),
         ("replay ÷ host compute", f"{fmt_pct(ch.replay_share)} (budget {fmt_pct(ch.budget)})"),
         ("outer step, overlapped", f"{fmt_seconds(ch.overlapped_s)} (recompute of the openings "
          f"{ch.recompute_segments:.3g} segments)"),
-        ("one-segment fake caught", f"{fmt_pct(ch.one_segment_detection)}; the same choice among the w that "
-         f"catch it in ≥ {fmt_pct(ONE_SEGMENT_CAUGHT)}: {floor}"),
+        ("one-segment fake caught", f"{fmt_pct(ch.one_segment_detection)} (floor "
+         f"{fmt_pct(ONE_SEGMENT_CAUGHT)}: {floor})"),
         ("half-fake caught", fmt_pct(ch.half_fake_detection)),
         ("window start", f"{ch.start} is faster: downloading the start {fmt_seconds(ch.download_check_s)} "
          f"per check ({fmt_bytes(ch.download_check_bytes)}, {ch.download_segments:.3g} segments) vs {zero}"),
@@ -418,8 +418,9 @@ def window_rows(ch: WindowChoice, default_w: int) -> list[tuple[str, str]]:
 
 
 def _window_table(ch: WindowChoice, default_w: int) -> Table:
-    title = (f"window choice (sampling windows): replay ≤ {fmt_pct(ch.budget)} of host compute, the least "
-             "overlapped period (within 0.5%), then the largest w")  # fmt: skip
+    title = (f"window choice (sampling windows): replay ≤ {fmt_pct(ch.budget)} of host compute and a "
+             f"one-segment fake caught in ≥ {fmt_pct(ONE_SEGMENT_CAUGHT)}, the least overlapped period "
+             "(within 0.5%), then the largest w")  # fmt: skip
     t = Table("", "", title=title, title_justify="left", show_header=False)
     for row in window_rows(ch, default_w):
         t.add_row(*row)

@@ -273,13 +273,12 @@ def test_window_cheat_against_enumeration(B: int, F: int, v: int, a: int, sigma:
 
 
 def test_recompute_windows_by_hand() -> None:
-    # bitwise, n = 4, w = 1 (4 blocks), one drawn, m = 2: persisted 0, 2 and 3 (the last segment's
-    # start); block 1 needs boundary 1 (one segment from 0, drawn 1/4 of the time), θ_H (4) is one
-    # segment from 3 always: 1/4 + 1
-    assert pm.recompute_windows(4, 1, 1, 2) == pytest.approx(1.25)
-    # tolerance, n = 4, w = 2 (blocks 0..2 and 2..4), m = 4: persisted 0, 3, 4; either block needs
-    # boundary 2, two segments from 0
-    assert pm.recompute_windows(4, 2, 1, 4, tolerance=True) == pytest.approx(2.0)
+    # bitwise, n = 4, w = 1 (4 blocks), one drawn, m = 2: persisted 0, 2 and θ_H (4); block 1 needs
+    # boundary 1 (one segment from 0), block 3 boundary 3 (one from 2), each drawn 1/4 of the time
+    assert pm.recompute_windows(4, 1, 1, 2) == pytest.approx(0.5)
+    # tolerance, n = 4, w = 2 (blocks 0..2 and 2..4), m = 4: persisted 0 and 4; the last segment's
+    # ends (3, 4) are always needed, so either block costs one pass from 0 to 3
+    assert pm.recompute_windows(4, 2, 1, 4, tolerance=True) == pytest.approx(3.0)
     assert pm.recompute_windows(100, 3, 7, 1) == 0.0
 
 
@@ -302,13 +301,13 @@ def test_blocks_needing_counts_window_needs(tolerance: bool) -> None:
 def test_recompute_windows_against_enumeration(n: int, w: int, x: int, m: int, tolerance: bool) -> None:
     """Every draw of x distinct blocks; what the host needs is `trainer.recompute.needed_boundaries` of
     the drawn windows, rebuilt as `plan_openings` does: from the nearest persisted boundary below
-    each (`Boundaries.persisted`: every m-th, the last segment's start, θ_H in tolerance mode), one
-    pass per source up to its farthest need."""
+    each (`Boundaries.persisted` with windows: every m-th and θ_H), one pass per source up to its
+    farthest need."""
     from protocol.prf import window_blocks, windows_opened
     from trainer.recompute import needed_boundaries
 
     mode = ReplayMode.TOLERANCE if tolerance else ReplayMode.BITWISE
-    on_disk = {j for j in range(n + 1) if (j == n and tolerance) or (j < n and (j == n - 1 or j % m == 0))}
+    on_disk = {j for j in range(n + 1) if j == n or j % m == 0}
     B = window_blocks(n, w)
     costs = []
     for drawn in itertools.combinations(range(B), min(x, B)):
@@ -387,14 +386,14 @@ def test_most_profitable_fake_is_the_top_of_the_profit_curve(sampling: Sampling)
 def test_choose_window() -> None:
     i = Inputs()
     ch = pm.choose_window(i, C)
-    fit = [o for o in ch.options if o.replay_share <= 0.25]
+    fit = [o for o in ch.options if o.replay_share <= 0.25 and o.one_segment_detection >= 0.2]
     assert ch.within_budget and ch.replay_share <= 0.25 and len(ch.options) == i.n
     best = min(o.overlapped_s for o in fit)
     assert ch.overlapped_s <= best * 1.005
     assert not any(o.w > ch.w and o.overlapped_s <= best * 1.005 for o in fit)  # the largest of the fastest
     # the defaults' w is the one w within the budget that also catches a one-segment fake in ≥ 20%:
     # replay 7/B ≤ 25% needs B ≥ 28 (w ≤ 3), detection 7/B ≥ 20% needs B ≤ 35 (w ≥ 3)
-    assert ch.w_one_segment_floor == RunConfig.model_fields["window_segments"].default == 3
+    assert ch.w == ch.w_one_segment_floor == RunConfig.model_fields["window_segments"].default == 3
     # at this size a 360 GB start downloads faster than ~50 segments replay from G_n
     assert ch.start == "download" and ch.from_zero_check_s is not None
     assert ch.download_check_s < ch.from_zero_check_s
