@@ -82,8 +82,10 @@ def _toml(d: dict[str, Any]) -> str:
     for k, v in d.items():
         if isinstance(v, dict):
             tables.append(f"[{k}]\n" + "\n".join(f"{a} = {json.dumps(b)}" for a, b in v.items()))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):  # [[k]] tables
+            tables += [f"[[{k}]]\n" + "\n".join(f"{a} = {json.dumps(b)}" for a, b in x.items()) for x in v]
         elif isinstance(v, list):
-            lines.append(f"{k} = []")
+            lines.append(f"{k} = {json.dumps(v)}")
         else:
             lines.append(f"{k} = {json.dumps(v)}")
     return "\n".join(lines) + "\n\n" + "\n\n".join(tables) + "\n"

@@ -151,7 +151,7 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         name="devnet",
         model=model,
         dataset_manifest_hash=dataset_manifest_hash(cfg.dataset),
-        initial_model_hash=GlobalModel.from_module(build_model(model)).hash,
+        initial_model_hash=GlobalModel.from_module(build_model(model), cfg.state_chunk_bytes).hash,
         seed=cfg.seed,
         inner_steps=cfg.inner_steps,
         segment_len=cfg.segment_len,

@@ -183,6 +183,13 @@ def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
     assert rc.dataset_manifest_hash == shakespeare_manifest()[1].manifest_hash()
     other = run_config(DevnetConfig(model_size="tiny", seed=6))
     assert other.initial_model_hash != rc.initial_model_hash  # the seed reaches the init
+    # G_0's hash is over the run's chunk size, the one every node hashes it with (a devnet with
+    # smaller chunks named a G_0 no node could build or fetch)
+    chunked = run_config(DevnetConfig(model_size="tiny", seed=5, state_chunk_bytes=1 << 16))
+    g0 = GlobalModel.from_module(build_model(chunked.model), 1 << 16)
+    assert chunked.state_chunk_bytes == 1 << 16 and chunked.initial_model_hash == g0.hash
+    windows = run_config(DevnetConfig(model_size="tiny", sampling="segments", window_segments=5))
+    assert (windows.sampling.value, windows.window_segments) == ("segments", 5)
 
 
 def test_every_tolerance_threshold_reaches_the_run_config() -> None:
