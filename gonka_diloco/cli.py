@@ -22,6 +22,15 @@ from typer._click.exceptions import UsageError
 from typer.core import TyperCommand, TyperGroup
 
 from gonka_diloco.devnet_config import DevnetConfig
+from gonka_diloco.options import (
+    Tolerance,
+    ToleranceCumulative,
+    ToleranceCumulativeUpdate,
+    ToleranceDenominator,
+    ToleranceExpAvg,
+    ToleranceExpAvgSq,
+    ToleranceUpdate,
+)
 
 LAZY: dict[str, tuple[str, str]] = {
     "chain": ("chain.cli", "The devnet chain node (`chain start`)."),
@@ -246,43 +255,13 @@ def devnet(
             f"default {'--early-close' if D.early_close else '--fixed-windows'}).",
         ),
     ] = None,
-    tolerance: Annotated[
-        float | None, typer.Option(help="Tolerance-mode threshold on the parameters.")
-    ] = None,
-    tolerance_exp_avg: Annotated[
-        float | None, typer.Option("--tolerance-exp-avg", help="Tolerance-mode threshold on exp_avg.")
-    ] = None,
-    tolerance_exp_avg_sq: Annotated[
-        float | None, typer.Option("--tolerance-exp-avg-sq", help="Tolerance-mode threshold on exp_avg_sq.")
-    ] = None,
-    tolerance_update: Annotated[
-        float | None,
-        typer.Option(
-            "--tolerance-update",
-            help="Tolerance-mode threshold on exp_avg in update space (default: --tolerance-exp-avg's).",
-        ),
-    ] = None,
-    tolerance_denominator: Annotated[
-        float | None,
-        typer.Option(
-            "--tolerance-denominator",
-            help="Tolerance-mode threshold on AdamW's denominator (default: --tolerance-exp-avg-sq's).",
-        ),
-    ] = None,
-    tolerance_cumulative: Annotated[
-        float | None,
-        typer.Option(
-            "--tolerance-cumulative",
-            help="Tolerance-mode threshold on the opened segments' summed parameter residuals (default off).",
-        ),
-    ] = None,
-    tolerance_cumulative_update: Annotated[
-        float | None,
-        typer.Option(
-            "--tolerance-cumulative-update",
-            help="Tolerance-mode threshold on their summed update-space residuals (default off).",
-        ),
-    ] = None,
+    tolerance: Tolerance = None,
+    tolerance_exp_avg: ToleranceExpAvg = None,
+    tolerance_exp_avg_sq: ToleranceExpAvgSq = None,
+    tolerance_update: ToleranceUpdate = None,
+    tolerance_denominator: ToleranceDenominator = None,
+    tolerance_cumulative: ToleranceCumulative = None,
+    tolerance_cumulative_update: ToleranceCumulativeUpdate = None,
     seed: Annotated[
         int | None, typer.Option(help=f"Run seed: model init, data, batches (default {D.seed}).")
     ] = None,

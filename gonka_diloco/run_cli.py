@@ -22,6 +22,15 @@ from rich.console import Console
 from rich.text import Text
 
 from chain.params import BLOCK_SECONDS
+from gonka_diloco.options import (
+    Tolerance,
+    ToleranceCumulative,
+    ToleranceCumulativeUpdate,
+    ToleranceDenominator,
+    ToleranceExpAvg,
+    ToleranceExpAvgSq,
+    ToleranceUpdate,
+)
 
 app = typer.Typer(help="Create training runs.", no_args_is_help=True)
 
@@ -462,33 +471,13 @@ def create(
             "summed-residual ones only if calibrated for the run's s opened segments).",
         ),
     ] = None,
-    tolerance: Annotated[
-        float | None, typer.Option("--tolerance", help="Tolerance mode: threshold on the parameters.")
-    ] = None,
-    tolerance_exp_avg: Annotated[
-        float | None, typer.Option("--tolerance-exp-avg", help="Tolerance mode: threshold on exp_avg.")
-    ] = None,
-    tolerance_exp_avg_sq: Annotated[
-        float | None, typer.Option("--tolerance-exp-avg-sq", help="Tolerance mode: threshold on exp_avg_sq.")
-    ] = None,
-    tolerance_update: Annotated[
-        float | None,
-        typer.Option("--tolerance-update", help="Tolerance mode: exp_avg in update space (0 = exp_avg's)."),
-    ] = None,
-    tolerance_denominator: Annotated[
-        float | None,
-        typer.Option(
-            "--tolerance-denominator", help="Tolerance mode: AdamW's denominator (0: exp_avg_sq's)."
-        ),
-    ] = None,
-    tolerance_cumulative: Annotated[
-        float | None,
-        typer.Option("--tolerance-cumulative", help="Tolerance mode: opened segments' summed residuals."),
-    ] = None,
-    tolerance_cumulative_update: Annotated[
-        float | None,
-        typer.Option("--tolerance-cumulative-update", help="Tolerance mode: their summed update residuals."),
-    ] = None,
+    tolerance: Tolerance = None,
+    tolerance_exp_avg: ToleranceExpAvg = None,
+    tolerance_exp_avg_sq: ToleranceExpAvgSq = None,
+    tolerance_update: ToleranceUpdate = None,
+    tolerance_denominator: ToleranceDenominator = None,
+    tolerance_cumulative: ToleranceCumulative = None,
+    tolerance_cumulative_update: ToleranceCumulativeUpdate = None,
 ) -> None:
     """Create a run from a TOML run config with MsgCreateRun, and print its run id. The flags override
     the TOML; each tolerance flag wins over `--calibration`."""
