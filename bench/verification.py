@@ -111,44 +111,54 @@ def predicted(cfg: dict[str, Any], params: int, verifiers: int) -> dict[str, flo
     }
 
 
-def run(sampling: Sampling, quick: bool, keep: Path | None) -> dict[str, Any]:
+def analyze(folder: Path, sampling: Sampling) -> dict[str, Any]:
+    """One devnet's figures from its folder (snapshot.json and the nodes' logs)."""
+    snap = json.loads((folder / "snapshot.json").read_text())
+    hosts = [n for n in snap["nodes"] if n["role"] == "host"]
+    honest = {n["address"] for n in hosts if n["behaviour"] == "honest"}  # as the logs name hosts
+    adversaries = {n["name"]: n["behaviour"] for n in hosts if n["behaviour"] != "honest"}  # as the snapshot
+    steps = max(1, sum(s["phase"] == "DONE" for s in snap["steps"]))
+    rejected = {name: sum(c["outcome"] == "rejected" for c in snap["contributions"] if c["host"] == name)
+                for name in adversaries}  # fmt: skip
+    return {
+        "sampling": sampling.value,
+        "folder": str(folder),
+        "steps": steps,
+        "traffic_per_step": traffic_per_step(Snapshot.model_validate(snap)),
+        "measured": per_check(folder, honest),
+        "caught_share": {adversaries[name]: n / steps for name, n in rejected.items()},
+        "honest_accepted": sum(c["outcome"] == "accepted" and c["host"] not in adversaries
+                               for c in snap["contributions"]),
+        "params": model_size(RunConfig.model_validate(snap["config"]).model).params,
+        "config": snap["config"],
+        "failures": snap.get("failures", []),
+    }
+
+
+def run(sampling: Sampling, quick: bool, keep: Path | None, reuse: Path | None) -> dict[str, Any]:
+    """Run the devnet (or, with `reuse`, read the newest one kept under reuse/<sampling>/runs)."""
+    if reuse is not None:
+        kept = (reuse / sampling.value / "runs").iterdir()
+        runs = sorted(p for p in kept if p.is_dir() and p.name != "latest")
+        return analyze(runs[-1], sampling)
     with tempfile.TemporaryDirectory(prefix="bench-verification-") as tmp:
         where = keep / sampling.value if keep is not None else Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
         _, folder = run_devnet(setting(sampling, quick), where)
-        snap = json.loads((folder / "snapshot.json").read_text())
-        hosts = [n for n in snap["nodes"] if n["role"] == "host"]
-        honest = {n["address"] for n in hosts if n["behaviour"] == "honest"}
-        adversaries = {n["address"]: n["behaviour"] for n in hosts if n["behaviour"] != "honest"}
-        steps = max(1, sum(s["phase"] == "DONE" for s in snap["steps"]))
-        params = model_size(RunConfig.model_validate(snap["config"]).model).params
-        measured = per_check(folder, honest)
-        caught = {
-            name: sum(c["outcome"] == "rejected" for c in snap["contributions"] if c["host"] == addr) / steps
-            for addr, name in adversaries.items()
-        }
-        return {
-            "sampling": sampling.value,
-            "steps": steps,
-            "traffic_per_step": traffic_per_step(Snapshot.model_validate(snap)),
-            "measured": measured,
-            "caught_share": caught,
-            "params": params,
-            "config": snap["config"],
-            "failures": snap.get("failures", []),
-        }
+        return analyze(folder, sampling)
 
 
 def main(quick: bool = False) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 outer steps per devnet instead of 6")
     ap.add_argument("--keep", type=Path, default=None, help="keep the devnets' folders here")
+    ap.add_argument("--reuse", type=Path, default=None, help="read the devnets a --keep run left there")
     args, _ = ap.parse_known_args()
     quick = quick or args.quick
     before = loadavg()
     runs = []
     for sampling in (Sampling.SEGMENTS, Sampling.WINDOWS):
-        r = run(sampling, quick, args.keep)
+        r = run(sampling, quick, args.keep, args.reuse)
         r["predicted"] = predicted(r["config"], r["params"], setting(sampling, quick)["verifiers"])
         m, p = r["measured"], r["predicted"]
         if m.get("checks"):

@@ -532,10 +532,46 @@ def verifier_bytes_per_contribution(i: Inputs, c: Constants) -> float:
     d = run_delta_bytes(i, c)
     if i.pipeline is Pipeline.TODAY:
         return i.s * S + d
-    opt = OPTIMIZER_BYTES_PER_PARAM * i.params
-    if i.codec is Codec.SPARSE:
-        opt += EF_BYTES_PER_PARAM * i.params
-    return (i.s - 1) * S + opt + (d if i.replay is ReplayMode.TOLERANCE else 0.0)
+    f = segment_fetches(i.n, i.s)
+    ef = EF_BYTES_PER_PARAM * i.params if i.codec is Codec.SPARSE else 0.0
+    opt = f.segment_zero * OPTIMIZER_BYTES_PER_PARAM * i.params
+    if i.replay is ReplayMode.TOLERANCE:
+        return f.boundaries * S + opt + ef + d
+    return f.starts * S + opt + ef
+
+
+@dataclass(frozen=True)
+class SegmentFetches:
+    """Expected downloads of one check under segment sampling (s − 1 random openings of the n − 1
+    first segments, and the last one), exactly over the draw."""
+
+    starts: float
+    """Bitwise: opened starts neither segment 0's (rebuilt from G_n) nor the end of an opened
+    segment just replayed."""
+    boundaries: float
+    """Tolerance: every boundary of an opened segment but boundary 0 (claimed starts and ends)."""
+    segment_zero: float
+    """P(segment 0 opened): the carried optimizer state is then fetched."""
+
+
+def segment_fetches(n: int, s: int) -> SegmentFetches:
+    """P(j opened) = r/(n−1) for j ≤ n−2 (r = s − 1 random openings), 1 for j = n − 1; two given
+    segments of 0 … n−2 are both opened with probability r(r−1)/((n−1)(n−2))."""
+    if n <= 1:
+        return SegmentFetches(0.0, float(n), 1.0)
+    r = min(s - 1, n - 1)
+    one = r / (n - 1)
+    two = r * (r - 1) / ((n - 1) * (n - 2)) if n > 2 else 0.0
+
+    def opened(j: int) -> float:
+        return 1.0 if j == n - 1 else one
+
+    def both(j: int) -> float:  # segments j − 1 and j opened
+        return one if j == n - 1 else two
+
+    starts = sum(opened(j) - both(j) for j in range(1, n))
+    boundaries = sum(opened(b) + opened(b - 1) - both(b) for b in range(1, n)) + 1.0  # + boundary n
+    return SegmentFetches(starts, boundaries, opened(0))
 
 
 def checks_per_contribution(i: Inputs) -> float:

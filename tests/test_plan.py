@@ -121,21 +121,44 @@ def test_gpu_memory_sharding() -> None:
 def test_verifier_bytes_per_contribution() -> None:
     i = Inputs(params=1e9, s=8, codec=Codec.INT8, sampling=SEGMENTS)
     assert pm.verifier_bytes_per_contribution(replace(i, pipeline=Pipeline.TODAY), C) == 8 * 12e9 + 1e9
-    assert pm.verifier_bytes_per_contribution(i, C) == 7 * 12e9 + 8e9  # segment 0 rebuilt, Δ derived
+    f = pm.segment_fetches(i.n, i.s)
+    assert pm.verifier_bytes_per_contribution(i, C) == pytest.approx(f.starts * 12e9 + f.segment_zero * 8e9)
     tol = replace(i, replay=ReplayMode.TOLERANCE)
-    assert pm.verifier_bytes_per_contribution(tol, C) == 7 * 12e9 + 8e9 + 1e9
+    assert pm.verifier_bytes_per_contribution(tol, C) == pytest.approx(
+        f.boundaries * 12e9 + f.segment_zero * 8e9 + 1e9
+    )
+    # n = 3, s = 2: segment 2 always, one of 0, 1: {0, 2} fetches 2's start and the optimizer, {1, 2}
+    # only 1's start (2's is the end of 1, replayed); tolerance {0,2}: 1, 2, 3; {1,2}: 1, 2, 3
+    three = pm.segment_fetches(3, 2)
+    assert (three.starts, three.segment_zero, three.boundaries) == pytest.approx((1.0, 0.5, 3.0))
+
+
+@pytest.mark.parametrize(("n", "s"), [(5, 2), (6, 3), (8, 4), (4, 4), (2, 1), (10, 1)])
+def test_segment_fetches_against_enumeration(n: int, s: int) -> None:
+    """Every draw of the s − 1 random openings; downloads as `verifier.verify` makes them: an opened
+    start unless it is 0 or the end of the opened segment before (bitwise), every boundary of an
+    opened segment but 0 (tolerance), the optimizer when segment 0 is opened."""
+    draws = [{*r, n - 1} for r in itertools.combinations(range(n - 1), s - 1)]
+    starts = [sum(1 for j in o if j > 0 and j - 1 not in o) for o in draws]
+    bounds = [len({b for j in o for b in (j, j + 1)} - {0}) for o in draws]
+    zero = [0 in o for o in draws]
+    f = pm.segment_fetches(n, s)
+    assert f.starts == pytest.approx(sum(starts) / len(draws))
+    assert f.boundaries == pytest.approx(sum(bounds) / len(draws))
+    assert f.segment_zero == pytest.approx(sum(zero) / len(draws))
 
 
 def test_host_and_verifier_transfers() -> None:
     i = Inputs(params=1e9, s=2, v=2, hosts=4, verifier_nodes=2, audit_p=0.5, auditors=2, sampling=SEGMENTS)
     assert pm.checks_per_contribution(i) == 3.0  # 2 drawn + 0.5 × 2 auditors
     assert pm.contributions_per_verifier(i) == 6.0  # 4 hosts × 3 checks over 2 verifiers
-    per = 12e9 + 8e9
+    f = pm.segment_fetches(i.n, 2)
+    per = f.starts * 12e9 + f.segment_zero * 8e9
     up = pm.host_upload_bytes(i, C)
-    assert up["openings"] == 3 * per
+    assert up["openings"] == pytest.approx(3 * per)
     assert up["delta"] == 3 * 1e9  # multi-source: about what it downloads
     assert pm.host_download_bytes(i, C) == 3 * 1e9
-    assert pm.verifier_download_bytes(i, C) == 6 * per + 4 * 1e9
+    assert pm.verifier_download_bytes(i, C) == pytest.approx(6 * per + 4 * 1e9)
     today = replace(i, pipeline=Pipeline.TODAY)
     assert pm.host_upload_bytes(today, C)["delta"] == (3 + 2) * 1e9  # the author serves everyone
 
@@ -341,7 +364,9 @@ def test_window_plan_figures() -> None:
     assert p.network["host_upload_openings_bytes"] == pytest.approx(7 * 14e9)
     assert p.security["detection"] == pytest.approx(pm.lazy_detection(i, 0.5))
     seg = pm.plan(replace(i, sampling=SEGMENTS, s=2), C).verification
-    assert seg["states_per_contribution"] == pytest.approx(7 * (12e9 + 8e9) / 12e9)
+    f = pm.segment_fetches(10, 2)
+    per = f.starts * 12e9 + f.segment_zero * 8e9
+    assert seg["states_per_contribution"] == pytest.approx(7 * per / 12e9)
     assert seg["one_segment_detection"] == pytest.approx(1 / 9)  # (s − 1)/(n − 1)
 
 
@@ -463,11 +488,12 @@ def test_poc_wait() -> None:
 def test_verify_window() -> None:
     i = Inputs(params=1e9, s=2, k=5, v=1, hosts=2, verifier_nodes=1, audit_p=0.0, up=1e9, down=2e9,
                sampling=SEGMENTS)  # fmt: skip
-    per = 12e9 + 8e9  # one start state + the optimizer state
+    f = pm.segment_fetches(i.n, 2)
+    per = f.starts * 12e9 + f.segment_zero * 8e9  # the expected start states + the optimizer state
     w = pm.verify_seconds(i, C, t_step=1.0)
-    assert w["data"] == max(per / 1e9, 2 * per / 2e9)  # host uplink vs the verifier's two downloads
+    assert w["data"] == pytest.approx(max(per / 1e9, 2 * per / 2e9))  # host uplink vs two downloads
     assert w["replay"] == 2 * 10.0
-    assert w["total"] == max(w["data"], w["replay"]) + min(per / 2e9, 10.0)
+    assert w["total"] == pytest.approx(max(w["data"], w["replay"]) + min(per / 2e9, 10.0))
 
 
 def test_plan_hangs_together() -> None:
