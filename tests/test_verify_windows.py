@@ -36,7 +36,9 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     configure_determinism(1)
-    cfg = tiny_config().model_copy(update={"window_segments": 2})  # H = 12, k = 2: 6 segments, 3 blocks
+    # H = 12, k = 2: 6 segments, 3 blocks; small chunks (a state is many of them), which every hash the
+    # hosts and the adversaries make must use
+    cfg = tiny_config().model_copy(update={"window_segments": 2, "state_chunk_bytes": 4096})
     lab = Lab(cfg, synthetic_corpus(), tmp_path_factory.mktemp("lab"))
     g0 = GlobalModel.from_module(lab.build()[0])
     behaviours = {

@@ -111,7 +111,7 @@ def assemble(ctx: OuterContext, states: list[State], losses: list[float] | None 
         raise ValueError(f"need {ctx.cfg.n_segments + 1} boundary states, got {len(states)}")
     leaves = []
     for st in states:
-        h = training_hash(st)
+        h = training_hash(st, ctx.cfg.state_chunk_bytes)
         ctx.store.put_hashed(st, ctx.outer_step, h)
         leaves.append(h)
     return ctx.assemble(leaves, states[-1], losses or [])

@@ -67,7 +67,7 @@ class LabSource:
             raise MissingData(f"state {leaf_hash[:12]} not served")
         self.bytes_served += len(data)
         try:
-            return state_from_bytes(data, leaf_hash)
+            return state_from_bytes(data, leaf_hash, chunk_bytes=self.store.chunk_bytes)
         except StoreError as e:
             raise MalformedBlob(f"state {leaf_hash[:12]}: {e}") from e
 
@@ -122,7 +122,8 @@ class Lab:
         opt = make_optimizer(model, self.cfg.inner)
         if carried is not None:
             load_training_state(model, opt, carried)
-        store = StateStore(self.root / f"{address[-8:]}-{behaviour.name}-{outer_step}")
+        store = StateStore(self.root / f"{address[-8:]}-{behaviour.name}-{outer_step}",
+                           chunk_bytes=self.cfg.state_chunk_bytes)
         ctx = OuterContext(
             cfg=self.cfg, run_id=self.run_id, address=address, outer_step=outer_step, global_model=gm,
             model=model, optimizer=opt, loss_fn=loss_fn, data=self.data, store=store,
