@@ -657,10 +657,11 @@ def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) ->
         raise errors.ErrAlreadyDecided(f"{msg.host}: {contribution.outcome}")
     if msg.creator not in contribution.verifier_rounds:
         raise errors.ErrNotAssignedVerifier(f"{msg.creator} for {msg.host}")
-    if msg.creator in contribution.verdicts:
+    revote = owes_revote(contribution, msg.creator)
+    if msg.creator in contribution.verdicts and not revote:
         raise errors.ErrDuplicateVerdict(f"{msg.creator} for {msg.host}")
 
-    contribution.verdicts[msg.creator] = Verdict(
+    verdict = Verdict(
         verifier=msg.creator,
         reason=int(msg.reason),
         evidence_hash=msg.evidence_hash,
@@ -668,6 +669,10 @@ def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) ->
         height=ctx.height,
         round=step.round,
     )
+    if revote:  # a windowed dispute: its vote on the disputed windows, beside its own window's
+        contribution.revotes[msg.creator] = verdict
+    else:
+        contribution.verdicts[msg.creator] = verdict
     touched(contribution)
     return [
         _event(
@@ -1094,60 +1099,90 @@ def disputed_windows(c: Contribution) -> list[int]:
     )
 
 
-def _voters(c: Contribution, question: Question) -> list[str]:
-    """The assigned verifiers whose verdict answers `question`: everyone for the Δ (every check
-    checks it); for the segments, a panel member (it replays the disputed windows) or a slot holder
-    whose window is disputed — never one whose ACCEPT is about a window nobody disputed. Without
-    windows every verifier opened the same segments."""
-    if question is Question.DELTA or not c.windows:
-        return list(c.verifier_rounds)
-    disputed = set(disputed_windows(c))
-    return [v for v in c.verifier_rounds if v not in c.slots or c.windows[c.slots[v]] in disputed]
+class Answer(StrEnum):
+    """A verifier's answer to a dispute's question."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    NOT_REACHED = "not_reached"
+    """Its check stopped at a failure before the question: not counted either way."""
+    SILENT = "silent"
+    """No verdict on it (yet): counted in the stake the majority is out of, never for a side."""
 
 
-def _answers(c: Contribution, verifier: str, question: Question) -> bool | None:
-    """A verdict's answer to a question: True (passed), False (failed), None (not reached). A
-    check stops at its first failure: a slot holder (and, without windows, every verifier) checks
-    its segments first and Δ last, so its segments reject says nothing of the Δ and its Δ reject
-    says the segments passed; a dispute panel member (windows: no slot) checks Δ first, so a Δ
-    reject says nothing of the disputed windows and a segments reject says Δ passed — every panel
-    vote answers Δ, and no lone Δ claim decides it."""
-    reason = c.verdicts[verifier].reason
-    if reason == Reason.ACCEPT:
-        return True
-    if _question_of(reason) is question:
-        return False
-    delta_first = bool(c.windows) and verifier not in c.slots
+def owes_revote(c: Contribution, verifier: str) -> bool:
+    """Windowed disputes (§2.5.3): a slot holder whose own window nobody disputed judged only that
+    window; like the panel it is asked to replay the disputed ones (Δ first), once, so that every
+    bonded verifier of the step's pool votes on them and a coalition can never be a majority of a
+    voter set its honest members were left out of."""
+    return (
+        c.review == Review.CONFIRM
+        and bool(c.windows)
+        and verifier in c.slots
+        and verifier in c.verdicts
+        and verifier not in c.revotes
+        and c.windows[c.slots[verifier]] not in disputed_windows(c)
+    )
+
+
+def _answer_of(verdict: Verdict, question: Question, delta_first: bool) -> Answer:
+    """A check stops at its first failure: a slot holder (and, without windows, every verifier)
+    checks its segments first and Δ last, so its segments reject says nothing of the Δ and its Δ
+    reject says the segments passed; a dispute panel member (windows: no slot, or a slot holder's
+    revote) checks Δ first, so a Δ reject says nothing of the disputed windows and a segments
+    reject says Δ passed — every panel vote answers Δ, and no lone Δ claim decides it."""
+    if verdict.reason == Reason.ACCEPT:
+        return Answer.PASSED
+    if _question_of(verdict.reason) is question:
+        return Answer.FAILED
     reached = question is (Question.DELTA if delta_first else Question.SEGMENTS)
-    return True if reached else None
+    return Answer.PASSED if reached else Answer.NOT_REACHED
+
+
+def _answer(c: Contribution, verifier: str, question: Question) -> Answer:
+    """What a verifier's vote in a dispute says on a question. Every assigned verifier is a voter
+    on both questions: on the segments, a slot holder of a window nobody disputed speaks through
+    its revote only (its own verdict is about its own window); on the Δ, every check answered."""
+    revote = c.revotes.get(verifier)
+    if revote is not None:
+        return _answer_of(revote, question, delta_first=True)
+    verdict = c.verdicts.get(verifier)
+    if verdict is None:
+        return Answer.SILENT
+    if not c.windows:
+        return _answer_of(verdict, question, delta_first=False)
+    slot = c.slots.get(verifier)
+    if slot is None:  # a panel member
+        return _answer_of(verdict, question, delta_first=True)
+    if question is Question.SEGMENTS and c.windows[slot] not in disputed_windows(c):
+        return Answer.SILENT  # not about the disputed windows; its revote would be
+    return _answer_of(verdict, question, delta_first=False)
 
 
 def _questions(c: Contribution) -> list[Question]:
     """The questions a dispute asks: those some reject raised, in a fixed order."""
-    raised = {_question_of(x.reason) for x in c.verdicts.values() if x.reason != Reason.ACCEPT}
+    votes = [*c.verdicts.values(), *c.revotes.values()]
+    raised = {_question_of(x.reason) for x in votes if x.reason != Reason.ACCEPT}
     return [q for q in Question if q in raised]
 
 
 def _decide(run: Run, c: Contribution, question: Question) -> Outcome:
-    """One question's stake-weighted majority among its voters: REJECTED (it failed), ACCEPTED (it
-    passed) or UNVERIFIED (no majority either way). A voter whose check stopped before the question
-    (a reject of the segments says nothing of the Δ) is not counted; a silent one is (silence never
-    makes a majority)."""
-    answered = [v for v in c.verdicts if _answers(c, v, question) is not None]
-    voters = [v for v in _voters(c, question) if v not in c.verdicts or v in answered]
-    panel = sum(stake_of(run, v) for v in voters)
-    answers = [(stake_of(run, v), _answers(c, v, question)) for v in voters if v in c.verdicts]
-    if 2 * sum(w for w, a in answers if a is False) > panel:
+    """One question's stake-weighted majority out of every assigned verifier's stake: REJECTED
+    (it failed), ACCEPTED (it passed) or UNVERIFIED (no majority either way). A voter whose check
+    stopped before the question is not counted; a silent one is (silence never makes a majority)."""
+    answers = [(stake_of(run, v), _answer(c, v, question)) for v in c.verifier_rounds]
+    panel = sum(w for w, a in answers if a is not Answer.NOT_REACHED)
+    if 2 * sum(w for w, a in answers if a is Answer.FAILED) > panel:
         return Outcome.REJECTED
-    if 2 * sum(w for w, a in answers if a is True) > panel:
+    if 2 * sum(w for w, a in answers if a is Answer.PASSED) > panel:
         return Outcome.ACCEPTED
     return Outcome.UNVERIFIED
 
 
 def _confirmed(run: Run, c: Contribution) -> Outcome:
-    """A dispute's outcome: each question it asks decided by the stake majority of the bonded
-    verifiers assigned to it that answer it (after `_open_dispute`, every active verifier); rejected
-    if any question failed, accepted if every one passed, otherwise unverified."""
+    """A dispute's outcome: each question it asks decided by the stake majority of every bonded
+    verifier assigned to it (after `_open_dispute`, every active verifier); rejected if any
+    question failed, accepted if every one passed, otherwise unverified."""
     decisions = [_decide(run, c, q) for q in _questions(c)]
     if Outcome.REJECTED in decisions:
         return Outcome.REJECTED
@@ -1166,23 +1201,35 @@ def _slash(state: ChainState, run: Run, address: str, bps: int) -> int:
     return amount
 
 
-def _contradicts(run: Run, c: Contribution, verifier: str) -> bool:
+def _contradicts(run: Run, c: Contribution, verdict: Verdict, delta_first: bool) -> bool:
     """Does this verdict say the opposite of what was decided? A reject of an accepted
-    contribution; an accept of a slashed one — except, for a contribution rejected by a dispute, an
-    accept that answered no question the dispute found failed (a window nobody disputed)."""
-    verdict, outcome = c.verdicts[verifier], c.outcome
+    contribution; an accept of a slashed one — except that, for a contribution rejected by a
+    dispute, a verdict contradicts only an answer it gave on a question the dispute decided the
+    other way (an honest accept of a window nobody disputed is no answer on the disputed ones)."""
+    outcome = c.outcome
     if outcome == Outcome.ACCEPTED:
         return verdict.reason != Reason.ACCEPT
-    disputed = outcome == Outcome.REJECTED and c.review == Review.CONFIRM
-    if verdict.reason != Reason.ACCEPT:  # a reject whose own question a dispute found passed
-        return disputed and _decide(run, c, _question_of(verdict.reason)) == Outcome.ACCEPTED
     if outcome not in SLASHED_OUTCOMES:
         return False
-    if not disputed:
-        return True
-    return any(
-        verifier in _voters(c, q) and _decide(run, c, q) == Outcome.REJECTED for q in _questions(c)
-    )
+    if outcome != Outcome.REJECTED or c.review != Review.CONFIRM:
+        return verdict.reason == Reason.ACCEPT
+    slot = c.slots.get(verdict.verifier)
+    own_window_only = not delta_first and slot is not None and c.windows[slot] not in disputed_windows(c)
+    for q in _questions(c):
+        if q is Question.SEGMENTS and own_window_only:
+            continue
+        said, decided = _answer_of(verdict, q, delta_first), _decide(run, c, q)
+        if (said, decided) in ((Answer.PASSED, Outcome.REJECTED), (Answer.FAILED, Outcome.ACCEPTED)):
+            return True
+    return False
+
+
+def _votes(c: Contribution) -> list[tuple[Verdict, bool]]:
+    """Every verdict on a contribution with how its check ran (Δ first: a panel member's and a
+    revote), in sorted verifier order: first verdicts, then revotes."""
+    panel = bool(c.windows)
+    first = [(c.verdicts[v], panel and v not in c.slots) for v in sorted(c.verdicts)]
+    return first + [(c.revotes[v], True) for v in sorted(c.revotes)]
 
 
 def _is_fraud(run: Run, c: Contribution) -> bool:
@@ -1191,7 +1238,7 @@ def _is_fraud(run: Run, c: Contribution) -> bool:
     return (
         c.outcome == Outcome.REJECTED
         and c.review == Review.CONFIRM
-        and any(_contradicts(run, c, v) for v in c.verdicts)
+        and any(v.reason == Reason.ACCEPT and _contradicts(run, c, v, d) for v, d in _votes(c))
     )
 
 
@@ -1209,13 +1256,12 @@ def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) ->
                 state, run, host, stake.fraud_host_slash_bps if fraud else stake.host_slash_bps
             )
             touched(c)
-        for verifier in sorted(c.verdicts):
-            if _contradicts(run, c, verifier):
+        for verdict, delta_first in _votes(c):
+            if _contradicts(run, c, verdict, delta_first):
                 bps = stake.fraud_verifier_slash_bps if fraud else stake.verifier_slash_bps
-                amount = _slash(state, run, verifier, bps)
-                events.append(
-                    _event("slash_verifier", run_id=run.id, verifier=verifier, host=host, amount=amount)
-                )
+                who = verdict.verifier
+                amount = _slash(state, run, who, bps)
+                events.append(_event("slash_verifier", run_id=run.id, verifier=who, host=host, amount=amount))
     step.accepted = sorted(h for h, c in step.contributions.items() if c.outcome == Outcome.ACCEPTED)
     for host in sorted(step.contributions):
         c = step.contributions[host]
@@ -1431,7 +1477,7 @@ def _waiting_for_verdicts(step: OuterStep) -> bool:
     if step.phase == Phase.AUDIT and step.audit_seed is None:
         return True  # the auditors are not drawn yet
     return any(
-        v not in c.verdicts and r == step.round
+        (v not in c.verdicts and r == step.round) or owes_revote(c, v)
         for c in step.contributions.values()
         if c.outcome is None
         for v, r in c.verifier_rounds.items()

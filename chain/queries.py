@@ -19,6 +19,7 @@ from chain.module import (
     disputed_windows,
     eager_parent,
     next_base,
+    owes_revote,
     reveal_closes,
     run_config,
     start_ef,
@@ -165,7 +166,8 @@ def commitment(state: ChainState, run_id: int, host: str, step: int | None = Non
 
 def _windows(c: Contribution) -> dict[str, Any]:
     slots = dict(sorted(c.slots.items()))
-    return {"windows": list(c.windows), "slots": slots, "disputed": disputed_windows(c)}
+    owed = [v for v in slots if owes_revote(c, v)]
+    return {"windows": list(c.windows), "slots": slots, "disputed": disputed_windows(c), "revotes_owed": owed}
 
 
 def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[str, Any]:
@@ -196,13 +198,13 @@ def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[
 
 def assignments(state: ChainState, run_id: int, verifier: str, step: int | None = None) -> dict[str, Any]:
     """What one verifier must judge now: hosts it is assigned to (initial round, escalation, audit or
-    dispute panel) that are undecided and unjudged."""
+    dispute panel) that are undecided and unjudged, or in a windowed dispute owe its revote."""
     s = _step(_run(state, run_id), step)
     hosts = [
         h
         for h in sorted(s.contributions)
         if verifier in s.contributions[h].verifier_rounds
-        and verifier not in s.contributions[h].verdicts
+        and (verifier not in s.contributions[h].verdicts or owes_revote(s.contributions[h], verifier))
         and s.contributions[h].outcome is None
     ]
     return {"outer_step": s.index, "phase": s.phase, "round_deadline": s.round_deadline, "hosts": hosts}

@@ -33,14 +33,16 @@ class Checks:
     segments: list[int]
     """Its slot's window, or, for one without a slot (a dispute panel member), every disputed one."""
     panel: bool
-    """A dispute panel member: it checks Δ first."""
+    """A dispute panel member, or a slot holder's revote in a dispute: it checks Δ first."""
 
 
 def checked_segments(challenge: Mapping[str, Any], verifier: str, n: int, w: int) -> Checks:
     """From a windowed contribution's challenge (the `challenges` query's item)."""
     slot = (challenge.get("slots") or {}).get(verifier)
-    starts = [challenge["windows"][slot]] if slot is not None else list(challenge.get("disputed") or [])
-    return Checks(sorted({s for start in starts for s in window(start, n, w)}), panel=slot is None)
+    revote = verifier in (challenge.get("revotes_owed") or [])  # a dispute: like the panel
+    mine = slot is not None and not revote
+    starts = [challenge["windows"][slot]] if mine else list(challenge.get("disputed") or [])
+    return Checks(sorted({s for start in starts for s in window(start, n, w)}), panel=not mine)
 
 
 class Stopped(Exception):
@@ -206,6 +208,11 @@ class ChainView:
     def segments(self, host: str, n: int) -> list[int] | None:
         ch = self.q("challenges", step=n)["challenges"]
         return next((list(x["segments"]) for x in ch if x["host"] == host), None)
+
+    def revotes_owed(self, n: int, verifier: str) -> set[str]:
+        """Hosts of step n in whose windowed dispute `verifier` owes its revote (specs §2.5.3)."""
+        ch = self.q("challenges", step=n)["challenges"]
+        return {x["host"] for x in ch if verifier in (x.get("revotes_owed") or [])}
 
     def windows(self, host: str, n: int) -> list[int]:
         """Sampling windows: the start segment of each of the host's checker slots (empty without)."""

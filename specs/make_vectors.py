@@ -817,8 +817,9 @@ def chain_vectors() -> list[dict[str, Any]]:
 
     # 10. sampling windows (§2.3, §2.5.3): H/k = 6 segments in 3 blocks of w = 2, v = 2 checkers on
     # two distinct blocks. Host 0 faked a segment in its first checker's window: that checker
-    # rejects, the other accepts its own clean window; the dispute panel replays the disputed window
-    # and rejects. The honest accept of the undisputed window is not slashed, and it is no fraud.
+    # rejects, the other accepts its own clean window; the dispute panel and that other checker (its
+    # revote) replay the disputed window and reject. The honest accept of the undisputed window is
+    # not slashed, and it is no fraud.
     # Host 1 is honest and its first checker lies: the panel replays its window, accepts, and the
     # liar is slashed. Host 2 is accepted by both of its checkers.
     sc = _Scenario(_vector_config(inner_steps=12, window_segments=2, verifiers_per_contribution=2))
@@ -838,7 +839,7 @@ def chain_vectors() -> list[dict[str, Any]]:
     sc.add(step["challenge_height"] + 1, *msgs)
     panel_height = step["verify_deadline"] + 1
     state = sc.peek(panel_height)
-    msgs = []
+    msgs = []  # the panel, and the holders of the clean windows (their revotes), replay the disputed ones
     for v in VERIFIER_ADDRESSES:
         for host in queries.assignments(state, 1, v)["hosts"]:
             reason = Reason.REPLAY_MISMATCH if host == cheat else Reason.ACCEPT

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from chain import queries
-from chain.errors import ErrWrongOpenings
+from chain.errors import ErrDuplicateVerdict, ErrWrongOpenings
 from chain.params import Outcome, Phase, Review
 from protocol import merkle, prf
 from protocol.config import Sampling
@@ -32,7 +32,8 @@ W = 2  # blocks [0, 2), [2, 4), [4, 6)
 
 
 def windowed(**kw: object):
-    return make_config(inner_steps=12, window_segments=W, verifiers_per_contribution=2, **kw)
+    kw.setdefault("verifiers_per_contribution", 2)
+    return make_config(inner_steps=12, window_segments=W, **kw)
 
 
 def commit(host: str) -> object:
@@ -122,7 +123,8 @@ def test_a_lying_reject_of_an_honest_window_is_outvoted_and_slashed() -> None:
     sim.until(sim.step()["round_deadline"] + 1)
     panel = [v for v in VERIFIERS if v not in (liar, other)]
     liar_before, other_before = stake_of(sim, liar), stake_of(sim, other)
-    sim.block(*[verdict_msg(v, host) for v in panel])  # they replay the liar's window: it matches
+    # the panel and the holder of the other window (its revote) replay the liar's window: it matches
+    sim.block(*[verdict_msg(v, host) for v in [*panel, other]])
     sim.until(sim.step()["round_deadline"] + 1)
     assert sim.state.runs[1].steps[0].contributions[host].outcome == Outcome.ACCEPTED
     assert stake_of(sim, liar) < liar_before and stake_of(sim, other) == other_before
@@ -144,21 +146,48 @@ def test_a_fake_delta_contradicts_every_accept_since_every_checker_checks_it() -
     assert before - stake_of(sim, colluder) == before * cfg.stake.fraud_verifier_slash_bps // 10_000
 
 
-def test_accepts_of_undisputed_windows_do_not_vote_on_a_disputed_one() -> None:
-    """Four verifiers, two slots: the honest catcher and two honest panel members against the
-    colluding accept of the other window would be 3 : 1 — but that accept is not about the
-    disputed window, so it does not vote at all, and the honest majority of those who replayed it
-    decides even where the other window's holder has the most stake."""
+def test_an_accept_of_an_undisputed_window_is_no_vote_on_the_disputed_one_until_its_revote() -> None:
+    """Four verifiers of equal stake, two slots: the holder of the clean window accepted its own
+    window, which says nothing of the disputed one, so in the dispute it is asked again (a revote,
+    like the panel) and counts as silent until it answers: every bonded verifier's stake is in the
+    majority, so no coalition can win a dispute by leaving honest stake out of the count."""
     sim = at_verdicts(HOSTS[:1])
     host = HOSTS[0]
     catcher, other = by_slot(sim, host)
     sim.block(verdict_msg(catcher, host, Reason.REPLAY_MISMATCH), verdict_msg(other, host))
     sim.until(sim.step()["round_deadline"] + 1)
+    c = challenge(sim, host)
+    assert c["revotes_owed"] == [other]
     panel = [v for v in VERIFIERS if v not in (catcher, other)]
-    sim.block(verdict_msg(panel[0], host, Reason.REPLAY_MISMATCH))  # the other panel member is silent
+    assert all(queries.assignments(sim.state, 1, v)["hosts"] == [host] for v in [*panel, other])
+    sim.block(verdict_msg(panel[0], host, Reason.REPLAY_MISMATCH),
+              verdict_msg(other, host, Reason.REPLAY_MISMATCH))  # fmt: skip
+    assert challenge(sim, host)["revotes_owed"] == []
+    sim.fails(verdict_msg(other, host), ErrDuplicateVerdict)  # one revote
     sim.until(sim.step()["round_deadline"] + 1)
-    # voters: catcher and the two panel members; R = 2 of 3 equal stakes: rejected
-    assert sim.state.runs[1].steps[0].contributions[host].outcome == Outcome.REJECTED
+    # R = catcher, panel[0], other's revote: 3 of 4 equal stakes; its own accept is not contradicted
+    step = sim.state.runs[1].steps[0]
+    assert step.contributions[host].outcome == Outcome.REJECTED
+    assert stake_of(sim, other) == 5 * GNK
+
+
+def test_a_minority_cannot_win_a_windowed_dispute_over_the_honest_holders_of_clean_windows() -> None:
+    """The coalition holds the faked window's slot and the panel; honest slot holders of clean
+    windows are the honest stake. Counted out, they would let the coalition's panel outvote the
+    catcher; counted in (silent until they revote), the coalition's accepts are no majority."""
+    sim = at_verdicts(HOSTS[:1], verifiers=VERIFIERS[:3], verifiers_per_contribution=3)
+    host = HOSTS[0]
+    holders = by_slot(sim, host)
+    assert len(holders) == 3 and len(set(challenge(sim, host)["windows"][:3])) == 3
+    catcher, clean_a, clean_b = holders
+    sim.block(verdict_msg(catcher, host, Reason.REPLAY_MISMATCH), verdict_msg(clean_a, host),
+              verdict_msg(clean_b, host))  # fmt: skip
+    sim.until(sim.step()["round_deadline"] + 1)
+    # one clean holder (a colluder) revotes ACCEPT on the disputed window, the other is silent:
+    # 1 accept, 1 reject, 1 silent of 3 — no majority, never a coalition's win
+    sim.block(verdict_msg(clean_a, host))
+    sim.until(sim.step()["round_deadline"] + 1)
+    assert sim.state.runs[1].steps[0].contributions[host].outcome == Outcome.UNVERIFIED
 
 
 def test_escalations_reuse_the_initial_slots_and_auditors_take_the_audit_slots() -> None:

@@ -320,33 +320,35 @@ class VerifierNode:
 
     def _verify_step(self, n: int, info: StepInfo) -> None:
         gm = self.models.get(info.base_model_hash)
-        settled: set[str] = set()
+        settled: set[tuple[str, bool]] = set()  # (host, a revote: a windowed dispute's second check)
         deferred: dict[str, int] = {}  # host -> height at which its data was not yet served
-        running: dict[Pending, tuple[str, float]] = {}
+        running: dict[Pending, tuple[str, float, bool]] = {}  # -> (host, started, a revote)
         h = info.height
         while True:
             info = self.view.step(n)
             if info.finalized_height is not None or info.phase.finalized:
                 break
             assigned = self.view.assignments(self.address, n)
-            busy = {host for host, _ in running.values()}
+            busy = {host for host, _, _ in running.values()}
+            owed = self.view.revotes_owed(n, self.address) if assigned else set()
             for host in assigned:
-                if host in settled or host in busy or deferred.get(host, -1) >= info.height:
+                if (host, host in owed) in settled or host in busy or deferred.get(host, -1) >= info.height:
                     continue
                 job = self._job(n, host, info)
                 if job is not None:
-                    running[self.pool.submit(self._judge, job, gm)] = (host, time.perf_counter())
+                    started = (host, time.perf_counter(), host in owed)
+                    running[self.pool.submit(self._judge, job, gm)] = started
             if running:  # wait for work, not for blocks: the chain may be waiting on us
                 finished, _ = wait(list(running), timeout=self.view.poll_timeout, return_when=FIRST_COMPLETED)
                 ready: list[tuple[str, Judgement, float]] = []
                 for fut in finished:
-                    host, t0 = running.pop(fut)
+                    host, t0, revote = running.pop(fut)
                     try:
                         out = self._outcome(n, host, fut, info)
                     except _Retry:
                         deferred[host] = info.height
                         continue
-                    settled.add(host)
+                    settled.add((host, revote))
                     if out is not None:
                         ready.append((host, out, time.perf_counter() - t0))
                 if ready:
