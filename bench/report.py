@@ -260,7 +260,8 @@ def collusion(d: dict[str, Any]) -> Lines:
         "state machine (`bench/collusion.py`), the coalition playing its best strategy; *exact* is "
         "`protocol.collusion.pass_probability_keys` / `expected_profit_keys`, *bound* the many-small-keys "
         "limit q^v (1 − p + p q^a). Profit is reward − slashes of the host and its accomplices, in units "
-        "of the reward R, with the run defaults' bonds (min_host_stake = reward_per_outer_step).",
+        "of the reward R, with the run defaults' bonds (min_host_stake = reward_per_outer_step). Sampling "
+        "segments (H = 4, k = 2); the same under sampling windows is §5b'.",
         "",
     ]
     rows = [
