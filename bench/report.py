@@ -260,7 +260,8 @@ def collusion(d: dict[str, Any]) -> Lines:
         "state machine (`bench/collusion.py`), the coalition playing its best strategy; *exact* is "
         "`protocol.collusion.pass_probability_keys` / `expected_profit_keys`, *bound* the many-small-keys "
         "limit q^v (1 − p + p q^a). Profit is reward − slashes of the host and its accomplices, in units "
-        "of the reward R, with the run defaults' bonds (min_host_stake = reward_per_outer_step).",
+        "of the reward R, with the run defaults' bonds (min_host_stake = reward_per_outer_step). Sampling "
+        "segments (H = 4, k = 2); the same under sampling windows is §5b'.",
         "",
     ]
     rows = [
@@ -301,6 +302,122 @@ def collusion(d: dict[str, Any]) -> Lines:
                  f"{100 * x['pass_exact_max']:.2f}%", f"{100 * x['accept_overturned_at_half']:.1f}%",
                  f"{x['max_reward_per_host_bond']:.1f}"] for x in alt]  # fmt: skip
         out += table(["v", "p", "a", "replays", "worst bound", "worst exact", "overturned", "max R/B"], rows)
+    return out
+
+
+def _pct(x: float, digits: int = 2) -> str:
+    return f"{100 * x:.{digits}f}%"
+
+
+def collusion_windows(d: dict[str, Any]) -> Lines:
+    """Issue 34: the fake-Δ table rerun under windows, then hosts faking segments, each cell next to
+    its exact formula and the planner's many-keys one."""
+    out = [
+        f"Sampling windows at H = {d['H']}, k = {d['k']}, w = {d['w']}: n = {d['n_segments']} segments, "
+        f"B = {d['blocks']} blocks, v + a = 7 slots each on its own block; {d['trials_per_cell']} seeded "
+        "trials per cell on the state machine (100-key cells: half as many), equal-stake keys.",
+        "",
+        "**A fake Δ.** Every checker checks Δ against θ_H whatever its window, so honest verifiers reject "
+        "(DELTA_MISMATCH) and the Δ question's voters are every verifier: the formula is the one of §5b, "
+        "*exact* `pass_probability_keys` = C(A, v)/C(N, v) · (1 − p + p·C(A − v, a)/C(N − v, a)), *bound* "
+        "σ^v (1 − p + p σ^a). Every cell within 3 sd of *exact*: "
+        f"**{'yes' if d['fake_delta_within_3_sd'] else 'no'}**.",
+        "",
+    ]
+    rows = [
+        [r["v"], r["p"], r["a"], r["keys"], f"{100 * r['share']:.0f}%", _pct(r["passed"]),
+         _pct(r["pass_exact"]), _pct(r["pass_bound_many_keys"]), f"{r['profit_per_step_R']:+.3f}",
+         f"{r['profit_exact_R']:+.3f}"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    head = ["v", "p", "a", "keys", "accomplice stake", "fake passed", "exact", "bound", "profit/R", "exact"]
+    out += table(head, rows)
+    cells = d["windows"]
+    c0 = cells[0]
+    out += [
+        f"**Faked segments** (v = {c0['v']}, p = {c0['p']}, a = {c0['a']}): `lazy` f = 0.5 (50 segments in "
+        "17 whole blocks) and `one_fake` (1 segment, 1 block). Honest slot holders reject iff their window "
+        "holds a faked segment, honest panel members reject the disputed windows, accomplices accept on "
+        "their slots and on a panel whenever the coalition does not lose the segments vote. *exact* is "
+        "`protocol.collusion.window_odds_keys` (finite equal-stake keys, draws without replacement, the "
+        "dispute decided among its voters: specs §9), *planner* `gonka_diloco.plan.window_cheat` "
+        "(each slot an accomplice with probability σ, every dispute lost below ½). *rejected*: a dispute "
+        "rejected it (host slashed host_slash_bps); *unverified*: a tied dispute; *honest slashed*: honest "
+        "verdicts slashed per outer step (every honest voter of a dispute the coalition won). Profit = "
+        "reward − slashes of the host and its accomplices per outer step, in units of the reward R "
+        "(an honest host earns +1.000; the compute a fake saves is not in it, the planner's `economics` "
+        "prices it). Every cell within 3 sd of *exact*: "
+        f"**{'yes' if d['windows_within_3_sd'] else 'no'}**.",
+        "",
+    ]
+    rows = [
+        [r["adversary"], f"{r['fake_blocks']}/{r['blocks']}", r["keys"], f"{100 * r['share']:.0f}%",
+         _pct(r["passed"]), _pct(r["pass_exact"]), _pct(r["pass_planner"]),
+         f"{_pct(r['rejected'], 1)} ({_pct(r['rejected_exact'], 1)})",
+         f"{_pct(r['unverified'], 1)} ({_pct(r['unverified_exact'], 1)})",
+         f"{r['honest_slashed']:.3f} ({r['honest_slashed_exact']:.3f})",
+         f"{r['profit_per_step_R']:+.3f} ({r['profit_exact_R']:+.3f})"]
+        for r in cells
+    ]  # fmt: skip
+    head = ["host", "fake blocks", "keys", "accomplice stake", "fake passed", "exact", "planner",
+            "rejected (exact)", "unverified (exact)", "honest slashed (exact)",
+            "profit/R (exact)"]  # fmt: skip
+    out += table(head, rows)
+    minority = [r for r in cells if r["share"] < 0.5]
+    gap = max(minority, key=lambda r: r["pass_exact"] - r["pass_planner"])
+    won = [r for r in minority if r["honest_slashed_exact"] > 0]
+    out += [
+        f"Below ½ of the stake the exact odds exceed the planner's by at most "
+        f"{100 * (gap['pass_exact'] - gap['pass_planner']):.2f} points ({gap['adversary']}, "
+        f"{gap['keys']} keys, {100 * gap['share']:.0f}%); a minority wins a dispute (honest verdicts "
+        f"slashed) in {len(won)} of {len(minority)} such cells.",
+        "",
+    ]
+    return out
+
+
+def detection_windows(d: dict[str, Any]) -> Lines:
+    """Issue 34: every host adversary per outer step under windows; one_fake and lazy vs the planner."""
+    c = d["detection_config"]
+    out = [
+        f"Tiny GPT, H = {c['H']}, k = {c['k']}, w = {c['w']} (B = {c['blocks']} blocks), v = {c['v']}, "
+        f"p = {c['p']}, a = {c['a']}: per trial a fresh challenge draws the slots' windows, each drawn "
+        "block's checker replays its window with `verifier.verify` and checks Δ against θ_H; the outer "
+        "step is caught when an initial slot rejects or, audited, an audit slot does (specs §2.5). *checks "
+        "rejecting*: the share of those checks that rejected; *right reason*: the share of outer steps "
+        "whose outcome (the first reject's reason, or ACCEPT) is the expected one. The segments-era table "
+        "is §5.",
+        "",
+    ]
+    rows = [
+        [r["behaviour"], r["trials"], _pct(r["rejected"], 0), _pct(r["right_reason"], 0),
+         "n/a" if r.get("checks_rejecting") is None else _pct(r["checks_rejecting"], 0),
+         ", ".join(r["expected"]), ", ".join(f"{k} {v}" for k, v in sorted(r["reasons"].items()))]
+        for r in d["adversaries"]
+    ]  # fmt: skip
+    out += table(["behaviour", "trials", "caught per outer step", "right reason", "checks rejecting",
+                  "expected", "verdicts seen (checks)"], rows)  # fmt: skip
+    sc = d["sweep_config"]
+    out += [
+        "**Detection per outer step vs the planner** (`gonka_diloco.plan.lazy_detection` / "
+        f"`one_segment_detection`, split by `lazy_cheat`): {sc['seeds']} hosts per adversary, every "
+        f"block's window replayed once per host, then {sc['challenges_per_host']} challenges per host "
+        "judged by the chain's rule over their drawn slots (bitwise: a window's verdict does not depend on "
+        f"the challenge; {sc['spot_checks_per_host']} challenges per host re-verified end to end).",
+        "",
+    ]
+    rows = [
+        [r["behaviour"], r["H"], r["k"], r["w"], r["blocks"], r["faked_segments"],
+         ", ".join(map(str, r["blocks_rejected"])), r["trials"], _pct(r["detected"], 1),
+         _pct(r["predicted"], 1),
+         f"{_pct(r['detected_initial'], 1)} ({_pct(r['predicted_initial'], 1)})",
+         f"{_pct(r['detected_audit'], 1)} ({_pct(r['predicted_audit'], 1)})",
+         f"{r['spot_checks_agree']}/{r['spot_checks']}"]
+        for r in d["sweep"]
+    ]  # fmt: skip
+    head = ["host", "H", "k", "w", "B", "faked segments", "blocks rejected", "outer steps", "caught",
+            "planner", "initial slots (planner)", "audit (planner)", "spot checks agree"]  # fmt: skip
+    out += table(head, rows)
     return out
 
 
@@ -794,12 +911,16 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      communication),
     ("codecs", "4. Codecs", "bench.codecs", codecs_table),
     ("detection", "5. Verification cost vs detection", "bench.detection", generic),
+    ("detection_windows", "5e. Detection under sampling windows (issue 34)",
+     ".venv/bin/python -m bench.detection --windows", detection_windows),
     ("steering", "5c. Tolerance mode: steering left to a bounded budget (issue 23)", "bench.steering",
      steering),
     ("steering_bf16", "5d. The same with bf16 autocast",
      ".venv/bin/python -m bench.steering --precision bf16", steering),
     ("collusion", "5b. Collusion: colluding verifiers vs stake-weighted draws, audits and disputes",
      "bench.collusion", collusion),
+    ("collusion_windows", "5b'. Collusion under sampling windows (issue 34)",
+     ".venv/bin/python -m bench.collusion --windows", collusion_windows),
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("overlap", "6b. Overlap: host utilization and time to the same loss (devnet, issue 16)", "bench.overlap",
      overlap),
