@@ -44,7 +44,15 @@ from typing import Any
 from cosmpy.crypto.address import Address
 
 from chain.genesis import Genesis, genesis_state
-from chain.module import BlockContext, TxContext, begin_block, disputed_windows, end_block, process_msg
+from chain.module import (
+    BlockContext,
+    TxContext,
+    begin_block,
+    disputed_windows,
+    end_block,
+    owes_revote,
+    process_msg,
+)
 from chain.params import BONDING_DELAY_BLOCKS, Outcome, Phase, Review
 from chain.state import ChainState, Contribution
 from protocol import merkle
@@ -177,22 +185,22 @@ class Trial:
         return Reason.ACCEPT if all(x in self.accomplices for x in same_stage) else Reason.DELTA_MISMATCH
 
     def window_vote(self, verifier: str, c: Contribution) -> Reason:
-        """Faked segments under windows: a slot holder replays its window, a panel member (no slot)
-        the disputed ones; an accomplice accepts on its slot (only its window's voters could
-        contradict it) and on a panel whenever the coalition does not lose the segments vote."""
+        """Faked segments under windows: a slot holder replays its window; a panel member (no slot)
+        and a revote (a slot holder of a window nobody disputed, in a dispute) the disputed ones.
+        An accomplice accepts on its slot (nobody else replays an undisputed window) and, in a
+        dispute, whenever the coalition does not lose (every assigned verifier votes, §2.5.3)."""
         assert self.faked is not None
         n, w = self.config.n_segments, self.config.window_len
-        mine = [c.windows[c.slots[verifier]]] if verifier in c.slots else disputed_windows(c)
+        own = verifier in c.slots and not owes_revote(c, verifier)
+        mine = [c.windows[c.slots[verifier]]] if own else disputed_windows(c)
         fake = any(seg in self.faked for start in mine for seg in window(start, n, w))
         if verifier not in self.accomplices:
             return Reason.REPLAY_MISMATCH if fake else Reason.ACCEPT
-        if verifier in c.slots:
+        if own:
             return Reason.ACCEPT
-        disputed = set(disputed_windows(c))
-        voters = [x for x in c.verifier_rounds if x not in c.slots or c.windows[c.slots[x]] in disputed]
         stake = self.state.runs[1].participants
-        ours = sum(stake[x].stake for x in voters if x in self.accomplices)
-        theirs = sum(stake[x].stake for x in voters if x not in self.accomplices)
+        ours = sum(stake[x].stake for x in c.verifier_rounds if x in self.accomplices)
+        theirs = sum(stake[x].stake for x in c.verifier_rounds if x not in self.accomplices)
         return Reason.ACCEPT if ours >= theirs else Reason.REPLAY_MISMATCH
 
     def react(self) -> list[Any]:
@@ -215,7 +223,8 @@ class Trial:
                                               openings=openings))  # fmt: skip
         if step.phase in (Phase.REVEAL, Phase.VERIFY, Phase.AUDIT, Phase.CONFIRM) and c.outcome is None:
             for v in sorted(c.verifier_rounds):
-                if v not in c.verdicts and (c.reveal_height is not None or msgs):
+                owed = v not in c.verdicts or owes_revote(c, v)
+                if owed and (c.reveal_height is not None or msgs):
                     vote = MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=CHEATER,
                                             reason=self.vote(v, c), evidence_hash=_h("ev", v))  # fmt: skip
                     msgs.append(vote)

@@ -179,21 +179,19 @@ def window_odds_keys(accomplices: int, honest: int, blocks: int, fake: int, d: D
     F fake blocks sit at a uniform F-subset of the B positions, so r1, r2 honest initial / audit
     slots land on one with P(r1, r2) = C(h1, r1)·C(h2, r2)·C(B − h1 − h2, F − r1 − r2) / C(B, F).
 
-    - r1 ≥ 1: a dispute; its voters are the panel (the N − v unassigned keys) and the r1 rejecters
-      (§2.5.3: the slot holders of undisputed windows do not vote), so the coalition's margin is
-      m1 = (A − v + h1) − (H − h1 + r1);
-    - r1 = 0: accepted unless audited; audited, r2 = 0: accepted; r2 ≥ 1: a dispute with margin
-      m2 = (A − v − a' + h1 + h2) − (H − h1 − h2 + r2).
+    - r1 ≥ 1: a dispute; every key votes (the panel, the rejecters and, by their revotes, the
+      holders of undisputed windows, §2.5.3): honest keys reject, accomplices accept, so the
+      coalition's margin is m = A − H whoever holds which slot;
+    - r1 = 0: accepted unless audited; audited, r2 = 0: accepted; r2 ≥ 1: a dispute, margin m.
 
-    A dispute passes the fake iff its margin > 0 (every honest voter is then slashed), ties iff 0,
-    else rejects it. So
+    A dispute passes the fake iff m > 0 (a majority coalition: every honest voter is then
+    slashed), ties iff m = 0, else rejects it. So, for every minority,
 
-        P_pass = Σ_{h1} P(h1) [ Σ_{r1≥1} P(r1 | h1)·[m1 > 0] + P(r1 = 0 | h1)·(1 − p)
-                                + p·Σ_{h2} P(h2 | h1) Σ_{r2} P(r1 = 0, r2 | h1, h2)·[r2 = 0 ∨ m2 > 0] ].
+        P_pass = Σ_{h1} P(h1) · P(r1 = 0 | h1) · [(1 − p) + p·Σ_{h2} P(h2 | h1)·P(r2 = 0 | h1, h2)].
 
-    With many small keys (A, H → ∞ at A/N = σ < ½) no margin is ever positive and this tends to the
-    planner's E[σ^K1·(1 − p + p·σ^K2)] (`gonka_diloco.plan.window_cheat`); with few keys a minority
-    can win a dispute, because the honest slot holders of clean windows do not vote in it.
+    With many small keys (A, H → ∞ at A/N = σ < ½) this tends to the planner's
+    E[σ^K1·(1 − p + p·σ^K2)] (`gonka_diloco.plan.window_cheat`); drawn without replacement, a
+    finite coalition's odds are below it.
     """
     n = accomplices + honest
     if accomplices < 0 or honest < 0 or n < d.v:
@@ -216,7 +214,7 @@ def window_odds_keys(accomplices: int, honest: int, blocks: int, fake: int, d: D
         w1 = _hyper(n, honest, d.v, h1)
         for r1 in range(1, min(h1, fake) + 1):
             w = w1 * comb(h1, r1) * comb(blocks - h1, fake - r1) / every
-            dispute(w, (accomplices - d.v + h1) - (honest - h1 + r1), honest - h1 + r1)
+            dispute(w, accomplices - honest, honest)
         out["passed"] += w1 * (1 - p) * comb(blocks - h1, fake) / every
         if p == 0:
             continue
@@ -227,8 +225,7 @@ def window_odds_keys(accomplices: int, honest: int, blocks: int, fake: int, d: D
                 if r2 == 0:
                     out["passed"] += w
                 else:
-                    margin = (accomplices - d.v - a + h1 + h2) - (honest - h1 - h2 + r2)
-                    dispute(w, margin, honest - h1 - h2 + r2)
+                    dispute(w, accomplices - honest, honest)
     return WindowOdds(**out)
 
 
