@@ -311,3 +311,22 @@ def test_verifier_accepts_an_honest_int8_host_and_rejects_cheaters(tmp_path: Pat
         assert step1(lazy, [min(faked), last]) is Reason.REPLAY_MISMATCH
     finally:
         torch.set_num_threads(threads)
+
+
+def test_moment_vectors() -> None:
+    """specs/vectors/moments.json recomputed from its inputs (§6.2.1)."""
+    import json
+
+    from specs.make_vectors import VECTORS
+    from specs.state_vectors import _bits, _floats
+
+    vs = json.loads((VECTORS / "moments.json").read_text())
+    for v in vs[:2]:
+        q, s = qm.quantize(_floats(v["input"]["x"]), v["input"]["signed"])
+        assert [int(c) for c in q.tolist()] == v["output"]["codes"] and _bits(s) == v["output"]["scales"]
+        assert _bits(qm.dequantize(q, s)) == v["output"]["decoded"]
+    pair = vs[2]
+    got = qm.quantize_pair(_floats(pair["input"]["m"]), _floats(pair["input"]["v"]))
+    assert [int(c) for c in got[0].tolist()] == pair["output"]["m_codes"]
+    assert [int(c) for c in got[2].tolist()] == pair["output"]["v_codes"]
+    assert any(c == 0 for c in pair["output"]["v_codes"])
