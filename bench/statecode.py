@@ -19,12 +19,14 @@ genuine-state ratio of every state, max |m̂|/((√v̂ + ε)·C(t)) (specs §6.3
 `GENUINE_SLACK_INT8` is set from).
 
 Run: `nice -n 15 .venv/bin/python -m bench.statecode [--quick]` → bench/results/statecode.json
-(the quick run: the GPT only, 5 and 50 steps).
+(the quick run: the GPT only, 5 and 50 steps); `--predict` recomputes only the planner's 30B
+figures from that file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -160,6 +162,30 @@ def planner(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def prediction(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """What `gonka_diloco.plan` then says of one opened state at the planner's default model (30B)."""
+    from gonka_diloco.plan import (
+        Constants,
+        Inputs,
+        optimizer_wire_bytes,
+        state_canonical_bytes,
+        state_wire_bytes,
+    )
+
+    i = Inputs()
+    ratio = {m.value: plan[m.value]["ratio"] if m.value in plan else 1.0 for m in Moments}
+    c = Constants(state_code_ratio=ratio)
+    out = []
+    for m in Moments:
+        wire = state_wire_bytes(i, c, m)
+        out.append({"moments": m.value, "params": i.params,
+                    "state_gb": state_canonical_bytes(i.params, m) / 1e9,
+                    "wire_gb": wire / 1e9, "wire_bytes_per_param": wire / i.params,
+                    "minutes_at_1gbit": wire / (LINK_MB_S * 1e6) / 60,
+                    "optimizer_gb": optimizer_wire_bytes(i, m) / 1e9})  # fmt: skip
+    return out
+
+
 def main(quick: bool = False) -> dict[str, Any]:
     configure_determinism(1)
     corpus = open_dataset("")
@@ -176,6 +202,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         rows += measure("llama-125m", llama, corpus, WARM_125M, [1, 3, 6], 2, 64, True)
     result["rows"] = rows
     result["planner"] = planner(rows)
+    result["prediction_30b"] = prediction(result["planner"])
     result["load_after"] = os.getloadavg()
     print("\n| model | moments | t | coding | level | B/param state | B/param wire | ratio "
           "| encode MB/s/core | decode MB/s/core | genuine ratio |")
@@ -185,6 +212,25 @@ def main(quick: bool = False) -> dict[str, Any]:
               f"| {r['state_bytes_per_param']:.2f} | {r['wire_bytes_per_param']:.2f} | {r['ratio']:.3f} "
               f"| {r['encode_mb_s']:.0f} | {r['decode_mb_s']:.0f} | {r['genuine_ratio']:.3f} |")  # fmt: skip
     print(f"planner: {result['planner']} (link {LINK_MB_S:.0f} MB/s)")
+    for p in result["prediction_30b"]:
+        print(f"30B, {p['moments']} moments: an opened state {p['state_gb']:.0f} GB, on the wire "
+              f"{p['wire_gb']:.0f} GB ({p['wire_bytes_per_param']:.2f} B/param, "
+              f"{p['minutes_at_1gbit']:.0f} min at 1 Gbit/s); carried optimizer state "
+              f"{p['optimizer_gb']:.0f} GB")  # fmt: skip
+    write_result("statecode", result)
+    return result
+
+
+def predict_only() -> dict[str, Any]:
+    """`--predict`: the 30B prediction again from the measured figures in the results file."""
+    from bench.sim import RESULTS_DIR
+
+    path = RESULTS_DIR / "statecode.json"
+    result = json.loads(path.read_text())
+    result["prediction_30b"] = prediction(result["planner"])
+    for p in result["prediction_30b"]:
+        print(f"30B, {p['moments']} moments: {p['wire_gb']:.0f} GB on the wire "
+              f"({p['minutes_at_1gbit']:.0f} min)")  # fmt: skip
     write_result("statecode", result)
     return result
 
@@ -192,4 +238,9 @@ def main(quick: bool = False) -> dict[str, Any]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    main(ap.parse_args().quick)
+    ap.add_argument("--predict", action="store_true", help="only the 30B prediction, from the results file")
+    args = ap.parse_args()
+    if args.predict:
+        predict_only()
+    else:
+        main(args.quick)

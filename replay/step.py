@@ -145,11 +145,6 @@ def make_optimizer(model: nn.Module | Iterable[nn.Parameter], inner: InnerOptim)
     return opt
 
 
-def state_names(moments: Moments, name: str) -> list[str]:
-    """The training-state tensors one parameter contributes: `param/<n>` and its moments' groups."""
-    return [f"{PARAM}/{name}", *qm.optimizer_names(moments, name)]
-
-
 def training_state(model: nn.Module, opt: torch.optim.Optimizer, *, copy: bool = False) -> State:
     """The flat state of DEVELOPERS.md: `param/<n>`, `exp_avg/<n>`, `exp_avg_sq/<n>`, `step`; with
     int8 moments `exp_avg_code/<n>`, `exp_avg_scale/<n>`, `exp_avg_sq_code/<n>`,
