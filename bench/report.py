@@ -785,9 +785,9 @@ def convergence_moments(d: dict[str, Any]) -> Lines:
         out += [f"*{name}*: {model}, M = {st['hosts']}, H = {st['inner_steps']}, T = {st['outer_steps']}, "
                 f"inner lr {fmt(st['inner_lr'])}, outer {fmt(st['outer_lr'])}/{fmt(st['outer_momentum'])}",
                 ""]  # fmt: skip
-        rows = [[r["moments"], r["seed"], r["final_val_loss"], r["verdicts"] or "", r["wall_s"]]
-                for r in s["rows"]]  # fmt: skip
-        out += table(["moments", "seed", "final val loss", "verdicts", "wall s"], rows)
+        rows = [[r["moments"], r["seed"], f"{r['final_val_loss']:.4f}" if r["final_val_loss"] else "error",
+                 r["verdicts"] or "", r["wall_s"]] for r in s["rows"]]  # fmt: skip
+        out += table(["moments", "seed", "final val loss", "verdicts", "wall s (under load)"], rows)
         if "max_rel_gap" in s:
             gaps = ", ".join(f"seed {k}: {100 * v:.2f}%" for k, v in s["int8_vs_fp32_rel"].items())
             noise = s.get("fp32_seed_noise_rel")

@@ -20,7 +20,7 @@ genuine-state ratio of every state, max |m̂|/((√v̂ + ε)·C(t)) (specs §6.3
 
 Run: `nice -n 15 .venv/bin/python -m bench.statecode [--quick]` → bench/results/statecode.json
 (the quick run: the GPT only, 5 and 50 steps); `--predict` recomputes only the planner's 30B
-figures from that file.
+figures (and the planner's ratios, at today's `DEFAULT_LEVEL`) from that file.
 """
 
 from __future__ import annotations
@@ -222,11 +222,13 @@ def main(quick: bool = False) -> dict[str, Any]:
 
 
 def predict_only() -> dict[str, Any]:
-    """`--predict`: the 30B prediction again from the measured figures in the results file."""
+    """`--predict`: the planner's figures (at today's `DEFAULT_LEVEL`) and the 30B prediction again,
+    from the measured rows in the results file (the full run's if there is one)."""
     from bench.sim import RESULTS_DIR
 
-    path = RESULTS_DIR / "statecode.json"
-    result = json.loads(path.read_text())
+    full = RESULTS_DIR / "statecode.full.json"
+    result = json.loads((full if full.is_file() else RESULTS_DIR / "statecode.json").read_text())
+    result["planner"] = planner(result["rows"])
     result["prediction_30b"] = prediction(result["planner"])
     for p in result["prediction_30b"]:
         print(f"30B, {p['moments']} moments: {p['wire_gb']:.0f} GB on the wire "
