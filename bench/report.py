@@ -887,6 +887,57 @@ def devnet_codec(d: dict[str, Any]) -> Lines:
     ]
 
 
+def convergence_moments(d: dict[str, Any]) -> Lines:
+    """Issue 35: float32 vs int8 AdamW moments, two seeds each, per setting."""
+    load = f"Load average {fmt(d.get('load_before'))} before, {fmt(d.get('load_after'))} after (2 cores)."
+    out = [f"{load} Same run, same seeds; only `InnerOptim.moments` differs (specs §6.2.1). The bar: int8's "
+           "final loss within 1% of float32's at the same seed; float32's seed-to-seed gap is the noise.",
+           ""]  # fmt: skip
+    for name, s in d["settings"].items():
+        if "setup" not in s:
+            out += [f"*{name}*: error {str(s.get('error', ''))[:200]}", ""]
+            continue
+        st = s["setup"]
+        model = "Llama-tiny (warm start)" if "llama" in st["factory"] else "small GPT"
+        out += [f"*{name}*: {model}, M = {st['hosts']}, H = {st['inner_steps']}, T = {st['outer_steps']}, "
+                f"inner lr {fmt(st['inner_lr'])}, outer {fmt(st['outer_lr'])}/{fmt(st['outer_momentum'])}",
+                ""]  # fmt: skip
+        rows = [[r["moments"], r["seed"], f"{r['final_val_loss']:.4f}" if r["final_val_loss"] else "error",
+                 r["verdicts"] or "", r["wall_s"]] for r in s["rows"]]  # fmt: skip
+        out += table(["moments", "seed", "final val loss", "verdicts", "wall s (under load)"], rows)
+        if "max_rel_gap" in s:
+            gaps = ", ".join(f"seed {k}: {100 * v:.2f}%" for k, v in s["int8_vs_fp32_rel"].items())
+            noise = s.get("fp32_seed_noise_rel")
+            seeds = f"; float32 seed-to-seed: {100 * noise:.2f}%" if noise is not None else ""
+            out += [f"int8 vs fp32 at the same seed: {gaps}; within 1%: **{s['within_1pct']}**{seeds}", ""]
+    return out
+
+
+def statecode(d: dict[str, Any]) -> Lines:
+    """Issue 35: lossless coding of opened training states against G_n, per model, moments, point."""
+    out = [f"Link: {fmt(d['link_mb_s'])} MB/s (1 Gbit/s); chunks of {fmt(d['chunk_bytes'])} bytes; speeds "
+           "are per core (one thread, its own CPU time). *t*: inner steps into the outer step (G_n at 0); "
+           "ratio = canonical ÷ coded bytes; *genuine ratio*: max |m̂|/((√v̂+ε)·C(t)) of the state (§6.3); "
+           "*diff_body*: the 125M state without `embed_tokens` (its unused rows' moments stay 0). Load "
+           f"average {fmt(d.get('load_before'))} before, {fmt(d.get('load_after'))} after.", ""]  # fmt: skip
+    keys = ["model", "moments", "t", "coding", "level", "state_bytes_per_param", "wire_bytes_per_param",
+            "ratio", "encode_mb_s", "decode_mb_s", "genuine_ratio"]  # fmt: skip
+    out += table(["model", "moments", "t", "coding", "zstd level", "B/param state", "B/param wire", "ratio",
+                  "encode MB/s/core", "decode MB/s/core", "genuine ratio"],
+                 [[r[k] for k in keys] for r in d["rows"]])  # fmt: skip
+    p = d.get("planner", {})
+    took = [f"{m} {fmt(p[m]['ratio'])} (slowest encode {fmt(p[m]['encode_mb_s'])}, decode "
+            f"{fmt(p[m]['decode_mb_s'])} MB/s/core)" for m in ("fp32", "int8") if m in p]  # fmt: skip
+    out += [f"The planner takes, per moment format, the lowest ratio of `{p.get('coding')}` at zstd level "
+            f"{p.get('level')}: " + "; ".join(took) + ".", ""]  # fmt: skip
+    if d.get("prediction_30b"):
+        keys = ["moments", "state_gb", "wire_gb", "wire_bytes_per_param", "minutes_at_1gbit", "optimizer_gb"]
+        out += table(["30B: moments", "state GB", "on the wire GB", "B/param on the wire",
+                      "min at 1 Gbit/s", "carried optimizer GB"],
+                     [[r[k] for k in keys] for r in d["prediction_30b"]])  # fmt: skip
+    return out
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("convergence", "1. Convergence: data-parallel vs ours (verified) vs torchft DiLoCo", "bench.convergence",
      convergence),
@@ -903,6 +954,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      ".venv/bin/python -m bench.convergence --sparse-shape 25x24 --sparse-name density --inner-lrs 0.002 "
      "--sparse-contenders dp,int8_nesterov,sparse_average_lr2_k128,sparse_average_lr2_k256,"
      "sparse_average_lr2_k512,sparse_average_lr2_k1024", convergence_sparse),
+    ("convergence_moments", "1h. Int8 AdamW moments vs float32 moments (issue 35)",
+     ".venv/bin/python -m bench.convergence --only moments [--quick]", convergence_moments),
     ("overlap_detection", "2b. Overlap: detection and false rejection with the eager schedule (issue 16)",
      "bench.overlap_detection", overlap_detection),
     ("attack", "2. Under attack: robust aggregation vs replay verification", "bench.attack", attack),
@@ -910,6 +963,7 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      "bench.communication",
      communication),
     ("codecs", "4. Codecs", "bench.codecs", codecs_table),
+    ("statecode", "4b. Opened training states coded against G_n (issue 35)", "bench.statecode", statecode),
     ("detection", "5. Verification cost vs detection", "bench.detection", generic),
     ("detection_windows", "5e. Detection under sampling windows (issue 34)",
      ".venv/bin/python -m bench.detection --windows", detection_windows),

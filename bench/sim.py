@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
-from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, OuterRule, RunConfig
+from protocol.config import Codec, InnerOptim, ModelSpec, Moments, OuterOptim, OuterRule, RunConfig
 from protocol.errorfeedback import EFConfig, ef_hash, ef_step, verify_ef_step
 from protocol.merkle import merkle_root
 from protocol.outer import (
@@ -92,6 +92,7 @@ class Setup:
     codec_topk: int = 0  # codec "sparse": entries kept per chunk (0 = C/64)
     ef_decay: float = 1.0  # codec "sparse": β of the error-feedback accumulator
     outer_rule: str = "nesterov"  # or "average" (SparseLoCo: θ − lr·mean, no momentum)
+    moments: str = "fp32"  # or "int8": block-wise 8-bit AdamW moments (InnerOptim.moments, specs §6.2.1)
 
     def spec(self) -> ModelSpec:
         return ModelSpec(factory=self.factory, config=dict(self.model))
@@ -99,7 +100,8 @@ class Setup:
     def inner(self) -> InnerOptim:
         decay = self.outer_steps * self.inner_steps if self.cosine else 0
         return InnerOptim(lr=self.inner_lr, warmup_steps=self.warmup_steps, decay_steps=decay,
-                          min_lr_fraction=0.1 if self.cosine else 0.0)  # fmt: skip
+                          min_lr_fraction=0.1 if self.cosine else 0.0,
+                          moments=Moments(self.moments))  # fmt: skip
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Setup:

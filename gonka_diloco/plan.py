@@ -19,6 +19,7 @@ from itertools import product
 from typing import Any
 
 from chain.params import BLOCK_SECONDS, BPS_DENOMINATOR
+from protocol import inner as sizes
 from protocol.config import DEFAULT_WINDOW_SEGMENTS, Codec, ReplayMode, RunConfig, Sampling, Stake
 from protocol.inner import GRAD_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM
 from protocol.prf import window_blocks
@@ -123,6 +124,11 @@ class Constants:
     feedback): its per-step error says nothing of convergence, so the sweep never picks it;
     `--codec sparse` plans it and `bench.convergence --only sparse` measures it."""
     chain_ms_per_msg: float = 0.1
+    state_code_ratio: dict[str, float] = field(default_factory=lambda: dict.fromkeys(sizes.Moments, 1.0))
+    """Canonical ÷ coded bytes of an opened training state (`protocol.statecode`, DIFF against
+    G_n), per `InnerOptim.moments`: the lowest measured by `bench.statecode`; 1.0 = sent uncoded."""
+    state_code_speed: dict[str, float] = field(default_factory=lambda: {"encode": 4e8, "decode": 4e8})
+    """Canonical bytes per second per core of that coding (the slower side bounds a transfer's CPU)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each constant came from (a results file or 'default')."""
 
@@ -261,6 +267,30 @@ def inner_step_seconds(params: float, tokens: int, gpus: int, peak_flops: float,
 
 def state_bytes(params: float) -> float:
     return STATE_BYTES_PER_PARAM * params
+
+
+RUN_MOMENTS: sizes.Moments = run_default("inner").moments
+
+
+def state_wire_bytes(i: Inputs, c: Constants, moments: sizes.Moments = RUN_MOMENTS) -> float:
+    """An opened training state on the wire (issue 35): its canonical size for the run's moment
+    format (`InnerOptim.moments`, default RunConfig's: 12 B/param fp32, 6.03 int8) ÷ the measured
+    lossless ratio of coding its chunks against G_n (`Constants.state_code_ratio`,
+    `bench.statecode`). Disk, hashing and the device → host copy keep the canonical size
+    (`state_canonical_bytes`)."""
+    moments = sizes.Moments(moments)
+    return state_canonical_bytes(i.params, moments) / c.state_code_ratio.get(moments.value, 1.0)
+
+
+def state_canonical_bytes(params: float, moments: sizes.Moments = RUN_MOMENTS) -> float:
+    """A training state's canonical (hashed, stored) size: `protocol.inner.state_bytes_per_param`."""
+    return sizes.state_bytes_per_param(moments) * params
+
+
+def optimizer_wire_bytes(i: Inputs, moments: sizes.Moments = RUN_MOMENTS) -> float:
+    """The carried optimizer state a checker fetches (moments + step): not coded (no parameters
+    to difference against G_n), so its canonical size for the run's moment format."""
+    return sizes.optimizer_bytes_per_param(sizes.Moments(moments)) * i.params
 
 
 def sparse_bytes_per_param(chunk: int, topk: int) -> float:

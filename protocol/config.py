@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from protocol.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
+from protocol.inner import Moments as Moments  # re-exported: the run's vocabulary
 
 DEFAULT_WINDOW_SEGMENTS = 3
 """w: segments per checker window (`RunConfig.window_segments`)."""
@@ -139,6 +140,22 @@ class InnerOptim(Frozen):
     warmup_steps: int = Field(0, ge=0)
     decay_steps: int = Field(0, ge=0, description="0 = constant after warm-up")
     min_lr_fraction: float = Field(0.0, ge=0, le=1)
+    moments: Moments = Field(Moments.FP32, description="how the moments are stored (specs §6.2.1)")
+
+    @field_validator("moments", mode="before")
+    @classmethod
+    def _moments_unset(cls, value: Any) -> Any:
+        """An unset proto3 string reads as "": float32 moments."""
+        return Moments.FP32 if value == "" else value
+
+    @model_serializer(mode="wrap")
+    def _omit_default_moments(self, handler: Any) -> dict[str, Any]:
+        """`moments` is in the dump (config hash, wire bytes, chain state) only when it is not FP32:
+        existing runs keep their hashes bit for bit."""
+        data = handler(self)
+        if self.moments is Moments.FP32:
+            data.pop("moments", None)
+        return data
 
 
 class OuterOptim(Frozen):
@@ -376,6 +393,11 @@ class RunConfig(Frozen):
         if self.replay_mode is ReplayMode.TOLERANCE and min(self.tolerances.values()) <= 0:
             raise ValueError(
                 "tolerance mode needs positive tolerance, tolerance_exp_avg and tolerance_exp_avg_sq"
+            )
+        if self.replay_mode is ReplayMode.TOLERANCE and self.inner.moments is not Moments.FP32:
+            raise ValueError(
+                f"inner.moments = {self.inner.moments.value!r} needs replay_mode 'bitwise': tolerance "
+                "mode's thresholds are calibrated on float32 moments (specs §6.2.1)"
             )
         return self
 

@@ -40,6 +40,7 @@ from protocol.messages import (
 from protocol.outer import eager_scale, eager_start, global_model_hash, outer_update
 from protocol.tensors import StateKind, canonical_bytes, domain, tensor_hash
 from protocol.wire import _MODEL_OF, to_any
+from specs.state_vectors import moments_vectors, statecode_vectors
 from specs.strict_vectors import modelsize_vectors, strict_vectors
 from specs.tolerance_vectors import tolerance_vectors
 
@@ -869,6 +870,8 @@ BUILDERS = {
     "tolerance": tolerance_vectors,  # specs/tolerance_vectors.py (§6.3)
     "modelsize": modelsize_vectors,  # specs/strict_vectors.py (§2.4.1)
     "strict": strict_vectors,  # specs/strict_vectors.py (§1)
+    "moments": moments_vectors,  # specs/state_vectors.py (§6.2.1)
+    "statecode": statecode_vectors,  # specs/state_vectors.py (§8.2)
 }
 
 

@@ -27,11 +27,11 @@ from torch import nn
 from nodekit.eager import EagerStart
 from protocol import chunks
 from protocol.codecs import CodecError
-from protocol.config import Codec, ReplayMode, canonical_json
+from protocol.config import Codec, Moments, ReplayMode, canonical_json
 from protocol.envclass import ReplayDecision, replay_decision
-from protocol.inner import MOMENTS
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
+from protocol.moments import optimizer_specs as moment_specs
 from protocol.tensors import StateKind, canonical_header, canonical_size, domain
 from replay.device import host_state, host_view
 from replay.step import (
@@ -138,24 +138,19 @@ def fresh_optimizer_state(model: nn.Module, job: Job) -> State:
     """Exactly what a host starts from on its first outer step: `make_optimizer`'s zeros, step 0,
     in host memory. Built as the zeros themselves (8 B/param), not through an optimizer and a copy
     of its whole training state (20 B/param at once: the verifier's peak at 315M params)."""
-    out: State = {}
-    for name, p in model.named_parameters():
-        for m in MOMENTS:
-            out[f"{m}/{name}"] = torch.zeros(p.shape, dtype=p.dtype)
-    out["step"] = torch.tensor(0.0, dtype=torch.float32)
-    return out
+    layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    return {n: torch.zeros(shape, dtype=dt) for n, dt, shape in moment_specs(layout, job.cfg.inner.moments)}
 
 
 _ZEROS = memoryview(bytes(1 << 20))
 
 
-def fresh_optimizer_hash(model: nn.Module, chunk_bytes: int) -> str:
+def fresh_optimizer_hash(model: nn.Module, chunk_bytes: int, moments: Moments = Moments.FP32) -> str:
     """`optimizer_hash(fresh_optimizer_state(...))` without the state: its canonical bytes are its
     header (from the model's layout) followed by zeros only (zero moments, a 0.0 step counter), so
     the zeros are streamed from one 1 MiB buffer, O(1) memory whatever the model's size."""
-    specs = [(f"{m}/{n}", p.dtype, tuple(p.shape)) for n, p in model.named_parameters() for m in MOMENTS]
-    specs.append(("step", torch.float32, ()))
-    header = canonical_header(sorted(specs, key=lambda s: s[0].encode()))
+    specs = moment_specs({n: tuple(p.shape) for n, p in model.named_parameters()}, moments)
+    header = canonical_header(specs)
     data = canonical_size(specs) - len(header)
     pieces: list[bytes | memoryview] = [header]
     pieces += [_ZEROS[: min(len(_ZEROS), data - a)] for a in range(0, data, len(_ZEROS))]
@@ -173,7 +168,7 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
         if not torch.equal(got, want):
             raise Rejected(Reason.WRONG_START, f"start param {name} differs from G_n")
     c = job.cfg.state_chunk_bytes
-    want_opt = job.prev_optimizer_hash or fresh_optimizer_hash(ctx.model, c)
+    want_opt = job.prev_optimizer_hash or fresh_optimizer_hash(ctx.model, c, job.cfg.inner.moments)
     got_opt = optimizer_hash(start, c)
     if got_opt != want_opt:
         kind = "fresh" if job.prev_optimizer_hash is None else "previously committed"

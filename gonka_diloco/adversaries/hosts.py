@@ -85,8 +85,9 @@ from gonka_diloco.adversaries.steer import TARGETS, WHERE, make_genuine, steer_b
 from nodekit.errorfeedback import start_ef
 from nodekit.statestore import clone_state
 from protocol import codecs
-from protocol.config import ReplayMode, RunConfig
+from protocol.config import Moments, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
+from protocol.moments import as_fp32, as_int8
 from protocol.prf import window, window_blocks
 from replay.step import State, TrainJob, load_training_state, train_segment, training_hash, training_state
 from trainer.behaviour import HostBehaviour, OuterContext
@@ -273,14 +274,17 @@ class LazyHost(HostAdversary):
         prev = cur = start_state(ctx)
         states = [cur]
         losses: list[float] = []
+        int8 = cfg.inner.moments is Moments.INT8
         for j in range(cfg.n_segments):
             if j in fake:  # θ_{j+1} = θ_j + (θ_j − θ_{j−1}): the last real progress, repeated
-                nxt = _advance_step(cur, k)
-                for name, t in cur.items():
+                now, before = as_fp32(cur), as_fp32(prev)  # int8 moments: extrapolated as floats
+                nxt = _advance_step(now, k)
+                for name, t in now.items():
                     if name != "step":  # second moments stay non-negative, or AdamW's sqrt gives NaN
-                        x = t + (t - prev[name])
+                        x = t + (t - before[name])
                         nxt[name] = x.clamp_min(0) if name.startswith("exp_avg_sq/") else x
                 nxt = make_genuine(nxt, cfg.inner)  # moments AdamW can produce (specs §6.3)
+                nxt = as_int8(nxt) if int8 else nxt
                 load_training_state(ctx.model, ctx.inner_optimizer, nxt)
             else:
                 losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)

@@ -33,7 +33,7 @@ class ModelSpec(_message.Message):
     def __init__(self, factory: _Optional[str] = ..., config: _Optional[_Mapping[str, ConfigValue]] = ...) -> None: ...
 
 class InnerOptim(_message.Message):
-    __slots__ = ("lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps", "min_lr_fraction")
+    __slots__ = ("lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps", "min_lr_fraction", "moments")
     LR_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
     BETA1_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class InnerOptim(_message.Message):
     WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
     DECAY_STEPS_FIELD_NUMBER: _ClassVar[int]
     MIN_LR_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    MOMENTS_FIELD_NUMBER: _ClassVar[int]
     lr: float
     weight_decay: float
     beta1: float
@@ -52,7 +53,8 @@ class InnerOptim(_message.Message):
     warmup_steps: int
     decay_steps: int
     min_lr_fraction: float
-    def __init__(self, lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., min_lr_fraction: _Optional[float] = ...) -> None: ...
+    moments: str
+    def __init__(self, lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., min_lr_fraction: _Optional[float] = ..., moments: _Optional[str] = ...) -> None: ...
 
 class OuterOptim(_message.Message):
     __slots__ = ("lr", "momentum", "rule")
