@@ -177,6 +177,8 @@ class Inputs:
     w: int = run_default("window_segments")
     """Segments per checker window (sampling windows); s is used only by sampling segments."""
     v: int = run_default("verifiers_per_contribution")
+    moments: sizes.Moments = run_default("inner").moments
+    """How AdamW's moments are stored (`InnerOptim.moments`): int8 halves every training state."""
     m: int = DEFAULT_WINDOW_SEGMENTS
     """Persist every m-th boundary (host.toml `checkpoint_every`): a multiple of w keeps every
     window start on disk, so nothing is recomputed after the challenge (at 30B: 34 of the 101
@@ -211,7 +213,8 @@ class Inputs:
 
     def __post_init__(self) -> None:  # values read back from JSON or TOML arrive as strings
         for name, kind in (("codec", Codec), ("sharding", Sharding), ("pipeline", Pipeline),
-                           ("replay", ReplayMode), ("sampling", Sampling)):  # fmt: skip
+                           ("replay", ReplayMode), ("sampling", Sampling),
+                           ("moments", sizes.Moments)):  # fmt: skip
             object.__setattr__(self, name, kind(getattr(self, name)))
 
     @property
@@ -265,8 +268,14 @@ def inner_step_seconds(params: float, tokens: int, gpus: int, peak_flops: float,
     return FLOPS_PER_PARAM_TOKEN * params * tokens / (gpus * peak_flops * mfu)
 
 
-def state_bytes(params: float) -> float:
-    return STATE_BYTES_PER_PARAM * params
+def state_bytes(params: float, moments: sizes.Moments = sizes.Moments.FP32) -> float:
+    """A training state: fp32 params + the moments (12 B/param; 6.03 with int8 moments)."""
+    return sizes.state_bytes_per_param(moments) * params
+
+
+def optimizer_bytes(params: float, moments: sizes.Moments = sizes.Moments.FP32) -> float:
+    """An optimizer state, both moments (8 B/param; 2.03 with int8 moments)."""
+    return sizes.optimizer_bytes_per_param(moments) * params
 
 
 RUN_MOMENTS: sizes.Moments = run_default("inner").moments
@@ -317,17 +326,21 @@ def run_delta_bytes(i: Inputs, c: Constants) -> float:
 # ---------------------------------------------------------------- hashing and checkpoints
 
 
-def leaf_hash_seconds(params: float, cores: int, chunk_bytes: float, c: Constants) -> float:
-    """One boundary leaf: 12·P bytes in chunks over min(cores, chunks) threads (per rank, each
-    rank its own shard, so a host's cores work together)."""
-    size = state_bytes(params)
+def leaf_hash_seconds(
+    params: float, cores: int, chunk_bytes: float, c: Constants, moments: sizes.Moments = sizes.Moments.FP32
+) -> float:
+    """One boundary leaf: 12·P bytes (int8 moments: 6.03·P) in chunks over min(cores, chunks)
+    threads (per rank, each rank its own shard, so a host's cores work together)."""
+    size = state_bytes(params, moments)
     threads = max(1, min(cores, math.ceil(size / chunk_bytes)))
     return size / (threads * c.sha256_bytes_per_s * c.hash_efficiency)
 
 
-def snapshot_seconds(params: float, gpus: int, pcie: float) -> float:
+def snapshot_seconds(
+    params: float, gpus: int, pcie: float, moments: sizes.Moments = sizes.Moments.FP32
+) -> float:
     """Device → host copy of one boundary state, all ranks in parallel (each its 12·P/G shard)."""
-    return state_bytes(params) / (gpus * pcie)
+    return state_bytes(params, moments) / (gpus * pcie)
 
 
 def boundary_stall(work_seconds: float, budget_seconds: float) -> float:
@@ -450,7 +463,7 @@ def disk_states(i: Inputs) -> float:
 
 def disk_bytes(i: Inputs, c: Constants) -> float:
     extra = run_delta_bytes(i, c) if i.pipeline is Pipeline.TODAY else 0.0
-    return disk_states(i) * state_bytes(i.params) + extra
+    return disk_states(i) * state_bytes(i.params, i.moments) + extra
 
 
 # ---------------------------------------------------------------- memory
@@ -493,15 +506,16 @@ def block_lengths(n: int, w: int) -> list[int]:
 
 
 def window_check_bytes(
-    params: float, lengths: list[int], b: int, *, bitwise: bool, ef: float = 0.0, delta: float = 0.0
+    params: float, lengths: list[int], b: int, *, bitwise: bool, ef: float = 0.0, delta: float = 0.0,
+    moments: sizes.Moments = sizes.Moments.FP32,
 ) -> float:
     """What the checker of block b downloads. Its start: 12·P, or for block 0 the carried optimizer
     state (8·P, G_n is held). Tolerance adds every later claimed boundary of the block (its
     segments' starts and its end, L_b states) and the Δ. θ_H's parameters (4·P, for the Δ check)
     unless b is the last block, whose replay (or claimed end) is θ_H. `ef`: codec sparse's
     carried accumulator, fetched by every check."""
-    S = STATE_BYTES_PER_PARAM * params
-    start = OPTIMIZER_BYTES_PER_PARAM * params if b == 0 else S
+    S = state_bytes(params, moments)
+    start = optimizer_bytes(params, moments) if b == 0 else S
     later = 0.0 if bitwise else lengths[b] * S + delta
     theta_h = 0.0 if b == len(lengths) - 1 else PARAM_BYTES_PER_PARAM * params
     return start + later + theta_h + ef
@@ -518,7 +532,7 @@ def window_bytes_per_check(i: Inputs, c: Constants) -> float:
     lengths = block_lengths(i.n, i.window_len)
     bitwise = i.replay is ReplayMode.BITWISE
     ef, d = carried_ef_bytes(i), run_delta_bytes(i, c)
-    per = [window_check_bytes(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d)
+    per = [window_check_bytes(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments)
            for b in range(len(lengths))]  # fmt: skip
     return sum(per) / len(per)
 
@@ -536,11 +550,13 @@ def from_zero_segments(n: int, w: int) -> float:
     return w * (B - 1) / 2 + n / B
 
 
-def from_zero_check_bytes(params: float, n: int, w: int, ef: float = 0.0) -> float:
+def from_zero_check_bytes(
+    params: float, n: int, w: int, ef: float = 0.0, moments: sizes.Moments = sizes.Moments.FP32
+) -> float:
     """A from-segment-0 check downloads no state: the carried optimizer (8·P) and, unless its
     block is the last, θ_H's parameters (4·P): 8·P + ((B−1)/B)·4·P (+ e)."""
     B = window_blocks(n, w)
-    return OPTIMIZER_BYTES_PER_PARAM * params + (B - 1) / B * PARAM_BYTES_PER_PARAM * params + ef
+    return optimizer_bytes(params, moments) + (B - 1) / B * PARAM_BYTES_PER_PARAM * params + ef
 
 
 def replay_segments_per_check(i: Inputs) -> float:
@@ -558,13 +574,13 @@ def verifier_bytes_per_contribution(i: Inputs, c: Constants) -> float:
     """
     if i.windowed:  # what today's verifier does whatever the host persists
         return window_bytes_per_check(i, c)
-    S = state_bytes(i.params)
+    S = state_bytes(i.params, i.moments)
     d = run_delta_bytes(i, c)
     if i.pipeline is Pipeline.TODAY:
         return i.s * S + d
     f = segment_fetches(i.n, i.s)
     ef = EF_BYTES_PER_PARAM * i.params if i.codec is Codec.SPARSE else 0.0
-    opt = f.segment_zero * OPTIMIZER_BYTES_PER_PARAM * i.params
+    opt = f.segment_zero * optimizer_bytes(i.params, i.moments)
     if i.replay is ReplayMode.TOLERANCE:
         return f.boundaries * S + opt + ef + d
     return f.starts * S + opt + ef
@@ -936,13 +952,13 @@ def step_overhead_seconds(i: Inputs) -> float:
 def timeline(i: Inputs, c: Constants) -> Timeline:
     t = step_seconds(i) + step_overhead_seconds(i)
     n, seg = i.n, i.k * t
-    hash_s = leaf_hash_seconds(i.params, i.cpu_cores, i.chunk_bytes, c)
+    hash_s = leaf_hash_seconds(i.params, i.cpu_cores, i.chunk_bytes, c, i.moments)
     persist_every = 1 if i.pipeline is Pipeline.TODAY else i.m
     persisted = math.ceil(n / persist_every)
-    write_s = state_bytes(i.params) / i.disk_write
+    write_s = state_bytes(i.params, i.moments) / i.disk_write
     stall = (
         i.H * step_overhead_seconds(i)
-        + n * boundary_stall(snapshot_seconds(i.params, i.gpus_per_host, i.pcie), t)
+        + n * boundary_stall(snapshot_seconds(i.params, i.gpus_per_host, i.pcie, i.moments), t)
         + (n - persisted) * boundary_stall(hash_s, seg)
         + persisted * boundary_stall(max(hash_s, write_s), seg)
     )
@@ -1112,7 +1128,7 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
     lazy_gain = cheat_gain(i, i.fake_fraction, tl.train)
     coll_gain = cheat_gain(i, 1.0, tl.train)
     mem = gpu_memory(i)
-    hash_s = leaf_hash_seconds(i.params, i.cpu_cores, i.chunk_bytes, c)
+    hash_s = leaf_hash_seconds(i.params, i.cpu_cores, i.chunk_bytes, c, i.moments)
     msgs = i.hosts * (3 + checks_per_contribution(i))  # commit, reveal, result + verdicts
 
     warnings = []
@@ -1171,7 +1187,7 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         hashing={
             "leaf_s": hash_s,
             "segment_compute_s": i.k * t_gpu,
-            "snapshot_s": snapshot_seconds(i.params, i.gpus_per_host, i.pcie),
+            "snapshot_s": snapshot_seconds(i.params, i.gpus_per_host, i.pcie, i.moments),
             "stall_s": tl.stall,
             "host_ram_bytes": S,
         },
@@ -1279,13 +1295,14 @@ def meets(p: Plan, floors: Floors, overlap: bool) -> bool:
 def opened_state_bytes(i: Inputs) -> float:
     """One check's states alone, whatever the codec (no Δ, no error feedback): a lower bound on
     what the host serves per check."""
-    S, P = state_bytes(i.params), i.params
+    S, P = state_bytes(i.params, i.moments), i.params
     if i.windowed:
         lengths = block_lengths(i.n, i.window_len)
         bitwise = i.replay is ReplayMode.BITWISE
-        per = [window_check_bytes(P, lengths, b, bitwise=bitwise) for b in range(len(lengths))]
+        per = [window_check_bytes(P, lengths, b, bitwise=bitwise, moments=i.moments)
+               for b in range(len(lengths))]  # fmt: skip
         return sum(per) / len(per)
-    return i.s * S if i.pipeline is Pipeline.TODAY else (i.s - 1) * S + OPTIMIZER_BYTES_PER_PARAM * P
+    return i.s * S if i.pipeline is Pipeline.TODAY else (i.s - 1) * S + optimizer_bytes(P, i.moments)
 
 
 def utilization_bound(i: Inputs, overlap: bool) -> float:
@@ -1443,7 +1460,7 @@ def choose_window(i: Inputs, c: Constants, budget: float = REPLAY_BUDGET) -> Win
     down_bytes = window_bytes_per_check(chosen, c)
     down_segments = window_replay_segments(chosen.n, pick.w)
     down_s = check_seconds(chosen, down_bytes, down_segments)
-    zero_bytes = from_zero_check_bytes(i.params, chosen.n, pick.w, carried_ef_bytes(chosen))
+    zero_bytes = from_zero_check_bytes(i.params, chosen.n, pick.w, carried_ef_bytes(chosen), i.moments)
     zero_segments = from_zero_segments(chosen.n, pick.w)
     zero_s = check_seconds(chosen, zero_bytes, zero_segments) if i.replay is ReplayMode.BITWISE else None
     return WindowChoice(

@@ -42,6 +42,7 @@ from gonka_diloco.plan import (
     token_budget,
 )
 from protocol.config import Codec, ReplayMode, Sampling
+from protocol.inner import Moments
 
 app = typer.Typer(help="Plan a run: time, bytes, disk, memory, detection and deterrence per outer step.")
 
@@ -136,7 +137,7 @@ def from_run_config(path: Path) -> tuple[dict[str, Any], Any]:
     ph, st = cfg.phases, cfg.stake
     fields = {
         "H": cfg.inner_steps, "k": cfg.segment_len, "s": cfg.sampled_segments, "sampling": cfg.sampling,
-        "w": cfg.window_segments,
+        "w": cfg.window_segments, "moments": cfg.inner.moments,
         "v": cfg.verifiers_per_contribution, "audit_p": cfg.audit_bps / 10_000,
         "auditors": cfg.audit_verifiers, "codec": cfg.codec, "replay": cfg.replay_mode,
         **({"codec_chunk": cfg.codec_block_size, "codec_topk": cfg.sparse_topk}
@@ -556,6 +557,10 @@ def plan_command(
     replay_budget: Annotated[
         float, Opt("--replay-budget", help="Window choice: verifiers' replay ÷ host compute allowed.")
     ] = REPLAY_BUDGET,
+    moments: Annotated[
+        Moments | None,
+        Opt(help=f"AdamW moments between steps: fp32, or int8 (half a training state; default {D.moments})."),
+    ] = None,
     verifiers_per: Annotated[int | None, Opt("-v", "--verifiers-per", help=f"v (default {D.v}).")] = None,
     persist_every: Annotated[
         int | None, Opt("-m", "--persist-every", help=f"m: persist every m-th boundary (default {D.m}).")
@@ -660,6 +665,7 @@ def plan_command(
         "tokens_per_step": tokens_per_step, "micro_tokens": micro_tokens, "cpu_cores": cores, "up": up,
         "down": down, "disk_write": disk_write, "disk_budget": disk_budget, "host_ram": host_ram,
         "H": inner_steps, "k": segment_len, "s": sampled, "sampling": sampling, "w": window_segments,
+        "moments": moments,
         "v": verifiers_per, "m": persist_every,
         "codec": codec, "codec_chunk": codec_chunk, "codec_topk": codec_topk, "replay": replay,
         "sharding": sharding, "pipeline": pipeline, "chunk_bytes": chunk,

@@ -27,6 +27,7 @@ from gonka_diloco.plan import (
 from gonka_diloco.plan_cli import app, parse_bytes, parse_count, parse_rate
 from gonka_diloco.plan_constants import load_constants
 from protocol.config import Codec, ReplayMode, RunConfig, Sampling
+from protocol.inner import Moments
 
 C = Constants(codec_ratio={"fp32": 1.0, "bf16": 2.0, "int8": 4.0, "int4": 8.0}, sha256_bytes_per_s=2e9)
 """Round constants so every expected value below can be worked by hand."""
@@ -781,3 +782,16 @@ def test_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in r.output.replace("\n", "")
     r = runner.invoke(app, ["--plot", str(tmp_path / "missing" / "plan.png")])
     assert r.exit_code == 2 and "--plot" in r.output
+
+
+def test_int8_moments_halve_what_a_check_downloads_and_the_host_keeps() -> None:
+    i = Inputs(params=1e9, H=500, k=5, w=3, v=4, auditors=3, m=3)
+    half = replace(i, moments=Moments.INT8)
+    B = 34
+    state8, opt8 = 4e9 + 2.03125e9, 2.03125e9
+    # block 0 downloads the optimizer, the others a start; all but the last block θ_H's params
+    want = (opt8 + (B - 1) * state8) / B + (B - 1) / B * 4e9
+    assert pm.verifier_bytes_per_contribution(half, C) == pytest.approx(want)
+    assert pm.disk_bytes(half, C) < pm.disk_bytes(i, C)
+    assert pm.state_bytes(1e9, Moments.INT8) == pytest.approx(state8)
+    assert pm.optimizer_bytes(1e9, Moments.INT8) == pytest.approx(opt8)
