@@ -938,6 +938,30 @@ def statecode(d: dict[str, Any]) -> Lines:
     return out
 
 
+def verification(d: dict[str, Any]) -> Lines:
+    """bench.verification: per check of an honest contribution, measured vs planned, per sampling."""
+    rows = []
+    for r in d["runs"]:
+        m, p = r["measured"], r["predicted"]
+        ratio = r.get("ratio", {})
+        rows.append([
+            r["sampling"], m.get("checks"), m.get("bytes_mean"), p["bytes_per_check"], ratio.get("bytes"),
+            m.get("replay_steps_mean"), p["replay_steps_per_check"], ratio.get("replay_steps"),
+            ", ".join(f"{k} {v:.0%}" for k, v in r["caught_share"].items()), r.get("honest_accepted"),
+        ])  # fmt: skip
+    header = ["sampling", "checks", "bytes per check", "planned", "ratio", "replayed steps per check",
+              "planned", "ratio", "adversaries caught per outer step", "honest accepted"]  # fmt: skip
+    out = table(header, rows)
+    for r in d["runs"]:
+        out += [f"*{r['sampling']}: bytes per node per outer step* (↑ served, ↓ fetched; kB)", ""]
+        kinds = sorted({k for t in r["traffic_per_step"].values() for dd in ("up", "down") for k in t[dd]})
+        trows = [[name, *[t[dd].get(k, 0) / 1e3 for dd in ("up", "down") for k in kinds],
+                  t["replayed"]["steps"]] for name, t in r["traffic_per_step"].items()]  # fmt: skip
+        out += table(["node", *[f"{'↑' if dd == 'up' else '↓'} {k}" for dd in ("up", "down") for k in kinds],
+                      "replayed steps"], trows)  # fmt: skip
+    return out
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("convergence", "1. Convergence: data-parallel vs ours (verified) vs torchft DiLoCo", "bench.convergence",
      convergence),
@@ -975,6 +999,10 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      "bench.collusion", collusion),
     ("collusion_windows", "5b'. Collusion under sampling windows (issue 34)",
      ".venv/bin/python -m bench.collusion --windows", collusion_windows),
+    ("collusion_windows_norevote", "5b''. The same before revotes: a minority could win a windowed dispute",
+     ".venv/bin/python -m bench.collusion --windows (at 12dffd0, before the revote rule)", collusion_windows),
+    ("verification", "5f. Verification at devnet scale: sampling segments vs windows, measured and planned "
+     "(issue 34)", ".venv/bin/python -m bench.verification", verification),
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("overlap", "6b. Overlap: host utilization and time to the same loss (devnet, issue 16)", "bench.overlap",
      overlap),
