@@ -77,13 +77,20 @@ def devnet_setting(quick: bool) -> dict[str, Any]:
     return base
 
 
+def _toml_value(v: Any) -> str:
+    """A TOML value: JSON's strings, numbers and booleans are TOML's; a table is written inline."""
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{a} = {_toml_value(b)}" for a, b in v.items()) + " }"
+    return json.dumps(v)
+
+
 def _toml(d: dict[str, Any]) -> str:
     lines, tables = [], []
     for k, v in d.items():
         if isinstance(v, dict):
-            tables.append(f"[{k}]\n" + "\n".join(f"{a} = {json.dumps(b)}" for a, b in v.items()))
+            tables.append(f"[{k}]\n" + "\n".join(f"{a} = {_toml_value(b)}" for a, b in v.items()))
         elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):  # [[k]] tables
-            tables += [f"[[{k}]]\n" + "\n".join(f"{a} = {json.dumps(b)}" for a, b in x.items()) for x in v]
+            tables += [f"[[{k}]]\n" + "\n".join(f"{a} = {_toml_value(b)}" for a, b in x.items()) for x in v]
         elif isinstance(v, list):
             lines.append(f"{k} = {json.dumps(v)}")
         else:

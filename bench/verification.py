@@ -34,8 +34,10 @@ from bench.plan import log_events, run_devnet
 from gonka_diloco.plan import Inputs, Pipeline, Sharding, verifier_bytes_per_contribution
 from gonka_diloco.plan_constants import load_constants
 from gonka_diloco.report import Snapshot, traffic_per_step
+from protocol.collusion import Defense, window_pass_probability_keys
 from protocol.config import RunConfig, Sampling
 from protocol.inner import STATE_BYTES_PER_PARAM
+from protocol.keys import test_wallet
 from protocol.modelsize import model_size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,8 +49,8 @@ counted in the traffic table, not per check)."""
 
 def setting(sampling: Sampling, quick: bool) -> dict[str, Any]:
     """The devnet both runs share: n = 20 segments of k = 5 in blocks of w = 3 (B = 7), one initial
-    checker and up to two auditors of three verifiers, a lazy host faking half its segments and a
-    host faking one."""
+    checker and up to two auditors of three verifiers (one an accomplice of the host faking one
+    segment), a lazy host faking half its segments and a host faking one."""
     return {
         "hosts": 5,
         "verifiers": 3,
@@ -61,6 +63,11 @@ def setting(sampling: Sampling, quick: bool) -> dict[str, Any]:
         "verifiers_per_contribution": 1,
         "state_chunk_bytes": 1 << 16,
         "adversaries": [{"behaviour": "lazy"}, {"behaviour": "one_fake"}],
+        # host-4 (the one-segment faker, hosts are test wallets 1..5) has an accomplice among the
+        # three verifiers: it accepts whatever it checks of its partner
+        "verifier_adversaries": [
+            {"behaviour": "collude", "params": {"partner": str(test_wallet(5).address())}}
+        ],
         "block_interval": 0.5,
         "timeout": 1800.0,
     }
@@ -104,10 +111,16 @@ def predicted(cfg: dict[str, Any], params: int, verifiers: int) -> dict[str, flo
     )  # fmt: skip
     from gonka_diloco import plan as pm
 
+    d = Defense(i.v, cfg.get("audit_bps", 10_000), i.auditors)
+    one = (  # one fake segment against 1 accomplice of the 3 verifier keys: exact (windows only)
+        1.0 - window_pass_probability_keys(1, verifiers - 1, i.blocks, 1, d)
+        if i.windowed and i.v + i.auditors <= i.blocks else pm.one_segment_detection(i)
+    )  # fmt: skip
     return {
         "bytes_per_check": verifier_bytes_per_contribution(i, load_constants()),
         "replay_steps_per_check": pm.replay_segments_per_check(i) * i.k,
         "state_bytes": STATE_BYTES_PER_PARAM * params,
+        "caught_share": {"lazy": pm.lazy_detection(i, 0.5), "one_fake": one},
     }
 
 
