@@ -126,7 +126,7 @@ def make_optimizer(model: nn.Module | Iterable[nn.Parameter], inner: InnerOptim)
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": inner.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    cls = Int8AdamW if inner.moments is Moments.INT8 else torch.optim.AdamW
+    cls = Int8AdamW if Moments(inner.moments) is Moments.INT8 else torch.optim.AdamW
     opt = cls(
         [g for g in groups if g["params"]],
         lr=inner.lr,

@@ -398,8 +398,9 @@ def make_shard_optimizer(
     model: nn.Module, plan: ShardPlan, rank: int, inner: InnerOptim
 ) -> torch.optim.AdamW:
     """AdamW over this rank's own tensors (its 1/W of the moments), zero state up front."""
-    if inner.moments is not Moments.FP32:  # its shard files and ranges are laid out for fp32 moments
-        raise ValueError(f"shard_state needs inner.moments 'fp32', not {inner.moments.value!r}")
+    moments = Moments(inner.moments)
+    if moments is not Moments.FP32:  # its shard files and ranges are laid out for fp32 moments
+        raise ValueError(f"shard_state needs inner.moments 'fp32', not {moments.value!r}")
     by_name = dict(model.named_parameters())
     return make_optimizer([by_name[n] for n in plan.owned(rank)], inner)
 
