@@ -17,6 +17,7 @@ import traceback
 BENCHES = [
     "bench.hashing",
     "bench.codecs",
+    "bench.statecode",  # issue 35: opened training states coded against G_n (before bench.plan reads it)
     "bench.aggregation",  # issue 26: plan's aggregation vs training at large M (reads codecs.json)
     "bench.host_overhead",
     "bench.convergence",

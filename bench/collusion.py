@@ -15,6 +15,19 @@ slashes, in units of the reward R.
     .venv/bin/python -m bench.collusion [--quick]
 
 Prints the table and writes bench/results/collusion.json. A measurement, not a test.
+
+`--windows` (issue 34) runs the same under sampling windows at the issue's H = 500, k = 5, w = 3
+(B = 34 blocks, v + a = 7 slots, each its own block) and writes bench/results/collusion_windows.json:
+
+- the fake-Δ table again (every checker checks Δ against θ_H, so honest verifiers reject with
+  DELTA_MISMATCH whatever their window; the formula is unchanged);
+- a host faking a fraction f = 0.5 of its segments (`lazy`: F = 17 whole blocks) and one faking one
+  segment (`one_fake`: F = 1), against N = 10 and 100 keys: honest slot holders reject iff their
+  window (`Contribution.windows[slots[x]]`) holds a faked segment, accomplices accept on their slots
+  and, on a dispute panel, accept whenever that does not lose the segments vote (reject otherwise:
+  no accomplice is slashed for a vote it could not win); honest panel members reject (the disputed
+  windows are fake). Next to the exact `protocol.collusion.window_odds_keys` and the planner's
+  many-keys `gonka_diloco.plan.window_cheat`.
 """
 
 from __future__ import annotations
@@ -24,14 +37,23 @@ import hashlib
 import json
 import math
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from cosmpy.crypto.address import Address
 
 from chain.genesis import Genesis, genesis_state
-from chain.module import BlockContext, TxContext, begin_block, end_block, process_msg
-from chain.params import Phase, Review
+from chain.module import (
+    BlockContext,
+    TxContext,
+    begin_block,
+    disputed_windows,
+    end_block,
+    owes_revote,
+    process_msg,
+)
+from chain.params import BONDING_DELAY_BLOCKS, Outcome, Phase, Review
 from chain.state import ChainState, Contribution
 from protocol import merkle
 from protocol.collusion import (
@@ -42,8 +64,10 @@ from protocol.collusion import (
     max_safe_share,
     pass_probability,
     pass_probability_keys,
+    window_expected_profit_keys,
+    window_odds_keys,
 )
-from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
+from protocol.config import Codec, ModelSpec, Phases, RunConfig, Sampling, Stake
 from protocol.messages import (
     EnvFingerprint,
     MsgCommitPseudoGradient,
@@ -56,6 +80,7 @@ from protocol.messages import (
     Role,
     SegmentOpening,
 )
+from protocol.prf import window
 
 RESULTS = Path(__file__).parent / "results" / "collusion.json"
 GNK = 10**9
@@ -82,33 +107,60 @@ KEYS = ALL_KEYS[:N_KEYS]
 ENV = EnvFingerprint(torch_version="2.13.0", threads=1)
 
 
-def bench_config(v: int, audit_bps: int, audit_verifiers: int) -> RunConfig:
-    """The run defaults' stake and slashing, short phases (they do not change any probability)."""
+WINDOWED = {"inner_steps": 500, "segment_len": 5, "window_segments": 3}
+"""Issue 34's defaults for the windows runs: n = 100 segments, B = 34 blocks > v + a = 7 slots."""
+
+
+def bench_config(
+    v: int, audit_bps: int, audit_verifiers: int, sampling: Sampling = Sampling.SEGMENTS
+) -> RunConfig:
+    """The run defaults' stake and slashing, short phases (they do not change any probability).
+    The keys join in block 2; training waits `BONDING_DELAY_BLOCKS` blocks so that their stake is
+    in the challenge's pool (§2.3; with one join block the draws found no verifier at all)."""
+    shape = WINDOWED if sampling is Sampling.WINDOWS else {"inner_steps": 4, "segment_len": 2}
     return RunConfig(
         model=ModelSpec(factory="trainer.model:tiny", config={"param_count": 1000}),
-        dataset_manifest_hash=_h("data"),
-        initial_model_hash=_h("g0"), inner_steps=4, segment_len=2, sampled_segments=1,
-        verifiers_per_contribution=v, audit_bps=audit_bps, audit_verifiers=audit_verifiers,
+        dataset_manifest_hash=_h("data"), initial_model_hash=_h("g0"), **shape, sampled_segments=1,
+        sampling=sampling, verifiers_per_contribution=v, audit_bps=audit_bps, audit_verifiers=audit_verifiers,
         batch_size=2, seq_len=8, codec=Codec.INT8, max_outer_steps=1,
-        phases=Phases(join_blocks=1, train_blocks=1, reveal_blocks=1, verify_blocks=1, escalation_blocks=1,
-                      max_escalations=0, audit_blocks=1, confirm_blocks=1, result_blocks=1, result_rounds=1,
-                      epoch_length=10**6),
+        phases=Phases(join_blocks=BONDING_DELAY_BLOCKS, train_blocks=1, reveal_blocks=1, verify_blocks=1,
+                      escalation_blocks=1, max_escalations=0, audit_blocks=1, confirm_blocks=1,
+                      result_blocks=1, result_rounds=1, epoch_length=10**6),
         stake=DEFAULT_STAKE,
     )  # fmt: skip
 
 
-class Trial:
-    """One outer step of one cheater against N keys, A of them accomplices, on the module itself."""
+@lru_cache(maxsize=8)
+def _leaves(n: int) -> list[bytes]:
+    """One trajectory per segment count: the draws come from block hashes, not from the leaves,
+    so every trial may open the same tree (and its proofs are built once)."""
+    return [hashlib.sha256(f"collusion leaf:{i}".encode()).digest() for i in range(n + 1)]
 
-    def __init__(self, config: RunConfig, accomplices: set[str], seed: str, keys: list[str] = KEYS) -> None:
-        self.keys = keys
+
+@lru_cache(maxsize=1024)
+def _opening(n: int, j: int) -> SegmentOpening:
+    lv = _leaves(n)
+    return SegmentOpening(segment=j, start_leaf=lv[j].hex(), end_leaf=lv[j + 1].hex(),
+                          proof=[p.hex() for p in merkle.pair_proof(lv, j)])  # fmt: skip
+
+
+class Trial:
+    """One outer step of one cheater against N keys, A of them accomplices, on the module itself.
+    `faked`: the segments a windowed host faked (its Δ is then consistent with its θ_H); None: a
+    fake Δ, which every check rejects."""
+
+    def __init__(
+        self, config: RunConfig, accomplices: set[str], seed: str, keys: list[str] = KEYS,
+        faked: set[int] | None = None,
+    ) -> None:  # fmt: skip
+        self.keys, self.faked = keys, faked
         funded = dict.fromkeys([AUTHORITY, CHEATER, *keys], 1000 * GNK)
         self.state: ChainState = genesis_state(
             Genesis(authority=AUTHORITY, accounts=funded, reward_pool=10**6 * GNK)
         )
         self.config, self.accomplices, self.seed = config, accomplices, seed
         self.height = 0
-        self.leaves = [hashlib.sha256(f"{seed}:{i}".encode()).digest() for i in range(config.n_segments + 1)]
+        self.leaves = _leaves(config.n_segments)
 
     def block(self, msgs: list[Any]) -> None:
         h = self.height + 1
@@ -124,11 +176,32 @@ class Trial:
 
     def vote(self, verifier: str, c: Contribution) -> Reason:
         """The coalition's best play; honest verifiers reject the fake."""
+        if self.faked is not None:
+            return self.window_vote(verifier, c)
         if verifier not in self.accomplices or c.review == Review.CONFIRM:
-            return Reason.REPLAY_MISMATCH
+            return Reason.DELTA_MISMATCH
         stage = c.verifier_rounds[verifier]
         same_stage = [x for x, r in c.verifier_rounds.items() if r == stage]
-        return Reason.ACCEPT if all(x in self.accomplices for x in same_stage) else Reason.REPLAY_MISMATCH
+        return Reason.ACCEPT if all(x in self.accomplices for x in same_stage) else Reason.DELTA_MISMATCH
+
+    def window_vote(self, verifier: str, c: Contribution) -> Reason:
+        """Faked segments under windows: a slot holder replays its window; a panel member (no slot)
+        and a revote (a slot holder of a window nobody disputed, in a dispute) the disputed ones.
+        An accomplice accepts on its slot (nobody else replays an undisputed window) and, in a
+        dispute, whenever the coalition does not lose (every assigned verifier votes, §2.5.3)."""
+        assert self.faked is not None
+        n, w = self.config.n_segments, self.config.window_len
+        own = verifier in c.slots and not owes_revote(c, verifier)
+        mine = [c.windows[c.slots[verifier]]] if own else disputed_windows(c)
+        fake = any(seg in self.faked for start in mine for seg in window(start, n, w))
+        if verifier not in self.accomplices:
+            return Reason.REPLAY_MISMATCH if fake else Reason.ACCEPT
+        if own:
+            return Reason.ACCEPT
+        stake = self.state.runs[1].participants
+        ours = sum(stake[x].stake for x in c.verifier_rounds if x in self.accomplices)
+        theirs = sum(stake[x].stake for x in c.verifier_rounds if x not in self.accomplices)
+        return Reason.ACCEPT if ours >= theirs else Reason.REPLAY_MISMATCH
 
     def react(self) -> list[Any]:
         """What the participants send in this block, given the state after begin_block."""
@@ -145,15 +218,13 @@ class Trial:
             return []
         msgs: list[Any] = []
         if step.phase == Phase.REVEAL and c.reveal_height is None:
-            lv = self.leaves
-            openings = [SegmentOpening(segment=j, start_leaf=lv[j].hex(), end_leaf=lv[j + 1].hex(),
-                                       proof=[p.hex() for p in merkle.pair_proof(lv, j)])
-                        for j in c.sampled_segments]  # fmt: skip
+            openings = [_opening(self.config.n_segments, j) for j in c.sampled_segments]
             msgs.append(MsgRevealContribution(creator=CHEATER, run_id=1, outer_step=0,
                                               openings=openings))  # fmt: skip
         if step.phase in (Phase.REVEAL, Phase.VERIFY, Phase.AUDIT, Phase.CONFIRM) and c.outcome is None:
             for v in sorted(c.verifier_rounds):
-                if v not in c.verdicts and (c.reveal_height is not None or msgs):
+                owed = v not in c.verdicts or owes_revote(c, v)
+                if owed and (c.reveal_height is not None or msgs):
                     vote = MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=CHEATER,
                                             reason=self.vote(v, c), evidence_hash=_h("ev", v))  # fmt: skip
                     msgs.append(vote)
@@ -175,16 +246,25 @@ class Trial:
             if self.height > 200:
                 raise RuntimeError("the outer step did not end")
         c = run.steps[0].contributions[CHEATER]
+        if not c.verifiers:
+            raise RuntimeError("no verifier was drawn: the keys' stake missed the challenge's pool")
         slashed = sum(GNK - run.participants[k].stake for k in self.accomplices if k in run.participants)
+        honest = [k for k in self.keys if k not in self.accomplices]
         return {
             "passed": run.global_model_hash == _h("poisoned"),
             "audited": c.audited,
+            "rejected": c.outcome == Outcome.REJECTED,
+            "unverified": c.outcome == Outcome.UNVERIFIED,
+            "honest_slashed": sum(run.participants[k].stake < GNK for k in honest),
             "profit": c.reward - c.slashed - slashed,
         }
 
 
-def cell(v: int, p_bps: int, a: int, accomplices: int, trials: int, n_keys: int = N_KEYS) -> dict[str, Any]:
-    config = bench_config(v, p_bps, a)
+def cell(
+    v: int, p_bps: int, a: int, accomplices: int, trials: int, n_keys: int = N_KEYS,
+    sampling: Sampling = Sampling.SEGMENTS,
+) -> dict[str, Any]:  # fmt: skip
+    config = bench_config(v, p_bps, a, sampling)
     d = Defense(v, p_bps, a, DEFAULT_STAKE.host_slash_bps, DEFAULT_STAKE.fraud_host_slash_bps,
                 DEFAULT_STAKE.fraud_verifier_slash_bps)  # fmt: skip
     reward, bond = config.stake.reward_per_outer_step, config.stake.min_host_stake
@@ -194,6 +274,7 @@ def cell(v: int, p_bps: int, a: int, accomplices: int, trials: int, n_keys: int 
     profit = 0
     for t in range(trials):
         tag = f"{v}:{p_bps}:{a}:{accomplices}" + ("" if n_keys == N_KEYS else f"/{n_keys}")
+        tag += "" if sampling is Sampling.SEGMENTS else f":{sampling}"
         out = Trial(config, gang, f"{tag}:{t}", keys).run()
         passed += out["passed"]
         audited += out["audited"]
@@ -212,6 +293,111 @@ def cell(v: int, p_bps: int, a: int, accomplices: int, trials: int, n_keys: int 
         "profit_many_keys_R": expected_profit(q, d, reward, bond, GNK) / reward,
         "audited": audited / trials,
     }  # fmt: skip
+
+
+# ---------------------------------------------------------------- sampling windows (issue 34)
+
+WINDOW_FAKES: list[tuple[str, dict[str, Any]]] = [("lazy", {"fraction": 0.5}), ("one_fake", {"count": 1})]
+"""The host adversaries of issue 34 that fake segments: `gonka_diloco.adversaries.hosts.LazyHost`."""
+WINDOW_KEYS = [(N_KEYS, [round(q * N_KEYS) for q in SHARES]), (100, [0, 10, 20, 30, 40, 49, 50])]
+"""(keys, accomplice counts): 10 keys as the fake-Δ table, and 100 to approach the many-keys limit."""
+
+
+def window_faked(config: RunConfig, name: str, params: dict[str, Any], seed: int) -> set[int]:
+    """The segments the adversary fakes: whole blocks, chosen by its own seed (so independent of the
+    chain's draw). Imported here: the adversary library pulls in torch."""
+    from gonka_diloco.adversaries.hosts import LazyHost
+
+    return LazyHost(seed=seed, **params).faked(config, CHEATER, 0)
+
+
+def window_cell(
+    name: str, params: dict[str, Any], v: int, p_bps: int, a: int, accomplices: int, trials: int,
+    n_keys: int = N_KEYS,
+) -> dict[str, Any]:  # fmt: skip
+    """One windows cell: seeded trials next to `window_odds_keys` (exact) and `window_cheat`."""
+    from gonka_diloco.plan import window_cheat
+
+    config = bench_config(v, p_bps, a, Sampling.WINDOWS)
+    n, w = config.n_segments, config.window_len
+    blocks = -(-n // w)
+    d = Defense(v, p_bps, a, DEFAULT_STAKE.host_slash_bps, DEFAULT_STAKE.fraud_host_slash_bps,
+                DEFAULT_STAKE.fraud_verifier_slash_bps)  # fmt: skip
+    reward, bond = config.stake.reward_per_outer_step, config.stake.min_host_stake
+    keys = ALL_KEYS[:n_keys]
+    gang = set(keys[:accomplices])
+    totals = dict.fromkeys(("passed", "audited", "rejected", "unverified", "honest_slashed", "profit"), 0)
+    fake_blocks = set()
+    for t in range(trials):
+        faked = window_faked(config, name, params, t)
+        fake_blocks.add(len({s // w for s in faked}))
+        out = Trial(config, gang, f"w:{name}:{v}:{p_bps}:{a}:{accomplices}/{n_keys}:{t}", keys, faked).run()
+        for k in totals:
+            totals[k] += out[k]
+    (fake,) = fake_blocks  # the adversary always packs the same count into whole blocks
+    odds = window_odds_keys(accomplices, n_keys - accomplices, blocks, fake, d)
+    q = accomplices / n_keys
+    sd = math.sqrt(max(odds.passed * (1 - odds.passed), 1e-12) / trials)
+    m = {k: x / trials for k, x in totals.items()}
+    label = name + "".join(f" {k}={x}" for k, x in params.items())
+    return {
+        "adversary": label, "faked_segments": len(faked), "fake_blocks": fake, "blocks": blocks,
+        "n_segments": n, "w": w, "v": v, "p": p_bps / 10_000, "a": a, "share": q,
+        "accomplice_keys": accomplices, "keys": n_keys,
+        "trials": trials, "passed": m["passed"], "pass_exact": odds.passed,
+        "pass_planner": window_cheat(blocks, fake, v, a, p_bps / 10_000, q).success,
+        "within_3_sd": abs(m["passed"] - odds.passed) <= 3 * sd + 1e-12,
+        "rejected": m["rejected"], "rejected_exact": odds.rejected, "unverified": m["unverified"],
+        "unverified_exact": odds.unverified, "honest_slashed": m["honest_slashed"],
+        "honest_slashed_exact": odds.honest_slashed, "audited": m["audited"],
+        "profit_per_step_R": m["profit"] / reward,
+        "profit_exact_R": window_expected_profit_keys(accomplices, n_keys - accomplices, blocks, fake, d,
+                                                      reward, bond) / reward,
+    }  # fmt: skip
+
+
+def main_windows(quick: bool = False) -> dict[str, Any]:
+    """`--windows`: the fake-Δ table under windows, then the faked-segment cells."""
+    trials = 200 if quick else 2000
+    t0 = time.perf_counter()
+    v, p, a = defaults()
+    rows = [cell(cv, cp, ca, round(q * N_KEYS), trials, sampling=Sampling.WINDOWS)
+            for cv, cp, ca in configs() for q in SHARES]  # fmt: skip
+    rows += [cell(v, p, a, k, trials, n, Sampling.WINDOWS) for k, n in EXTRA]
+    cells = [window_cell(name, params, v, p, a, k, trials if n == N_KEYS else trials // 2, n)
+             for name, params in WINDOW_FAKES for n, gangs in WINDOW_KEYS for k in gangs]  # fmt: skip
+    cfg = bench_config(v, p, a, Sampling.WINDOWS)
+    result = {
+        "quick": quick, "keys": N_KEYS, "trials_per_cell": trials, "sampling": "windows",
+        "H": cfg.inner_steps, "k": cfg.segment_len, "w": cfg.window_len, "n_segments": cfg.n_segments,
+        "blocks": -(-cfg.n_segments // cfg.window_len), "rows": rows, "windows": cells,
+        "fake_delta_within_3_sd": all(r["within_3_sd"] for r in rows),
+        "windows_within_3_sd": all(r["within_3_sd"] for r in cells),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }  # fmt: skip
+    print(f"collusion under sampling windows: H = {result['H']}, k = {result['k']}, w = {result['w']} "
+          f"(B = {result['blocks']} blocks), {trials} trials per cell (100 keys: {trials // 2})")  # fmt: skip
+    print("a fake Δ (every check checks Δ against θ_H): exact = σ^v (1 − p + p σ^a) for equal-stake keys")
+    print(f"{'v':>2} {'p':>4} {'a':>2} {'keys':>4} {'share':>6} {'fake passed':>12} {'exact':>8} "
+          f"{'q^v bound':>10} {'profit/R':>9} {'exact':>8}")  # fmt: skip
+    for r in rows:
+        print(f"{r['v']:>2} {r['p']:>4.2f} {r['a']:>2} {r['keys']:>4} {r['share']:>6.0%} "
+              f"{r['passed']:>12.2%} {r['pass_exact']:>8.2%} {r['pass_bound_many_keys']:>10.2%} "
+              f"{r['profit_per_step_R']:>9.3f} {r['profit_exact_R']:>8.3f}")  # fmt: skip
+    print(f"faked segments, v = {v}, p = {p / 10_000:g}, a = {a}: passed (exact, planner), host rejected "
+          "(exact), honest verdicts slashed per step (exact), profit/R (exact)")  # fmt: skip
+    for r in cells:
+        print(f"{r['adversary']:<20} F={r['fake_blocks']:>2} {r['keys']:>4} {r['share']:>5.0%}  "
+              f"{r['passed']:>7.2%} ({r['pass_exact']:>7.2%}, {r['pass_planner']:>7.2%})  "
+              f"{r['rejected']:>7.2%} ({r['rejected_exact']:>7.2%})  "
+              f"{r['honest_slashed']:>6.3f} ({r['honest_slashed_exact']:>6.3f})  "
+              f"{r['profit_per_step_R']:>+7.3f} ({r['profit_exact_R']:>+7.3f})")  # fmt: skip
+    out = RESULTS.with_name("collusion_windows.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"every cell within 3 sd of its exact formula: fake Δ {result['fake_delta_within_3_sd']}, "
+          f"windows {result['windows_within_3_sd']}; wrote {out} ({result['seconds']} s)")  # fmt: skip
+    return result
 
 
 def defaults() -> tuple[int, int, int]:
@@ -322,4 +508,8 @@ def main(quick: bool = False) -> dict[str, Any]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200 trials per cell instead of 2000")
-    main(quick=ap.parse_args().quick)
+    ap.add_argument(
+        "--windows", action="store_true", help="sampling windows (issue 34): collusion_windows.json"
+    )
+    args = ap.parse_args()
+    main_windows(quick=args.quick) if args.windows else main(quick=args.quick)

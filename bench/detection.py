@@ -18,6 +18,7 @@ Four tables (all with the real committed loop, store, codec and `verifier.verify
 4. verification cost as a fraction of the host's inner loop on the default small GPT.
 
     .venv/bin/python -m bench.detection [--quick] [--only-adversaries]
+    .venv/bin/python -m bench.detection --windows [--quick]   # sampling windows: bench.detection_windows
 
 Prints the tables and writes bench/results/detection.json. A measurement, not a test.
 """
@@ -511,9 +512,18 @@ if __name__ == "__main__":
         action="store_true",
         help="recompute table 3's tolerance-mode row only, keeping the other tables of the last results file",
     )
+    parser.add_argument(
+        "--windows",
+        action="store_true",
+        help="sampling windows (issue 34): bench.detection_windows, its own results file",
+    )
     parser.add_argument("--host-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.host_worker:
         host_worker(json.loads(args.host_worker.read_text()))
+    elif args.windows:
+        from bench import detection_windows
+
+        detection_windows.main(args.quick)
     else:
         main(args.quick, args.only_adversaries, args.only_tolerance)

@@ -90,7 +90,7 @@ from trainer.sharded import LocalGroup, ShardedState, ShardedStep, ShardPlan, ma
 RESULTS = ROOT / "bench" / "results"
 INNER = SimpleNamespace(
     lr=4e-4, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0, warmup_steps=0,
-    decay_steps=0, min_lr_fraction=0.0,
+    decay_steps=0, min_lr_fraction=0.0, moments="fp32",
 )  # fmt: skip
 PEAK_BF16_TFLOPS = 989.4  # H100/H200 SXM dense bf16, vendor datasheet
 GROUPS = ("param", "exp_avg", "exp_avg_sq")

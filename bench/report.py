@@ -260,7 +260,8 @@ def collusion(d: dict[str, Any]) -> Lines:
         "state machine (`bench/collusion.py`), the coalition playing its best strategy; *exact* is "
         "`protocol.collusion.pass_probability_keys` / `expected_profit_keys`, *bound* the many-small-keys "
         "limit q^v (1 − p + p q^a). Profit is reward − slashes of the host and its accomplices, in units "
-        "of the reward R, with the run defaults' bonds (min_host_stake = reward_per_outer_step).",
+        "of the reward R, with the run defaults' bonds (min_host_stake = reward_per_outer_step). Sampling "
+        "segments (H = 4, k = 2); the same under sampling windows is §5b'.",
         "",
     ]
     rows = [
@@ -301,6 +302,122 @@ def collusion(d: dict[str, Any]) -> Lines:
                  f"{100 * x['pass_exact_max']:.2f}%", f"{100 * x['accept_overturned_at_half']:.1f}%",
                  f"{x['max_reward_per_host_bond']:.1f}"] for x in alt]  # fmt: skip
         out += table(["v", "p", "a", "replays", "worst bound", "worst exact", "overturned", "max R/B"], rows)
+    return out
+
+
+def _pct(x: float, digits: int = 2) -> str:
+    return f"{100 * x:.{digits}f}%"
+
+
+def collusion_windows(d: dict[str, Any]) -> Lines:
+    """Issue 34: the fake-Δ table rerun under windows, then hosts faking segments, each cell next to
+    its exact formula and the planner's many-keys one."""
+    out = [
+        f"Sampling windows at H = {d['H']}, k = {d['k']}, w = {d['w']}: n = {d['n_segments']} segments, "
+        f"B = {d['blocks']} blocks, v + a = 7 slots each on its own block; {d['trials_per_cell']} seeded "
+        "trials per cell on the state machine (100-key cells: half as many), equal-stake keys.",
+        "",
+        "**A fake Δ.** Every checker checks Δ against θ_H whatever its window, so honest verifiers reject "
+        "(DELTA_MISMATCH) and the Δ question's voters are every verifier: the formula is the one of §5b, "
+        "*exact* `pass_probability_keys` = C(A, v)/C(N, v) · (1 − p + p·C(A − v, a)/C(N − v, a)), *bound* "
+        "σ^v (1 − p + p σ^a). Every cell within 3 sd of *exact*: "
+        f"**{'yes' if d['fake_delta_within_3_sd'] else 'no'}**.",
+        "",
+    ]
+    rows = [
+        [r["v"], r["p"], r["a"], r["keys"], f"{100 * r['share']:.0f}%", _pct(r["passed"]),
+         _pct(r["pass_exact"]), _pct(r["pass_bound_many_keys"]), f"{r['profit_per_step_R']:+.3f}",
+         f"{r['profit_exact_R']:+.3f}"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    head = ["v", "p", "a", "keys", "accomplice stake", "fake passed", "exact", "bound", "profit/R", "exact"]
+    out += table(head, rows)
+    cells = d["windows"]
+    c0 = cells[0]
+    out += [
+        f"**Faked segments** (v = {c0['v']}, p = {c0['p']}, a = {c0['a']}): `lazy` f = 0.5 (50 segments in "
+        "17 whole blocks) and `one_fake` (1 segment, 1 block). Honest slot holders reject iff their window "
+        "holds a faked segment, honest panel members reject the disputed windows, accomplices accept on "
+        "their slots and on a panel whenever the coalition does not lose the segments vote. *exact* is "
+        "`protocol.collusion.window_odds_keys` (finite equal-stake keys, draws without replacement, the "
+        "dispute decided among its voters: specs §9), *planner* `gonka_diloco.plan.window_cheat` "
+        "(each slot an accomplice with probability σ, every dispute lost below ½). *rejected*: a dispute "
+        "rejected it (host slashed host_slash_bps); *unverified*: a tied dispute; *honest slashed*: honest "
+        "verdicts slashed per outer step (every honest voter of a dispute the coalition won). Profit = "
+        "reward − slashes of the host and its accomplices per outer step, in units of the reward R "
+        "(an honest host earns +1.000; the compute a fake saves is not in it, the planner's `economics` "
+        "prices it). Every cell within 3 sd of *exact*: "
+        f"**{'yes' if d['windows_within_3_sd'] else 'no'}**.",
+        "",
+    ]
+    rows = [
+        [r["adversary"], f"{r['fake_blocks']}/{r['blocks']}", r["keys"], f"{100 * r['share']:.0f}%",
+         _pct(r["passed"]), _pct(r["pass_exact"]), _pct(r["pass_planner"]),
+         f"{_pct(r['rejected'], 1)} ({_pct(r['rejected_exact'], 1)})",
+         f"{_pct(r['unverified'], 1)} ({_pct(r['unverified_exact'], 1)})",
+         f"{r['honest_slashed']:.3f} ({r['honest_slashed_exact']:.3f})",
+         f"{r['profit_per_step_R']:+.3f} ({r['profit_exact_R']:+.3f})"]
+        for r in cells
+    ]  # fmt: skip
+    head = ["host", "fake blocks", "keys", "accomplice stake", "fake passed", "exact", "planner",
+            "rejected (exact)", "unverified (exact)", "honest slashed (exact)",
+            "profit/R (exact)"]  # fmt: skip
+    out += table(head, rows)
+    minority = [r for r in cells if r["share"] < 0.5]
+    gap = max(minority, key=lambda r: r["pass_exact"] - r["pass_planner"])
+    won = [r for r in minority if r["honest_slashed_exact"] > 0]
+    out += [
+        f"Below ½ of the stake the exact odds exceed the planner's by at most "
+        f"{100 * (gap['pass_exact'] - gap['pass_planner']):.2f} points ({gap['adversary']}, "
+        f"{gap['keys']} keys, {100 * gap['share']:.0f}%); a minority wins a dispute (honest verdicts "
+        f"slashed) in {len(won)} of {len(minority)} such cells.",
+        "",
+    ]
+    return out
+
+
+def detection_windows(d: dict[str, Any]) -> Lines:
+    """Issue 34: every host adversary per outer step under windows; one_fake and lazy vs the planner."""
+    c = d["detection_config"]
+    out = [
+        f"Tiny GPT, H = {c['H']}, k = {c['k']}, w = {c['w']} (B = {c['blocks']} blocks), v = {c['v']}, "
+        f"p = {c['p']}, a = {c['a']}: per trial a fresh challenge draws the slots' windows, each drawn "
+        "block's checker replays its window with `verifier.verify` and checks Δ against θ_H; the outer "
+        "step is caught when an initial slot rejects or, audited, an audit slot does (specs §2.5). *checks "
+        "rejecting*: the share of those checks that rejected; *right reason*: the share of outer steps "
+        "whose outcome (the first reject's reason, or ACCEPT) is the expected one. The segments-era table "
+        "is §5.",
+        "",
+    ]
+    rows = [
+        [r["behaviour"], r["trials"], _pct(r["rejected"], 0), _pct(r["right_reason"], 0),
+         "n/a" if r.get("checks_rejecting") is None else _pct(r["checks_rejecting"], 0),
+         ", ".join(r["expected"]), ", ".join(f"{k} {v}" for k, v in sorted(r["reasons"].items()))]
+        for r in d["adversaries"]
+    ]  # fmt: skip
+    out += table(["behaviour", "trials", "caught per outer step", "right reason", "checks rejecting",
+                  "expected", "verdicts seen (checks)"], rows)  # fmt: skip
+    sc = d["sweep_config"]
+    out += [
+        "**Detection per outer step vs the planner** (`gonka_diloco.plan.lazy_detection` / "
+        f"`one_segment_detection`, split by `lazy_cheat`): {sc['seeds']} hosts per adversary, every "
+        f"block's window replayed once per host, then {sc['challenges_per_host']} challenges per host "
+        "judged by the chain's rule over their drawn slots (bitwise: a window's verdict does not depend on "
+        f"the challenge; {sc['spot_checks_per_host']} challenges per host re-verified end to end).",
+        "",
+    ]
+    rows = [
+        [r["behaviour"], r["H"], r["k"], r["w"], r["blocks"], r["faked_segments"],
+         ", ".join(map(str, r["blocks_rejected"])), r["trials"], _pct(r["detected"], 1),
+         _pct(r["predicted"], 1),
+         f"{_pct(r['detected_initial'], 1)} ({_pct(r['predicted_initial'], 1)})",
+         f"{_pct(r['detected_audit'], 1)} ({_pct(r['predicted_audit'], 1)})",
+         f"{r['spot_checks_agree']}/{r['spot_checks']}"]
+        for r in d["sweep"]
+    ]  # fmt: skip
+    head = ["host", "H", "k", "w", "B", "faked segments", "blocks rejected", "outer steps", "caught",
+            "planner", "initial slots (planner)", "audit (planner)", "spot checks agree"]  # fmt: skip
+    out += table(head, rows)
     return out
 
 
@@ -640,53 +757,53 @@ _T37 = "sparse_average_contrib_b0.9_lr1.25"
 _D37 = "sparse_average_contrib_b0.9"
 ISSUE37: list[tuple[str, str, str]] = [
     ("convergence_sparse_H25_T24_mean",
-     "1h. The sparse mean over the hosts that kept a coordinate (issue 37; H = 25, T = 24)",
+     "1i. The sparse mean over the hosts that kept a coordinate (issue 37; H = 25, T = 24)",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 25x24 --sparse-name mean --sparse-contenders int8_nesterov,"
      "sparse_average_b0.95,sparse_average_contrib_b0.95,sparse_average_contrib,sparse_nesterov_contrib_b0.95,"
      "sparse_average_contrib_b0.95_k60,sparse_average_contrib_b0.95_C1024_k16,"
      "sparse_average_contrib_b0.95_k256"),
     ("convergence_sparse_H25_T24_knobs",
-     "1i. Outer momentum, β, error feedback reset and density over the contributors' mean (H = 25, T = 24)",
+     "1j. Outer momentum, β, error feedback reset and density over the contributors' mean (H = 25, T = 24)",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 25x24 --sparse-name knobs --sparse-contenders int8_nesterov,"
      "sparse_nesterov_contrib_b0.95_lr0.5_mu0.5,sparse_nesterov_contrib_b0.95_lr0.3_mu0.7,"
      "sparse_nesterov_contrib_b0.95_lr0.1_mu0.9,sparse_average_contrib_b0.9,sparse_average_contrib_b0.98,"
      "sparse_average_contrib_efreset,sparse_average_contrib_b0.95_k128,sparse_average_contrib_b0.95_k512"),
-    ("convergence_sparse_H25_T24_beta", "1j. β and the outer lr around the best (H = 25, T = 24)",
+    ("convergence_sparse_H25_T24_beta", "1k. β and the outer lr around the best (H = 25, T = 24)",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 25x24 --sparse-name beta --sparse-contenders int8_nesterov,"
      "sparse_average_contrib_b0.85,sparse_average_contrib_b0.8,sparse_average_contrib_b0.9_lr1.25,"
      "sparse_average_contrib_b0.9_lr0.8"),
-    ("convergence_sparse_H25_T24_outerlr", "1k. Outer lr 1.5 at β = 0.9, 1.25 at β = 0.95 (H = 25, T = 24)",
+    ("convergence_sparse_H25_T24_outerlr", "1l. Outer lr 1.5 at β = 0.9, 1.25 at β = 0.95 (H = 25, T = 24)",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 25x24 --sparse-name outerlr --sparse-contenders "
      "int8_nesterov,sparse_average_contrib_b0.9_lr1.5,sparse_average_contrib_b0.95_lr1.25"),
-    ("convergence_sparse_H25_T24_innerlr", "1l. Inner lr 0.001 and 0.005 (H = 25, T = 24)",
+    ("convergence_sparse_H25_T24_innerlr", "1m. Inner lr 0.001 and 0.005 (H = 25, T = 24)",
      _CMD37 + f"--inner-lrs 0.001,0.005 --sparse-shape 25x24 --sparse-name innerlr --sparse-contenders "
      f"int8_nesterov,{_T37}"),
-    ("convergence_sparse_H100_T6_i37", "1m. H = 100, T = 6 (the same compute): today's sparse, the reference "
+    ("convergence_sparse_H100_T6_i37", "1n. H = 100, T = 6 (the same compute): today's sparse, the reference "
      "aggregation, the tuned setting",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 100x6 --sparse-name i37 --sparse-contenders int8_nesterov,"
      f"sparse_average_b0.95,sparse_average_contrib_b0.95,sparse_average_contrib_b0.9,{_T37},{_T37}_k60"),
-    ("convergence_sparse_H15_T40_i37", "1n. H = 15, T = 40 (the same compute)",
+    ("convergence_sparse_H15_T40_i37", "1o. H = 15, T = 40 (the same compute)",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 15x40 --sparse-name i37 --sparse-contenders int8_nesterov,"
      f"{_D37},{_T37},{_D37}_k60"),
-    ("convergence_sparse_H50_T12_i37", "1o. H = 50, T = 12 (the same compute)",
+    ("convergence_sparse_H50_T12_i37", "1p. H = 50, T = 12 (the same compute)",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 50x12 --sparse-name i37 --sparse-contenders int8_nesterov,"
      f"{_D37},{_T37},{_D37}_k60"),
-    ("convergence_sparse_H25_T48_i37", "1p. H = 25, T = 48 (twice the compute)",
+    ("convergence_sparse_H25_T48_i37", "1q. H = 25, T = 48 (twice the compute)",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 25x48 --sparse-name i37 --sparse-contenders int8_nesterov,"
      f"{_D37},{_D37}_k60,{_D37}_k256"),
-    ("convergence_sparse_H100_T24_i37", "1q. H = 100, T = 24 (four times the compute)",
+    ("convergence_sparse_H100_T24_i37", "1r. H = 100, T = 24 (four times the compute)",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 100x24 --sparse-name i37 --sparse-contenders int8_nesterov,"
      f"{_D37},{_D37}_k60"),
-    ("convergence_sparse_H25_T24_flush", "1r. Where the gap is: every accumulator flushed at the end "
+    ("convergence_sparse_H25_T24_flush", "1s. Where the gap is: every accumulator flushed at the end "
      "(H = 25, T = 24)",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 25x24 --sparse-name flush --sparse-contenders int8_nesterov,"
      f"sparse_average_b0.95,{_D37}"),
-    ("convergence_sparse_H100_T6_flush", "1s. The same at H = 100, T = 6",
+    ("convergence_sparse_H100_T6_flush", "1t. The same at H = 100, T = 6",
      _CMD37 + "--inner-lrs 0.002 --sparse-shape 100x6 --sparse-name flush --sparse-contenders int8_nesterov,"
      f"{_D37}"),
 ]  # fmt: skip
 """Issue 37's runs: (results stem, section title, the command that made it)."""
-GAP_TITLE = "1t. Issue 37: the best sparse setting against int8 DiLoCo, by H and T"
+GAP_TITLE = "1u. Issue 37: the best sparse setting against int8 DiLoCo, by H and T"
 
 
 def _gap_cell(nb: tuple[str, dict[str, Any]] | None) -> str:
@@ -948,6 +1065,81 @@ def devnet_codec(d: dict[str, Any]) -> Lines:
     ]
 
 
+def convergence_moments(d: dict[str, Any]) -> Lines:
+    """Issue 35: float32 vs int8 AdamW moments, two seeds each, per setting."""
+    load = f"Load average {fmt(d.get('load_before'))} before, {fmt(d.get('load_after'))} after (2 cores)."
+    out = [f"{load} Same run, same seeds; only `InnerOptim.moments` differs (specs §6.2.1). The bar: int8's "
+           "final loss within 1% of float32's at the same seed; float32's seed-to-seed gap is the noise.",
+           ""]  # fmt: skip
+    for name, s in d["settings"].items():
+        if "setup" not in s:
+            out += [f"*{name}*: error {str(s.get('error', ''))[:200]}", ""]
+            continue
+        st = s["setup"]
+        model = "Llama-tiny (warm start)" if "llama" in st["factory"] else "small GPT"
+        out += [f"*{name}*: {model}, M = {st['hosts']}, H = {st['inner_steps']}, T = {st['outer_steps']}, "
+                f"inner lr {fmt(st['inner_lr'])}, outer {fmt(st['outer_lr'])}/{fmt(st['outer_momentum'])}",
+                ""]  # fmt: skip
+        rows = [[r["moments"], r["seed"], f"{r['final_val_loss']:.4f}" if r["final_val_loss"] else "error",
+                 r["verdicts"] or "", r["wall_s"]] for r in s["rows"]]  # fmt: skip
+        out += table(["moments", "seed", "final val loss", "verdicts", "wall s (under load)"], rows)
+        if "max_rel_gap" in s:
+            gaps = ", ".join(f"seed {k}: {100 * v:.2f}%" for k, v in s["int8_vs_fp32_rel"].items())
+            noise = s.get("fp32_seed_noise_rel")
+            seeds = f"; float32 seed-to-seed: {100 * noise:.2f}%" if noise is not None else ""
+            out += [f"int8 vs fp32 at the same seed: {gaps}; within 1%: **{s['within_1pct']}**{seeds}", ""]
+    return out
+
+
+def statecode(d: dict[str, Any]) -> Lines:
+    """Issue 35: lossless coding of opened training states against G_n, per model, moments, point."""
+    out = [f"Link: {fmt(d['link_mb_s'])} MB/s (1 Gbit/s); chunks of {fmt(d['chunk_bytes'])} bytes; speeds "
+           "are per core (one thread, its own CPU time). *t*: inner steps into the outer step (G_n at 0); "
+           "ratio = canonical ÷ coded bytes; *genuine ratio*: max |m̂|/((√v̂+ε)·C(t)) of the state (§6.3); "
+           "*diff_body*: the 125M state without `embed_tokens` (its unused rows' moments stay 0). Load "
+           f"average {fmt(d.get('load_before'))} before, {fmt(d.get('load_after'))} after.", ""]  # fmt: skip
+    keys = ["model", "moments", "t", "coding", "level", "state_bytes_per_param", "wire_bytes_per_param",
+            "ratio", "encode_mb_s", "decode_mb_s", "genuine_ratio"]  # fmt: skip
+    out += table(["model", "moments", "t", "coding", "zstd level", "B/param state", "B/param wire", "ratio",
+                  "encode MB/s/core", "decode MB/s/core", "genuine ratio"],
+                 [[r[k] for k in keys] for r in d["rows"]])  # fmt: skip
+    p = d.get("planner", {})
+    took = [f"{m} {fmt(p[m]['ratio'])} (slowest encode {fmt(p[m]['encode_mb_s'])}, decode "
+            f"{fmt(p[m]['decode_mb_s'])} MB/s/core)" for m in ("fp32", "int8") if m in p]  # fmt: skip
+    out += [f"The planner takes, per moment format, the lowest ratio of `{p.get('coding')}` at zstd level "
+            f"{p.get('level')}: " + "; ".join(took) + ".", ""]  # fmt: skip
+    if d.get("prediction_30b"):
+        keys = ["moments", "state_gb", "wire_gb", "wire_bytes_per_param", "minutes_at_1gbit", "optimizer_gb"]
+        out += table(["30B: moments", "state GB", "on the wire GB", "B/param on the wire",
+                      "min at 1 Gbit/s", "carried optimizer GB"],
+                     [[r[k] for k in keys] for r in d["prediction_30b"]])  # fmt: skip
+    return out
+
+
+def verification(d: dict[str, Any]) -> Lines:
+    """bench.verification: per check of an honest contribution, measured vs planned, per sampling."""
+    rows = []
+    for r in d["runs"]:
+        m, p = r["measured"], r["predicted"]
+        ratio = r.get("ratio", {})
+        rows.append([
+            r["sampling"], m.get("checks"), m.get("bytes_mean"), p["bytes_per_check"], ratio.get("bytes"),
+            m.get("replay_steps_mean"), p["replay_steps_per_check"], ratio.get("replay_steps"),
+            ", ".join(f"{k} {v:.0%}" for k, v in r["caught_share"].items()), r.get("honest_accepted"),
+        ])  # fmt: skip
+    header = ["sampling", "checks", "bytes per check", "planned", "ratio", "replayed steps per check",
+              "planned", "ratio", "adversaries caught per outer step", "honest accepted"]  # fmt: skip
+    out = table(header, rows)
+    for r in d["runs"]:
+        out += [f"*{r['sampling']}: bytes per node per outer step* (↑ served, ↓ fetched; kB)", ""]
+        kinds = sorted({k for t in r["traffic_per_step"].values() for dd in ("up", "down") for k in t[dd]})
+        trows = [[name, *[t[dd].get(k, 0) / 1e3 for dd in ("up", "down") for k in kinds],
+                  t["replayed"]["steps"]] for name, t in r["traffic_per_step"].items()]  # fmt: skip
+        out += table(["node", *[f"{'↑' if dd == 'up' else '↓'} {k}" for dd in ("up", "down") for k in kinds],
+                      "replayed steps"], trows)  # fmt: skip
+    return out
+
+
 def devnet_sparse_issue37(d: dict[str, Any]) -> Lines:
     """Issue 37's devnet check: the sparse codec's outer step before and after, loss per outer step."""
     rows = []
@@ -1004,6 +1196,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      ".venv/bin/python -m bench.convergence --sparse-shape 25x24 --sparse-name density --inner-lrs 0.002 "
      "--sparse-contenders dp,int8_nesterov,sparse_average_lr2_k128,sparse_average_lr2_k256,"
      "sparse_average_lr2_k512,sparse_average_lr2_k1024", convergence_sparse),
+    ("convergence_moments", "1h. Int8 AdamW moments vs float32 moments (issue 35)",
+     ".venv/bin/python -m bench.convergence --only moments [--quick]", convergence_moments),
     *[(stem, title, cmd, convergence_sparse_issue37) for stem, title, cmd in ISSUE37],
     ("overlap_detection", "2b. Overlap: detection and false rejection with the eager schedule (issue 16)",
      "bench.overlap_detection", overlap_detection),
@@ -1012,13 +1206,22 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      "bench.communication",
      communication),
     ("codecs", "4. Codecs", "bench.codecs", codecs_table),
+    ("statecode", "4b. Opened training states coded against G_n (issue 35)", "bench.statecode", statecode),
     ("detection", "5. Verification cost vs detection", "bench.detection", generic),
+    ("detection_windows", "5e. Detection under sampling windows (issue 34)",
+     ".venv/bin/python -m bench.detection --windows", detection_windows),
     ("steering", "5c. Tolerance mode: steering left to a bounded budget (issue 23)", "bench.steering",
      steering),
     ("steering_bf16", "5d. The same with bf16 autocast",
      ".venv/bin/python -m bench.steering --precision bf16", steering),
     ("collusion", "5b. Collusion: colluding verifiers vs stake-weighted draws, audits and disputes",
      "bench.collusion", collusion),
+    ("collusion_windows", "5b'. Collusion under sampling windows (issue 34)",
+     ".venv/bin/python -m bench.collusion --windows", collusion_windows),
+    ("collusion_windows_norevote", "5b''. The same before revotes: a minority could win a windowed dispute",
+     ".venv/bin/python -m bench.collusion --windows (at 12dffd0, before the revote rule)", collusion_windows),
+    ("verification", "5f. Verification at devnet scale: sampling segments vs windows, measured and planned "
+     "(issue 34)", ".venv/bin/python -m bench.verification", verification),
     ("host_overhead", "6. Host overhead: committed vs plain inner loop", "bench.host_overhead", generic),
     ("overlap", "6b. Overlap: host utilization and time to the same loss (devnet, issue 16)", "bench.overlap",
      overlap),

@@ -32,7 +32,16 @@ import torch
 from torch import Tensor, nn
 
 from protocol.codecs import decode, delta_hash, encode, from_blob, to_blob
-from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, OuterRule, RunConfig, SparseMean
+from protocol.config import (
+    Codec,
+    InnerOptim,
+    ModelSpec,
+    Moments,
+    OuterOptim,
+    OuterRule,
+    RunConfig,
+    SparseMean,
+)
 from protocol.errorfeedback import EFConfig, ef_hash, ef_step, verify_ef_step
 from protocol.merkle import merkle_root
 from protocol.outer import (
@@ -94,6 +103,7 @@ class Setup:
     outer_rule: str = "nesterov"  # or "average" (SparseLoCo: θ − lr·mean, no momentum)
     sparse_mean: str = "hosts"  # codec "sparse": or "contributors" (SparseLoCo's per-coordinate mean)
     ef_reset: bool = False  # codec "sparse", research: every step from e = 0 (no error feedback carried)
+    moments: str = "fp32"  # or "int8": block-wise 8-bit AdamW moments (InnerOptim.moments, specs §6.2.1)
 
     def spec(self) -> ModelSpec:
         return ModelSpec(factory=self.factory, config=dict(self.model))
@@ -101,7 +111,8 @@ class Setup:
     def inner(self) -> InnerOptim:
         decay = self.outer_steps * self.inner_steps if self.cosine else 0
         return InnerOptim(lr=self.inner_lr, warmup_steps=self.warmup_steps, decay_steps=decay,
-                          min_lr_fraction=0.1 if self.cosine else 0.0)  # fmt: skip
+                          min_lr_fraction=0.1 if self.cosine else 0.0,
+                          moments=Moments(self.moments))  # fmt: skip
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Setup:

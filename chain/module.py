@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from chain import errors
@@ -656,10 +657,11 @@ def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) ->
         raise errors.ErrAlreadyDecided(f"{msg.host}: {contribution.outcome}")
     if msg.creator not in contribution.verifier_rounds:
         raise errors.ErrNotAssignedVerifier(f"{msg.creator} for {msg.host}")
-    if msg.creator in contribution.verdicts:
+    revote = owes_revote(contribution, msg.creator)
+    if msg.creator in contribution.verdicts and not revote:
         raise errors.ErrDuplicateVerdict(f"{msg.creator} for {msg.host}")
 
-    contribution.verdicts[msg.creator] = Verdict(
+    verdict = Verdict(
         verifier=msg.creator,
         reason=int(msg.reason),
         evidence_hash=msg.evidence_hash,
@@ -667,6 +669,10 @@ def process_verdict(state: ChainState, msg: MsgSubmitVerdict, ctx: TxContext) ->
         height=ctx.height,
         round=step.round,
     )
+    if revote:  # a windowed dispute: its vote on the disputed windows, beside its own window's
+        contribution.revotes[msg.creator] = verdict
+    else:
+        contribution.verdicts[msg.creator] = verdict
     touched(contribution)
     return [
         _event(
@@ -880,10 +886,14 @@ def block_seed(state: ChainState) -> str:
     return prf.seed_from_blocks(state.recent_block_hashes)
 
 
-def _assign(c: Contribution, verifiers: list[str], round: int) -> None:
+def _assign(c: Contribution, verifiers: list[str], round: int, first_slot: int | None = None) -> None:
+    """Append verifiers to a contribution's rounds; with `first_slot` (a windowed contribution's
+    initial, escalation or audit draw) the i-th drawn verifier holds slot first_slot + i."""
     new = [v for v in verifiers if v not in c.verifier_rounds]
     c.verifiers += new
     c.verifier_rounds.update(dict.fromkeys(new, round))
+    if first_slot is not None and c.windows:
+        c.slots.update({v: first_slot + i for i, v in enumerate(verifiers) if v in new})
     touched(c)
 
 
@@ -893,10 +903,15 @@ def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int, delay: 
     step.challenge_height = height
     pools = DrawPools(run, draw_cutoff(step, delay))
     events = []
+    n = config.n_segments
     for host in sorted(step.contributions):
         c = step.contributions[host]
-        c.sampled_segments = prf.sample_segments(seed, host, config.n_segments, config.sampled_segments)
-        _assign(c, pools.for_contribution(c).draw(seed, host, config.verifiers_per_contribution, 0), 0)
+        if config.windowed:  # every slot's window now, the audit's too: the host serves them all
+            c.windows = prf.draw_windows(seed, host, n, config.window_len, config.checker_slots)
+            c.sampled_segments = prf.windows_opened(c.windows, n, config.window_len)
+        else:
+            c.sampled_segments = prf.sample_segments(seed, host, n, config.sampled_segments)
+        _assign(c, pools.for_contribution(c).draw(seed, host, config.verifiers_per_contribution, 0), 0, 0)
         events.append(
             _event(
                 "challenge",
@@ -905,6 +920,7 @@ def _derive_challenge(run: Run, step: OuterStep, seed: str, height: int, delay: 
                 host=host,
                 segments=",".join(map(str, c.sampled_segments)),
                 verifiers=",".join(c.verifiers),
+                **({"windows": ",".join(map(str, c.windows))} if c.windows else {}),
             )
         )
     return events
@@ -949,7 +965,7 @@ def _draw_audits(run: Run, step: OuterStep, seed: str, height: int, delay: int) 
             auditors = pool.draw(seed, host, config.audit_verifiers, step.round, exclude=c.verifier_rounds)
         if auditors:
             c.review, c.audited = Review.AUDIT, True
-            _assign(c, auditors, step.round)
+            _assign(c, auditors, step.round, config.verifiers_per_contribution)  # the audit slots
             waiting = True
             events.append(
                 _event("audit", run_id=run.id, outer_step=step.index, host=host, verifiers=",".join(auditors))
@@ -1063,15 +1079,114 @@ def _initial_review(c: Contribution, final_round: bool) -> Outcome | Review | No
     return Review.PROVISIONAL if accepts else Outcome.UNVERIFIED  # no verdicts: nobody slashed
 
 
-def _confirmed(run: Run, c: Contribution) -> Outcome:
-    """A dispute's outcome: the stake-weighted majority of every bonded verifier assigned to it
-    (after `_open_dispute`, every active verifier). No majority either way: unverified."""
-    panel = sum(stake_of(run, v) for v in c.verifier_rounds)
-    accepts = sum(stake_of(run, v) for v, x in c.verdicts.items() if x.reason == Reason.ACCEPT)
-    rejects = sum(stake_of(run, v) for v, x in c.verdicts.items() if x.reason != Reason.ACCEPT)
-    if 2 * rejects > panel:
+class Question(StrEnum):
+    """What a dispute asks (§2.5.3). Every checker checks the Δ against θ_H; the rest of a check
+    (proofs, claims, the start, the replayed segments, the data) is about the segments it opened."""
+
+    SEGMENTS = "segments"
+    DELTA = "delta"
+
+
+def _question_of(reason: int) -> Question:
+    return Question.DELTA if reason == Reason.DELTA_MISMATCH else Question.SEGMENTS
+
+
+def disputed_windows(c: Contribution) -> list[int]:
+    """Windowed contributions: the start segments of the windows some slot holder rejected, sorted:
+    what a dispute panel replays (with the Δ)."""
+    return sorted(
+        {c.windows[c.slots[v]] for v, x in c.verdicts.items() if x.reason != Reason.ACCEPT and v in c.slots}
+    )
+
+
+class Answer(StrEnum):
+    """A verifier's answer to a dispute's question."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    NOT_REACHED = "not_reached"
+    """Its check stopped at a failure before the question: not counted either way."""
+    SILENT = "silent"
+    """No verdict on it (yet): counted in the stake the majority is out of, never for a side."""
+
+
+def owes_revote(c: Contribution, verifier: str) -> bool:
+    """Windowed disputes (§2.5.3): a slot holder whose own window nobody disputed judged only that
+    window; like the panel it is asked to replay the disputed ones (Δ first), once, so that every
+    bonded verifier of the step's pool votes on them and a coalition can never be a majority of a
+    voter set its honest members were left out of."""
+    return (
+        c.review == Review.CONFIRM
+        and bool(c.windows)
+        and verifier in c.slots
+        and verifier in c.verdicts
+        and verifier not in c.revotes
+        and c.windows[c.slots[verifier]] not in disputed_windows(c)
+    )
+
+
+def _answer_of(verdict: Verdict, question: Question, delta_first: bool) -> Answer:
+    """A check stops at its first failure: a slot holder (and, without windows, every verifier)
+    checks its segments first and Δ last, so its segments reject says nothing of the Δ and its Δ
+    reject says the segments passed; a dispute panel member (windows: no slot, or a slot holder's
+    revote) checks Δ first, so a Δ reject says nothing of the disputed windows and a segments
+    reject says Δ passed — every panel vote answers Δ, and no lone Δ claim decides it."""
+    if verdict.reason == Reason.ACCEPT:
+        return Answer.PASSED
+    if _question_of(verdict.reason) is question:
+        return Answer.FAILED
+    reached = question is (Question.DELTA if delta_first else Question.SEGMENTS)
+    return Answer.PASSED if reached else Answer.NOT_REACHED
+
+
+def _answer(c: Contribution, verifier: str, question: Question) -> Answer:
+    """What a verifier's vote in a dispute says on a question. Every assigned verifier is a voter
+    on both questions: on the segments, a slot holder of a window nobody disputed speaks through
+    its revote only (its own verdict is about its own window); on the Δ, every check answered."""
+    revote = c.revotes.get(verifier)
+    if revote is not None:
+        return _answer_of(revote, question, delta_first=True)
+    verdict = c.verdicts.get(verifier)
+    if verdict is None:
+        return Answer.SILENT
+    if not c.windows:
+        return _answer_of(verdict, question, delta_first=False)
+    slot = c.slots.get(verifier)
+    if slot is None:  # a panel member
+        return _answer_of(verdict, question, delta_first=True)
+    if question is Question.SEGMENTS and c.windows[slot] not in disputed_windows(c):
+        return Answer.SILENT  # not about the disputed windows; its revote would be
+    return _answer_of(verdict, question, delta_first=False)
+
+
+def _questions(c: Contribution) -> list[Question]:
+    """The questions a dispute asks: those some reject raised, in a fixed order."""
+    votes = [*c.verdicts.values(), *c.revotes.values()]
+    raised = {_question_of(x.reason) for x in votes if x.reason != Reason.ACCEPT}
+    return [q for q in Question if q in raised]
+
+
+def _decide(run: Run, c: Contribution, question: Question) -> Outcome:
+    """One question's stake-weighted majority out of every assigned verifier's stake: REJECTED
+    (it failed), ACCEPTED (it passed) or UNVERIFIED (no majority either way). A voter whose check
+    stopped before the question is not counted; a silent one is (silence never makes a majority)."""
+    answers = [(stake_of(run, v), _answer(c, v, question)) for v in c.verifier_rounds]
+    panel = sum(w for w, a in answers if a is not Answer.NOT_REACHED)
+    if 2 * sum(w for w, a in answers if a is Answer.FAILED) > panel:
         return Outcome.REJECTED
-    if 2 * accepts > panel:
+    if 2 * sum(w for w, a in answers if a is Answer.PASSED) > panel:
+        return Outcome.ACCEPTED
+    return Outcome.UNVERIFIED
+
+
+def _confirmed(run: Run, c: Contribution) -> Outcome:
+    """A dispute's outcome: each question it asks decided by the stake majority of every bonded
+    verifier assigned to it (after `_open_dispute`, every active verifier); rejected if any
+    question failed, accepted if every one passed, otherwise unverified."""
+    decisions = [_decide(run, c, q) for q in _questions(c)]
+    if Outcome.REJECTED in decisions:
+        return Outcome.REJECTED
+    if decisions and all(d == Outcome.ACCEPTED for d in decisions):
         return Outcome.ACCEPTED
     return Outcome.UNVERIFIED
 
@@ -1086,15 +1201,45 @@ def _slash(state: ChainState, run: Run, address: str, bps: int) -> int:
     return amount
 
 
-def _contradicts(verdict: Verdict, outcome: str) -> bool:
+def _contradicts(run: Run, c: Contribution, verdict: Verdict, delta_first: bool) -> bool:
+    """Does this verdict say the opposite of what was decided? A reject of an accepted
+    contribution; an accept of a slashed one — except that, for a contribution rejected by a
+    dispute, a verdict contradicts only an answer it gave on a question the dispute decided the
+    other way (an honest accept of a window nobody disputed is no answer on the disputed ones)."""
+    outcome = c.outcome
     if outcome == Outcome.ACCEPTED:
         return verdict.reason != Reason.ACCEPT
-    return outcome in SLASHED_OUTCOMES and verdict.reason == Reason.ACCEPT
+    if outcome not in SLASHED_OUTCOMES:
+        return False
+    if outcome != Outcome.REJECTED or c.review != Review.CONFIRM:
+        return verdict.reason == Reason.ACCEPT
+    slot = c.slots.get(verdict.verifier)
+    own_window_only = not delta_first and slot is not None and c.windows[slot] not in disputed_windows(c)
+    for q in _questions(c):
+        if q is Question.SEGMENTS and own_window_only:
+            continue
+        said, decided = _answer_of(verdict, q, delta_first), _decide(run, c, q)
+        if (said, decided) in ((Answer.PASSED, Outcome.REJECTED), (Answer.FAILED, Outcome.ACCEPTED)):
+            return True
+    return False
 
 
-def _is_fraud(c: Contribution) -> bool:
-    """Rejected by a confirmed dispute although some verifier accepted it: evidence of collusion."""
-    return c.outcome == Outcome.REJECTED and c.review == Review.CONFIRM and _tally(c)[0] > 0
+def _votes(c: Contribution) -> list[tuple[Verdict, bool]]:
+    """Every verdict on a contribution with how its check ran (Δ first: a panel member's and a
+    revote), in sorted verifier order: first verdicts, then revotes."""
+    panel = bool(c.windows)
+    first = [(c.verdicts[v], panel and v not in c.slots) for v in sorted(c.verdicts)]
+    return first + [(c.revotes[v], True) for v in sorted(c.revotes)]
+
+
+def _is_fraud(run: Run, c: Contribution) -> bool:
+    """Rejected by a confirmed dispute although a verifier accepted what it found failed: evidence
+    of collusion."""
+    return (
+        c.outcome == Outcome.REJECTED
+        and c.review == Review.CONFIRM
+        and any(v.reason == Reason.ACCEPT and _contradicts(run, c, v, d) for v, d in _votes(c))
+    )
 
 
 def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) -> list[Event]:
@@ -1105,20 +1250,18 @@ def _finalize_step(state: ChainState, run: Run, step: OuterStep, height: int) ->
     for host in sorted(step.contributions):
         c = step.contributions[host]
         assert c.outcome is not None
-        fraud = _is_fraud(c)
+        fraud = _is_fraud(run, c)
         if c.outcome in SLASHED_OUTCOMES:
             c.slashed = _slash(
                 state, run, host, stake.fraud_host_slash_bps if fraud else stake.host_slash_bps
             )
             touched(c)
-        for verifier in sorted(c.verdicts):
-            verdict = c.verdicts[verifier]
-            if _contradicts(verdict, c.outcome):
+        for verdict, delta_first in _votes(c):
+            if _contradicts(run, c, verdict, delta_first):
                 bps = stake.fraud_verifier_slash_bps if fraud else stake.verifier_slash_bps
-                amount = _slash(state, run, verifier, bps)
-                events.append(
-                    _event("slash_verifier", run_id=run.id, verifier=verifier, host=host, amount=amount)
-                )
+                who = verdict.verifier
+                amount = _slash(state, run, who, bps)
+                events.append(_event("slash_verifier", run_id=run.id, verifier=who, host=host, amount=amount))
     step.accepted = sorted(h for h, c in step.contributions.items() if c.outcome == Outcome.ACCEPTED)
     for host in sorted(step.contributions):
         c = step.contributions[host]
@@ -1225,7 +1368,7 @@ def _end_round(state: ChainState, run: Run, step: OuterStep, height: int) -> lis
             step.round,
             exclude=c.verifier_rounds,
         )
-        _assign(c, new, step.round)
+        _assign(c, new, step.round, 0)  # the initial slots' windows again
         events.append(
             _event(
                 "escalation",
@@ -1334,7 +1477,7 @@ def _waiting_for_verdicts(step: OuterStep) -> bool:
     if step.phase == Phase.AUDIT and step.audit_seed is None:
         return True  # the auditors are not drawn yet
     return any(
-        v not in c.verdicts and r == step.round
+        (v not in c.verdicts and r == step.round) or owes_revote(c, v)
         for c in step.contributions.values()
         if c.outcome is None
         for v, r in c.verifier_rounds.items()

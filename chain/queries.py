@@ -16,8 +16,10 @@ from typing import Any
 from chain import errors
 from chain.module import (
     apply_to_hash,
+    disputed_windows,
     eager_parent,
     next_base,
+    owes_revote,
     reveal_closes,
     run_config,
     start_ef,
@@ -162,9 +164,16 @@ def commitment(state: ChainState, run_id: int, host: str, step: int | None = Non
     return None if c is None else _commitment(c)
 
 
+def _windows(c: Contribution) -> dict[str, Any]:
+    slots = dict(sorted(c.slots.items()))
+    owed = [v for v in slots if owes_revote(c, v)]
+    return {"windows": list(c.windows), "slots": slots, "disputed": disputed_windows(c), "revotes_owed": owed}
+
+
 def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[str, Any]:
     """Per host: the segments to open and the verifiers (with the round each was drawn in: the
-    initial rounds, then the audit and the dispute panel, if any)."""
+    initial rounds, then the audit and the dispute panel, if any); windowed runs add each slot's
+    window start, the verifiers' slots and the windows a dispute panel replays (§2.3, §2.5.3)."""
     s = _step(_run(state, run_id), step)
     items = [
         {
@@ -174,6 +183,7 @@ def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[
             "verifier_rounds": dict(sorted(c.verifier_rounds.items())),
             "review": c.review,
             "audited": c.audited,
+            **(_windows(c) if c.windows else {}),
         }
         for c in (s.contributions[h] for h in sorted(s.contributions))
     ]
@@ -188,13 +198,13 @@ def challenges(state: ChainState, run_id: int, step: int | None = None) -> dict[
 
 def assignments(state: ChainState, run_id: int, verifier: str, step: int | None = None) -> dict[str, Any]:
     """What one verifier must judge now: hosts it is assigned to (initial round, escalation, audit or
-    dispute panel) that are undecided and unjudged."""
+    dispute panel) that are undecided and unjudged, or in a windowed dispute owe its revote."""
     s = _step(_run(state, run_id), step)
     hosts = [
         h
         for h in sorted(s.contributions)
         if verifier in s.contributions[h].verifier_rounds
-        and verifier not in s.contributions[h].verdicts
+        and (verifier not in s.contributions[h].verdicts or owes_revote(s.contributions[h], verifier))
         and s.contributions[h].outcome is None
     ]
     return {"outer_step": s.index, "phase": s.phase, "round_deadline": s.round_deadline, "hosts": hosts}

@@ -113,6 +113,15 @@ class Contribution:
     parent_delta_hash: str | None = None  # eager runs: the own previous Δ the start was built on (§2.2.1)
     final_ef_hash: str | None = field(default=None, metadata={OMIT_AT_DEFAULT: True})
     """Codec sparse: the error-feedback accumulator the host carries on (§4.1); None otherwise."""
+    windows: list[int] = field(default_factory=list, metadata={OMIT_AT_DEFAULT: True})
+    """Sampling windows (§2.3): the start segment of each checker slot's window (v initial slots,
+    which escalations reuse, then a audit slots), drawn at the challenge; empty otherwise."""
+    slots: dict[str, int] = field(default_factory=dict, metadata={OMIT_AT_DEFAULT: True})
+    """Sampling windows: verifier -> its slot in `windows`. A dispute panel member has none: it
+    checks the disputed windows (§2.5.3)."""
+    revotes: dict[str, Verdict] = field(default_factory=dict, metadata={OMIT_AT_DEFAULT: True})
+    """Sampling windows, in a dispute: a slot holder's vote on the disputed windows, its own
+    window nobody disputed (`chain.module.owes_revote`, §2.5.3)."""
 
 
 @dataclass
@@ -608,11 +617,13 @@ def node_digest(obj: Any, cached: bool = True) -> str:
     re-hashed from their own text and their maps' cached parts (`MapCache`). `cached=False`
     recomputes everything from the content (the definition, written out; tests compare)."""
     lay = layout(type(obj))
+    omitted = {name for name, _ in omitted_fields(type(obj))}  # a map omitted at its default: when empty
     if not cached:
         own = own_text(obj, cached=False)
         children = {
             name: {str(key): node_digest(child, cached=False) for key, child in getattr(obj, name).items()}
             for name, _, _ in lay.children
+            if name not in omitted or getattr(obj, name)
         }
         return _digest(type(obj), own, _canon(children))
     if lay.flat:
@@ -625,8 +636,13 @@ def node_digest(obj: Any, cached: bool = True) -> str:
         return digest
     own = own_text(obj)
     obj.__dict__[_OWN] = (None, own)  # the text this pass hashed: the row tracker writes it
-    maps = {name: _map_cache(obj, name, key_t, cls).text for name, key_t, cls in lay.children}
-    children_text = "{" + ",".join([prefix + maps[name] for name, prefix in lay.map_prefixes]) + "}"
+    maps = {
+        name: _map_cache(obj, name, key_t, cls).text
+        for name, key_t, cls in lay.children
+        if name not in omitted or getattr(obj, name)
+    }
+    parts = [prefix + maps[name] for name, prefix in lay.map_prefixes if name in maps]
+    children_text = "{" + ",".join(parts) + "}"
     digest = _digest(type(obj), own, children_text)
     if isinstance(obj, TOUCH_TRACKED) or sealed(obj):
         obj.__dict__[_DIGEST] = digest

@@ -22,6 +22,15 @@ from typer._click.exceptions import UsageError
 from typer.core import TyperCommand, TyperGroup
 
 from gonka_diloco.devnet_config import DevnetConfig
+from gonka_diloco.options import (
+    Tolerance,
+    ToleranceCumulative,
+    ToleranceCumulativeUpdate,
+    ToleranceDenominator,
+    ToleranceExpAvg,
+    ToleranceExpAvgSq,
+    ToleranceUpdate,
+)
 
 LAZY: dict[str, tuple[str, str]] = {
     "chain": ("chain.cli", "The devnet chain node (`chain start`)."),
@@ -39,6 +48,10 @@ LAZY: dict[str, tuple[str, str]] = {
     "data": ("gonka_diloco.data_cli", "Prepare token-shard datasets from text or JSONL (`data prepare`)."),
     "status": ("gonka_diloco.status_cli", "Show runs, outer steps, phases, contributions and verdicts."),
     "plan": ("gonka_diloco.plan_cli", "What a run costs and how safe it is, per outer step (and --sweep)."),
+    "model": (
+        "gonka_diloco.model_cli",
+        "Export a finished run's trained model (`model export`), and write text with it (`model sample`).",
+    ),
 }
 """name -> (module with a typer `app`, the one-line help shown without importing it)."""
 
@@ -171,6 +184,18 @@ def devnet(
             "--sampled", "-s", help=f"s: segments opened per contribution (default {D.sampled_segments})."
         ),
     ] = None,
+    sampling: Annotated[
+        str | None,
+        typer.Option(
+            "--sampling",
+            help=f"windows: each checker replays its own window of w segments; segments: every checker "
+            f"opens the same s (default {D.sampling.value}, specs §2.3).",
+        ),
+    ] = None,
+    window_segments: Annotated[
+        int | None,
+        typer.Option("--window", "-w", help=f"w: segments per checker window (default {D.window_segments})."),
+    ] = None,
     verifiers_per_contribution: Annotated[
         int | None,
         typer.Option(
@@ -238,15 +263,13 @@ def devnet(
             f"default {'--early-close' if D.early_close else '--fixed-windows'}).",
         ),
     ] = None,
-    tolerance: Annotated[
-        float | None, typer.Option(help="Tolerance-mode threshold on the parameters.")
-    ] = None,
-    tolerance_exp_avg: Annotated[
-        float | None, typer.Option("--tolerance-exp-avg", help="Tolerance-mode threshold on exp_avg.")
-    ] = None,
-    tolerance_exp_avg_sq: Annotated[
-        float | None, typer.Option("--tolerance-exp-avg-sq", help="Tolerance-mode threshold on exp_avg_sq.")
-    ] = None,
+    tolerance: Tolerance = None,
+    tolerance_exp_avg: ToleranceExpAvg = None,
+    tolerance_exp_avg_sq: ToleranceExpAvgSq = None,
+    tolerance_update: ToleranceUpdate = None,
+    tolerance_denominator: ToleranceDenominator = None,
+    tolerance_cumulative: ToleranceCumulative = None,
+    tolerance_cumulative_update: ToleranceCumulativeUpdate = None,
     seed: Annotated[
         int | None, typer.Option(help=f"Run seed: model init, data, batches (default {D.seed}).")
     ] = None,
@@ -287,6 +310,8 @@ def devnet(
         "inner_steps": inner_steps,
         "segment_len": segment_len,
         "sampled_segments": sampled_segments,
+        "sampling": sampling,
+        "window_segments": window_segments,
         "verifiers_per_contribution": verifiers_per_contribution,
         "codec": codec,
         "sparse_chunk": sparse_chunk,
@@ -302,6 +327,10 @@ def devnet(
         "tolerance": tolerance,
         "tolerance_exp_avg": tolerance_exp_avg,
         "tolerance_exp_avg_sq": tolerance_exp_avg_sq,
+        "tolerance_update": tolerance_update,
+        "tolerance_denominator": tolerance_denominator,
+        "tolerance_cumulative": tolerance_cumulative,
+        "tolerance_cumulative_update": tolerance_cumulative_update,
         "seed": seed,
         "timeout": timeout,
         "out_dir": out_dir,

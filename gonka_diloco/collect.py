@@ -374,6 +374,8 @@ def update_from_status(node: NodeRow, status: Mapping[str, Any]) -> NodeRow:
             "local_loss": local_loss,
             "state": str(phase),
             "address": node.address or str(status.get("address", "")),
+            "traffic": status.get("traffic") or node.traffic,
+            "replayed_steps": int(status.get("replayed_steps") or node.replayed_steps),
         }
     )
 

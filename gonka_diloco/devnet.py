@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 import threading
@@ -40,7 +41,7 @@ from gonka_diloco.devnet_config import (
 )
 from gonka_diloco.live import LiveState, NodeView, progress_line, render
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
-from gonka_diloco.report import NodeRow, Snapshot, evaluate, write_report
+from gonka_diloco.report import FinalModelRow, NodeRow, Snapshot, evaluate, write_report
 from protocol.config import Codec, ModelSpec, OuterOptim, Phases, RunConfig, Stake
 
 if TYPE_CHECKING:
@@ -70,6 +71,18 @@ PROGRESS_SECONDS = 10.0
 """Without a terminal (or with --no-live): a plain progress line this often, and at every new step."""
 START_TIMEOUT = 120.0
 """Seconds a node may take to print its listening line (torch import on a loaded 2-core box)."""
+MODEL_DIR = "model"
+"""Where a finished devnet exports its final model, inside its run folder."""
+LATEST = "latest"
+"""`<out_dir>/latest`: a link to the newest run folder (`gonka-diloco model export runs/latest`)."""
+SHAKESPEARE_PROMPT = "**HAMLET**  \n"
+"""What G_0 and the final model continue at the end of a Shakespeare devnet (a speaker's line, as
+the plays are written); other datasets get `OTHER_PROMPT`."""
+OTHER_PROMPT = "The "
+SAMPLE_TOKENS = 80
+SAMPLE_TEMPERATURE = 0.8
+"""Sampled (seeded by the run seed, so reproducible), not greedy: a young model's greedy text is
+one word repeated, its samples show the spelling and line shapes it learned."""
 
 
 class DevnetError(RuntimeError):
@@ -138,11 +151,14 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         name="devnet",
         model=model,
         dataset_manifest_hash=dataset_manifest_hash(cfg.dataset),
-        initial_model_hash=GlobalModel.from_module(build_model(model)).hash,
+        initial_model_hash=GlobalModel.from_module(build_model(model), cfg.state_chunk_bytes).hash,
         seed=cfg.seed,
         inner_steps=cfg.inner_steps,
         segment_len=cfg.segment_len,
         sampled_segments=cfg.sampled_segments,
+        sampling=cfg.sampling,
+        window_segments=cfg.window_segments,
+        state_chunk_bytes=cfg.state_chunk_bytes,
         verifiers_per_contribution=cfg.verifiers_per_contribution,
         batch_size=cfg.batch_size,
         seq_len=cfg.seq_len,
@@ -154,6 +170,10 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         tolerance=cfg.tolerance,
         tolerance_exp_avg=cfg.tolerance_exp_avg,
         tolerance_exp_avg_sq=cfg.tolerance_exp_avg_sq,
+        tolerance_update=cfg.tolerance_update,
+        tolerance_denominator=cfg.tolerance_denominator,
+        tolerance_cumulative=cfg.tolerance_cumulative,
+        tolerance_cumulative_update=cfg.tolerance_cumulative_update,
         threads=cfg.threads,
         max_outer_steps=cfg.outer_steps,
         overlap=cfg.overlap,
@@ -259,6 +279,7 @@ class Devnet:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         # Absolute: node TOMLs resolve relative paths against their own directory.
         self.folder = (folder or cfg.out_dir / stamp).resolve()
+        self.latest = None if folder is not None else cfg.out_dir / LATEST
         self.sup = Supervisor()
         self.rows: dict[str, NodeRow] = {}
         self.procs: dict[str, NodeProcess] = {}
@@ -457,6 +478,7 @@ class Devnet:
         """Chain, run, then every node; returns once all of them are listening."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "devnet.json").write_text(self.cfg.model_dump_json(indent=2))
+        self._link_latest()
         validators = f" ({self.cfg.validators} CometBFT validators)" if self.cfg.engine == "cometbft" else ""
         self.echo(f"devnet: starting the chain{validators}")
         url = self.chain_url = self.start_chain()
@@ -478,6 +500,19 @@ class Devnet:
         self.live.nodes = [
             NodeView(n.name, n.role, n.behaviour) for n in self.rows.values() if n.role not in CHAIN_ROLES
         ]
+
+    def _link_latest(self) -> None:
+        """Point `<out_dir>/latest` at this run folder (replaced atomically; a courtesy, so a
+        failure to link is ignored)."""
+        if self.latest is None:
+            return
+        tmp = self.latest.with_name(f".{LATEST}-{os.getpid()}")
+        try:
+            tmp.unlink(missing_ok=True)
+            os.symlink(self.folder.name, tmp)
+            os.replace(tmp, self.latest)
+        except OSError:
+            tmp.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ faults
 
@@ -617,7 +652,46 @@ class Devnet:
             )
         snap.wall_s = time.monotonic() - self.started
         snap.failures = [*(failures or [])]
+        from gonka_diloco.export import chain_id_of
+
+        snap.chain_id = chain_id_of(self.chain)
         return snap
+
+    def export_final_model(self, snap: Snapshot, echo: Callable[[str], None]) -> None:
+        """A finished run's final model, exported from the nodes' disks (honest hosts first) into
+        `<folder>/model`, and what G_0 and it write after one prompt (seeded): into the snapshot
+        and printed. Run after the nodes stopped: a final model that no honest disk holds intact
+        is a failure (it must outlive the nodes that trained it)."""
+        from gonka_diloco.export import ExportError, export, final_from_snapshot
+        from gonka_diloco.sample import Settings, context_of, continue_text, folder_tokenizer
+        from replay.spec import ExportedModelError, build_model, load_exported
+
+        if snap.run_status != "finished":
+            return
+        try:
+            final = final_from_snapshot(snap, self.folder)
+            final.dataset = self.cfg.dataset
+            path, who = export(final, self.folder / MODEL_DIR)
+        except ExportError as e:
+            snap.failures.append(f"the final model could not be exported: {e}")
+            return
+        echo(f"devnet: final model {final.prov.model_hash[:12]} exported to {path} (read from {who})")
+        prompt = OTHER_PROMPT if self.cfg.dataset else SHAKESPEARE_PROMPT
+        settings = Settings(tokens=SAMPLE_TOKENS, temperature=SAMPLE_TEMPERATURE, seed=self.cfg.seed)
+        row = FinalModelRow(
+            folder=MODEL_DIR, model_hash=final.prov.model_hash, prompt=prompt, settings=settings.describe()
+        )
+        try:
+            codec, context = folder_tokenizer(path), context_of(path)
+            for name, model in (("G_0", build_model(final.cfg.model).eval()), ("final", load_exported(path))):
+                row.samples[name] = continue_text(model, codec, prompt, context, settings)
+        except (ExportedModelError, ValueError) as e:
+            snap.notes.append(f"no text sample from the final model: {e}")
+        snap.final_model = row
+        if row.samples:
+            echo(f"devnet: text after {json.dumps(prompt)} ({settings.describe()}):")
+            for name, text in row.samples.items():
+                echo(f"  {name:>5}: {json.dumps(text, ensure_ascii=False)}")
 
 
 def run_devnet(
@@ -651,6 +725,7 @@ def run_devnet(
         snap = dn.snapshot(failures) if dn.client is not None else Snapshot(run_id=0, failures=failures)
         snap.failures = [*failures, *(f for f in evaluate(snap) if f not in failures)]
         dn.close()
+        dn.export_final_model(snap, echo)
         report = write_report(snap, dn.folder)
         echo(f"devnet: report at {report}")
         return snap

@@ -18,7 +18,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from protocol.config import EF_DECAY, Codec, OuterRule, Overlap, ReplayMode, SparseMean
+from protocol.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
+from protocol.config import (
+    DEFAULT_WINDOW_SEGMENTS,
+    EF_DECAY,
+    Codec,
+    OuterRule,
+    Overlap,
+    ReplayMode,
+    Sampling,
+    SparseMean,
+)
 
 ParamValue = int | float | str | bool
 
@@ -85,7 +95,14 @@ class DevnetConfig(Strict):
     outer_steps: int = Field(6, ge=1, le=1000)
     inner_steps: int = Field(50, ge=1, description="H")
     segment_len: int = Field(5, ge=1, description="k")
-    sampled_segments: int = Field(2, ge=1, description="s")
+    sampled_segments: int = Field(2, ge=1, description="s (sampling = segments)")
+    sampling: Sampling = Field(Sampling.WINDOWS, description="windows: each checker its own window (§2.3)")
+    window_segments: int = Field(DEFAULT_WINDOW_SEGMENTS, ge=1, description="w (sampling = windows)")
+    state_chunk_bytes: int = Field(
+        DEFAULT_CHUNK_BYTES, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES,
+        description="c: chunk size of every content hash (a devnet's states are small: smaller chunks "
+        "fetch θ_H's parameters alone)",
+    )  # fmt: skip
     verifiers_per_contribution: int = Field(1, ge=1, description="v")
     batch_size: int = Field(8, ge=1, le=1024)
     seq_len: int = Field(64, ge=2, le=4096)
@@ -98,7 +115,7 @@ class DevnetConfig(Strict):
     )
     # codec sparse: its mean and β as RunConfig's defaults (issue 37); its outer step DiLoCo's, which from
     # scratch learns fastest per outer step here (bench/RESULTS.md §11f; from a warm start SparseLoCo's
-    # average at lr 1 does, §1h–§1t)
+    # average at lr 1 does, §1i–§1u)
     sparse_mean: SparseMean = Field(
         SparseMean.CONTRIBUTORS, description="codec sparse: a coordinate's mean over the hosts that kept it "
         "(contributors, SparseLoCo's) or over all hosts (specs §4.1)"
@@ -114,6 +131,18 @@ class DevnetConfig(Strict):
     tolerance: float = Field(0.0, ge=0, description="tolerance mode: threshold on the parameters")
     tolerance_exp_avg: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg")
     tolerance_exp_avg_sq: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg_sq")
+    tolerance_update: float = Field(
+        0.0, ge=0, description="tolerance mode: exp_avg in update space (0 = tolerance_exp_avg)"
+    )
+    tolerance_denominator: float = Field(
+        0.0, ge=0, description="tolerance mode: AdamW's denominator (0 = tolerance_exp_avg_sq)"
+    )
+    tolerance_cumulative: float = Field(
+        0.0, ge=0, description="tolerance mode: opened segments' summed param residuals (0 = off)"
+    )
+    tolerance_cumulative_update: float = Field(
+        0.0, ge=0, description="tolerance mode: their summed update-space residuals (0 = off)"
+    )
     seed: int = Field(0, ge=0, lt=2**63)
     threads: int = Field(1, ge=1, le=64)
     phases: PhaseSeconds = PhaseSeconds()

@@ -11,14 +11,18 @@ Units: bytes, seconds, FLOP/s, bytes per second; stakes and rewards in GNK.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
+from itertools import product
 from typing import Any
 
 from chain.params import BLOCK_SECONDS, BPS_DENOMINATOR
-from protocol.config import Codec, ReplayMode, RunConfig, Stake
+from protocol import inner as sizes
+from protocol.config import DEFAULT_WINDOW_SEGMENTS, Codec, ReplayMode, RunConfig, Sampling, Stake
 from protocol.inner import GRAD_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM
+from protocol.prf import window_blocks
 
 # ---------------------------------------------------------------- fixed facts
 
@@ -34,12 +38,15 @@ def run_default(name: str) -> Any:
 STAKE = Stake()
 RUN_CODEC: Codec = run_default("codec")
 RUN_REPLAY: ReplayMode = run_default("replay_mode")
+RUN_SAMPLING: Sampling = run_default("sampling")
 
 FLOPS_PER_PARAM_TOKEN = 6
 """Forward + backward of a dense transformer: ≈ 6 FLOP per parameter per token (Kaplan et al. 2020)."""
 GLOBAL_BYTES_PER_PARAM = 8
 """G_n: fp32 parameters + fp32 outer Nesterov momentum (the inner state's sizes: `protocol.inner`)."""
 FP32_DELTA_BYTES_PER_PARAM = 4
+PARAM_BYTES_PER_PARAM = STATE_BYTES_PER_PARAM - OPTIMIZER_BYTES_PER_PARAM
+"""θ alone (fp32): what a checker whose window ends short of θ_H fetches of the last state."""
 EF_BYTES_PER_PARAM = 4
 """Codec sparse: the host's carried error-feedback accumulator, fp32 (specs §4.1)."""
 RUNTIME_BYTES_PER_GPU = 3e9
@@ -117,6 +124,11 @@ class Constants:
     feedback): its per-step error says nothing of convergence, so the sweep never picks it;
     `--codec sparse` plans it and `bench.convergence --only sparse` measures it."""
     chain_ms_per_msg: float = 0.1
+    state_code_ratio: dict[str, float] = field(default_factory=lambda: dict.fromkeys(sizes.Moments, 1.0))
+    """Canonical ÷ coded bytes of an opened training state (`protocol.statecode`, DIFF against
+    G_n), per `InnerOptim.moments`: the lowest measured by `bench.statecode`; 1.0 = sent uncoded."""
+    state_code_speed: dict[str, float] = field(default_factory=lambda: {"encode": 4e8, "decode": 4e8})
+    """Canonical bytes per second per core of that coding (the slower side bounds a transfer's CPU)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each constant came from (a results file or 'default')."""
 
@@ -161,8 +173,16 @@ class Inputs:
     H: int = run_default("inner_steps")
     k: int = run_default("segment_len")
     s: int = run_default("sampled_segments")
+    sampling: Sampling = RUN_SAMPLING
+    w: int = run_default("window_segments")
+    """Segments per checker window (sampling windows); s is used only by sampling segments."""
     v: int = run_default("verifiers_per_contribution")
-    m: int = 10
+    moments: sizes.Moments = run_default("inner").moments
+    """How AdamW's moments are stored (`InnerOptim.moments`): int8 halves every training state."""
+    m: int = DEFAULT_WINDOW_SEGMENTS
+    """Persist every m-th boundary (host.toml `checkpoint_every`): a multiple of w keeps every
+    window start on disk, so nothing is recomputed after the challenge (at 30B: 34 of the 101
+    boundaries, 12 TB, within the disk budget)."""
     codec: Codec = RUN_CODEC
     codec_chunk: int = 4096
     """Codec sparse: the chunk C (`codec_block_size`)."""
@@ -193,7 +213,8 @@ class Inputs:
 
     def __post_init__(self) -> None:  # values read back from JSON or TOML arrive as strings
         for name, kind in (("codec", Codec), ("sharding", Sharding), ("pipeline", Pipeline),
-                           ("replay", ReplayMode)):  # fmt: skip
+                           ("replay", ReplayMode), ("sampling", Sampling),
+                           ("moments", sizes.Moments)):  # fmt: skip
             object.__setattr__(self, name, kind(getattr(self, name)))
 
     @property
@@ -204,6 +225,25 @@ class Inputs:
     @property
     def verifiers(self) -> int:
         return self.verifier_nodes if self.verifier_nodes is not None else self.hosts
+
+    @property
+    def windowed(self) -> bool:
+        return self.sampling is Sampling.WINDOWS
+
+    @property
+    def window_len(self) -> int:
+        """w as the chain draws it (`RunConfig.window_len`): at most n."""
+        return max(1, min(self.w, self.n))
+
+    @property
+    def blocks(self) -> int:
+        """B = ⌈n/w⌉ aligned blocks."""
+        return window_blocks(self.n, self.window_len)
+
+    @property
+    def slots(self) -> int:
+        """Window slots drawn at the challenge: v initial + a audit (`RunConfig.checker_slots`)."""
+        return self.v + self.auditors
 
 
 # ---------------------------------------------------------------- model shape and compute
@@ -228,8 +268,38 @@ def inner_step_seconds(params: float, tokens: int, gpus: int, peak_flops: float,
     return FLOPS_PER_PARAM_TOKEN * params * tokens / (gpus * peak_flops * mfu)
 
 
-def state_bytes(params: float) -> float:
-    return STATE_BYTES_PER_PARAM * params
+def state_bytes(params: float, moments: sizes.Moments = sizes.Moments.FP32) -> float:
+    """A training state: fp32 params + the moments (12 B/param; 6.03 with int8 moments)."""
+    return sizes.state_bytes_per_param(moments) * params
+
+
+def optimizer_bytes(params: float, moments: sizes.Moments = sizes.Moments.FP32) -> float:
+    """An optimizer state, both moments (8 B/param; 2.03 with int8 moments)."""
+    return sizes.optimizer_bytes_per_param(moments) * params
+
+
+RUN_MOMENTS: sizes.Moments = run_default("inner").moments
+
+
+def state_wire_bytes(i: Inputs, c: Constants, moments: sizes.Moments = RUN_MOMENTS) -> float:
+    """An opened training state on the wire (issue 35): its canonical size for the run's moment
+    format (`InnerOptim.moments`, default RunConfig's: 12 B/param fp32, 6.03 int8) ÷ the measured
+    lossless ratio of coding its chunks against G_n (`Constants.state_code_ratio`,
+    `bench.statecode`). Disk, hashing and the device → host copy keep the canonical size
+    (`state_canonical_bytes`)."""
+    moments = sizes.Moments(moments)
+    return state_canonical_bytes(i.params, moments) / c.state_code_ratio.get(moments.value, 1.0)
+
+
+def state_canonical_bytes(params: float, moments: sizes.Moments = RUN_MOMENTS) -> float:
+    """A training state's canonical (hashed, stored) size: `protocol.inner.state_bytes_per_param`."""
+    return sizes.state_bytes_per_param(moments) * params
+
+
+def optimizer_wire_bytes(i: Inputs, moments: sizes.Moments = RUN_MOMENTS) -> float:
+    """The carried optimizer state a checker fetches (moments + step): not coded (no parameters
+    to difference against G_n), so its canonical size for the run's moment format."""
+    return sizes.optimizer_bytes_per_param(sizes.Moments(moments)) * i.params
 
 
 def sparse_bytes_per_param(chunk: int, topk: int) -> float:
@@ -256,17 +326,21 @@ def run_delta_bytes(i: Inputs, c: Constants) -> float:
 # ---------------------------------------------------------------- hashing and checkpoints
 
 
-def leaf_hash_seconds(params: float, cores: int, chunk_bytes: float, c: Constants) -> float:
-    """One boundary leaf: 12·P bytes in chunks over min(cores, chunks) threads (per rank, each
-    rank its own shard, so a host's cores work together)."""
-    size = state_bytes(params)
+def leaf_hash_seconds(
+    params: float, cores: int, chunk_bytes: float, c: Constants, moments: sizes.Moments = sizes.Moments.FP32
+) -> float:
+    """One boundary leaf: 12·P bytes (int8 moments: 6.03·P) in chunks over min(cores, chunks)
+    threads (per rank, each rank its own shard, so a host's cores work together)."""
+    size = state_bytes(params, moments)
     threads = max(1, min(cores, math.ceil(size / chunk_bytes)))
     return size / (threads * c.sha256_bytes_per_s * c.hash_efficiency)
 
 
-def snapshot_seconds(params: float, gpus: int, pcie: float) -> float:
+def snapshot_seconds(
+    params: float, gpus: int, pcie: float, moments: sizes.Moments = sizes.Moments.FP32
+) -> float:
     """Device → host copy of one boundary state, all ranks in parallel (each its 12·P/G shard)."""
-    return state_bytes(params) / (gpus * pcie)
+    return state_bytes(params, moments) / (gpus * pcie)
 
 
 def boundary_stall(work_seconds: float, budget_seconds: float) -> float:
@@ -304,22 +378,92 @@ def recompute_segments(n: int, s: int, m: int) -> float:
     return total
 
 
+def window_persisted(n: int, m: int, tolerance: bool) -> list[int]:
+    """The boundaries a host has on disk after a windowed step's training
+    (`trainer.boundaries.Boundaries.persisted`): every m-th (boundary 0 is G_n + the carried
+    optimizer state, rebuilt) and θ_H (boundary n), which every checker short of it fetches."""
+    return sorted({*range(0, n, m), n})
+
+
+def window_needs(n: int, w: int, b: int, tolerance: bool) -> range:
+    """The boundaries a drawn block b makes the host serve (`trainer.recompute.needed_boundaries`):
+    bitwise its start (none for block 0, rebuilt from G_n); tolerance every boundary of it."""
+    if tolerance:
+        return range(b * w, min(n, (b + 1) * w) + 1)
+    return range(b * w, b * w + 1) if b > 0 else range(0)
+
+
+def blocks_needing(w: int, blocks: int, lo: int, top: int, tolerance: bool) -> int:
+    """How many blocks need a boundary in lo … top (`window_needs`): bitwise the blocks b ≥ 1 with
+    lo ≤ b·w ≤ top; tolerance those whose boundaries b·w … (b+1)·w meet the range."""
+    if tolerance:
+        first, last = max(0, -(-lo // w) - 1), min(blocks - 1, top // w)
+    else:
+        first, last = max(1, -(-lo // w)), min(blocks - 1, top // w)
+    return max(0, last - first + 1)
+
+
+@lru_cache(maxsize=4096)
+def recompute_windows(n: int, w: int, x: int, m: int, tolerance: bool = False) -> float:
+    """Expected segments a host replays after a windowed challenge to rebuild what its x drawn
+    blocks (distinct, uniformly drawn of B) and θ_H need, from the boundaries it persisted
+    (`window_persisted`): from each persisted boundary, one pass up to the largest needed boundary
+    before the next. Exactly over the draw: E[pass] = Σ_d P(a needed boundary at offset ≥ d), and a
+    needed boundary lies in a range with probability 1 if it is always needed (θ_H; tolerance: and
+    the last segment's start), else 1 − C(B − u, x) ÷ C(B, x), u = the blocks needing one there."""
+    if m <= 1:
+        return 0.0
+    B = window_blocks(n, w)
+    x = min(x, B)
+    always = {n - 1, n} if tolerance else {n}
+    persisted = window_persisted(n, m, tolerance)
+    total = 0.0
+    for q, nxt in zip(persisted, [*persisted[1:], n + 1], strict=True):
+        top = nxt - 1
+        for lo in range(q + 1, top + 1):
+            if any(lo <= j <= top for j in always):
+                total += 1.0
+                continue
+            u = blocks_needing(w, B, lo, top, tolerance)
+            total += 1.0 - math.comb(B - u, x) / math.comb(B, x)
+    return total
+
+
+def opening_recompute(i: Inputs) -> float:
+    """Segments the host replays after the challenge (0 with every boundary persisted)."""
+    if i.pipeline is Pipeline.TODAY:
+        return 0.0
+    if i.windowed:
+        return recompute_windows(i.n, i.window_len, i.slots, i.m, i.replay is ReplayMode.TOLERANCE)
+    return recompute_segments(i.n, i.s, i.m)
+
+
+def window_held_states(n: int, w: int, x: int, tolerance: bool) -> int:
+    """States a host keeps for a windowed challenge: bitwise each drawn block's start and θ_H;
+    tolerance every boundary of each drawn block and the last segment's two ends (at most n + 1)."""
+    x = min(x, window_blocks(n, w))
+    return min(n + 1, x * (w + 1) + 2) if tolerance else x + 1
+
+
 def disk_states(i: Inputs) -> float:
     """States a host holds at its peak in one outer step.
 
     today: all n + 1 boundaries, kept until the step is DONE, plus G_n and G_{n+1} and two
     optimizer states (8·P each, counted as 2/3 state) and the Δ.
-    sparse: ⌈n/m⌉ persisted + s recomputed openings + 3 (live snapshot, G_n, optimizer) — the
-    scale pipeline's bound H/(k·m) + s + 3.
+    sparse: ⌈n/m⌉ persisted + the openings it serves + 3 (live snapshot, G_n, optimizer) — the
+    scale pipeline's bound H/(k·m) + s + 3; windows: ⌈n/m⌉ + (v + a) + 1 + 3 (`window_held_states`).
     """
     if i.pipeline is Pipeline.TODAY:
         return i.n + 1 + 4 * GLOBAL_BYTES_PER_PARAM / STATE_BYTES_PER_PARAM
+    if i.windowed:
+        held = window_held_states(i.n, i.window_len, i.slots, i.replay is ReplayMode.TOLERANCE)
+        return math.ceil(i.n / i.m) + held + 3
     return math.ceil(i.n / i.m) + i.s + 3
 
 
 def disk_bytes(i: Inputs, c: Constants) -> float:
     extra = run_delta_bytes(i, c) if i.pipeline is Pipeline.TODAY else 0.0
-    return disk_states(i) * state_bytes(i.params) + extra
+    return disk_states(i) * state_bytes(i.params, i.moments) + extra
 
 
 # ---------------------------------------------------------------- memory
@@ -356,27 +500,142 @@ def gpu_memory(i: Inputs) -> dict[str, float]:
 # ---------------------------------------------------------------- bytes on the wire
 
 
+def block_lengths(n: int, w: int) -> list[int]:
+    """Segments of each aligned block: w each, the last one short when w does not divide n."""
+    return [min(w, n - b * w) for b in range(window_blocks(n, w))]
+
+
+def window_check_bytes(
+    params: float, lengths: list[int], b: int, *, bitwise: bool, ef: float = 0.0, delta: float = 0.0,
+    moments: sizes.Moments = sizes.Moments.FP32,
+) -> float:
+    """What the checker of block b downloads. Its start: 12·P, or for block 0 the carried optimizer
+    state (8·P, G_n is held). Tolerance adds every later claimed boundary of the block (its
+    segments' starts and its end, L_b states) and the Δ. θ_H's parameters (4·P, for the Δ check)
+    unless b is the last block, whose replay (or claimed end) is θ_H. `ef`: codec sparse's
+    carried accumulator, fetched by every check."""
+    S = state_bytes(params, moments)
+    start = optimizer_bytes(params, moments) if b == 0 else S
+    later = 0.0 if bitwise else lengths[b] * S + delta
+    theta_h = 0.0 if b == len(lengths) - 1 else PARAM_BYTES_PER_PARAM * params
+    return start + later + theta_h + ef
+
+
+def carried_ef_bytes(i: Inputs) -> float:
+    """Codec sparse: the host's error-feedback accumulator a check fetches (0 for other codecs)."""
+    return EF_BYTES_PER_PARAM * i.params if i.codec is Codec.SPARSE else 0.0
+
+
+def window_bytes_per_check(i: Inputs, c: Constants) -> float:
+    """One check's download, expected over its block (every block equally likely to be drawn):
+    bitwise with B ≥ 2, (1/B)·8·P + ((B−1)/B)·(12·P + 4·P) (+ 4·P codec sparse); B = 1: 8·P."""
+    lengths = block_lengths(i.n, i.window_len)
+    bitwise = i.replay is ReplayMode.BITWISE
+    ef, d = carried_ef_bytes(i), run_delta_bytes(i, c)
+    per = [window_check_bytes(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments)
+           for b in range(len(lengths))]  # fmt: skip
+    return sum(per) / len(per)
+
+
+def window_replay_segments(n: int, w: int) -> float:
+    """Segments one check replays, expected over its block: n/B."""
+    return n / window_blocks(n, w)
+
+
+def from_zero_segments(n: int, w: int) -> float:
+    """Segments a check replays if it starts from G_n (segment 0) instead of downloading its
+    block's start: up to its block's end, mean over the block: Σ_b min(n, (b+1)·w) ÷ B =
+    w·(B − 1)/2 + n/B."""
+    B = window_blocks(n, w)
+    return w * (B - 1) / 2 + n / B
+
+
+def from_zero_check_bytes(
+    params: float, n: int, w: int, ef: float = 0.0, moments: sizes.Moments = sizes.Moments.FP32
+) -> float:
+    """A from-segment-0 check downloads no state: the carried optimizer (8·P) and, unless its
+    block is the last, θ_H's parameters (4·P): 8·P + ((B−1)/B)·4·P (+ e)."""
+    B = window_blocks(n, w)
+    return optimizer_bytes(params, moments) + (B - 1) / B * PARAM_BYTES_PER_PARAM * params + ef
+
+
+def replay_segments_per_check(i: Inputs) -> float:
+    """Segments one check replays: s (every opened segment) or its window's n/B."""
+    return window_replay_segments(i.n, i.window_len) if i.windowed else float(i.s)
+
+
 def verifier_bytes_per_contribution(i: Inputs, c: Constants) -> float:
-    """What one verifier downloads to judge one contribution.
+    """What one verifier downloads to judge one contribution (one check).
 
     today: s start states + Δ. sparse: s − 1 start states (segment 0's is rebuilt from G_n) +
     the previous optimizer state + Δ only in tolerance mode (bitwise derives Δ from the replay).
     Codec sparse adds the host's carried error-feedback accumulator (4·P: the verifier rebuilds
-    C(β·e + Δ) from it).
+    C(β·e + Δ) from it). Sampling windows: `window_bytes_per_check`.
     """
-    S = state_bytes(i.params)
+    if i.windowed:  # what today's verifier does whatever the host persists
+        return window_bytes_per_check(i, c)
+    S = state_bytes(i.params, i.moments)
     d = run_delta_bytes(i, c)
     if i.pipeline is Pipeline.TODAY:
         return i.s * S + d
-    opt = OPTIMIZER_BYTES_PER_PARAM * i.params
-    if i.codec is Codec.SPARSE:
-        opt += EF_BYTES_PER_PARAM * i.params
-    return (i.s - 1) * S + opt + (d if i.replay is ReplayMode.TOLERANCE else 0.0)
+    f = segment_fetches(i.n, i.s)
+    ef = EF_BYTES_PER_PARAM * i.params if i.codec is Codec.SPARSE else 0.0
+    opt = f.segment_zero * optimizer_bytes(i.params, i.moments)
+    if i.replay is ReplayMode.TOLERANCE:
+        return f.boundaries * S + opt + ef + d
+    return f.starts * S + opt + ef
+
+
+@dataclass(frozen=True)
+class SegmentFetches:
+    """Expected downloads of one check under segment sampling (s − 1 random openings of the n − 1
+    first segments, and the last one), exactly over the draw."""
+
+    starts: float
+    """Bitwise: opened starts neither segment 0's (rebuilt from G_n) nor the end of an opened
+    segment just replayed."""
+    boundaries: float
+    """Tolerance: every boundary of an opened segment but boundary 0 (claimed starts and ends)."""
+    segment_zero: float
+    """P(segment 0 opened): the carried optimizer state is then fetched."""
+
+
+def segment_fetches(n: int, s: int) -> SegmentFetches:
+    """P(j opened) = r/(n−1) for j ≤ n−2 (r = s − 1 random openings), 1 for j = n − 1; two given
+    segments of 0 … n−2 are both opened with probability r(r−1)/((n−1)(n−2))."""
+    if n <= 1:
+        return SegmentFetches(0.0, float(n), 1.0)
+    r = min(s - 1, n - 1)
+    one = r / (n - 1)
+    two = r * (r - 1) / ((n - 1) * (n - 2)) if n > 2 else 0.0
+
+    def opened(j: int) -> float:
+        return 1.0 if j == n - 1 else one
+
+    def both(j: int) -> float:  # segments j − 1 and j opened
+        return one if j == n - 1 else two
+
+    starts = sum(opened(j) - both(j) for j in range(1, n))
+    boundaries = sum(opened(b) + opened(b - 1) - both(b) for b in range(1, n)) + 1.0  # + boundary n
+    return SegmentFetches(starts, boundaries, opened(0))
 
 
 def checks_per_contribution(i: Inputs) -> float:
     """Verifier downloads and replays per contribution: v drawn + p·auditors on average."""
     return i.v + i.audit_p * i.auditors
+
+
+def states_per_contribution(i: Inputs, c: Constants) -> float:
+    """Everything a contribution's checks download together, in training states (12·P)."""
+    return checks_per_contribution(i) * verifier_bytes_per_contribution(i, c) / state_bytes(i.params)
+
+
+def replay_share(i: Inputs) -> float:
+    """Verifiers' replay GPU time ÷ the host's training compute: checks × segments per check × k/H
+    (× the offload overhead, which a replay pays too)."""
+    t = step_seconds(i)
+    overhead = (t + step_overhead_seconds(i)) / t
+    return checks_per_contribution(i) * replay_segments_per_check(i) * i.k / i.H * overhead
 
 
 def contributions_per_verifier(i: Inputs) -> float:
@@ -429,6 +688,12 @@ def naive_detection(f: float, s: int) -> float:
     return 1.0 - (1.0 - f) ** s
 
 
+def naive_window_detection(i: Inputs) -> float:
+    """Windows' with-replacement approximation 1 − (1 − F/B)^(v + p·a)."""
+    share = window_fake_blocks(i.n, i.window_len, i.fake_fraction) / i.blocks
+    return 1.0 - (1.0 - share) ** checks_per_contribution(i)
+
+
 @dataclass(frozen=True)
 class Cheat:
     success: float
@@ -472,6 +737,105 @@ def min_deterrent_slash(cheat: Cheat, gain: float) -> float:
     """The smallest slash S (same for both kinds of catch) with expected profit ≤ 0."""
     caught = cheat.caught_first + cheat.caught_audit
     return math.inf if caught <= 0 else cheat.success * gain / caught
+
+
+def window_fake_blocks(n: int, w: int, f: float) -> int:
+    """A lazy host fakes round(f·n) segments packed into the fewest blocks, ⌈round(f·n)/w⌉ (≤ B):
+    every block is equally likely to be drawn, so no block is safer, and the last segment is
+    replayed only by the last block's checker, so it may be faked too."""
+    return min(window_blocks(n, w), math.ceil(round(f * n) / w))
+
+
+def window_detection(blocks: int, fake: int, drawn: int) -> float:
+    """P(at least one of `drawn` distinct blocks of B is one of the F fake ones):
+    1 − C(B − F, x) ÷ C(B, x)."""
+    x = min(drawn, blocks)
+    return 1.0 - math.comb(blocks - fake, x) / math.comb(blocks, x)
+
+
+def slot_counts(blocks: int, first: int, count: int) -> list[int]:
+    """Slots first … first + count − 1 on each position of the keyed block order (slot j takes
+    position j mod B, `protocol.prf.draw_windows`)."""
+    per = [0] * blocks
+    for j in range(first, first + count):
+        per[j % blocks] += 1
+    return per
+
+
+@lru_cache(maxsize=4096)
+def window_cheat(blocks: int, fake: int, v: int, auditors: int, p: float, sigma: float) -> Cheat:
+    """A host with F fake blocks of B, whose accomplices hold a share σ of the verifier stake (each
+    slot holder one independently): it passes the first verdicts iff every initial slot on a fake
+    block is an accomplice, and an audit iff every audit slot on one is too.
+
+        K1, K2 = initial and audit slots whose block is fake (the fake blocks sit at a uniformly
+                 random F-subset of the keyed order's positions; with v + a ≤ B jointly
+                 hypergeometric over v + a distinct blocks)
+        success = E[σ^K1 · (1 − p + p·σ^K2)]; caught first = 1 − E[σ^K1];
+        caught by audit = p·(E[σ^K1] − E[σ^(K1+K2)])
+
+    σ = 0 gives the detection of a lazy host; a fake Δ, seen by every check, is `cheat_outcome`
+    with detection 1.
+    """
+    groups = Counter(zip(slot_counts(blocks, 0, v), slot_counts(blocks, v, auditors), strict=True))
+    keys = sorted(groups, key=lambda k: groups[k])
+    rest, free = keys[-1], keys[:-1]  # the largest group takes what the others leave
+    total = math.comb(blocks, fake)
+    first = both = 0.0
+    for take in product(*(range(min(groups[k], fake) + 1) for k in free)):
+        left = fake - sum(take)
+        if not 0 <= left <= groups[rest]:
+            continue
+        counts = [*zip(free, take, strict=True), (rest, left)]
+        weight = math.prod(math.comb(groups[k], t) for k, t in counts) / total
+        k1 = sum(k[0] * t for k, t in counts)
+        k2 = sum(k[1] * t for k, t in counts)
+        first += weight * sigma**k1
+        both += weight * sigma ** (k1 + k2)
+    return Cheat(success=(1 - p) * first + p * both, caught_first=1 - first, caught_audit=p * (first - both))
+
+
+def lazy_cheat(i: Inputs, f: float) -> Cheat:
+    """A lazy host faking a fraction f of its segments, no accomplices."""
+    if i.windowed:
+        fake = window_fake_blocks(i.n, i.window_len, f)
+        return window_cheat(i.blocks, fake, i.v, i.auditors, i.audit_p, 0.0)
+    det = detection_probability(i.n, faked_segments(i.n, f), i.s)
+    return cheat_outcome(0.0, i.v, i.audit_p, i.auditors, det)
+
+
+def lazy_detection(i: Inputs, f: float) -> float:
+    """P(a host faking a fraction f is caught in an outer step). segments: every checker opens the
+    same s segments, so one check's chance (`detection_probability`); windows: 1 − the lazy host's
+    success over the initial and (with probability p) the audit windows."""
+    if i.windowed:
+        return 1.0 - lazy_cheat(i, f).success
+    return detection_probability(i.n, faked_segments(i.n, f), i.s)
+
+
+def one_segment_detection(i: Inputs) -> float:
+    """P(a host faking one segment is caught in an outer step): segments (s − 1)/(n − 1) whatever
+    v and a; windows 1 − the success of one fake block, (v + p·a)/B while v + a ≤ B."""
+    if i.windowed:
+        return 1.0 - window_cheat(i.blocks, 1, i.v, i.auditors, i.audit_p, 0.0).success
+    return detection_probability(i.n, 1, i.s)
+
+
+def fake_delta_success(sigma: float, v: int, p: float, auditors: int) -> float:
+    """A fake Δ (or a wholly faked trajectory), seen by every check: σ^v·(1 − p + p·σ^a)."""
+    return cheat_outcome(sigma, v, p, auditors, 1.0).success
+
+
+def collusion_share_bound(v: int, p: float, auditors: int, ceiling: float = 0.01, cap: float = 0.5) -> float:
+    """The largest accomplice share σ ≤ `cap` whose fake Δ reaches the model in at most `ceiling`
+    of outer steps (`fake_delta_success` grows with σ: bisection); `cap` itself when even it does."""
+    if fake_delta_success(cap, v, p, auditors) <= ceiling:
+        return cap
+    lo, hi = 0.0, cap
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fake_delta_success(mid, v, p, auditors) <= ceiling else (lo, mid)
+    return lo
 
 
 def cheat_gain(i: Inputs, fraction: float, train_seconds: float) -> float:
@@ -533,13 +897,14 @@ def verify_seconds(i: Inputs, c: Constants, t_step: float) -> dict[str, float]:
     """The verification window: every verifier downloads and replays its contributions.
 
     Downloads are bounded by the host's upload (it serves each of its checkers) and by the
-    verifier's download (it fetches all its contributions); replay is s·k inner steps each on
-    the verifier's own GPUs; fetch and replay pipeline across contributions.
+    verifier's download (it fetches all its contributions); replay is (segments per check)·k
+    inner steps each (s, or a window's n/B) on the verifier's own GPUs; fetch and replay pipeline
+    across contributions.
     """
     per = verifier_bytes_per_contribution(i, c)
     load = max(1.0, contributions_per_verifier(i))
     data = max(checks_per_contribution(i) * per / i.up, load * per / i.down)
-    replay = i.s * i.k * t_step
+    replay = replay_segments_per_check(i) * i.k * t_step
     first = min(per / i.down, replay)
     return {"data": data, "replay": load * replay, "total": max(data, load * replay) + first}
 
@@ -587,17 +952,17 @@ def step_overhead_seconds(i: Inputs) -> float:
 def timeline(i: Inputs, c: Constants) -> Timeline:
     t = step_seconds(i) + step_overhead_seconds(i)
     n, seg = i.n, i.k * t
-    hash_s = leaf_hash_seconds(i.params, i.cpu_cores, i.chunk_bytes, c)
+    hash_s = leaf_hash_seconds(i.params, i.cpu_cores, i.chunk_bytes, c, i.moments)
     persist_every = 1 if i.pipeline is Pipeline.TODAY else i.m
     persisted = math.ceil(n / persist_every)
-    write_s = state_bytes(i.params) / i.disk_write
+    write_s = state_bytes(i.params, i.moments) / i.disk_write
     stall = (
         i.H * step_overhead_seconds(i)
-        + n * boundary_stall(snapshot_seconds(i.params, i.gpus_per_host, i.pcie), t)
+        + n * boundary_stall(snapshot_seconds(i.params, i.gpus_per_host, i.pcie, i.moments), t)
         + (n - persisted) * boundary_stall(hash_s, seg)
         + persisted * boundary_stall(max(hash_s, write_s), seg)
     )
-    recompute = 0.0 if i.pipeline is Pipeline.TODAY else recompute_segments(n, i.s, i.m) * seg
+    recompute = opening_recompute(i) * seg
     b = i.block_seconds
     return Timeline(
         train=i.H * step_seconds(i), stall=stall, commit=BLOCK_AFTER_COMMIT * b, recompute=recompute,
@@ -635,7 +1000,7 @@ def host_limit(i: Inputs, c: Constants, codec: Codec, *, most: int = 1 << 20) ->
 
 def codec_advice(i: Inputs, c: Constants) -> dict[str, Any]:
     """Which Δ codec this fleet should run: int8 while its aggregation fits beside training (it
-    learns better per outer step: RESULTS §1t), the sparse codec past that host count (its Δ is
+    learns better per outer step: RESULTS §1u), the sparse codec past that host count (its Δ is
     ~36× smaller at 30B, so aggregation stays flat far longer)."""
     shares = {codec.value: aggregation_share(i, c, codec) for codec in (Codec.INT8, Codec.SPARSE)}
     limits = {codec.value: host_limit(i, c, codec) for codec in (Codec.INT8, Codec.SPARSE)}
@@ -677,7 +1042,7 @@ def utilization(useful: float, period: float, poc_share: float = 0.0) -> float:
 
 def run_cost(util: float, replay_share: float) -> float:
     """GPU-seconds spent per second of useful training compute: the hosts' wall time (1/util) plus
-    the verifiers' replays (checks × s·k/H of a host's compute)."""
+    the verifiers' replays (`replay_share`: checks × segments per check × k/H of a host's compute)."""
     return 1 / max(util, 1e-12) + replay_share
 
 
@@ -701,11 +1066,77 @@ class Plan:
     cost: float
     """GPU-seconds the run spends (hosts' wall + verifiers' replays) per useful training second."""
     warnings: list[str]
+    economics: dict[str, Any] = field(default_factory=dict)
+    """Issue 34's cheating floors at these settings (`economics`)."""
     codec: dict[str, Any] = field(default_factory=dict)
     """`codec_advice`: the codec this host count should run, and where each stops fitting."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+HALF_FAKE_CAUGHT = 0.9
+"""A host faking half its segments is caught in at least this share of outer steps (issue 34)."""
+ONE_SEGMENT_CAUGHT = 0.2
+"""A host faking one segment is caught in at least this share of outer steps (issue 34)."""
+FAKE_DELTA_CEILING = 0.01
+"""A fake Δ reaches the model in at most this share of outer steps (DESIGN §7) …"""
+COALITION = 0.5
+"""… for every coalition holding less than this share of the verifier stake."""
+
+RUN_FIELDS = ("H", "k", "s", "sampling", "w", "v", "audit_p", "auditors", "host_stake", "host_slash_bps",
+              "audit_slash_bps", "reward")  # fmt: skip
+"""The inputs that come from RunConfig: equal to `Inputs()`'s, a plan is at the run's defaults."""
+
+
+def at_run_defaults(i: Inputs) -> bool:
+    d = Inputs()
+    return all(getattr(i, f) == getattr(d, f) for f in RUN_FIELDS)
+
+
+def host_slash(i: Inputs) -> float:
+    return i.host_stake * i.host_slash_bps / 10_000
+
+
+def audit_slash(i: Inputs) -> float:
+    return i.host_stake * i.audit_slash_bps / 10_000
+
+
+def most_profitable_fake(i: Inputs, train_seconds: float) -> tuple[int, float, float]:
+    """(segments, expected profit, deterring slash) of the lazy fake that pays best, over 1 … n
+    faked segments: the floors below bound two points of that curve, not its maximum."""
+    best = (0, -math.inf, 0.0)
+    for faked in range(1, i.n + 1):
+        f = faked / i.n
+        cheat, gain = lazy_cheat(i, f), cheat_gain(i, f, train_seconds)
+        profit = expected_profit(cheat, gain, host_slash(i), audit_slash(i))
+        if profit > best[1]:
+            best = (faked, profit, min_deterrent_slash(cheat, gain))
+    return best
+
+
+def economics(i: Inputs, train_seconds: float) -> dict[str, Any]:
+    """Issue 34's floors: a host faking half its segments is caught in ≥ 90% of outer steps and
+    expects a loss; one faking one segment is caught in ≥ 20%; a fake Δ reaches the model in ≤ 1%
+    of outer steps for every coalition below ½ of the verifier stake (`collusion_share_bound`)."""
+    half = lazy_cheat(i, 0.5)
+    caught = lazy_detection(i, 0.5)
+    profit = expected_profit(half, cheat_gain(i, 0.5, train_seconds), host_slash(i), audit_slash(i))
+    one = one_segment_detection(i)
+    bound = collusion_share_bound(i.v, i.audit_p, i.auditors, FAKE_DELTA_CEILING, COALITION)
+    at_coalition = fake_delta_success(COALITION, i.v, i.audit_p, i.auditors)
+    worst, worst_profit, worst_slash = most_profitable_fake(i, train_seconds)
+    ok = {
+        "half_fake": caught >= HALF_FAKE_CAUGHT and profit < 0,
+        "one_segment": one >= ONE_SEGMENT_CAUGHT,
+        "coalition": at_coalition <= FAKE_DELTA_CEILING,
+    }
+    return {
+        "half_fake_caught": caught, "half_fake_profit": profit, "one_segment_caught": one,
+        "fake_delta_sigma_bound": bound, "fake_delta_success_at_coalition": at_coalition,
+        "best_fake_segments": worst, "best_fake_profit": worst_profit, "best_fake_min_slash": worst_slash,
+        "meets": ok, "meets_all": all(ok.values()), "at_run_defaults": at_run_defaults(i),
+    }  # fmt: skip
 
 
 def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
@@ -726,18 +1157,18 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         util["configured"] = utilization(tl.train, configured, poc_share)
         overlapped = configured_overlapped_period(i.phases, i.block_seconds, tl.aggregate)
         util["configured_overlapped"] = utilization(tl.train, overlapped, poc_share)
-    replay_share = checks_per_contribution(i) * i.s * i.k / i.H * t_gpu / t
-    cost = run_cost(util["overlapped" if overlap else "sequential"], replay_share)
+    share = replay_share(i)
+    cost = run_cost(util["overlapped" if overlap else "sequential"], share)
 
-    det = detection_probability(i.n, faked_segments(i.n, i.fake_fraction), i.s)
-    slash = i.host_stake * i.host_slash_bps / 10_000
-    audit_slash = i.host_stake * i.audit_slash_bps / 10_000
-    lazy = cheat_outcome(0.0, i.v, i.audit_p, i.auditors, det)
+    det = lazy_detection(i, i.fake_fraction)
+    naive = naive_window_detection(i) if i.windowed else naive_detection(i.fake_fraction, i.s)
+    slash, a_slash = host_slash(i), audit_slash(i)
+    lazy = lazy_cheat(i, i.fake_fraction)
     coll = cheat_outcome(i.dishonest_stake, i.v, i.audit_p, i.auditors, 1.0)
     lazy_gain = cheat_gain(i, i.fake_fraction, tl.train)
     coll_gain = cheat_gain(i, 1.0, tl.train)
     mem = gpu_memory(i)
-    hash_s = leaf_hash_seconds(i.params, i.cpu_cores, i.chunk_bytes, c)
+    hash_s = leaf_hash_seconds(i.params, i.cpu_cores, i.chunk_bytes, c, i.moments)
     msgs = i.hosts * (3 + checks_per_contribution(i))  # commit, reveal, result + verdicts
 
     warnings = []
@@ -759,7 +1190,7 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         share = advice["share"][Codec.INT8.value]
         why = (f"int8's aggregation is {share:.0%} of training (half of it from {limit} hosts)"
                if advice["recommended"] == Codec.SPARSE.value else
-               "int8's aggregation fits and it learns better per outer step (RESULTS §1t)")  # fmt: skip
+               "int8's aggregation fits and it learns better per outer step (RESULTS §1u)")  # fmt: skip
         warnings.append(f"codec {advice['recommended']} recommended at {i.hosts} hosts: {why}")
     if i.phases is not None:
         need = recommended_phases(tl, i.block_seconds, margin=0.0)
@@ -789,23 +1220,29 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         },
         verification={
             "bytes_per_contribution": verifier_bytes_per_contribution(i, c),
+            "checks_per_contribution": checks_per_contribution(i),
+            "states_per_contribution": states_per_contribution(i, c),
+            "replay_segments_per_check": replay_segments_per_check(i),
+            "window_segments": float(i.window_len if i.windowed else 0),
+            "blocks": float(i.blocks if i.windowed else 0),
+            "one_segment_detection": one_segment_detection(i),
             "contributions_per_verifier": contributions_per_verifier(i),
             "fetch_s": ver["data"],
             "replay_s": ver["replay"],
             "window_s": ver["total"],
-            "replay_share": replay_share,
+            "replay_share": share,
         },
         hashing={
             "leaf_s": hash_s,
             "segment_compute_s": i.k * t_gpu,
-            "snapshot_s": snapshot_seconds(i.params, i.gpus_per_host, i.pcie),
+            "snapshot_s": snapshot_seconds(i.params, i.gpus_per_host, i.pcie, i.moments),
             "stall_s": tl.stall,
             "host_ram_bytes": S,
         },
         disk={
             "states": disk_states(i),
             "bytes": disk_bytes(i, c),
-            "recompute_segments": 0.0 if i.pipeline is Pipeline.TODAY else recompute_segments(i.n, i.s, i.m),
+            "recompute_segments": opening_recompute(i),
         },
         memory={**mem, "capacity": i.gpu.memory},
         timeline={
@@ -819,22 +1256,23 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         utilization=util,
         security={
             "detection": det,
-            "detection_naive": naive_detection(i.fake_fraction, i.s),
+            "detection_naive": naive,
             "lazy_success": lazy.success,
             "lazy_gain": lazy_gain,
-            "lazy_profit": expected_profit(lazy, lazy_gain, slash, audit_slash),
+            "lazy_profit": expected_profit(lazy, lazy_gain, slash, a_slash),
             "lazy_min_slash": min_deterrent_slash(lazy, lazy_gain),
             "collusion_success": coll.success,
             "collusion_gain": coll_gain,
-            "collusion_profit": expected_profit(coll, coll_gain, slash, audit_slash),
+            "collusion_profit": expected_profit(coll, coll_gain, slash, a_slash),
             "collusion_min_slash": min_deterrent_slash(coll, coll_gain),
             "slash": slash,
-            "audit_slash": audit_slash,
+            "audit_slash": a_slash,
         },
         chain={"messages": msgs, "chain_s": msgs * c.chain_ms_per_msg / 1000},
         phases=asdict(recommended_phases(tl, i.block_seconds)),
         cost=cost,
         warnings=warnings,
+        economics=economics(i, tl.train),
         codec=advice,
     )
 
@@ -886,6 +1324,7 @@ class Floors:
 SWEEP_H = (100, 200, 250, 500, 1000)
 SWEEP_K = (1, 2, 5, 10, 20, 25, 50)
 SWEEP_S = tuple(range(1, 17))
+SWEEP_W = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 25)
 SWEEP_V = (1, 2, 3, 4, 5)
 SWEEP_M = (1, 2, 5, 10, 20, 50)
 
@@ -902,19 +1341,37 @@ def meets(p: Plan, floors: Floors, overlap: bool) -> bool:
     )
 
 
+def opened_state_bytes(i: Inputs) -> float:
+    """One check's states alone, whatever the codec (no Δ, no error feedback): a lower bound on
+    what the host serves per check."""
+    S, P = state_bytes(i.params, i.moments), i.params
+    if i.windowed:
+        lengths = block_lengths(i.n, i.window_len)
+        bitwise = i.replay is ReplayMode.BITWISE
+        per = [window_check_bytes(P, lengths, b, bitwise=bitwise, moments=i.moments)
+               for b in range(len(lengths))]  # fmt: skip
+        return sum(per) / len(per)
+    return i.s * S if i.pipeline is Pipeline.TODAY else (i.s - 1) * S + optimizer_bytes(P, i.moments)
+
+
 def utilization_bound(i: Inputs, overlap: bool) -> float:
     """An upper bound on utilization whatever m and the codec: the host's upload of its opened
     states alone (no Δ, no recompute, no stalls) already follows training."""
-    S, P = state_bytes(i.params), i.params
-    states = i.s * S if i.pipeline is Pipeline.TODAY else (i.s - 1) * S + OPTIMIZER_BYTES_PER_PARAM * P
-    data = checks_per_contribution(i) * states / i.up
+    data = checks_per_contribution(i) * opened_state_bytes(i) / i.up
     train = i.H * step_seconds(i)
     return train / (max(train, data) if overlap else train + data)
 
 
+def sample_settings(i: Inputs, n: int) -> list[tuple[int, int]]:
+    """What the sweep varies of the sampling rule, as (s, w): s (segments) or w (windows), ≤ n."""
+    if i.windowed:
+        return [(i.s, w) for w in SWEEP_W if w <= n]
+    return [(s, i.w) for s in SWEEP_S if s <= n]
+
+
 def sweep(i: Inputs, c: Constants, floors: Floors, *, overlap: bool = True, top: int = 5) -> list[Plan]:
-    """The `top` cheapest settings of (H, k, s, v, m, codec) meeting the floors, cheapest first
-    (cost, then bytes a host uploads). Cheap checks (security, disk) prune before timing."""
+    """The `top` cheapest settings of (H, k, s or w, v, m, codec) meeting the floors, cheapest
+    first (cost, then bytes a host uploads). Cheap checks (security, disk) prune before timing."""
     found: list[Plan] = []
     tolerance = i.replay is ReplayMode.TOLERANCE
     for steps in sorted({*SWEEP_H, i.H}):
@@ -924,19 +1381,17 @@ def sweep(i: Inputs, c: Constants, floors: Floors, *, overlap: bool = True, top:
             if steps % k or (tolerance and k > 10):
                 continue
             n = steps // k
-            for s in SWEEP_S:
-                if (
-                    s > n
-                    or detection_probability(n, faked_segments(n, i.fake_fraction), s) < floors.detection
-                ):
-                    continue
+            for s, w in sample_settings(i, n):
                 for v in SWEEP_V:
                     if v > i.verifiers:
+                        continue
+                    shaped = replace(i, H=steps, k=k, s=s, w=w, v=v)
+                    if lazy_detection(shaped, i.fake_fraction) < floors.detection:
                         continue
                     coll = cheat_outcome(i.dishonest_stake, v, i.audit_p, i.auditors, 1.0)
                     if coll.success > floors.collusion_success:
                         continue
-                    if utilization_bound(replace(i, H=steps, k=k, s=s, v=v), overlap) < floors.utilization:
+                    if utilization_bound(shaped, overlap) < floors.utilization:
                         continue
                     for m in SWEEP_M if i.pipeline is Pipeline.SPARSE else (1,):
                         if m > n:
@@ -944,7 +1399,7 @@ def sweep(i: Inputs, c: Constants, floors: Floors, *, overlap: bool = True, top:
                         for codec in Codec:
                             if c.codec_error.get(codec, 1.0) > floors.codec_error:
                                 continue
-                            cand = replace(i, H=steps, k=k, s=s, v=v, m=m, codec=codec, phases=None)
+                            cand = replace(shaped, m=m, codec=codec, phases=None)
                             if disk_bytes(cand, c) > i.disk_budget:
                                 continue
                             tl = timeline(cand, c)
@@ -958,3 +1413,112 @@ def sweep(i: Inputs, c: Constants, floors: Floors, *, overlap: bool = True, top:
                                 found.append(p)
     found.sort(key=lambda p: (round(p.cost, 4), p.network["host_upload_bytes"]))
     return found[:top]
+
+
+# ---------------------------------------------------------------- the planner's window
+
+
+REPLAY_BUDGET = 0.25
+"""Verifiers' replay ÷ the hosts' training compute that `choose_window` may spend (issue 34)."""
+WALL_SLACK = 0.005
+"""Windows whose overlapped period is within this of the best count as equally fast."""
+
+
+@dataclass(frozen=True)
+class WindowOption:
+    w: int
+    blocks: int
+    replay_share: float
+    overlapped_s: float
+    recompute_segments: float
+    one_segment_detection: float
+
+
+@dataclass(frozen=True)
+class WindowChoice:
+    """The planner's w (`choose_window`) and how its checks should start."""
+
+    w: int
+    blocks: int
+    replay_share: float
+    budget: float
+    within_budget: bool
+    """False when no w keeps replay within the budget: then the least replay (w = 1) is shown."""
+    overlapped_s: float
+    recompute_segments: float
+    """The host's recompute after the challenge at this w and the planned m (its alignment with the
+    persisted boundaries moves the period more than anything else that depends on w)."""
+    one_segment_detection: float
+    half_fake_detection: float
+    w_one_segment_floor: int | None
+    """The same choice among the w that also catch a one-segment fake in ≥ 20% of outer steps
+    (`ONE_SEGMENT_CAUGHT`); None when no w in the budget does."""
+    start: str
+    """"download" (each check fetches its block's start) or "from-0" (replays from G_n)."""
+    download_check_s: float
+    download_check_bytes: float
+    download_segments: float
+    from_zero_check_s: float | None
+    """None in tolerance mode: honest noise grows over a long replay (DESIGN §2), so a tolerance
+    check starts from its block's claimed start."""
+    from_zero_check_bytes: float
+    from_zero_segments: float
+    options: list[WindowOption]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def window_options(i: Inputs, c: Constants) -> list[WindowOption]:
+    """Every w of 1..n under sampling windows: its replay share and overlapped period."""
+    out = []
+    for w in range(1, i.n + 1):
+        cand = replace(i, sampling=Sampling.WINDOWS, w=w)
+        out.append(WindowOption(w, cand.blocks, replay_share(cand), timeline(cand, c).overlapped,
+                                opening_recompute(cand), one_segment_detection(cand)))  # fmt: skip
+    return out
+
+
+def fastest_largest(options: list[WindowOption]) -> WindowOption | None:
+    """Of these, the ones within 0.5% of the least overlapped period, and of those the largest w."""
+    if not options:
+        return None
+    best = min(o.overlapped_s for o in options)
+    return max((o for o in options if o.overlapped_s <= best * (1 + WALL_SLACK)), key=lambda o: o.w)
+
+
+def check_seconds(i: Inputs, bytes_: float, segments: float) -> float:
+    """One check, fetch then replay: its bytes at its share of the host's uplink (every check of a
+    contribution fetches at once) or its own downlink, whichever is slower, then the replay."""
+    rate = min(i.down, i.up / max(1.0, checks_per_contribution(i)))
+    return bytes_ / rate + segments * i.k * (step_seconds(i) + step_overhead_seconds(i))
+
+
+def choose_window(i: Inputs, c: Constants, budget: float = REPLAY_BUDGET) -> WindowChoice:
+    """The planner's w: among w whose replay share (checks · (n/B) · k/H) fits the compute budget
+    and that catch a one-segment fake in ≥ 20% of outer steps (the security floor; if none does,
+    every w in the budget), those within 0.5% of the least overlapped period, and of those the
+    largest w (fewest blocks: the most detection of a small fake). Then, for that w, whether a
+    check is faster starting from a downloaded block start or replaying from segment 0 (no state
+    download). `w_one_segment_floor` is the choice with the floor, reported beside it."""
+    options = window_options(i, c)
+    fit = [o for o in options if o.replay_share <= budget]
+    floor = fastest_largest([o for o in fit if o.one_segment_detection >= ONE_SEGMENT_CAUGHT])
+    pick = floor or fastest_largest(fit) or min(options, key=lambda o: (o.replay_share, o.overlapped_s))
+    chosen = replace(i, sampling=Sampling.WINDOWS, w=pick.w)
+    down_bytes = window_bytes_per_check(chosen, c)
+    down_segments = window_replay_segments(chosen.n, pick.w)
+    down_s = check_seconds(chosen, down_bytes, down_segments)
+    zero_bytes = from_zero_check_bytes(i.params, chosen.n, pick.w, carried_ef_bytes(chosen), i.moments)
+    zero_segments = from_zero_segments(chosen.n, pick.w)
+    zero_s = check_seconds(chosen, zero_bytes, zero_segments) if i.replay is ReplayMode.BITWISE else None
+    return WindowChoice(
+        w=pick.w, blocks=pick.blocks, replay_share=pick.replay_share, budget=budget, within_budget=bool(fit),
+        overlapped_s=pick.overlapped_s, recompute_segments=pick.recompute_segments,
+        one_segment_detection=pick.one_segment_detection, half_fake_detection=lazy_detection(chosen, 0.5),
+        w_one_segment_floor=None if floor is None else floor.w,
+        start="from-0" if zero_s is not None and zero_s < down_s else "download",
+        download_check_s=down_s, download_check_bytes=down_bytes, download_segments=down_segments,
+        from_zero_check_s=zero_s, from_zero_check_bytes=zero_bytes, from_zero_segments=zero_segments,
+        options=options,
+    )  # fmt: skip

@@ -21,7 +21,12 @@ from rich.table import Table
 from rich.text import Text
 
 from gonka_diloco.plan import (
+    COALITION,
+    FAKE_DELTA_CEILING,
     GPUS,
+    HALF_FAKE_CAUGHT,
+    ONE_SEGMENT_CAUGHT,
+    REPLAY_BUDGET,
     Constants,
     Floors,
     Gpu,
@@ -30,11 +35,14 @@ from gonka_diloco.plan import (
     Pipeline,
     Plan,
     Sharding,
+    WindowChoice,
+    choose_window,
     plan,
     sweep,
     token_budget,
 )
-from protocol.config import Codec, ReplayMode
+from protocol.config import Codec, ReplayMode, Sampling
+from protocol.inner import Moments
 
 app = typer.Typer(help="Plan a run: time, bytes, disk, memory, detection and deterrence per outer step.")
 
@@ -128,7 +136,8 @@ def from_run_config(path: Path) -> tuple[dict[str, Any], Any]:
         raise PlanInputError(str(e)) from None
     ph, st = cfg.phases, cfg.stake
     fields = {
-        "H": cfg.inner_steps, "k": cfg.segment_len, "s": cfg.sampled_segments,
+        "H": cfg.inner_steps, "k": cfg.segment_len, "s": cfg.sampled_segments, "sampling": cfg.sampling,
+        "w": cfg.window_segments, "moments": cfg.inner.moments,
         "v": cfg.verifiers_per_contribution, "audit_p": cfg.audit_bps / 10_000,
         "auditors": cfg.audit_verifiers, "codec": cfg.codec, "replay": cfg.replay_mode,
         **({"codec_chunk": cfg.codec_block_size, "codec_topk": cfg.sparse_topk}
@@ -198,8 +207,12 @@ def _check(i: Inputs) -> None:
     problems = []
     if i.H % i.k:
         problems.append(f"H = {i.H} is not a multiple of k = {i.k}")
-    elif not 1 <= i.s <= i.n:
+    elif i.n < 1:
+        problems.append(f"H = {i.H} must be at least k = {i.k}")
+    elif i.sampling is Sampling.SEGMENTS and not 1 <= i.s <= i.n:
         problems.append(f"s = {i.s} must be between 1 and H/k = {i.n}")
+    if i.w < 1:
+        problems.append("w (--window-segments) must be positive")
     for name in (
         "params",
         "hosts",
@@ -244,7 +257,11 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("network", "codec by host count", _codec_row(p)),
         ("network", "host upload per step", f"{fmt_bytes(n['host_upload_bytes'])} (openings "
          f"{fmt_bytes(n['host_upload_openings_bytes'])}, Δs {fmt_bytes(n['host_upload_delta_bytes'])})"),
-        ("verification", "bytes per contribution", fmt_bytes(ver["bytes_per_contribution"])),
+        ("verification", "sampling", _sampling(p)),
+        ("verification", "bytes per contribution", f"{fmt_bytes(ver['bytes_per_contribution'])} per check; "
+         f"all {ver['checks_per_contribution']:.3g} checks (v + p·a) "
+         f"{fmt_bytes(ver['bytes_per_contribution'] * ver['checks_per_contribution'])} = "
+         f"{ver['states_per_contribution']:.3g} states"),
         ("verification", "per verifier per step", f"{ver['contributions_per_verifier']:.3g} contributions, "
          f"download {fmt_bytes(n['verifier_download_bytes'])}"),
         ("verification", "window", f"{fmt_seconds(ver['window_s'])} (fetch {fmt_seconds(ver['fetch_s'])}, "
@@ -269,7 +286,10 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
          + (f", {fmt_pct(u['configured'])} / {fmt_pct(u['configured_overlapped'])} with the configured "
             "phases" if "configured" in u else "")),
         ("security", f"detection (fakes {fmt_pct(i['fake_fraction'])} of segments)",
-         f"{fmt_pct(sec['detection'])} (1−(1−f)^s: {fmt_pct(sec['detection_naive'])})"),
+         f"{fmt_pct(sec['detection'])} of outer steps ("
+         + ("≈ 1−(1−F/B)^(v+p·a)" if i["sampling"] == Sampling.WINDOWS else "1−(1−f)^s")
+         + f": {fmt_pct(sec['detection_naive'])})"),
+        ("security", "one-segment fake caught", fmt_pct(ver["one_segment_detection"])),
         ("security", "lazy host: success, profit", f"{fmt_pct(sec['lazy_success'])}, "
          f"{fmt_gnk(sec['lazy_profit'])}; deterred from a slash of {fmt_gnk(sec['lazy_min_slash'])}"),
         ("security", f"colluder (σ = {fmt_pct(i['dishonest_stake'])}): success, profit",
@@ -283,6 +303,19 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
          ", ".join(f"{k} {v}" for k, v in p.phases.items())),
     ]  # fmt: skip
     return rows
+
+
+def _sampling(p: Plan) -> str:
+    i, ver = p.inputs, p.verification
+    if i["sampling"] == Sampling.WINDOWS:
+        per = ver["replay_segments_per_check"]
+        return (f"windows: w = {ver['window_segments']:.0f}, B = {ver['blocks']:.0f} blocks; each check "
+                f"replays its own block ({per:.3g} segments) from one start")  # fmt: skip
+    return f"segments: every check opens the same s = {i['s']} (the last always)"
+
+
+def _sample_label(i: dict[str, Any]) -> str:
+    return f"w={i['w']}" if i["sampling"] == Sampling.WINDOWS else f"s={i['s']}"
 
 
 def _codec_row(p: Plan) -> str:
@@ -304,7 +337,8 @@ def _table(p: Plan, c: Constants) -> Table:
     i = p.inputs
     title = (
         f"{i['params'] / 1e9:.3g}B params, {i['hosts']} hosts × {i['gpus_per_host']} {i['gpu']}, "
-        f"H={i['H']} k={i['k']} s={i['s']} v={i['v']} m={i['m']} {i['codec']}, {i['pipeline']} pipeline"
+        f"H={i['H']} k={i['k']} {_sample_label(i)} v={i['v']} m={i['m']} {i['codec']}, "
+        f"{i['pipeline']} pipeline"
     )
     t = Table("", "figure", "per outer step", title=title, title_justify="left")
     last = ""
@@ -335,7 +369,7 @@ def sweep_rows(found: list[Plan], overlap: bool) -> list[list[str]]:
     for rank, p in enumerate(found, 1):
         i, u, sec = p.inputs, p.utilization, p.security
         rows.append([
-            str(rank), str(i["H"]), str(i["k"]), str(i["s"]), str(i["v"]), str(i["m"]), str(i["codec"]),
+            str(rank), str(i["H"]), str(i["k"]), _sample_label(i), str(i["v"]), str(i["m"]), str(i["codec"]),
             fmt_pct(u["overlapped" if overlap else "sequential"]), fmt_bytes(p.network["host_upload_bytes"]),
             fmt_bytes(p.verification["bytes_per_contribution"]), fmt_bytes(p.disk["bytes"]),
             fmt_pct(sec["detection"]), fmt_pct(sec["collusion_success"]), f"{p.cost:.3f}",
@@ -343,12 +377,78 @@ def sweep_rows(found: list[Plan], overlap: bool) -> list[list[str]]:
     return rows
 
 
-SWEEP_HEADER = ["#", "H", "k", "s", "v", "m", "codec", "utilization", "host upload", "bytes/contribution",
+SWEEP_HEADER = ["#", "H", "k", "s / w", "v", "m", "codec", "utilization", "host upload", "bytes/contribution",
                 "disk/host", "detection", "collusion", "cost"]  # fmt: skip
 
 
-def _print_plan(console: Console, p: Plan, c: Constants) -> None:
+def economics_sentence(e: dict[str, Any]) -> str:
+    """Issue 34's cheating floors (`plan.economics`) as one sentence: met or not, and by how much."""
+    ok = e["meets"]
+    who = "defaults" if e["at_run_defaults"] else "these settings"
+    verb = "meet" if e["meets_all"] else "do not meet"
+
+    def mark(name: str) -> str:
+        return "" if ok[name] else " (NOT MET)"
+
+    fake_delta = f"a fake Δ reaches the model in ≤ {fmt_pct(FAKE_DELTA_CEILING)} of outer steps"
+    half = fmt_pct(COALITION)
+    at = f"{fmt_pct(e['fake_delta_success_at_coalition'])} at {half}"
+    if ok["coalition"]:
+        coalition = f"{fake_delta} for every coalition below {half} of the verifier stake ({at})"
+    else:
+        bound = e["fake_delta_sigma_bound"]
+        coalition = f"{fake_delta} only for coalitions up to σ = {bound:.3g} ({at}){mark('coalition')}"
+    return (
+        f"{who} {verb} the cheating floors: a host faking half its segments is caught in "
+        f"{fmt_pct(e['half_fake_caught'])} of outer steps (≥ {fmt_pct(HALF_FAKE_CAUGHT)}) and expects "
+        f"{fmt_gnk(e['half_fake_profit'])} (< 0){mark('half_fake')}; a one-segment fake is caught in "
+        f"{fmt_pct(e['one_segment_caught'])} (≥ {fmt_pct(ONE_SEGMENT_CAUGHT)}){mark('one_segment')}; "
+        f"{coalition}."
+        + (f" Beyond the floors: faking {e['best_fake_segments']} segments pays best, "
+           f"{fmt_gnk(e['best_fake_profit'])} expected per outer step (deterred from a slash of "
+           f"{fmt_gnk(e['best_fake_min_slash'])})." if e["best_fake_profit"] > 0 else "")
+    )  # fmt: skip
+
+
+def window_rows(ch: WindowChoice, default_w: int) -> list[tuple[str, str]]:
+    """The planner's choice of w, one readable block."""
+    same = "= RunConfig's default" if ch.w == default_w else f"RunConfig's default is {default_w}"
+    budget = "" if ch.within_budget else f" (no w keeps replay ≤ {fmt_pct(ch.budget)}: the least replay)"
+    zero = (
+        f"from segment 0 {fmt_seconds(ch.from_zero_check_s)} ({fmt_bytes(ch.from_zero_check_bytes)}, "
+        f"{ch.from_zero_segments:.3g} segments)"
+        if ch.from_zero_check_s is not None else "from segment 0: not in tolerance mode"
+    )  # fmt: skip
+    floor = ("none in the budget: the budget's choice" if ch.w_one_segment_floor is None
+             else "met")  # fmt: skip
+    return [
+        ("w", f"{ch.w} segments, B = {ch.blocks} blocks ({same}){budget}"),
+        ("replay ÷ host compute", f"{fmt_pct(ch.replay_share)} (budget {fmt_pct(ch.budget)})"),
+        ("outer step, overlapped", f"{fmt_seconds(ch.overlapped_s)} (recompute of the openings "
+         f"{ch.recompute_segments:.3g} segments)"),
+        ("one-segment fake caught", f"{fmt_pct(ch.one_segment_detection)} (floor "
+         f"{fmt_pct(ONE_SEGMENT_CAUGHT)}: {floor})"),
+        ("half-fake caught", fmt_pct(ch.half_fake_detection)),
+        ("window start", f"{ch.start} is faster: downloading the start {fmt_seconds(ch.download_check_s)} "
+         f"per check ({fmt_bytes(ch.download_check_bytes)}, {ch.download_segments:.3g} segments) vs {zero}"),
+    ]  # fmt: skip
+
+
+def _window_table(ch: WindowChoice, default_w: int) -> Table:
+    title = (f"window choice (sampling windows): replay ≤ {fmt_pct(ch.budget)} of host compute and a "
+             f"one-segment fake caught in ≥ {fmt_pct(ONE_SEGMENT_CAUGHT)}, the least overlapped period "
+             "(within 0.5%), then the largest w")  # fmt: skip
+    t = Table("", "", title=title, title_justify="left", show_header=False)
+    for row in window_rows(ch, default_w):
+        t.add_row(*row)
+    return t
+
+
+def _print_plan(console: Console, p: Plan, c: Constants, choice: WindowChoice | None = None) -> None:
     console.print(_table(p, c))
+    if choice is not None:
+        console.print(_window_table(choice, D.w))
+    console.print(Text.assemble(("economics: ", "bold"), economics_sentence(p.economics)))
     console.print(_constants_table(c))
     for w in p.warnings:
         console.print(Text.assemble(("warning: ", "yellow"), w))
@@ -383,7 +483,8 @@ def write_plot(i: Inputs, c: Constants, path: Path) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlanInputError("--plot needs matplotlib (pip install matplotlib)") from None
-    hs = sorted({h for h in (*PLOT_H, i.H) if h % i.k == 0 and h // i.k >= i.s})
+    least = i.s if i.sampling is Sampling.SEGMENTS else 1
+    hs = sorted({h for h in (*PLOT_H, i.H) if h % i.k == 0 and h // i.k >= least})
     plans = [plan(replace(i, H=h, phases=None), c) for h in hs]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for key, style in (("overlapped", "-"), ("sequential", "--")):
@@ -399,7 +500,8 @@ def write_plot(i: Inputs, c: Constants, path: Path) -> Path:
     fig.suptitle(
         f"{i.params / 1e9:.3g}B, {i.hosts} hosts × {i.gpus_per_host} {i.gpu.name}, "
         f"{i.up * 8 / 1e9:.3g} Gbit/s up; "
-        f"k={i.k} s={i.s} v={i.v} p={i.audit_p:g} a={i.auditors} m={i.m} {i.codec}",
+        f"k={i.k} {_sample_label({'sampling': i.sampling, 's': i.s, 'w': i.w})} v={i.v} p={i.audit_p:g} "
+        f"a={i.auditors} m={i.m} {i.codec}",
         fontsize=9,
     )
     fig.tight_layout()
@@ -458,7 +560,23 @@ def plan_command(
     host_ram: Annotated[str | None, Opt("--host-ram", help="Host RAM (default 2TB).")] = None,
     inner_steps: Annotated[int | None, Opt("-H", "--inner-steps", help=f"H (default {D.H}).")] = None,
     segment_len: Annotated[int | None, Opt("-k", "--segment-len", help=f"k (default {D.k}).")] = None,
-    sampled: Annotated[int | None, Opt("-s", "--sampled", help=f"s (default {D.s}).")] = None,
+    sampled: Annotated[
+        int | None, Opt("-s", "--sampled", help=f"s: segments every check opens, sampling segments ({D.s}).")
+    ] = None,
+    sampling: Annotated[
+        Sampling | None,
+        Opt(help=f"What checks replay: windows (each its own block) or segments (default {D.sampling})."),
+    ] = None,
+    window_segments: Annotated[
+        int | None, Opt("-w", "--window-segments", help=f"w: segments per window, sampling windows ({D.w}).")
+    ] = None,
+    replay_budget: Annotated[
+        float, Opt("--replay-budget", help="Window choice: verifiers' replay ÷ host compute allowed.")
+    ] = REPLAY_BUDGET,
+    moments: Annotated[
+        Moments | None,
+        Opt(help=f"AdamW moments between steps: fp32, or int8 (half a training state; default {D.moments})."),
+    ] = None,
     verifiers_per: Annotated[int | None, Opt("-v", "--verifiers-per", help=f"v (default {D.v}).")] = None,
     persist_every: Annotated[
         int | None, Opt("-m", "--persist-every", help=f"m: persist every m-th boundary (default {D.m}).")
@@ -562,7 +680,9 @@ def plan_command(
         "gpu": gpu, "peak_tflops": peak_tflops, "gpu_memory": gpu_memory, "mfu": mfu,
         "tokens_per_step": tokens_per_step, "micro_tokens": micro_tokens, "cpu_cores": cores, "up": up,
         "down": down, "disk_write": disk_write, "disk_budget": disk_budget, "host_ram": host_ram,
-        "H": inner_steps, "k": segment_len, "s": sampled, "v": verifiers_per, "m": persist_every,
+        "H": inner_steps, "k": segment_len, "s": sampled, "sampling": sampling, "w": window_segments,
+        "moments": moments,
+        "v": verifiers_per, "m": persist_every,
         "codec": codec, "codec_chunk": codec_chunk, "codec_topk": codec_topk, "replay": replay,
         "sharding": sharding, "pipeline": pipeline, "chunk_bytes": chunk,
         "block_seconds": block_seconds, "epoch_blocks": epoch_blocks, "poc_blocks": poc_blocks,
@@ -576,6 +696,8 @@ def plan_command(
         token_count = parse_count(tokens) if tokens is not None else None
         if token_count is not None and token_count <= 0:
             raise PlanInputError("--tokens must be positive")
+        if replay_budget <= 0:
+            raise PlanInputError("--replay-budget must be positive")
         inputs = build_inputs(config, flags)
         constants = load_constants(results or RESULTS)
         plotted = write_plot(inputs, constants, plot) if plot is not None else None
@@ -583,6 +705,7 @@ def plan_command(
         Console(stderr=True, soft_wrap=True).print(Text.assemble(("error: ", "red"), str(e)))
         raise typer.Exit(2) from None
     p = plan(inputs, constants, overlap=overlap)
+    choice = choose_window(inputs, constants, replay_budget)
     budget = token_budget(p, token_count, overlap=overlap) if token_count is not None else None
     found: list[Plan] = []
     if do_sweep:
@@ -590,7 +713,9 @@ def plan_command(
                         max_H=max_h, codec_error=max_codec_error)  # fmt: skip
         found = sweep(inputs, constants, floors, overlap=overlap, top=top)
     if as_json:
-        out: dict[str, Any] = {"plan": p.to_json(), "constants": _constants_json(constants)}
+        out: dict[str, Any] = {"plan": p.to_json(), "window_choice": choice.to_json(),
+                               "constants": _constants_json(constants)}  # fmt: skip
+        out["plan"]["economics"]["sentence"] = economics_sentence(p.economics)
         if do_sweep:
             out["sweep"] = [f.to_json() for f in found]
         if budget is not None:
@@ -599,7 +724,7 @@ def plan_command(
             out["plot"] = str(plotted)
         typer.echo(json.dumps(_finite(out), indent=2, default=str))
         return
-    _print_plan(console, p, constants)
+    _print_plan(console, p, constants, choice)
     if budget is not None:
         t = Table("", "", title=f"a budget of {budget['tokens']:,.0f} tokens", title_justify="left",
                   show_header=False)  # fmt: skip

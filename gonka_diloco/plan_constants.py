@@ -55,6 +55,7 @@ def load_constants(folder: Path = RESULTS) -> Constants:
         "codec_speed": "default",
         "codec_error": "default",
         "chain_ms_per_msg": "default",
+        "state_code": "default (states sent uncoded)",
     }
     if (found := _read(folder, "hashing")) and (gbs := _num(found[0].get("hashlib_sha256_gb_s"))):
         values["sha256_bytes_per_s"] = gbs * 1e9
@@ -86,6 +87,22 @@ def load_constants(folder: Path = RESULTS) -> Constants:
     if (found := _read(folder, "chain_sim")) and (ms := _num(found[0].get("module_ms_per_msg"))):
         values["chain_ms_per_msg"] = ms
         sources["chain_ms_per_msg"] = found[1]
+    if (found := _read(folder, "statecode")) and isinstance(planner := found[0].get("planner"), dict):
+        ratio = dict(base.state_code_ratio)
+        speeds: dict[str, list[float]] = {"encode": [], "decode": []}
+        for fmt in ratio:
+            row = planner.get(fmt)
+            if not isinstance(row, dict) or (measured := _num(row.get("ratio"))) is None:
+                continue
+            ratio[fmt] = measured
+            for side, got in speeds.items():
+                if (v := _num(row.get(f"{side}_mb_s"))) is not None:
+                    got.append(v * 1e6)
+        if ratio != base.state_code_ratio:
+            values["state_code_ratio"] = ratio
+            slowest = {side: min(got) for side, got in speeds.items() if got}
+            values["state_code_speed"] = {**base.state_code_speed, **slowest}
+            sources["state_code"] = found[1]
     return Constants(**{**_defaults(base), **values, "sources": sources})
 
 

@@ -93,6 +93,10 @@ class NodeRow(Model):
     log: str = ""  # path relative to the run folder
     local_loss: dict[int, float] = Field(default_factory=dict)  # outer step -> last local loss
     val_loss: dict[int, float] = Field(default_factory=dict)
+    traffic: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Object bytes since the node started, `up` (served) and `down` (fetched), by kind (`/status`)."""
+    replayed_steps: int = 0
+    """A verifier's inner steps replayed since it started (`/status`)."""
 
 
 class ValidatorRow(Model):
@@ -128,6 +132,17 @@ class ChainStats(Model):
         return max(0, self.last_height - self.first_height + 1)
 
 
+class FinalModelRow(Model):
+    """The devnet's export of its final model, and what G_0 and the final model write after one
+    prompt (reproducible: greedy, or sampled from a fixed seed)."""
+
+    folder: str  # relative to the run folder
+    model_hash: str
+    prompt: str = ""
+    settings: str = ""  # "greedy, 80 tokens"
+    samples: dict[str, str] = Field(default_factory=dict)  # "G_0" / "final" -> the continuation
+
+
 class Snapshot(Model):
     run_id: int
     source: str = "devnet"  # devnet: nodes we started (judged); chain: any run on a chain (described)
@@ -144,6 +159,8 @@ class Snapshot(Model):
     wall_s: float | None = None
     failures: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)  # what could not be read or does not add up, one each
+    chain_id: str = ""
+    final_model: FinalModelRow | None = None  # a devnet's export of its final model
 
     @property
     def judged(self) -> bool:
@@ -362,6 +379,8 @@ def summary_rows(snap: Snapshot) -> list[tuple[str, str]]:
         ),
         ("rewards paid", _gnk(snap.chain.rewards)),
     ]
+    if snap.final_model is not None:
+        rows.append(("final model", f"{snap.final_model.folder}/ ({snap.final_model.model_hash[:12]})"))
     if snap.judged:
         rows.append(("wall time", f"{snap.wall_s:.0f} s" if snap.wall_s is not None else "n/a"))
         rows.append(("result", "PASS" if not snap.failures else "FAIL"))
@@ -375,6 +394,45 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+TRAFFIC_KINDS = {"delta": "Δ", "state": "states", "optimizer": "optimizer", "model": "G",
+                 "error_feedback": "e"}  # fmt: skip
+
+
+def traffic_per_step(snap: Snapshot) -> dict[str, dict[str, dict[str, float]]]:
+    """node -> up/down -> kind -> bytes per outer step done, plus `replayed` -> steps per outer
+    step (what `bench.verification` compares with the planner)."""
+    steps = max(1, len([s for s in snap.steps if s.phase == "DONE"]))
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for n in snap.nodes:
+        if not n.traffic and not n.replayed_steps:
+            continue
+        per = {d: {k: v / steps for k, v in n.traffic.get(d, {}).items()} for d in ("up", "down")}
+        out[n.name] = {**per, "replayed": {"steps": n.replayed_steps / steps}}
+    return out
+
+
+def traffic_rows(snap: Snapshot) -> list[list[str]]:
+    rows = []
+    per_step = traffic_per_step(snap)
+    for n in snap.nodes:
+        t = per_step.get(n.name)
+        if t is None:
+            continue
+        cells = [_bytes(t[d].get(k, 0.0)) for d in ("up", "down") for k in TRAFFIC_KINDS]
+        replayed = f"{t['replayed']['steps']:.1f}" if n.role == "verifier" else "-"
+        rows.append([n.name, n.role, *cells, replayed])
+    return rows
+
+
+def _bytes(b: float) -> str:
+    if b <= 0:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{b:.0f} B"
 
 
 def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
@@ -393,6 +451,7 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
         seen = snap.tokens_seen()
         rows = [[str(k), f"{seen.get(k, 0):,}", f"{v:.4f}", f"{perplexity(v):.2f}"] for k, v in val.items()]
         parts += [_table(["outer step", "tokens seen", "validation loss", "perplexity"], rows), ""]
+    parts += _final_model_section(snap)
     parts += ["## Contributions", ""]
     rows = [
         [
@@ -472,6 +531,20 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
         ]
         header = ["validator", "address", "height", "app hash", "state", "missed blocks", "restarts"]
         parts += [_table(header, validator_rows), ""]
+    traffic = traffic_rows(snap)
+    if traffic:
+        steps = max(1, len([s for s in snap.steps if s.phase == "DONE"]))
+        parts += [
+            "## Bytes per node per outer step",
+            "",
+            f"Object bytes each node served (↑) and fetched (↓), by kind, averaged over the {steps} outer "
+            "steps done (`/status` traffic; a restarted node counts from its restart); states are opened "
+            "training states and θ_H's parameters, G global models; replayed: a verifier's inner steps.",
+            "",
+            _table(["node", "role", *[f"{d} {k}" for d in ("↑", "↓") for k in TRAFFIC_KINDS.values()],
+                    "replayed steps"], traffic),
+            "",
+        ]  # fmt: skip
     parts += ["## Nodes", ""]
     if snap.judged:
         node_rows = [
@@ -496,6 +569,26 @@ def render_markdown(snap: Snapshot, *, has_plot: bool) -> str:
             "",
         ]
     return "\n".join(parts)
+
+
+def _final_model_section(snap: Snapshot) -> list[str]:
+    """Where the final model was exported, how to use it, and what G_0 and it write."""
+    m = snap.final_model
+    if m is None:
+        return []
+    parts = [
+        "## Final model",
+        "",
+        f"Exported to `{m.folder}/` in this run folder (global model `{m.model_hash[:16]}`; its MODEL.md "
+        f"says where it came from). Here, `gonka-diloco model sample {m.folder} --prompt "
+        f"{json.dumps(m.prompt)}` continues a prompt.",
+        "",
+    ]
+    if m.samples:
+        parts += [f"After {json.dumps(m.prompt)} ({m.settings}):", "", "```"]
+        parts += [f"{name:>5}: {json.dumps(text, ensure_ascii=False)}" for name, text in m.samples.items()]
+        parts += ["```", ""]
+    return parts
 
 
 def write_report(snap: Snapshot, folder: Path) -> Path:

@@ -22,6 +22,15 @@ from rich.console import Console
 from rich.text import Text
 
 from chain.params import BLOCK_SECONDS
+from gonka_diloco.options import (
+    Tolerance,
+    ToleranceCumulative,
+    ToleranceCumulativeUpdate,
+    ToleranceDenominator,
+    ToleranceExpAvg,
+    ToleranceExpAvgSq,
+    ToleranceUpdate,
+)
 
 app = typer.Typer(help="Create training runs.", no_args_is_help=True)
 
@@ -46,6 +55,74 @@ def with_overlap(cfg: Any, overlap: str) -> Any:  # RunConfig -> RunConfig
     except (ValueError, ValidationError):
         choices = ", ".join(o.value for o in Overlap)
         raise RunConfigFileError(f"--overlap {overlap!r}: expected one of {choices}") from None
+
+
+TOLERANCE_FIELDS = (
+    "tolerance",
+    "tolerance_exp_avg",
+    "tolerance_exp_avg_sq",
+    "tolerance_update",
+    "tolerance_denominator",
+    "tolerance_cumulative",
+    "tolerance_cumulative_update",
+)
+"""The run config's tolerance-mode thresholds, each a `run create` flag of its name."""
+CUMULATIVE_FIELDS = ("tolerance_cumulative", "tolerance_cumulative_update")
+MAX_CALIBRATION_BYTES = 1 << 20
+"""`verifier calibrate` writes a few kB; anything larger is not one of its files."""
+
+
+def with_fields(cfg: Any, fields: dict[str, Any], what: str) -> Any:  # RunConfig -> RunConfig
+    """The config with `fields` replaced, validated like the TOML's own (`what` names the source)."""
+    from protocol.config import RunConfig
+
+    try:
+        return RunConfig.model_validate({**cfg.model_dump(), **fields})
+    except ValidationError as e:
+        raise RunConfigFileError(f"{what}: {_errors(e)}") from None
+
+
+def read_calibration(path: Path) -> tuple[dict[str, Any], int | None]:
+    """The thresholds a `verifier calibrate` JSON proposes (its `run_config`), with
+    `replay_mode = "tolerance"`, and the number of opened segments it calibrated the summed-residual
+    thresholds for (`opened`; None if the file does not say)."""
+    try:
+        if path.stat().st_size > MAX_CALIBRATION_BYTES:
+            raise RunConfigFileError(f"{path}: over {MAX_CALIBRATION_BYTES} bytes, not a calibration")
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunConfigFileError(f"calibration not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunConfigFileError(f"cannot read calibration {path}: {e}") from None
+    fields = data.get("run_config") if isinstance(data, dict) else None
+    if not isinstance(fields, dict) or not fields or set(fields) - set(TOLERANCE_FIELDS):
+        raise RunConfigFileError(
+            f"{path}: no `run_config` of tolerance thresholds (`gonka-diloco verifier calibrate` writes one)"
+        )
+    opened = data.get("opened")
+    if opened is not None and (not isinstance(opened, int) or isinstance(opened, bool) or opened < 1):
+        raise RunConfigFileError(f"{path}: opened: expected a positive integer, got {opened!r}")
+    return {**fields, "replay_mode": "tolerance"}, opened
+
+
+def check_calibrated_for(path: Path, fields: dict[str, Any], opened: int | None, s: int) -> None:
+    """The summed-residual thresholds hold for the number of opened segments they were calibrated
+    for: honest residuals do not align, so their sum over m segments shrinks about as 1/√m, and a
+    threshold calibrated for more segments than the run opens rejects honest hosts, one calibrated
+    for fewer lets more steering through."""
+    if not any(fields.get(f) for f in CUMULATIVE_FIELDS):
+        return
+    if opened is None:
+        raise RunConfigFileError(
+            f"{path}: does not say for how many opened segments its summed-residual thresholds "
+            f"hold; calibrate again with `gonka-diloco verifier calibrate --opened {s}`"
+        )
+    if opened != s:
+        raise RunConfigFileError(
+            f"{path}: its summed-residual thresholds were calibrated for {opened} opened segments, "
+            f"the run opens sampled_segments = {s}; calibrate again with "
+            f"`gonka-diloco verifier calibrate --opened {s}`"
+        )
 
 
 PLACEHOLDER_HASH = "0" * 64
@@ -386,9 +463,35 @@ def create(
             help="Outer-loop schedule, overriding the TOML's: none or eager (specs §2.2.1).",
         ),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            help="Tolerance mode with the thresholds a `verifier calibrate` JSON proposes (its "
+            "summed-residual ones only if calibrated for the run's s opened segments).",
+        ),
+    ] = None,
+    tolerance: Tolerance = None,
+    tolerance_exp_avg: ToleranceExpAvg = None,
+    tolerance_exp_avg_sq: ToleranceExpAvgSq = None,
+    tolerance_update: ToleranceUpdate = None,
+    tolerance_denominator: ToleranceDenominator = None,
+    tolerance_cumulative: ToleranceCumulative = None,
+    tolerance_cumulative_update: ToleranceCumulativeUpdate = None,
 ) -> None:
-    """Create a run from a TOML run config with MsgCreateRun, and print its run id."""
+    """Create a run from a TOML run config with MsgCreateRun, and print its run id. The flags override
+    the TOML; each tolerance flag wins over `--calibration`."""
+    flags = {
+        "tolerance": tolerance,
+        "tolerance_exp_avg": tolerance_exp_avg,
+        "tolerance_exp_avg_sq": tolerance_exp_avg_sq,
+        "tolerance_update": tolerance_update,
+        "tolerance_denominator": tolerance_denominator,
+        "tolerance_cumulative": tolerance_cumulative,
+        "tolerance_cumulative_update": tolerance_cumulative_update,
+    }
     try:
+        calibrated, opened = read_calibration(calibration) if calibration is not None else ({}, None)
         if init_from_run is not None:
             if init_checkpoint is not None:
                 _fail("give --init-checkpoint or --init-from-run, not both")
@@ -396,6 +499,12 @@ def create(
         cfg = load_run_config(config, dataset=dataset, init_checkpoint=init_checkpoint)
         if overlap is not None:
             cfg = with_overlap(cfg, overlap)
+        if calibration is not None:
+            check_calibrated_for(calibration, calibrated, opened, cfg.sampled_segments)
+        tolerances = {**calibrated, **{k: v for k, v in flags.items() if v is not None}}
+        if tolerances:
+            source = "the tolerance flags" if calibration is None else str(calibration)
+            cfg = with_fields(cfg, tolerances, source)
         sizing: dict[str, Any] = {}
         if step_seconds is not None and measure:
             _fail("give --step-seconds or --measure, not both")

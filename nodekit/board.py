@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -39,6 +40,8 @@ class Board:
     def __init__(self, **status: Any) -> None:
         self._lock = threading.Lock()
         self.status: dict[str, Any] = dict(status)
+        self.extra: Callable[[], dict[str, Any]] | None = None
+        """Fields computed when `/status` is read (counters kept elsewhere: the node's traffic)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.fetch_resumed = Counter("gonka_fetch_resumed", "transfers resumed mid-chunk (Range)", registry=r)
@@ -57,8 +60,9 @@ class Board:
             self.status[key] = fn(self.status.get(key))
 
     def snapshot(self) -> dict[str, Any]:
+        extra = self.extra() if self.extra is not None else {}
         with self._lock:
-            return json.loads(json.dumps(self.status, default=str))
+            return json.loads(json.dumps({**self.status, **extra}, default=str))
 
     def fetched(self, report: Any) -> dict[str, Any]:
         """Account one `BlobClient.fetch` report; returns the fields of its log line."""

@@ -9,19 +9,40 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from chain.client import ChainClient, ChainTimeout, TxFailed
 from chain.errors import ChainError, ErrDuplicateCommit
 from chain.params import CODESPACE, Outcome, Phase
+from protocol.config import RunConfig
 from protocol.messages import Role
+from protocol.prf import window
 
 __all__ = [
-    "ChainView", "ErrDuplicateCommit", "Outcome", "Phase", "ResultRound", "StartState", "StepInfo", "Stopped",
-    "is_chain_error",
+    "ChainView", "Checks", "ErrDuplicateCommit", "Outcome", "Phase", "ResultRound", "StartState", "StepInfo",
+    "Stopped", "checked_segments", "is_chain_error",
 ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What one verifier checks of a windowed contribution (specs §2.3, §2.5.3)."""
+
+    segments: list[int]
+    """Its slot's window, or, for one without a slot (a dispute panel member), every disputed one."""
+    panel: bool
+    """A dispute panel member, or a slot holder's revote in a dispute: it checks Δ first."""
+
+
+def checked_segments(challenge: Mapping[str, Any], verifier: str, n: int, w: int) -> Checks:
+    """From a windowed contribution's challenge (the `challenges` query's item)."""
+    slot = (challenge.get("slots") or {}).get(verifier)
+    revote = verifier in (challenge.get("revotes_owed") or [])  # a dispute: like the panel
+    mine = slot is not None and not revote
+    starts = [challenge["windows"][slot]] if mine else list(challenge.get("disputed") or [])
+    return Checks(sorted({s for start in starts for s in window(start, n, w)}), panel=not mine)
 
 
 class Stopped(Exception):
@@ -187,6 +208,26 @@ class ChainView:
     def segments(self, host: str, n: int) -> list[int] | None:
         ch = self.q("challenges", step=n)["challenges"]
         return next((list(x["segments"]) for x in ch if x["host"] == host), None)
+
+    def revotes_owed(self, n: int, verifier: str) -> set[str]:
+        """Hosts of step n in whose windowed dispute `verifier` owes its revote (specs §2.5.3)."""
+        ch = self.q("challenges", step=n)["challenges"]
+        return {x["host"] for x in ch if verifier in (x.get("revotes_owed") or [])}
+
+    def windows(self, host: str, n: int) -> list[int]:
+        """Sampling windows: the start segment of each of the host's checker slots (empty without)."""
+        ch = self.q("challenges", step=n)["challenges"]
+        return next((list(x.get("windows") or []) for x in ch if x["host"] == host), [])
+
+    def checks(self, host: str, n: int, verifier: str, cfg: RunConfig) -> Checks | None:
+        """The segments `verifier` replays of `host`'s step-n contribution (sampling windows, specs
+        §2.3, §2.5.3): its slot's window, or as a dispute panel member the disputed windows; None
+        when every checker replays every opened segment (sampling segments)."""
+        ch = self.q("challenges", step=n)["challenges"]
+        item = next((x for x in ch if x["host"] == host), None)
+        if item is None or not item.get("windows"):
+            return None
+        return checked_segments(item, verifier, cfg.n_segments, cfg.window_len)
 
     def reveal(self, host: str, n: int) -> dict[str, Any] | None:
         return next((r for r in self.q("reveals", step=n)["reveals"] if r["host"] == host), None)

@@ -157,9 +157,16 @@ class BlobClient:
         self._on_bytes = on_bytes
         self._count_lock = threading.Lock()
         self.bytes_received = 0
+        self.bytes_by_kind: dict[str, int] = {}
+        """Object bytes received (every holder's, verified or not), by object kind: what the node's
+        traffic table reports (`NodeRuntime.traffic`)."""
         self.resumed = 0
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
         self._http = httpx.Client(timeout=httpx.Timeout(timeout), limits=limits, follow_redirects=False)
+
+    def received_by_kind(self) -> dict[str, int]:
+        with self._count_lock:
+            return dict(self.bytes_by_kind)
 
     def close(self) -> None:
         self._http.close()
@@ -196,6 +203,16 @@ class BlobClient:
         if sink.length != ref.length:
             raise ValueError(f"sink of {sink.length} bytes for an object of {ref.length}")
         report = FetchReport(ref)
+        try:
+            return self._fetch(ref, sink, bases, report, have)
+        finally:
+            with self._count_lock:
+                kind = str(ref.kind)
+                self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + sum(report.bytes_from.values())
+
+    def _fetch(
+        self, ref: ObjectRef, sink: Sink, bases: list[str], report: FetchReport, have: set[int] | None
+    ) -> FetchReport:
         invalid: dict[str, str] = {}
         missing: dict[str, str] = {}
         digests: list[bytes] | None = None

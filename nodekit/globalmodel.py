@@ -264,9 +264,11 @@ class GlobalStore:
     def fetch(self, h: str, client: BlobClient, endpoints: Sequence[str] | None = None) -> GlobalModel:
         """From disk if held, else from peers by its on-chain hash (each chunk verified), kept on
         disk. One call per hash at a time in this process (the check of a held copy included: a
-        thread must not delete a copy another thread is fetching or has just verified)."""
+        thread must not delete a copy another thread is fetching or has just verified); a thread
+        whose holders another thread's failed call did not ask tries them."""
         key = ("global", *flight_key(self.store, Kind.MODEL, h))
-        return FLIGHTS.do(key, lambda: self._fetch(h, client, endpoints))[0]
+        sources = [e.rstrip("/") for e in (endpoints if endpoints is not None else client.endpoints)]
+        return FLIGHTS.do(key, lambda: self._fetch(h, client, endpoints), sources)[0]
 
     def _fetch(self, h: str, client: BlobClient, endpoints: Sequence[str] | None) -> GlobalModel:
         if self.has(h):

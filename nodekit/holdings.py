@@ -1,8 +1,9 @@
 """What a node holds: objects in its content store, fetched at most once at a time, and served.
 
 `fetch_to_store` is the one way an object enters a node's store from the network: single-flight
-per (store root, kind, hash) within the process, into a part file private to that fetch, visible
-only once every chunk is verified. `Holdings` keeps the disk and the served catalog in step: what
+per (store root, kind, hash) within the process (a failed flight is retried by each waiter that
+had a holder it did not ask), into a part file private to that fetch, visible only once every
+chunk is verified. `Holdings` keeps the disk and the served catalog in step: what
 a node stores for others is published as it is stored, dropping it withdraws it, and a copy found
 corrupted on disk is evicted in one place (fetched again when next needed).
 """
@@ -30,8 +31,9 @@ def fetch_to_store(
     client: BlobClient, store: ContentStore, ref: ObjectRef, group: str, endpoints: Sequence[str]
 ) -> FetchReport | None:
     """Fetch `ref` into `group` unless the store has it; returns this call's report, or None when
-    the object was already there or another thread of this process fetched it meanwhile (that
-    thread's error, if it failed, is raised here too)."""
+    the object was already there or another thread of this process fetched it meanwhile. Another
+    thread's failure is raised here only if that thread asked every one of `endpoints`; else this
+    call tries its own (a thread given only a garbage peer must not fail one given an honest one)."""
 
     def fetch() -> FetchReport | None:
         if store.has(ref.kind, ref.hash):
@@ -45,7 +47,8 @@ def fetch_to_store(
         store.commit(ref.kind, ref.hash, group, sink, report.digests)
         return report
 
-    report, shared = FLIGHTS.do(flight_key(store, ref.kind, ref.hash), fetch)
+    sources = [e.rstrip("/") for e in endpoints]
+    report, shared = FLIGHTS.do(flight_key(store, ref.kind, ref.hash), fetch, sources)
     return None if shared else report
 
 

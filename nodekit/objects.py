@@ -18,8 +18,9 @@ from torch import nn
 
 from protocol import chunks
 from protocol.codecs import payload_len
-from protocol.config import RunConfig
-from protocol.inner import STATE_GROUPS
+from protocol.config import Moments, RunConfig
+from protocol.inner import PARAM
+from protocol.moments import optimizer_specs as moment_specs
 from protocol.tensors import StateKind, TensorSpec, canonical_header, canonical_size, domain
 
 HASH_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -78,16 +79,16 @@ class ObjectRef:
         return chunks.chunk_span(index, self.length, self.chunk_bytes)
 
 
-def training_specs(model: nn.Module) -> list[TensorSpec]:
-    """The training state's tensors (replay.step.training_state) as the model implies them."""
-    out: list[TensorSpec] = [("step", torch.float32, ())]
-    for name, p in model.named_parameters():
-        out += [(f"{k}/{name}", p.dtype, tuple(p.shape)) for k in STATE_GROUPS]
-    return sorted(out)
+def training_specs(model: nn.Module, moments: Moments = Moments.FP32) -> list[TensorSpec]:
+    """The training state's tensors (replay.step.training_state) as the model and the run's
+    moment format (`InnerOptim.moments`) imply them."""
+    layout = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    out: list[TensorSpec] = [(f"{PARAM}/{n}", p.dtype, tuple(p.shape)) for n, p in model.named_parameters()]
+    return sorted([*out, *moment_specs(layout, moments)])
 
 
-def optimizer_specs(model: nn.Module) -> list[TensorSpec]:
-    return [s for s in training_specs(model) if not s[0].startswith("param/")]
+def optimizer_specs(model: nn.Module, moments: Moments = Moments.FP32) -> list[TensorSpec]:
+    return [s for s in training_specs(model, moments) if not s[0].startswith(f"{PARAM}/")]
 
 
 def ef_specs(layout: Mapping[str, tuple[int, ...]]) -> list[TensorSpec]:
@@ -118,8 +119,8 @@ class ObjectPolicy:
         return cls(
             chunk_bytes=cfg.state_chunk_bytes,
             specs={
-                Kind.STATE: training_specs(model),
-                Kind.OPTIMIZER: optimizer_specs(model),
+                Kind.STATE: training_specs(model, cfg.inner.moments),
+                Kind.OPTIMIZER: optimizer_specs(model, cfg.inner.moments),
                 Kind.MODEL: model_specs(layout),
                 Kind.ERROR_FEEDBACK: ef_specs(layout),
             },

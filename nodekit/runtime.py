@@ -78,6 +78,23 @@ class NodeRuntime:
             on_bytes=lambda n: self.on_bytes(n), policy=policy,
         )  # fmt: skip
         self.server: ServerThread | None = None
+        self._sent: dict[str, int] = {}
+        self._sent_lock = threading.Lock()
+        self.board.extra = lambda: {"traffic": self.traffic()}
+
+    # ---------------------------------------------------------------- traffic
+
+    def sent(self, kind: str, n: int) -> None:
+        """Object bytes this node's server sent (its `build_app(on_sent=...)`)."""
+        with self._sent_lock:
+            self._sent[kind] = self._sent.get(kind, 0) + n
+
+    def traffic(self) -> dict[str, dict[str, int]]:
+        """Object bytes up (served) and down (fetched) by kind since start: the devnet's bytes table."""
+        with self._sent_lock:
+            up = dict(self._sent)
+        down = self.blobs.received_by_kind()
+        return {"up": dict(sorted(up.items())), "down": dict(sorted(down.items()))}
 
     # ---------------------------------------------------------------- logs and status
 

@@ -144,7 +144,11 @@ class TensorSink:
     """
 
     def __init__(
-        self, specs: Sequence[TensorSpec] | None = None, tensors: Mapping[str, Tensor] | None = None
+        self,
+        specs: Sequence[TensorSpec] | None = None,
+        tensors: Mapping[str, Tensor] | None = None,
+        *,
+        only: Callable[[str], bool] | None = None,
     ):
         if sys.byteorder != "little":  # pragma: no cover
             raise RuntimeError("the canonical form is little-endian")
@@ -153,13 +157,14 @@ class TensorSink:
             self.tensors = dict(tensors)
         elif specs is not None:
             self.specs = sorted(specs, key=lambda s: s[0].encode())
-            self.tensors = {n: torch.empty(shape, dtype=dt) for n, dt, shape in self.specs}
+            wanted = [x for x in self.specs if only is None or only(x[0])]
+            self.tensors = {n: torch.empty(shape, dtype=dt) for n, dt, shape in wanted}
         else:
             raise ValueError("TensorSink needs specs or tensors")
         self.header = canonical_header(self.specs)
         self.length = canonical_size(self.specs)
         offsets = data_offsets(self.specs)
-        self._regions = sorted((a, b, n) for n, (a, b) in offsets.items() if b > a)
+        self._regions = sorted((a, b, n) for n, (a, b) in offsets.items() if b > a and n in self.tensors)
         self._starts = [a for a, _, _ in self._regions]
         self._views = {n: self._bytes_of(self.tensors[n]) for _, _, n in self._regions}
 
@@ -189,15 +194,25 @@ class TensorSink:
                 raise TensorFormatError("the state's header does not match this model's layout")
             view, offset = view[n:], offset + n
         i = max(0, bisect.bisect_right(self._starts, offset) - 1)
-        while len(view):
+        while len(view) and i < len(self._regions):
             a, b, name = self._regions[i]
             if offset >= b:
                 i += 1
+                continue
+            if offset < a:  # bytes of a tensor this sink does not take (`only`)
+                skip = min(a - offset, len(view))
+                view, offset = view[skip:], offset + skip
                 continue
             n = min(b, offset + len(view)) - offset
             self._views[name][offset - a : offset - a + n] = np.frombuffer(view[:n], dtype=np.uint8)
             view, offset = view[n:], offset + n
             i += 1
+
+    def span(self) -> tuple[int, int]:
+        """[a, b): the bytes this sink takes (a part sink: only its tensors', header excluded)."""
+        if not self._regions:
+            return 0, 0
+        return self._regions[0][0], self._regions[-1][1]
 
 
 class FileSink:

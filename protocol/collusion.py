@@ -30,6 +30,12 @@ step, with reward R when the fake passes, host bond B_h, accomplice key bond b:
 (f_h = host_slash_bps, F_h / F_v = fraud_host / fraud_verifier_slash_bps, all / 10^4). The value
 of steering the model is not in E: only P_pass bounds an attacker who does not care about money.
 
+Sampling windows (specs §2.3, §2.5.3) change what a checker sees: a fake Δ still meets every
+check (each checks Δ against θ_H), so the formulas above hold unchanged; a host that fakes
+segments meets only the checkers whose window holds a faked one (`window_odds_keys`), and a
+dispute of those windows is decided among the verifiers that answer it, which leaves out the
+honest slot holders whose (clean) windows nobody disputed.
+
 Pure functions over integers and floats, no chain access: the planner models reuse them.
 """
 
@@ -140,3 +146,99 @@ def every_minority(
         "profit_exact_max_R": exact_profit / reward,
         "max_keys": max_keys,
     }
+
+
+@dataclass(frozen=True)
+class WindowOdds:
+    """One outer step of a windowed host with F faked blocks of B, per outcome (they sum to 1)."""
+
+    passed: float
+    """P(the fake reaches the model): no honest checker saw it, or its coalition won the dispute."""
+    rejected: float
+    """P(a dispute rejects it): the host loses host_slash_bps (no accomplice vote is contradicted)."""
+    unverified: float
+    """P(a dispute ties): excluded from the model, nobody slashed."""
+    honest_slashed: float
+    """E[honest verdicts slashed per outer step]: every honest voter of a dispute the coalition won."""
+
+
+def _hyper(total: int, good: int, draws: int, k: int) -> float:
+    """P(k good in a uniform draws-subset of total with `good` good ones)."""
+    return comb(good, k) * comb(total - good, draws - k) / comb(total, draws)
+
+
+def window_odds_keys(accomplices: int, honest: int, blocks: int, fake: int, d: Defense) -> WindowOdds:
+    """Exact outcome of a host that faked segments in `fake` of the B = `blocks` window blocks,
+    against `accomplices` + `honest` verifier keys of equal stake (what `bench.collusion --windows`
+    runs on the state machine). Honest checkers reject iff their slot's window holds a faked
+    segment; accomplices accept on their slots and, on a dispute panel, whenever that does not lose.
+
+    N = A + H keys; v initial slots, then a' = min(a, N − v) audit slots (audited with probability
+    p when a' > 0), v + a' ≤ B so every slot has its own block. The slot holders are a uniform
+    ordered draw without replacement: h1 honest among the v, h2 among the a' (hypergeometric); the
+    F fake blocks sit at a uniform F-subset of the B positions, so r1, r2 honest initial / audit
+    slots land on one with P(r1, r2) = C(h1, r1)·C(h2, r2)·C(B − h1 − h2, F − r1 − r2) / C(B, F).
+
+    - r1 ≥ 1: a dispute; every key votes (the panel, the rejecters and, by their revotes, the
+      holders of undisputed windows, §2.5.3): honest keys reject, accomplices accept, so the
+      coalition's margin is m = A − H whoever holds which slot;
+    - r1 = 0: accepted unless audited; audited, r2 = 0: accepted; r2 ≥ 1: a dispute, margin m.
+
+    A dispute passes the fake iff m > 0 (a majority coalition: every honest voter is then
+    slashed), ties iff m = 0, else rejects it. So, for every minority,
+
+        P_pass = Σ_{h1} P(h1) · P(r1 = 0 | h1) · [(1 − p) + p·Σ_{h2} P(h2 | h1)·P(r2 = 0 | h1, h2)].
+
+    With many small keys (A, H → ∞ at A/N = σ < ½) this tends to the planner's
+    E[σ^K1·(1 − p + p·σ^K2)] (`gonka_diloco.plan.window_cheat`); drawn without replacement, a
+    finite coalition's odds are below it.
+    """
+    n = accomplices + honest
+    if accomplices < 0 or honest < 0 or n < d.v:
+        raise ValueError(f"need at least v = {d.v} keys, got {accomplices} + {honest}")
+    a = min(d.audit_verifiers, n - d.v)
+    if not 0 <= fake <= blocks or d.v + a > blocks:
+        raise ValueError(f"need 0 ≤ F ≤ B and v + a' ≤ B (distinct windows): F = {fake}, B = {blocks}")
+    p = d.p if a > 0 else 0.0
+    every = comb(blocks, fake)
+    out = {"passed": 0.0, "rejected": 0.0, "unverified": 0.0, "honest_slashed": 0.0}
+
+    def dispute(weight: float, margin: int, honest_voters: int) -> None:
+        if margin > 0:
+            out["passed"] += weight
+            out["honest_slashed"] += weight * honest_voters
+        else:
+            out["unverified" if margin == 0 else "rejected"] += weight
+
+    for h1 in range(max(0, d.v - accomplices), min(d.v, honest) + 1):
+        w1 = _hyper(n, honest, d.v, h1)
+        for r1 in range(1, min(h1, fake) + 1):
+            w = w1 * comb(h1, r1) * comb(blocks - h1, fake - r1) / every
+            dispute(w, accomplices - honest, honest)
+        out["passed"] += w1 * (1 - p) * comb(blocks - h1, fake) / every
+        if p == 0:
+            continue
+        for h2 in range(max(0, a - (accomplices - d.v + h1)), min(a, honest - h1) + 1):
+            w2 = w1 * p * _hyper(n - d.v, honest - h1, a, h2)
+            for r2 in range(min(h2, fake) + 1):
+                w = w2 * comb(h2, r2) * comb(blocks - h1 - h2, fake - r2) / every
+                if r2 == 0:
+                    out["passed"] += w
+                else:
+                    dispute(w, accomplices - honest, honest)
+    return WindowOdds(**out)
+
+
+def window_pass_probability_keys(accomplices: int, honest: int, blocks: int, fake: int, d: Defense) -> float:
+    """P(a windowed fake of F blocks reaches the model), equal-stake keys (`window_odds_keys`)."""
+    return window_odds_keys(accomplices, honest, blocks, fake, d).passed
+
+
+def window_expected_profit_keys(
+    accomplices: int, honest: int, blocks: int, fake: int, d: Defense, reward: int, host_bond: int
+) -> float:
+    """E[reward − slashes] per outer step for the cheater and its accomplices (`window_odds_keys`):
+    the coalition never votes against an outcome it cannot change, so only the host pays, its
+    plain reject slash."""
+    odds = window_odds_keys(accomplices, honest, blocks, fake, d)
+    return odds.passed * reward - odds.rejected * d.host_slash_bps * host_bond / BPS

@@ -15,6 +15,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from protocol.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
+from protocol.inner import Moments as Moments  # re-exported: the run's vocabulary
+
+DEFAULT_WINDOW_SEGMENTS = 3
+"""w: segments per checker window (`RunConfig.window_segments`)."""
 
 Hex32 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 """A SHA-256 digest as 64 lower-case hex characters: the only hash form on the wire."""
@@ -33,6 +37,19 @@ class Codec(StrEnum):
 class ReplayMode(StrEnum):
     BITWISE = "bitwise"
     TOLERANCE = "tolerance"
+
+
+class Sampling(StrEnum):
+    """Which segments a contribution's checkers replay (specs §2.3, §6).
+
+    WINDOWS: each checker slot gets its own window of `window_segments` consecutive segments (an
+    aligned block, distinct blocks per slot, drawn from the challenge seed), so c checkers cover c
+    blocks for about one downloaded state each, and every checker also checks Δ against θ_H.
+    SEGMENTS: every checker opens the same `sampled_segments` segments (the last always), as runs did
+    before windows; kept so both can be measured on the same run (`bench.verification`)."""
+
+    WINDOWS = "windows"
+    SEGMENTS = "segments"
 
 
 class Precision(StrEnum):
@@ -83,7 +100,7 @@ class OuterRule(StrEnum):
 
 EF_DECAY = 0.9
 """The sparse codec's default β (`RunConfig.codec_ef_decay`): measured best at H = 25 and H = 100
-(bench/RESULTS.md §1i, §1j, §1m; 1 before issue 37). Omitted from the dump at it."""
+(bench/RESULTS.md §1j, §1k, §1n; 1 before issue 37). Omitted from the dump at it."""
 
 
 class SparseMean(StrEnum):
@@ -94,7 +111,7 @@ class SparseMean(StrEnum):
     it. HOSTS: the token-weighted mean over every accepted host, a host that did not keep the
     coordinate counting as 0, so a value only some hosts kept is shrunk by their share while each
     of them drops all of it from its error feedback (the rule before issue 37; measured worse,
-    bench/RESULTS.md §1h). Dense codecs send every coordinate from every host: there the two are
+    bench/RESULTS.md §1i). Dense codecs send every coordinate from every host: there the two are
     the same mean."""
 
     HOSTS = "hosts"
@@ -143,6 +160,22 @@ class InnerOptim(Frozen):
     warmup_steps: int = Field(0, ge=0)
     decay_steps: int = Field(0, ge=0, description="0 = constant after warm-up")
     min_lr_fraction: float = Field(0.0, ge=0, le=1)
+    moments: Moments = Field(Moments.FP32, description="how the moments are stored (specs §6.2.1)")
+
+    @field_validator("moments", mode="before")
+    @classmethod
+    def _moments_unset(cls, value: Any) -> Any:
+        """An unset proto3 string reads as "": float32 moments."""
+        return Moments.FP32 if value == "" else value
+
+    @model_serializer(mode="wrap")
+    def _omit_default_moments(self, handler: Any) -> dict[str, Any]:
+        """`moments` is in the dump (config hash, wire bytes, chain state) only when it is not FP32:
+        existing runs keep their hashes bit for bit."""
+        data = handler(self)
+        if self.moments is Moments.FP32:
+            data.pop("moments", None)
+        return data
 
 
 class OuterOptim(Frozen):
@@ -255,7 +288,12 @@ class RunConfig(Frozen):
     # segments in ≥ 99% of outer steps at ≈ 8% of the host's compute per verifier.
     inner_steps: int = Field(500, ge=1, description="H")
     segment_len: int = Field(5, ge=1, description="k")
-    sampled_segments: int = Field(8, ge=1, description="s")
+    sampled_segments: int = Field(8, ge=1, description="s (sampling = segments)")
+    # Windows (issue 34): each of the c = v + a checker slots replays its own block of w segments
+    # from one downloaded state; the default w is the planner's choice at the mission's size
+    # (`gonka-diloco plan`: the least wall time with replay ≤ 25% of the hosts' compute).
+    sampling: Sampling = Field(Sampling.WINDOWS, description="which segments the checkers replay")
+    window_segments: int = Field(DEFAULT_WINDOW_SEGMENTS, ge=1, description="w (sampling = windows)")
     # Defaults from protocol.collusion / bench.collusion: v = 4 and an audit of every accepted
     # contribution by a = 3 more verifiers, drawn after the verdicts, keep a fake out of the model in
     # ≥ 99% of outer steps (≤ 0.5^7 = 0.78%) and make faking lose money for accomplices holding any
@@ -313,6 +351,18 @@ class RunConfig(Frozen):
         """An unset proto3 string reads as "": the default schedule."""
         return Overlap.NONE if value == "" else value
 
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _sampling_unset(cls, value: Any) -> Any:
+        """An unset proto3 string reads as "": the default, windows."""
+        return Sampling.WINDOWS if value == "" else value
+
+    @field_validator("window_segments", mode="before")
+    @classmethod
+    def _window_unset(cls, value: Any) -> Any:
+        """An unset proto3 integer reads as 0 (never a valid w): the default."""
+        return DEFAULT_WINDOW_SEGMENTS if value == 0 else value
+
     @model_serializer(mode="wrap")
     def _omit_default_overlap(self, handler: Any) -> dict[str, Any]:
         """`overlap` appears in the dump (and so in the config hash, the wire bytes and the chain
@@ -320,6 +370,10 @@ class RunConfig(Frozen):
         data = handler(self)
         if self.overlap is Overlap.NONE:
             data.pop("overlap", None)
+        if self.sampling is Sampling.WINDOWS:  # likewise the sampling fields at their defaults
+            data.pop("sampling", None)
+        if self.window_segments == DEFAULT_WINDOW_SEGMENTS:
+            data.pop("window_segments", None)
         for name in ("tolerance_update", "tolerance_denominator", "tolerance_cumulative",
                      "tolerance_cumulative_update"):  # likewise, when unset (0)
             if not getattr(self, name):
@@ -370,6 +424,11 @@ class RunConfig(Frozen):
             raise ValueError(
                 "tolerance mode needs positive tolerance, tolerance_exp_avg and tolerance_exp_avg_sq"
             )
+        if self.replay_mode is ReplayMode.TOLERANCE and self.inner.moments is not Moments.FP32:
+            raise ValueError(
+                f"inner.moments = {self.inner.moments.value!r} needs replay_mode 'bitwise': tolerance "
+                "mode's thresholds are calibrated on float32 moments (specs §6.2.1)"
+            )
         return self
 
     @property
@@ -396,6 +455,21 @@ class RunConfig(Frozen):
     @property
     def n_segments(self) -> int:
         return self.inner_steps // self.segment_len
+
+    @property
+    def windowed(self) -> bool:
+        return self.sampling is Sampling.WINDOWS
+
+    @property
+    def window_len(self) -> int:
+        """w as drawn: `window_segments`, at most H/k (one window then covers the trajectory)."""
+        return min(self.window_segments, self.n_segments)
+
+    @property
+    def checker_slots(self) -> int:
+        """Window slots drawn per contribution at the challenge: v initial (escalations reuse
+        them), then a for the audit (its verifiers are drawn later, from the audit seed)."""
+        return self.verifiers_per_contribution + self.audit_verifiers
 
     @property
     def tokens_per_outer_step(self) -> int:

@@ -7,6 +7,22 @@ read these names and sizes from here; the hyperparameters are `protocol.config.I
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class Moments(StrEnum):
+    """How AdamW's two moments are stored between inner steps (`InnerOptim.moments`, specs §6.2.1,
+    `protocol.moments`).
+
+    FP32: as torch keeps them (8 B/param). INT8: block-wise 8-bit codes with a float32 absmax scale
+    per block of `MOMENT_BLOCK` elements, re-quantized after every step by element-wise, exactly
+    specified float32 operations (2.03 B/param): the training state a checker downloads is about
+    half the size, and replays stay bitwise."""
+
+    FP32 = "fp32"
+    INT8 = "int8"
+
+
 PARAM = "param"
 """The group of a training state that holds the parameters (`param/<name>`)."""
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -18,8 +34,25 @@ counter (torch keeps one per parameter; they are always equal)."""
 
 FP32_BYTES = 4
 OPTIMIZER_BYTES_PER_PARAM = FP32_BYTES * len(MOMENTS)
-"""An optimizer state's bytes per parameter (the carried state a host commits: 8)."""
+"""An optimizer state's bytes per parameter with float32 moments (the carried state a host
+commits: 8); `optimizer_bytes_per_param` for any `InnerOptim.moments`."""
 STATE_BYTES_PER_PARAM = FP32_BYTES * len(STATE_GROUPS)
-"""A training state's bytes per parameter (a boundary leaf, an opened state: 12)."""
+"""A training state's bytes per parameter with float32 moments (a boundary leaf, an opened state:
+12); `state_bytes_per_param` for any `InnerOptim.moments`."""
 GRAD_BYTES_PER_PARAM = FP32_BYTES
 """The gradient an inner step holds beside the state."""
+MOMENT_BLOCK = 256
+"""Elements per scale block of int8 moments (`protocol.moments.BLOCK`; here without torch)."""
+
+
+def optimizer_bytes_per_param(moments: Moments = Moments.FP32) -> float:
+    """Bytes per parameter of an optimizer state (both moments): 8 (fp32); with int8 moments one
+    code each and a float32 scale per block of 256 each: 2 + 8/256 = 2.03125."""
+    if Moments(moments) is Moments.FP32:
+        return float(OPTIMIZER_BYTES_PER_PARAM)
+    return len(MOMENTS) * (1 + FP32_BYTES / MOMENT_BLOCK)
+
+
+def state_bytes_per_param(moments: Moments = Moments.FP32) -> float:
+    """Bytes per parameter of a training state: float32 parameters + the moments (12 or 6.03125)."""
+    return FP32_BYTES + optimizer_bytes_per_param(moments)

@@ -108,6 +108,42 @@ def sample_segments(block_hash_hex: str, host: str, n_segments: int, s: int) -> 
     return sorted([*others[: s - 1], n_segments - 1])
 
 
+def window_blocks(n_segments: int, w: int) -> int:
+    """B = ⌈n / w⌉: the aligned blocks a trajectory of n segments splits into (the last may be short)."""
+    if n_segments < 1 or w < 1:
+        raise PrfError(f"need n_segments >= 1 and w >= 1, got n_segments={n_segments}, w={w}")
+    return -(-n_segments // w)
+
+
+def window(start: int, n_segments: int, w: int) -> list[int]:
+    """The segments of the window (block) that starts at segment `start`."""
+    return list(range(start, min(n_segments, start + w)))
+
+
+def draw_windows(block_hash_hex: str, host: str, n_segments: int, w: int, slots: int) -> list[int]:
+    """The start segment of each checker slot's window: the B aligned blocks of w segments in
+    sha256-keyed order, slot j taking block j (cycling once every block is taken).
+
+    Distinct slots get distinct blocks while there are blocks left, so c checkers cover c blocks;
+    every block is equally likely, so no segment is safer to fake than another.
+    """
+    seed = _block_seed(block_hash_hex)
+    blocks = window_blocks(n_segments, w)
+    if slots < 0:
+        raise PrfError(f"need slots >= 0, got {slots}")
+    order = sorted(range(blocks), key=lambda b: prf_bytes(seed, "window", host, b))
+    return [order[j % blocks] * w for j in range(slots)]
+
+
+def windows_opened(starts: Iterable[int], n_segments: int, w: int) -> list[int]:
+    """The segments a windowed contribution opens: every slot's window, and the last segment
+    (its end leaf is θ_H, which every checker checks Δ against), sorted."""
+    opened = {n_segments - 1}
+    for start in starts:
+        opened.update(window(start, n_segments, w))
+    return sorted(opened)
+
+
 def seed_from_blocks(block_hashes: Sequence[str]) -> str:
     """The seed of a challenge or audit draw: SHA-256 over several consecutive block hashes.
 

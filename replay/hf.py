@@ -124,21 +124,31 @@ def _check(config: Mapping[str, Any]) -> None:
         )
 
 
-def build(arch: str, **config: Any) -> CausalLM:
-    """The model for a complete, version-checked config, initialised from `seed` alone."""
+def hf_config(arch: str, **config: Any) -> Any:
+    """The `transformers` config (e.g. `LlamaConfig`) of a complete, version-checked config: what
+    `build` instantiates, and what an exported model's config.json holds."""
     full = {**DEFAULTS, **config}
     _check(full)
     _offline()
     import transformers
 
-    cfg_cls, model_cls = (getattr(transformers, n) for n in ARCHS[arch])
-    hf_cfg = cfg_cls(
+    hf_cfg = getattr(transformers, ARCHS[arch][0])(
         **{k: full[k] for k in ARCH_KEYS}, rms_norm_eps=float(full["rms_norm_eps"]),
         initializer_range=float(full["initializer_range"]),
         tie_word_embeddings=bool(full["tie_word_embeddings"]), use_cache=False,
         rope_parameters={"rope_type": "default", "rope_theta": float(full["rope_theta"])},
     )  # fmt: skip
     hf_cfg._attn_implementation = str(full["attn_implementation"])
+    return hf_cfg
+
+
+def build(arch: str, **config: Any) -> CausalLM:
+    """The model for a complete, version-checked config, initialised from `seed` alone."""
+    full = {**DEFAULTS, **config}
+    hf_cfg = hf_config(arch, **config)
+    import transformers
+
+    model_cls = getattr(transformers, ARCHS[arch][1])
     with torch.random.fork_rng(devices=[]), _no_init():  # HF's own init is replaced below anyway
         torch.manual_seed(0)
         model = CausalLM(model_cls(hf_cfg).float())

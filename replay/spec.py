@@ -9,6 +9,8 @@ the right loss.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from nodekit.node import NodeError
-from protocol.config import ModelSpec, RunConfig
+from protocol.config import ModelSpec, ReplayMode, RunConfig
 from protocol.inner import FP32_BYTES, GRAD_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM
 from protocol.modelsize import ModelSize, ModelSizeError, factory_config, model_size
 from replay import hf
@@ -93,6 +95,20 @@ states come on top (bench.scale measures peaks of 1.84x / 2.00x the 12 B/param t
 host / verifier), so a node that passes may still need more, while one that fails cannot run."""
 
 
+CUMULATIVE_BYTES_PER_PARAM = 2 * FP32_BYTES
+"""A tolerance-mode verification that sums its opened segments' residuals (specs §6.4,
+`verifier.tolerance.Cumulative`) keeps two float32 vectors of the parameters' size for the whole
+verification, per replay worker, in host memory whatever the replay device."""
+
+
+def sums_residuals(cfg: RunConfig) -> bool:
+    """Whether a verification of this run keeps the summed-residual accumulators: tolerance mode
+    with a summed-residual threshold set (unset, the checks and their 8 B/param are skipped)."""
+    return cfg.replay_mode is ReplayMode.TOLERANCE and any(
+        math.isfinite(t) for t in cfg.cumulative_tolerances.values()
+    )
+
+
 class ModelTooLarge(NodeError):
     """This machine cannot hold the run's model; nothing was allocated."""
 
@@ -159,6 +175,14 @@ def _cgroup_room() -> int | None:
 def meta_param_count(spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST) -> int:
     """The model built on torch's meta device (shapes only, nothing allocated): the numel of
     `named_parameters()`, shared tensors once, exactly what a training state holds."""
+    return sum(torch.Size(shape).numel() for shape in meta_layout(spec, allow_list).values())
+
+
+def meta_layout(
+    spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST
+) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of the model built on the meta device: the layout of a run's global
+    model, known before a byte of it is allocated or fetched (whatever the model's size)."""
     factory = allow_list.get(spec.factory)
     if factory is None:
         raise ModelNotAllowed(f"model factory {spec.factory!r} is not on this node's allow-list")
@@ -170,7 +194,7 @@ def meta_param_count(spec: ModelSpec, allow_list: Mapping[str, Factory] = DEFAUL
     module = made[0] if isinstance(made, tuple) else made
     if not isinstance(module, nn.Module):
         raise BadModelSpec(f"{spec.factory} must return an nn.Module or (nn.Module, loss_fn)")
-    return sum(p.numel() for _, p in module.named_parameters())
+    return {n: tuple(p.shape) for n, p in module.named_parameters()}
 
 
 def check_fits(
@@ -188,7 +212,9 @@ def check_fits(
     checked against memory, and then against a build on the meta device: they must agree. Needed:
     `BYTES_PER_PARAM[holder]` per parameter per model (`workers` replay models for a verifier) plus
     the activation floor, on `device`; off CPU each model is first built in host memory (4 B/param).
-    `available` overrides the memory probe (tests). Given a bare `ModelSpec`, no activations count.
+    A verifier of a run that sums residuals (`sums_residuals`) also holds its accumulators
+    (`CUMULATIVE_BYTES_PER_PARAM` per worker) in host memory. `available` overrides the memory
+    probe (tests). Given a bare `ModelSpec`, no activations and no accumulators count.
     """
     spec = cfg.model if isinstance(cfg, RunConfig) else cfg
     try:
@@ -200,10 +226,18 @@ def check_fits(
     dev = torch.device(device)
     models = max(1, workers) if holder is Holder.VERIFIER else 1
     floor = activation_floor(cfg, size) if isinstance(cfg, RunConfig) and holder is not Holder.BUILD else 0
-    per = f"{models} x ({BYTES_PER_PARAM[holder]} B/param + {floor / 2**30:,.1f} GiB activations)"
-    _require(models * (BYTES_PER_PARAM[holder] * size.params + floor), dev, size, holder, per, available)
-    if dev.type != "cpu":  # each model is built in host memory first, then moved
-        _require(4 * size.params, torch.device("cpu"), size, holder, "4 B/param to build it", available)
+    cpu = dev.type == "cpu"
+    summed = holder is Holder.VERIFIER and isinstance(cfg, RunConfig) and sums_residuals(cfg)
+    acc = CUMULATIVE_BYTES_PER_PARAM if summed else 0  # in host memory, on the device or not
+    sums = f" + {acc} B/param summed residuals" if acc else ""
+    held = BYTES_PER_PARAM[holder] + (acc if cpu else 0)
+    gib = f"{floor / 2**30:,.1f} GiB activations"
+    per = f"{models} x ({BYTES_PER_PARAM[holder]} B/param{sums if cpu else ''} + {gib})"
+    _require(models * (held * size.params + floor), dev, size, holder, per, available)
+    if not cpu:  # each model is built in host memory first, then moved; the sums stay there
+        host = (FP32_BYTES + models * acc) * size.params
+        why = f"{FP32_BYTES} B/param to build it" + (f", {models} x ({sums[3:]})" if acc else "")
+        _require(host, torch.device("cpu"), size, holder, why, available)
     try:
         counted = meta_param_count(spec, allow_list)
     except (BadModelSpec, ModelNotAllowed) as e:
@@ -224,3 +258,86 @@ def _require(
             f"{needed / 2**30:,.1f} GiB on {device} ({why}); this machine has "
             f"{room / 2**30:,.1f} GiB available"
         )
+
+
+# ---- a model `gonka-diloco model export` wrote, loaded back (the built-in GPT has no other loader)
+
+EXPORT_FORMAT = "gonka-diloco/model/v1"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+EXPORT_KEY = "gonka_diloco"
+"""config.json's section that says what the folder is: the format, the run's `ModelSpec`, provenance."""
+MAX_EXPORT_CONFIG_BYTES = 1 << 20
+
+
+class ExportedModelError(ValueError):
+    """An exported model folder that cannot be loaded; the message names the file and why."""
+
+
+def export_name(factory: str, name: str) -> str:
+    """The name a parameter has in an exported model.safetensors: a `transformers` model's own
+    (`model.layers.0…`, so `from_pretrained` loads it), else the project's."""
+    return name.removeprefix("lm.") if factory in hf.FACTORIES else name
+
+
+def exported_section(folder: Path | str) -> dict[str, object]:
+    """config.json's `gonka_diloco` section, checked to be one this version reads."""
+    path = Path(folder) / CONFIG_FILE
+    if not Path(folder).is_dir():
+        raise ExportedModelError(f"{folder}: no such model folder")
+    try:
+        if path.stat().st_size > MAX_EXPORT_CONFIG_BYTES:
+            raise ExportedModelError(f"{path} is larger than {MAX_EXPORT_CONFIG_BYTES} bytes")
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        what = "is it a `gonka-diloco model export` folder?"
+        raise ExportedModelError(f"{folder}: no {CONFIG_FILE} ({what})") from None
+    except (OSError, ValueError) as e:
+        raise ExportedModelError(f"{path}: not readable JSON ({e})") from None
+    section = data.get(EXPORT_KEY) if isinstance(data, dict) else None
+    if not isinstance(section, dict) or section.get("format") != EXPORT_FORMAT:
+        raise ExportedModelError(f"{path}: no {EXPORT_KEY} section of format {EXPORT_FORMAT} (not an export)")
+    return section
+
+
+def load_exported(folder: Path | str, allow_list: Mapping[str, Factory] = DEFAULT_ALLOW_LIST) -> nn.Module:
+    """The model of an exported folder in eval mode: built from its `ModelSpec` by a factory on
+    `allow_list` (a folder never makes us import code), then filled tensor by tensor from
+    model.safetensors (float32 whatever the file's dtype; names and shapes checked; no second copy
+    of the model; never unpickled). Its forward is the training forward: `model(idx) -> logits`."""
+    from safetensors import SafetensorError, safe_open
+
+    section = exported_section(folder)
+    config = Path(folder) / CONFIG_FILE
+    try:
+        spec = ModelSpec.model_validate(section.get("model_spec"))
+    except ValueError as e:
+        raise ExportedModelError(f"{config}: {EXPORT_KEY}.model_spec is not a model spec ({e})") from None
+    try:
+        model = build_model(spec, allow_list)
+    except (ModelNotAllowed, BadModelSpec) as e:
+        raise ExportedModelError(f"{config}: {e}") from None
+    params = {export_name(spec.factory, n): p for n, p in model.named_parameters()}
+    weights = Path(folder) / WEIGHTS_FILE
+    try:
+        with safe_open(str(weights), framework="pt") as f, torch.no_grad():
+            keys = set(f.keys())
+            if keys != set(params):
+                odd = sorted(keys ^ set(params))
+                raise ExportedModelError(
+                    f"{weights}: its tensors are not the model's ({len(odd)} differ, e.g. {odd[:3]})"
+                )
+            for name in sorted(params):
+                t = f.get_tensor(name)
+                if tuple(t.shape) != tuple(params[name].shape) or not t.is_floating_point():
+                    raise ExportedModelError(
+                        f"{weights}: {name} is {t.dtype}{list(t.shape)}, the model needs "
+                        f"float{list(params[name].shape)}"
+                    )
+                params[name].copy_(t)
+                del t
+    except FileNotFoundError:
+        raise ExportedModelError(f"{folder}: no {WEIGHTS_FILE}") from None
+    except (SafetensorError, OSError) as e:
+        raise ExportedModelError(f"{weights}: not a readable safetensors file ({e})") from None
+    return model.eval()

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from protocol import moments as qm
 from protocol.chunks import DEFAULT_CHUNK_BYTES
-from protocol.inner import MOMENTS, STATE_GROUPS
+from protocol.inner import MOMENTS, PARAM, Moments
 from protocol.tensors import StateKind, tensor_hash
 from replay.device import DeviceError as DeviceError  # re-exported
 from replay.device import configure_determinism as configure_determinism  # re-exported
@@ -63,6 +64,48 @@ def env_fingerprint(
     return EnvFingerprint(**facts, micro_batches=micro_batches)
 
 
+class Int8AdamW(torch.optim.AdamW):
+    """AdamW whose moments live between steps as block-wise 8-bit codes (`protocol.moments`,
+    `InnerOptim.moments = int8`). The codes and scales in `state[p]` are the state (what is
+    hashed, stored, served and loaded, in place too); `exp_avg`/`exp_avg_sq` are torch's float32
+    working copies, decoded from the codes before every step and encoded into them after it, so
+    a state written into the codes from outside (a verifier's in-place fetch) is what the next
+    step uses."""
+
+    moments = Moments.INT8
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        stepped = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        for p in stepped:
+            st = self.state[p]
+            for m in MOMENTS:
+                code, scale = qm.INT8_GROUPS[m]
+                qm.dequantize(st[code], st[scale], out=st[m])
+        loss = super().step(closure)
+        for p in stepped:  # as torch: a parameter without a gradient keeps its state
+            st = self.state[p]
+            got = qm.quantize_pair(st[qm.M_NAME], st[qm.V_NAME])
+            names = [n for m in MOMENTS for n in qm.INT8_GROUPS[m]]
+            for name, t in zip(names, got, strict=True):
+                st[name].copy_(t)  # in place: a training state's views see it
+        return loss
+
+
+def moments_of(opt: torch.optim.Optimizer) -> Moments:
+    """The moment format an optimizer keeps (`make_optimizer` chose it from `InnerOptim.moments`)."""
+    return Moments(getattr(opt, "moments", Moments.FP32))
+
+
+def _int8_entries(p: Tensor) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    for m in MOMENTS:
+        code, scale = qm.INT8_GROUPS[m]
+        out[code] = torch.zeros(p.shape, dtype=qm.CODE_DTYPES[m], device=p.device)
+        out[scale] = torch.zeros(qm.n_blocks(p.numel()), dtype=torch.float32, device=p.device)
+    return out
+
+
 def make_optimizer(model: nn.Module | Iterable[nn.Parameter], inner: InnerOptim) -> torch.optim.AdamW:
     """AdamW (decay on matrices only, as nanoGPT) with its state created up front as zeros.
 
@@ -75,13 +118,16 @@ def make_optimizer(model: nn.Module | Iterable[nn.Parameter], inner: InnerOptim)
     (`tests/test_step_replay.py::test_foreach_and_per_tensor_adamw_agree`), but its temporaries
     (√v̂ + ε) are one tensor's, not the whole model's: 4 B/param less at every step's peak. On an
     accelerator the multi-tensor kernels stay (launch count; a replay class pins the device kind).
+    With `inner.moments = int8` it is an `Int8AdamW`: the same update, with the moments kept as
+    8-bit codes between steps.
     """
     params = list(model.parameters()) if isinstance(model, nn.Module) else list(model)
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": inner.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    opt = torch.optim.AdamW(
+    cls = Int8AdamW if Moments(inner.moments) is Moments.INT8 else torch.optim.AdamW
+    opt = cls(
         [g for g in groups if g["params"]],
         lr=inner.lr,
         betas=(inner.beta1, inner.beta2),
@@ -94,11 +140,15 @@ def make_optimizer(model: nn.Module | Iterable[nn.Parameter], inner: InnerOptim)
             "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
             "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
         }
+        if cls is Int8AdamW:
+            opt.state[p].update(_int8_entries(p))
     return opt
 
 
 def training_state(model: nn.Module, opt: torch.optim.Optimizer, *, copy: bool = False) -> State:
-    """The flat state of DEVELOPERS.md: `param/<n>`, `exp_avg/<n>`, `exp_avg_sq/<n>`, `step`.
+    """The flat state of DEVELOPERS.md: `param/<n>`, `exp_avg/<n>`, `exp_avg_sq/<n>`, `step`; with
+    int8 moments `exp_avg_code/<n>`, `exp_avg_scale/<n>`, `exp_avg_sq_code/<n>`,
+    `exp_avg_sq_scale/<n>` in place of the moments (specs §6.2.1).
 
     Without `copy` the tensors alias the live ones (on the model's device): hash them before the
     next step. With `copy`, a host (CPU) copy, made now: what is hashed and stored. The hot path
@@ -106,11 +156,12 @@ def training_state(model: nn.Module, opt: torch.optim.Optimizer, *, copy: bool =
     """
     out: State = {}
     step: Tensor | None = None
+    fmt = moments_of(opt)
     for name, p in model.named_parameters():
         st = opt.state[p]
-        out[f"param/{name}"] = p.detach()
-        for m in MOMENTS:
-            out[f"{m}/{name}"] = st[m]
+        out[f"{PARAM}/{name}"] = p.detach()
+        for key in qm.optimizer_names(fmt, name):
+            out[key] = st[key.split("/", 1)[0]]
         step = st["step"] if step is None else step
     if step is None:
         raise StateError("model has no parameters")
@@ -120,7 +171,7 @@ def training_state(model: nn.Module, opt: torch.optim.Optimizer, *, copy: bool =
 
 def optimizer_state(state: Mapping[str, Tensor]) -> State:
     """The part of a training state a host carries to its next outer step (moments + step)."""
-    return {k: v for k, v in state.items() if not k.startswith("param/")}
+    return {k: v for k, v in state.items() if not k.startswith(f"{PARAM}/")}
 
 
 def training_hash(state: Mapping[str, Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> str:
@@ -134,27 +185,37 @@ def optimizer_hash(state: Mapping[str, Tensor], chunk_bytes: int = DEFAULT_CHUNK
 
 def load_training_state(model: nn.Module, opt: torch.optim.Optimizer, state: Mapping[str, Tensor]) -> None:
     """Copy a (verified) state into a model and its optimizer, refusing anything that does not fit."""
-    names = [n for n, _ in model.named_parameters()]
-    expected = {"step"} | {f"{k}/{n}" for n in names for k in STATE_GROUPS}
-    if set(state) != expected:
-        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+    fmt = moments_of(opt)
+    layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    specs = {n: (d, s) for n, d, s in qm.optimizer_specs(layout, fmt)}
+    specs.update({f"{PARAM}/{n}": (p.dtype, tuple(p.shape)) for n, p in model.named_parameters()})
+    if set(state) != set(specs):
+        missing, extra = sorted(set(specs) - set(state)), sorted(set(state) - set(specs))
         raise StateError(f"state names do not match the model: missing {missing[:3]}, extra {extra[:3]}")
     step = state["step"]
     if step.dim() != 0 or step.dtype != torch.float32 or not bool(torch.isfinite(step)) or float(step) < 0:
         raise StateError("state 'step' must be a finite non-negative float32 scalar")
-    for name, p in model.named_parameters():
-        for k in STATE_GROUPS:
-            t = state[f"{k}/{name}"]
-            if t.shape != p.shape or t.dtype != p.dtype:
-                raise StateError(f"{k}/{name}: {t.dtype}{list(t.shape)} != {p.dtype}{list(p.shape)}")
+    for key, (dtype, shape) in specs.items():
+        t = state[key]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise StateError(f"{key}: {t.dtype}{list(t.shape)} != {dtype}{list(shape)}")
+    if fmt is Moments.INT8:
+        for name in layout:
+            try:
+                qm.dequantized(state, name)
+            except qm.MomentCodeError as e:
+                raise StateError(f"{name}: {e}") from e
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(state[f"param/{name}"])
-            opt.state[p] = {
+            p.copy_(state[f"{PARAM}/{name}"])
+            entries = {
                 "step": step.detach().to("cpu", copy=True),  # AdamW (not capturable) keeps it on the CPU
-                "exp_avg": state[f"exp_avg/{name}"].detach().to(p.device, copy=True),
-                "exp_avg_sq": state[f"exp_avg_sq/{name}"].detach().to(p.device, copy=True),
-            }
+                **{k.split("/", 1)[0]: state[k].detach().to(p.device, copy=True)
+                   for k in qm.optimizer_names(fmt, name)},
+            }  # fmt: skip
+            if fmt is Moments.INT8:  # torch's working copies, decoded again before every step
+                entries.update({m: torch.zeros_like(p) for m in MOMENTS})
+            opt.state[p] = entries
 
 
 def lr_at(inner: InnerOptim, step: int) -> float:

@@ -40,6 +40,7 @@ from protocol.messages import (
 from protocol.outer import eager_scale, eager_start, global_model_hash, outer_update
 from protocol.tensors import StateKind, canonical_bytes, domain, tensor_hash
 from protocol.wire import _MODEL_OF, to_any
+from specs.state_vectors import moments_vectors, statecode_vectors
 from specs.strict_vectors import modelsize_vectors, strict_vectors
 from specs.tolerance_vectors import tolerance_vectors
 
@@ -250,6 +251,14 @@ def prf_vectors() -> dict[str, Any]:
                 "output": prf.sample_segments(BLOCK, HOST, n, s),
             }
             for n, s in [(1, 1), (10, 1), (10, 3), (10, 10), (50, 4)]
+        ],
+        "draw_windows": [  # sampling windows: each checker slot's window start (specs §5)
+            {
+                "input": {"block_hash": BLOCK, "host": HOST, "n_segments": n, "w": w, "slots": c},
+                "output": {"windows": prf.draw_windows(BLOCK, HOST, n, w, c),
+                           "opened": prf.windows_opened(prf.draw_windows(BLOCK, HOST, n, w, c), n, w)},
+            }
+            for n, w, c in [(1, 1, 1), (6, 2, 5), (10, 3, 2), (10, 4, 7), (100, 3, 7), (100, 100, 3)]
         ],
         "prf_int_wide": [  # bounds above 2^64 (sums of stakes) read two or more words per sample
             {"input": {"seed": 5, "parts": ["w", i], "bound": b}, "output": prf.prf_int(5, "w", i, bound=b)}
@@ -831,6 +840,41 @@ def chain_vectors() -> list[dict[str, Any]]:
     sc.add(sc.finalized_at() + 1, *[_vote(h, "g1") for h in HOST_ADDRESSES[:2]])  # 2 of 3: adopted
     out.append({"label": "late_reveal_in_grace", "blocks": sc.blocks})
 
+    # 10. sampling windows (§2.3, §2.5.3): H/k = 6 segments in 3 blocks of w = 2, v = 2 checkers on
+    # two distinct blocks. Host 0 faked a segment in its first checker's window: that checker
+    # rejects, the other accepts its own clean window; the dispute panel and that other checker (its
+    # revote) replay the disputed window and reject. The honest accept of the undisputed window is
+    # not slashed, and it is no fraud.
+    # Host 1 is honest and its first checker lies: the panel replays its window, accepts, and the
+    # liar is slashed. Host 2 is accepted by both of its checkers.
+    sc = _Scenario(_vector_config(inner_steps=12, window_segments=2, verifiers_per_contribution=2))
+    sc.commit_and_reveal()
+    step = sc.step()
+    state = sc.peek(step["challenge_height"])
+    cheat, victim = HOST_ADDRESSES[0], HOST_ADDRESSES[1]
+    chs = {c["host"]: c for c in queries.challenges(state, 1)["challenges"]}
+    assert len({chs[cheat]["windows"][i] for i in range(2)}) == 2  # two distinct blocks
+    slot0 = {h: next(v for v, i in c["slots"].items() if i == 0) for h, c in chs.items()}
+    msgs = []
+    for host, c in chs.items():
+        for v in c["slots"]:
+            reason = Reason.REPLAY_MISMATCH if host in (cheat, victim) and v == slot0[host] else Reason.ACCEPT
+            msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
+                                         evidence_hash=hashlib.sha256(f"{v} {host}".encode()).hexdigest()))
+    sc.add(step["challenge_height"] + 1, *msgs)
+    panel_height = step["verify_deadline"] + 1
+    state = sc.peek(panel_height)
+    msgs = []  # the panel, and the holders of the clean windows (their revotes), replay the disputed ones
+    for v in VERIFIER_ADDRESSES:
+        for host in queries.assignments(state, 1, v)["hosts"]:
+            reason = Reason.REPLAY_MISMATCH if host == cheat else Reason.ACCEPT
+            ev = hashlib.sha256(f"panel {v} {host}".encode()).hexdigest()
+            msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
+                                         evidence_hash=ev))
+    sc.add(panel_height, *msgs)
+    sc.add(sc.finalized_at() + 1, *[_vote(h, "g1 of hosts 1 and 2") for h in HOST_ADDRESSES[1:]])
+    out.append({"label": "windows_dispute", "blocks": sc.blocks})
+
     for v in out:
         v["genesis"] = vector_genesis().model_dump(mode="json")
         v["output"] = scenario_summary(replay_blocks(v["blocks"]))
@@ -850,6 +894,8 @@ BUILDERS = {
     "tolerance": tolerance_vectors,  # specs/tolerance_vectors.py (§6.3)
     "modelsize": modelsize_vectors,  # specs/strict_vectors.py (§2.4.1)
     "strict": strict_vectors,  # specs/strict_vectors.py (§1)
+    "moments": moments_vectors,  # specs/state_vectors.py (§6.2.1)
+    "statecode": statecode_vectors,  # specs/state_vectors.py (§8.2)
 }
 
 

@@ -21,6 +21,7 @@ from gonka_diloco.adversaries.hosts import MALFORMED_KINDS, LazyHost, malformed_
 from gonka_diloco.adversaries.lab import Lab, synthetic_corpus, tiny_config
 from nodekit.globalmodel import GlobalModel
 from protocol import codecs
+from protocol.config import Sampling
 from protocol.messages import Reason
 from replay.step import configure_determinism
 from verifier.job import Job, Judgement
@@ -65,12 +66,24 @@ def test_bad_names_and_parameters_are_named_errors() -> None:
         resolve_verifier("collude", {"partner": f"{A}+host-3"})
 
 
-def test_lazy_host_fakes_the_requested_share_never_the_last_segment() -> None:
-    cfg = tiny_config(inner_steps=40, segment_len=2)  # 20 segments
+def test_lazy_host_fakes_the_requested_share_never_the_last_segment_under_segment_sampling() -> None:
+    cfg = tiny_config(inner_steps=40, segment_len=2, sampling=Sampling.SEGMENTS)  # 20 segments
     for f, m in ((0.0, 0), (0.5, 10), (1.0, 19)):
         faked = LazyHost(fraction=f).faked(cfg, A, 3)
         assert len(faked) == m and cfg.n_segments - 1 not in faked
     assert LazyHost(0.5, seed=1).faked(cfg, A, 3) == LazyHost(0.5, seed=1).faked(cfg, A, 3)
+    assert LazyHost(0.5, seed=1).faked(cfg, A, 3) != LazyHost(0.5, seed=1).faked(cfg, A, 4)
+
+
+def test_lazy_host_packs_its_fakes_into_whole_blocks_under_windows() -> None:
+    """Every block is equally likely to be a checker's window: the fewest blocks touched is the
+    least likely caught, so whole blocks first (the last one is not special any more)."""
+    cfg = tiny_config(inner_steps=40, segment_len=2, window_segments=3)  # 20 segments, blocks of 3
+    for f, m, blocks in ((0.0, 0, 0), (0.5, 10, 4), (1.0, 20, 7)):
+        faked = LazyHost(fraction=f).faked(cfg, A, 3)
+        assert len(faked) == m and len({s // 3 for s in faked}) == blocks
+    one = LazyHost(count=1).faked(cfg, A, 3)
+    assert len(one) == 1
     assert LazyHost(0.5, seed=1).faked(cfg, A, 3) != LazyHost(0.5, seed=1).faked(cfg, A, 4)
 
 

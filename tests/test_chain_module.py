@@ -16,7 +16,7 @@ from chain.module import TxContext, process_msg
 from chain.params import MODULE_ACCOUNT, REWARD_POOL_ACCOUNT, ModuleParams, Outcome, Phase, Review
 from chain.state import total_supply
 from protocol import prf
-from protocol.config import Codec, RunConfig
+from protocol.config import Codec, RunConfig, Sampling
 from protocol.messages import (
     Coin,
     EnvFingerprint,
@@ -287,7 +287,7 @@ def test_commit_on_a_finished_run_fails() -> None:
 
 
 def test_challenge_seed_hashes_the_three_blocks_up_to_the_one_after_the_deadline() -> None:
-    sim = started()
+    sim = started(make_config(sampling=Sampling.SEGMENTS))  # windows: tests/test_chain_windows.py
     sim.ok(commit_msg(HOSTS[0]))
     sim.until(sim.step()["commit_deadline"] + 1)
     sim.block()  # commit_deadline + 1: the first block no committer could see
@@ -337,7 +337,7 @@ def test_full_outer_step_accepts_pays_at_adoption_and_opens_the_next_step() -> N
 
 
 def test_reveal_errors() -> None:
-    sim = started()
+    sim = started(make_config(sampling=Sampling.SEGMENTS))
     sim.ok(commit_msg(HOSTS[0]))
     sim.fails(reveal_msg(sim, HOSTS[0], segments=[1]), errors.ErrNotRevealPhase)
     sim.until(sim.step()["challenge_height"])

@@ -170,7 +170,7 @@ NODE_MAPS = {
     "app": {"accounts": "account", "runs": "run"},
     "run": {"participants": "participant", "steps": "outer-step"},
     "outer-step": {"contributions": "contribution"},
-    "contribution": {"verdicts": "verdict"},
+    "contribution": {"verdicts": "verdict", "revotes": "verdict"},
 }
 """specs/protocol.md §2.8's table: which maps of each kind of node hold nodes."""
 
@@ -184,7 +184,7 @@ def _spec_app_hash(z: dict[str, Any]) -> bytes:
     def d(kind: str, node: dict[str, Any]) -> str:
         maps = NODE_MAPS.get(kind, {})
         own = {k: v for k, v in node.items() if k not in maps}
-        children = {m: {key: d(maps[m], child) for key, child in node[m].items()} for m in maps}
+        children = {m: {key: d(maps[m], child) for key, child in node[m].items()} for m in maps if m in node}
         data = f"gonka-diloco/{kind}/v2\x00{canon(own)}\x00{canon(children)}".encode()
         return hashlib.sha256(data).hexdigest()
 

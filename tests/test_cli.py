@@ -74,6 +74,9 @@ def test_top_level_help_does_not_import_the_nodes() -> None:
         ["chain"],
         ["host"],
         ["verifier"],
+        ["model"],
+        ["model", "export"],
+        ["model", "sample"],
     ],
 )
 def test_every_command_has_help(args: list[str]) -> None:
@@ -207,6 +210,74 @@ def test_run_create_missing_file(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "run config not found" in result.output
 
 
+CALIBRATION = {  # what `gonka-diloco verifier calibrate` writes (its `run_config`), trimmed
+    "opened": 1,
+    "k": 5,
+    "run_config": {
+        "tolerance": 0.01,
+        "tolerance_exp_avg": 0.02,
+        "tolerance_exp_avg_sq": 0.03,
+        "tolerance_update": 0.04,
+        "tolerance_denominator": 0.05,
+        "tolerance_cumulative": 0.006,
+        "tolerance_cumulative_update": 0.007,
+    },
+}
+
+
+def test_run_create_sets_every_tolerance_threshold(tmp_path: Path) -> None:
+    """Issue 36 (3): `run create` takes the thresholds `verifier calibrate` proposes, all seven,
+    and a flag for each; a flag wins over the calibration."""
+    import json
+
+    path, cal = tmp_path / "run.toml", tmp_path / "calibration.json"
+    path.write_text(TINY_RUN)
+    cal.write_text(json.dumps(CALIBRATION))
+    create = ("run", "create", str(path), "--dry-run")
+    result = invoke(*create, "--calibration", str(cal), "--tolerance-update", "0.4")
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.output)["config"]
+    assert config["replay_mode"] == "tolerance"
+    wanted = {**CALIBRATION["run_config"], "tolerance_update": 0.4}
+    assert {k: config[k] for k in CALIBRATION["run_config"]} == wanted
+    flags = invoke(
+        *create, "--tolerance", "1", "--tolerance-exp-avg", "2",
+        "--tolerance-exp-avg-sq", "3", "--tolerance-denominator", "5", "--tolerance-cumulative", "6",
+        "--tolerance-cumulative-update", "7",
+    )  # fmt: skip
+    assert flags.exit_code == 0, flags.output
+    config = json.loads(flags.output)["config"]
+    got = [config.get(k) for k in CALIBRATION["run_config"]]
+    assert got == [1, 2, 3, None, 5, 6, 7]  # tolerance_update unset: omitted from the dump
+
+
+def test_run_create_refuses_a_calibration_for_another_number_of_opened_segments(tmp_path: Path) -> None:
+    """The summed-residual thresholds hold for the number of opened segments they were calibrated
+    for (specs §6.4): a calibration for s = 8 is refused for a run opening 1, in one line; without
+    summed-residual thresholds the number does not matter."""
+    import json
+
+    path, cal = tmp_path / "run.toml", tmp_path / "calibration.json"
+    path.write_text(TINY_RUN)
+    cal.write_text(json.dumps({**CALIBRATION, "opened": 8}))
+    create = ("run", "create", str(path), "--dry-run")
+    result = invoke(*create, "--calibration", str(cal))
+    assert result.exit_code == 2
+    assert "calibrated for 8 opened segments, the run opens sampled_segments = 1" in result.output
+    assert "verifier calibrate --opened 1" in result.output and "Traceback" not in result.output
+    per_segment = {k: v for k, v in CALIBRATION["run_config"].items() if "cumulative" not in k}
+    cal.write_text(json.dumps({"opened": 8, "run_config": per_segment}))
+    assert invoke(*create, "--calibration", str(cal)).exit_code == 0
+    cal.write_text(json.dumps({"run_config": CALIBRATION["run_config"]}))
+    unsaid = invoke(*create, "--calibration", str(cal))
+    assert unsaid.exit_code == 2 and "does not say for how many opened segments" in unsaid.output
+    cal.write_text("{")
+    assert "cannot read calibration" in invoke(*create, "--calibration", str(cal)).output
+    bad = invoke(*create, "--tolerance-cumulative", "-1")
+    assert bad.exit_code == 2
+    assert "tolerance_cumulative: Input should be greater than or equal to 0" in bad.output
+
+
 # ---------------------------------------------------------------- devnet config
 
 
@@ -275,6 +346,9 @@ def test_devnet_command_rejects_bad_input_without_starting_anything(tmp_path: Pa
     assert unknown.exit_code == 2
     assert "unknown host behaviour 'teleport'" in unknown.output
     assert list(tmp_path.iterdir()) == []  # nothing was started or written
+    negative = invoke("devnet", "--tolerance-cumulative-update", "-1", "--out-dir", str(tmp_path))
+    assert negative.exit_code == 2  # the flag reaches the config (issue 36, 3)
+    assert "tolerance_cumulative_update: Input should be greater than or equal to 0" in negative.output
 
 
 def test_devnet_lists_adversaries() -> None:

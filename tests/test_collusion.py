@@ -1,13 +1,20 @@
 """The run defaults meet issue 10's collusion goals by the closed forms (`protocol.collusion`):
 for accomplices holding any minority of the verifier stake, a fake reaches the model in ≤ 1% of
-outer steps and faking loses money. `bench.collusion` measures the same on the state machine."""
+outer steps and faking loses money. `bench.collusion` measures the same on the state machine; one
+of its sampling-windows cells runs here, against its exact formula."""
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
-from protocol.collusion import Defense, every_minority, max_safe_share
-from protocol.config import RunConfig, Stake
+from bench.collusion import KEYS, Trial, bench_config
+from gonka_diloco.plan import window_cheat
+from protocol.collusion import Defense, every_minority, max_safe_share, window_odds_keys
+from protocol.config import RunConfig, Sampling, Stake
+from protocol.prf import window
 
 GNK = 10**9
 FIELDS = RunConfig.model_fields
@@ -40,3 +47,45 @@ def test_weaker_settings_miss_the_pass_goal(v: int, p: int, a: int) -> None:
     in more than 1% of steps for some minority: the check above can fail."""
     d = defense(v, p, a)
     assert worst_minority(d)[0] > 0.01 and max_safe_share(d) < 0.5
+
+
+# ---------------------------------------------------------------- sampling windows (issue 34)
+
+
+def test_window_odds_sum_to_one_and_tend_to_the_planners_many_keys_formula() -> None:
+    """`window_odds_keys` is a distribution; with many keys below ½ no dispute is won and it is the
+    planner's E[σ^K1 (1 − p + p σ^K2)]; at σ = 0 it is the lazy host's detection exactly."""
+    d = defense(4, 10_000, 3)
+    for fake in (1, 17):
+        for share in (0.0, 0.2, 0.4):
+            accomplices = round(share * 20_000)
+            odds = window_odds_keys(accomplices, 20_000 - accomplices, 34, fake, d)
+            assert odds.passed + odds.rejected + odds.unverified == pytest.approx(1.0)
+            assert odds.honest_slashed == pytest.approx(0.0, abs=1e-12)
+            planner = window_cheat(34, fake, 4, 3, 1.0, share).success
+            assert odds.passed == pytest.approx(planner, rel=2e-3)
+        assert window_odds_keys(0, 10, 34, fake, d).passed == pytest.approx(
+            window_cheat(34, fake, 4, 3, 1.0, 0).success
+        )
+
+
+def test_a_windows_cell_on_the_state_machine_matches_its_exact_formula() -> None:
+    """300 seeded trials of one cell of `bench.collusion --windows` (H = 500, k = 5, w = 3: B = 34;
+    v = 4, p = 1, a = 3; 4 accomplices of 10 keys) with a host faking 17 whole blocks: how often the
+    fake reaches the model, and how often a dispute rejects it, within 3 sd of `window_odds_keys`.
+    A dispute is won here now and then (the honest holders of clean windows do not vote in it)."""
+    config = bench_config(4, 10_000, 3, Sampling.WINDOWS)
+    n, w = config.n_segments, config.window_len
+    blocks, fake, trials = -(-n // w), 17, 300
+    gang = set(KEYS[:4])
+    passed = rejected = 0
+    for t in range(trials):
+        chosen = random.Random(t).sample(range(blocks), fake)  # the host's own choice, blind to the draw
+        faked = {s for b in chosen for s in window(b * w, n, w)}
+        out = Trial(config, gang, f"test windows:{t}", KEYS, faked).run()
+        passed += out["passed"]
+        rejected += out["rejected"]
+    odds = window_odds_keys(4, 6, blocks, fake, defense(4, 10_000, 3))
+    for measured, exact in ((passed, odds.passed), (rejected, odds.rejected)):
+        sd = math.sqrt(exact * (1 - exact) / trials)
+        assert abs(measured / trials - exact) <= 3 * sd, (measured / trials, exact)

@@ -15,7 +15,7 @@ from nodekit.statestore import StateStore, state_from_bytes, state_to_bytes
 from nodekit.store import StoreError
 from protocol import chunks
 from protocol.codecs import decode, delta_hash
-from protocol.config import Codec, ReplayMode
+from protocol.config import Codec, ReplayMode, Sampling
 from protocol.merkle import merkle_root, verify_pair
 from protocol.tensors import StateKind, domain, tensor_hash
 from replay.step import TrainJob, load_training_state, train_segment, training_hash, training_state
@@ -137,7 +137,8 @@ def test_sparse_checkpoints_recompute_openings_bitwise(tmp_path: Path) -> None:
     that one and reproduce every end), and does not even persist θ_H."""
     tol = {"tolerance": 0.1, "tolerance_exp_avg": 0.1, "tolerance_exp_avg_sq": 0.1}
     tol["replay_mode"] = ReplayMode.TOLERANCE
-    cfg = tiny_cfg(inner_steps=12, segment_len=2, sampled_segments=3, state_chunk_bytes=4096, **tol)
+    cfg = tiny_cfg(inner_steps=12, segment_len=2, sampled_segments=3, state_chunk_bytes=4096,
+                   sampling=Sampling.SEGMENTS, **tol)  # fmt: skip
     full = StateStore(tmp_path / "full", chunk_bytes=4096)
     sparse = StateStore(tmp_path / "sparse", chunk_bytes=4096, checkpoint_every=3)
     model, opt = fresh(cfg)

@@ -183,6 +183,27 @@ def test_run_config_binds_the_seeded_model_and_the_corpus() -> None:
     assert rc.dataset_manifest_hash == shakespeare_manifest()[1].manifest_hash()
     other = run_config(DevnetConfig(model_size="tiny", seed=6))
     assert other.initial_model_hash != rc.initial_model_hash  # the seed reaches the init
+    # G_0's hash is over the run's chunk size, the one every node hashes it with (a devnet with
+    # smaller chunks named a G_0 no node could build or fetch)
+    chunked = run_config(DevnetConfig(model_size="tiny", seed=5, state_chunk_bytes=1 << 16))
+    g0 = GlobalModel.from_module(build_model(chunked.model), 1 << 16)
+    assert chunked.state_chunk_bytes == 1 << 16 and chunked.initial_model_hash == g0.hash
+    windows = run_config(DevnetConfig(model_size="tiny", sampling="segments", window_segments=5))
+    assert (windows.sampling.value, windows.window_segments) == ("segments", 5)
+
+
+def test_every_tolerance_threshold_reaches_the_run_config() -> None:
+    """Issue 36 (3): the devnet sets the update-space and summed-residual thresholds too."""
+    from gonka_diloco.devnet import run_config
+    from gonka_diloco.devnet_config import load_config
+    from protocol.config import ReplayMode
+
+    names = ("tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq", "tolerance_update",
+             "tolerance_denominator", "tolerance_cumulative", "tolerance_cumulative_update")  # fmt: skip
+    values = {n: 0.01 * (i + 1) for i, n in enumerate(names)}
+    rc = run_config(load_config(None, {"model_size": "tiny", "replay_mode": "tolerance", **values}))
+    assert rc.replay_mode is ReplayMode.TOLERANCE
+    assert {n: getattr(rc, n) for n in names} == values
 
 
 def test_codec_sparse_gets_the_recommended_chunk_and_k() -> None:
@@ -258,7 +279,8 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path, overlap: str) -
     if overlap == "eager":  # and windows that close once all they wait for is in (specs §2.3.1)
         args.append("--early-close")
     result = CliRunner().invoke(app, args)
-    [folder] = (tmp_path / "runs").iterdir()
+    [folder] = [p for p in (tmp_path / "runs").iterdir() if not p.is_symlink()]
+    assert (tmp_path / "runs" / "latest").resolve() == folder  # runs/latest: the newest run folder
     assert leftover_processes(str(folder)) == []
     assert result.exit_code == 0, result.output + (folder / "logs").as_posix()
     assert f"devnet: report at {folder / 'report.md'}" in result.output and "PASS" in result.output
@@ -291,4 +313,9 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path, overlap: str) -
     assert snap.chain.txs and snap.chain.rewards > 0 and snap.chain.host_slashed > 0
     text = (folder / "report.md").read_text()
     assert "| result | PASS |" in text and (folder / "loss.png").exists()
+    # the finished run's final model, exported from the honest hosts' disks after the nodes stopped
+    assert snap.final_model is not None and snap.final_model.model_hash == snap.steps[-1].result_hash
+    assert set(snap.final_model.samples) == {"G_0", "final"} and "## Final model" in text
+    assert {p.name for p in (folder / "model").iterdir()} >= {"model.safetensors", "config.json", "MODEL.md"}
+    assert f"exported to {folder / 'model'} (read from host-0's disk)" in result.output
     assert {p.name for p in (folder / "logs").iterdir()} >= {"chain.log", "host-0.log", "verifier-1.log"}

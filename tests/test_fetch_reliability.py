@@ -1,5 +1,6 @@
-"""Fetching under contention and from slow or hostile holders (issue 22): one fetch per object,
-hedged chunks, a rate floor enforced by the clock, and nothing left half-written by a kill."""
+"""Fetching under contention and from slow or hostile holders (issues 22, 36): one fetch per object
+whose failure fails only the callers it spoke for, hedged chunks, a rate floor enforced by the
+clock, and nothing left half-written by a kill."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from typing import Any
 
 import pytest
 
-from gonka_diloco.adversaries.holders import SlowHolder
+from gonka_diloco.adversaries.holders import GarbageHolder, SlowHolder
+from nodekit import holdings
 from nodekit.fetch import BlobClient, BlobInvalid, BlobUnavailable
+from nodekit.flight import SingleFlight
 from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.holdings import fetch_to_store
 from nodekit.objects import Kind, ObjectRef, TransferPolicy
@@ -24,6 +27,7 @@ from nodekit.serve import BlobCatalog, BytesObject, ServerThread, build_app
 from nodekit.store import BytesSink, ContentStore, stale_files
 from protocol import chunks
 from protocol.codecs import delta_hash
+from tests.support.procs import cpu_burners
 
 CHUNK = 1024
 
@@ -44,17 +48,6 @@ class Counting(BytesObject):
             yield piece
 
 
-class Garbage(BytesObject):
-    """An honest manifest, then every chunk wrong."""
-
-    def __init__(self, data: bytes, chunk: int) -> None:
-        super().__init__(bytes(b ^ 0x55 for b in data), chunk)
-        self._good = BytesObject(data, chunk)
-
-    def digests(self) -> list[bytes]:
-        return self._good.digests()
-
-
 def serve(*objects: tuple[str, object]) -> ServerThread:
     catalog = BlobCatalog(CHUNK)
     for h, o in objects:
@@ -69,7 +62,7 @@ def test_one_fetch_per_object_among_threads_and_garbage_peers(tmp_path: Path) ->
     objects = [obj(16 * CHUNK, s) for s in range(3)]
     Counting.sent = 0
     honest = serve(*((ref.hash, Counting(data, CHUNK)) for data, ref in objects))
-    liars = [serve(*((ref.hash, Garbage(data, CHUNK)) for data, ref in objects)) for _ in range(2)]
+    liars = [serve(*((ref.hash, GarbageHolder(data, CHUNK)) for data, ref in objects)) for _ in range(2)]
     urls = [s.url for s in liars] + [honest.url]
     store = ContentStore(tmp_path / "store", CHUNK)
     errors: list[BaseException] = []
@@ -101,6 +94,130 @@ def test_one_fetch_per_object_among_threads_and_garbage_peers(tmp_path: Path) ->
     for _data, ref in objects:
         store.verify(Kind.DELTA, ref.hash)
     assert not [p for p in (tmp_path / "store").rglob(".*")]  # no part or temp file left
+
+
+class Gated:
+    """Another holder's answers, every chunk held until `release`: the flight it serves stays
+    running until the test has its other callers waiting on it (`asked`: a chunk was asked for)."""
+
+    def __init__(self, inner: BytesObject, release: threading.Event) -> None:
+        self.inner, self.release, self.asked = inner, release, threading.Event()
+        self.length, self.chunk_bytes = inner.length, inner.chunk_bytes
+
+    def digests(self) -> list[bytes]:
+        return self.inner.digests()
+
+    def read(self, start: int, end: int) -> Iterator[bytes]:
+        self.asked.set()
+        if not self.release.wait(60):
+            raise RuntimeError("the test never released its gated holder")
+        yield from self.inner.read(start, end)
+
+
+def test_a_waiter_whose_flight_failed_is_not_failed_by_another_callers_sources() -> None:
+    """The flight's own rule, without HTTP: a failure is shared with a waiter whose sources the
+    failed call had, and not with one that has a source it did not try (that one runs its own)."""
+    started, release = threading.Event(), threading.Event()
+    waiting = threading.Semaphore(0)
+    flights = SingleFlight(on_wait=lambda key: waiting.release())
+
+    def garbage() -> str:
+        started.set()
+        release.wait(30)
+        raise BlobInvalid("chunk 0 does not match its digest")
+
+    out: dict[str, object] = {}
+
+    def call(name: str, fn: Any, sources: list[str]) -> None:
+        try:
+            out[name] = flights.do("k", fn, sources)
+        except BlobInvalid as e:
+            out[name] = e
+
+    lead = threading.Thread(target=call, args=("lead", garbage, ["liar"]))
+    lead.start()
+    assert started.wait(30)
+    others = [
+        threading.Thread(target=call, args=("same", lambda: "unused", ["liar"])),
+        threading.Thread(target=call, args=("honest", lambda: "data", ["liar", "honest"])),
+    ]
+    for t in others:
+        t.start()
+    for _ in others:
+        assert waiting.acquire(timeout=30)
+    release.set()
+    for t in [lead, *others]:
+        t.join(30)
+    assert isinstance(out["lead"], BlobInvalid) and out["same"] is out["lead"]  # shared: same sources
+    assert out["honest"] == ("data", False)  # not shared: it ran with its own sources
+    assert not flights.running("k")
+
+
+@pytest.mark.parametrize("first", ["garbage", "honest"], ids=["garbage-first", "honest-first"])
+def test_a_failed_shared_fetch_never_fails_a_caller_with_an_honest_holder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str
+) -> None:
+    """Issue 36 (2): eight threads of one node fetch one object beside two CPU burners, each with
+    its own holders: honest, garbage, or both. The first caller's flight is held open (its holder
+    is gated) until the seven others wait on it. Garbage first: its flight fails on a bad digest;
+    every caller that had an honest holder still gets the object (before the fix all got the
+    garbage caller's BlobInvalid and nothing was stored), one whose holders the failed flight
+    had gets BlobInvalid. Honest first: everyone shares its one download."""
+    data, ref = obj(16 * CHUNK)
+    release = threading.Event()
+    gate = Gated(GarbageHolder(data, CHUNK) if first == "garbage" else BytesObject(data, CHUNK), release)
+    gated, honest = serve((ref.hash, gate)), serve((ref.hash, BytesObject(data, CHUNK)))
+    liars = [serve((ref.hash, GarbageHolder(data, CHUNK))) for _ in range(2)]
+    good = {honest.url} | ({gated.url} if first == "honest" else set())
+    callers = [
+        [gated.url],  # the first: leads the flight
+        [honest.url],
+        [liars[0].url, honest.url],
+        [liars[0].url],
+        [gated.url],  # the first's holders exactly
+        [honest.url, liars[1].url],
+        [liars[0].url, liars[1].url],
+        [honest.url],
+    ]
+    waiting = threading.Semaphore(0)
+    monkeypatch.setattr(holdings, "FLIGHTS", SingleFlight(on_wait=lambda key: waiting.release()))
+    store = ContentStore(tmp_path / "store", CHUNK)
+    outcome: dict[int, BaseException | None] = {}
+
+    def work(i: int) -> None:
+        try:
+            fetch_to_store(client, store, ref, "delta-0", callers[i])
+            outcome[i] = None
+        except BaseException as e:
+            outcome[i] = e
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(callers))]
+    try:
+        with cpu_burners(2), BlobClient([], timeout=10, retries=1, backoff=0) as client:
+            threads[0].start()
+            assert gate.asked.wait(30)  # the first caller's flight is the one running
+            for t in threads[1:]:
+                t.start()
+            for _ in threads[1:]:
+                assert waiting.acquire(timeout=30)  # every other caller waits on it
+            release.set()
+            for t in threads:
+                t.join(60)
+    finally:
+        release.set()
+        for s in [gated, honest, *liars]:
+            s.stop()
+    assert not any(t.is_alive() for t in threads)
+    for i, sources in enumerate(callers):
+        if good & set(sources):
+            assert outcome[i] is None, (i, sources, outcome[i])
+        elif first == "garbage" and set(sources) <= {gated.url}:
+            assert isinstance(outcome[i], BlobInvalid), (i, outcome[i])
+        else:  # only garbage holders: refused, unless an honest flight it waited on stored the object
+            assert outcome[i] is None or isinstance(outcome[i], BlobInvalid), (i, outcome[i])
+    assert store.read_bytes(Kind.DELTA, ref.hash) == data
+    store.verify(Kind.DELTA, ref.hash)
+    assert not [p for p in (tmp_path / "store").rglob(".*")]  # no part file left by the failed flights
 
 
 def test_one_global_model_fetch_among_threads(tmp_path: Path) -> None:

@@ -57,6 +57,7 @@ def run_config() -> RunConfig:
         inner_steps=4,
         segment_len=2,
         sampled_segments=1,
+        window_segments=1,  # two windows: the verifier fetches a start or θ_H's parameters
         verifiers_per_contribution=1,
         batch_size=4,
         seq_len=32,
@@ -199,7 +200,8 @@ def test_two_rank_host_commits_two_slices_and_is_accepted(tmp_path: Path) -> Non
         log = (tmp_path / "host.log").read_text()
         assert log.count('"event": "listening"') == 1  # only rank 0 serves and logs
         # sharded: each rank saved its part (the carried optimizer state is still on disk), and the
-        # verifier fetched the opened start (boundary 1) as the host served it from shard files
+        # verifier fetched one state as the host served it from shard files: its window's start
+        # (boundary 1), or θ_H's parameters (boundary 2) when its window is segment 0
         kept = sorted(p.name.split(".", 1)[1] for p in (tmp_path / "host" / "store" / "optimizer").iterdir())
         assert kept == ["optimizer.chunks", "optimizer.r0", "optimizer.r1", "optimizer.shards"]
         fetched = [e for n, e in events.seen if n == "verifier" and e.get("event") == "fetched"]

@@ -15,6 +15,7 @@ import httpx
 from nodekit.globalmodel import GlobalModel
 from nodekit.store import ContentStore
 from protocol.config import ReplayMode
+from protocol.prf import windows_opened
 from replay.data import eval_loss
 from replay.spec import build_model
 from tests.support.nodes import (
@@ -111,10 +112,14 @@ def test_only_revealed_blobs_are_served_and_status_metrics_answer(tmp_path: Path
     with running([lambda: node.run(linger=True), then_stop(verifier.run, [node])], chain):
         pass
     assert set(seen["committed"].values()) == {404}
-    # bitwise mode: the opened starts but segment 0's (rebuilt from G_n); ends are replayed
-    assert cfg.replay_mode is ReplayMode.BITWISE
-    opened = {f"state{s}" for s in seen["segments"] if s > 0}
-    assert len(seen["segments"]) == 2 and len(opened) >= 1
+    # bitwise mode, sampling windows: each window's start but segment 0's (rebuilt from G_n) and
+    # θ_H (the last boundary: checkers whose window ends short of it fetch its parameters); a
+    # window's other boundaries are replayed
+    assert cfg.replay_mode is ReplayMode.BITWISE and cfg.windowed
+    (challenge,) = chain.query("challenges", run_id=run_id, step=0)["challenges"]
+    n = cfg.n_segments
+    assert seen["segments"] == windows_opened(challenge["windows"], n, cfg.window_len)
+    opened = {f"state{s}" for s in challenge["windows"] if s > 0} | {f"state{n}"}
     assert {k for k, c in seen["revealed"].items() if c == 200} == opened | {"delta"}
     assert {k for k, c in seen["lingering"].items() if c == 200} == {"delta"}  # finalized: states pruned
     assert seen["model"] == 200  # G_1, by its hash, as soon as it is computed

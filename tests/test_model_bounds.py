@@ -26,6 +26,7 @@ from replay import hf
 from replay.model import small_gpt
 from replay.spec import (
     BYTES_PER_PARAM,
+    CUMULATIVE_BYTES_PER_PARAM,
     Holder,
     ModelTooLarge,
     activation_floor,
@@ -33,6 +34,7 @@ from replay.spec import (
     build_model,
     check_fits,
     meta_param_count,
+    sums_residuals,
 )
 from tests.support.chain import AUTH, Sim, make_config, make_state
 
@@ -187,6 +189,25 @@ def test_a_node_refuses_in_one_line_what_its_memory_cannot_hold() -> None:
     with pytest.raises(ModelTooLarge, match="a verifier needs"):  # two replay models at once
         check_fits(honest, "cpu", Holder.VERIFIER, workers=2, available=2 * one - 1)
     check_fits(honest, "cpu", Holder.VERIFIER, workers=2, available=2 * one)
+
+
+def test_a_verifier_that_sums_residuals_counts_their_accumulators() -> None:
+    """Issue 36 (3): a tolerance-mode verification with a summed-residual threshold keeps two
+    float32 vectors of the parameters' size per worker (specs §6.4); the sizing counts them, and
+    only for such runs."""
+    thresholds = dict.fromkeys(("tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq"), 0.1)
+    tol = {"replay_mode": "tolerance", **thresholds}
+    per_segment = _run(spec(GPT, n_layer=2, n_embd=64), **tol)
+    summed = _run(spec(GPT, n_layer=2, n_embd=64), **tol, tolerance_cumulative=0.01)
+    assert sums_residuals(summed) and not sums_residuals(per_segment)
+    size = model_size(summed.model)
+    one = BYTES_PER_PARAM[Holder.VERIFIER] * size.params + activation_floor(summed, size)
+    check_fits(per_segment, "cpu", Holder.VERIFIER, workers=2, available=2 * one)
+    need = 2 * (one + CUMULATIVE_BYTES_PER_PARAM * size.params)
+    with pytest.raises(ModelTooLarge, match=r"2 x \(16 B/param \+ 8 B/param summed residuals"):
+        check_fits(summed, "cpu", Holder.VERIFIER, workers=2, available=need - 1)
+    check_fits(summed, "cpu", Holder.VERIFIER, workers=2, available=need)
+    check_fits(summed, "cpu", Holder.HOST, available=one)  # a host keeps no sums
 
 
 def test_a_model_the_chain_accepts_but_this_machine_cannot_hold_is_refused_without_allocating() -> None:

@@ -3,8 +3,9 @@
 `init` writes matching configs and keys, `chain start --authority/--fund` makes a local chain that
 funds them, `run create` creates the run, two hosts and one verifier run it to the end and exit,
 `status` shows it finished, and `report` — run after every node has exited — still has the
-validation loss table, read from the result votes on chain. Tiny model, two outer steps, 0.2 s
-blocks, early-closing windows.
+validation loss table, read from the result votes on chain; `model export` still reads the final
+model from a host's disk by the chain's hash, and `model sample` loads it. Tiny model, two outer
+steps, 0.2 s blocks, early-closing windows.
 """
 
 from __future__ import annotations
@@ -84,6 +85,17 @@ def test_the_readme_recipe_runs_as_separate_processes(tmp_path: Path) -> None:
         report = _cli("report", url, "--run-id", "1", "--out", "report", env=env, cwd=tmp_path)
         assert report.returncode == 0, report.stdout + report.stderr
         text = (tmp_path / "report" / "report.md").read_text()
+        # 6. the trained model out, after the nodes exited: nobody serves it any more, but it is on
+        # the hosts' disks, read there by the hash the chain adopted
+        chain_run = ("--chain", url, "--run", "1")
+        gone = _cli("model", "export", *chain_run, "--out", "fetched", env=env, cwd=tmp_path)
+        assert gone.returncode == 1
+        assert gone.stderr.startswith("error: no node of run 1 serves its final model"), gone.stderr
+        exported = _cli("model", "export", "mine/host-0", *chain_run, "--out", "model", env=env, cwd=tmp_path)
+        assert exported.returncode == 0, exported.stdout + exported.stderr
+        sample = ("model", "sample", "model", "--prompt", "To be", "--tokens", "20")
+        sampled = _cli(*sample, env=env, cwd=tmp_path)
+        assert sampled.returncode == 0 and sampled.stdout.startswith("To be"), sampled.stdout + sampled.stderr
     finally:
         for node in nodes:
             node.stop()

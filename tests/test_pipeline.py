@@ -26,6 +26,7 @@ from tests.support.nodes import (
     verifier_node,
 )
 from trainer.node import HostNode
+from trainer.recompute import needed_boundaries
 
 CHUNK = 4096
 
@@ -95,7 +96,9 @@ class CuttingProxy:
 def test_multi_chunk_states_resume_and_multi_source_fetch(tmp_path: Path) -> None:
     corpus = tiny_corpus()
     chain = LockstepChain()
-    cfg = run_config(corpus, max_outer_steps=1, inner_steps=15, sampled_segments=2, state_chunk_bytes=CHUNK)
+    # three windows of one segment: the verifier fetches a start, θ_H's parameters or both, through
+    # the proxy that cuts host 1's transfers, whichever window is drawn
+    cfg = run_config(corpus, max_outer_steps=1, inner_steps=15, window_segments=1, state_chunk_bytes=CHUNK)
     run_id = create_run(chain, cfg)
     objects = ObjectPolicy.of(build_model(cfg.model), cfg)
     state_len = objects.length(Kind.STATE)
@@ -129,21 +132,23 @@ def test_multi_chunk_states_resume_and_multi_source_fetch(tmp_path: Path) -> Non
 
     fetched = [e for e in logs if e["event"] == "fetched"]
     by_verifier = [e for e in fetched if e["node"] == "verifier-9"]
-    # per host: 3 segments, 2 opened, always the last: one start is segment 0 (rebuilt from G_n and
-    # a fresh optimizer) or the end of the other opened segment (replayed); at most one is fetched
+    # per host one window of one segment: its start (none for segment 0: rebuilt from G_n and a fresh
+    # optimizer) and, short of the last segment, θ_H's parameters (fewer bytes than the state)
     states = [e for e in by_verifier if e["kind"] == "state"]
-    assert len(states) <= 2 and all(e["bytes"] == state_len for e in states)
+    assert 1 <= len(states) <= 4 and all(0 < e["bytes"] <= state_len for e in states)
     assert not [e for e in by_verifier if e["kind"] == "delta"]  # derived from its own replays
     assert sum(e["resumed"] for e in fetched) >= 1  # the proxy cut transfers; they resumed
     # host 2 aggregated host 1's Δ: from the cut author and from the verifier that derived it
     delta = [e for e in fetched if e["node"] == "host-2" and e["kind"] == "delta"]
     assert len(delta) == 1 and len(delta[0]["chunks_from"]) == 2, delta
-    # sparse checkpoints (every 2nd boundary persisted): an opened start other than segment 0's that
+    # sparse checkpoints (every 2nd boundary and θ_H persisted): a boundary a checker may fetch that
     # was not persisted is recomputed, bit for bit (a bitwise host keeps no claimed end), and only then
-    # (which segments are opened is the chain's draw)
+    # (which windows are drawn is the chain's draw)
     challenges = chain.query("challenges", run_id=run_id, step=0)["challenges"]
-    opened = {c["host"]: c["segments"] for c in challenges}
     names = {h.address: f"host-{i}" for i, h in zip((1, 2), hosts, strict=True)}
-    must = {names[a] for a, segments in opened.items() if any(j % 2 for j in segments)}
+    n = cfg.n_segments
+    needed = {c["host"]: needed_boundaries(c["segments"], cfg.replay_mode, c.get("windows") or ())
+              for c in challenges}  # fmt: skip
+    must = {names[a] for a, js in needed.items() if any(j % 2 and j != n for j in js)}
     assert {e["node"] for e in logs if e["event"] == "recomputed"} == must
     assert not [e for e in logs if e["event"] in ("recompute_failed", "delta_unavailable", "verify_error")]

@@ -26,10 +26,13 @@ from gonka_diloco.plan import (
 )
 from gonka_diloco.plan_cli import app, parse_bytes, parse_count, parse_rate
 from gonka_diloco.plan_constants import load_constants
-from protocol.config import Codec, ReplayMode, RunConfig
+from protocol.config import Codec, ReplayMode, RunConfig, Sampling
+from protocol.inner import Moments
 
 C = Constants(codec_ratio={"fp32": 1.0, "bf16": 2.0, "int8": 4.0, "int4": 8.0}, sha256_bytes_per_s=2e9)
 """Round constants so every expected value below can be worked by hand."""
+SEGMENTS = Sampling.SEGMENTS
+"""The old rule (every check opens the same s segments): the tests of it say so."""
 
 
 # ---------------------------------------------------------------- compute and sizes
@@ -89,7 +92,7 @@ def test_recompute_segments_against_enumeration(n: int, s: int, m: int) -> None:
 
 
 def test_disk_states() -> None:
-    sparse = Inputs(H=500, k=5, m=10, s=8)
+    sparse = Inputs(H=500, k=5, m=10, s=8, sampling=SEGMENTS)
     assert pm.disk_states(sparse) == 100 / 10 + 8 + 3
     assert pm.disk_states(replace(sparse, m=3)) == 34 + 8 + 3  # ⌈100/3⌉
     today = replace(sparse, pipeline=Pipeline.TODAY)
@@ -117,23 +120,46 @@ def test_gpu_memory_sharding() -> None:
 
 
 def test_verifier_bytes_per_contribution() -> None:
-    i = Inputs(params=1e9, s=8, codec=Codec.INT8)
+    i = Inputs(params=1e9, s=8, codec=Codec.INT8, sampling=SEGMENTS)
     assert pm.verifier_bytes_per_contribution(replace(i, pipeline=Pipeline.TODAY), C) == 8 * 12e9 + 1e9
-    assert pm.verifier_bytes_per_contribution(i, C) == 7 * 12e9 + 8e9  # segment 0 rebuilt, Δ derived
+    f = pm.segment_fetches(i.n, i.s)
+    assert pm.verifier_bytes_per_contribution(i, C) == pytest.approx(f.starts * 12e9 + f.segment_zero * 8e9)
     tol = replace(i, replay=ReplayMode.TOLERANCE)
-    assert pm.verifier_bytes_per_contribution(tol, C) == 7 * 12e9 + 8e9 + 1e9
+    assert pm.verifier_bytes_per_contribution(tol, C) == pytest.approx(
+        f.boundaries * 12e9 + f.segment_zero * 8e9 + 1e9
+    )
+    # n = 3, s = 2: segment 2 always, one of 0, 1: {0, 2} fetches 2's start and the optimizer, {1, 2}
+    # only 1's start (2's is the end of 1, replayed); tolerance {0,2}: 1, 2, 3; {1,2}: 1, 2, 3
+    three = pm.segment_fetches(3, 2)
+    assert (three.starts, three.segment_zero, three.boundaries) == pytest.approx((1.0, 0.5, 3.0))
+
+
+@pytest.mark.parametrize(("n", "s"), [(5, 2), (6, 3), (8, 4), (4, 4), (2, 1), (10, 1)])
+def test_segment_fetches_against_enumeration(n: int, s: int) -> None:
+    """Every draw of the s − 1 random openings; downloads as `verifier.verify` makes them: an opened
+    start unless it is 0 or the end of the opened segment before (bitwise), every boundary of an
+    opened segment but 0 (tolerance), the optimizer when segment 0 is opened."""
+    draws = [{*r, n - 1} for r in itertools.combinations(range(n - 1), s - 1)]
+    starts = [sum(1 for j in o if j > 0 and j - 1 not in o) for o in draws]
+    bounds = [len({b for j in o for b in (j, j + 1)} - {0}) for o in draws]
+    zero = [0 in o for o in draws]
+    f = pm.segment_fetches(n, s)
+    assert f.starts == pytest.approx(sum(starts) / len(draws))
+    assert f.boundaries == pytest.approx(sum(bounds) / len(draws))
+    assert f.segment_zero == pytest.approx(sum(zero) / len(draws))
 
 
 def test_host_and_verifier_transfers() -> None:
-    i = Inputs(params=1e9, s=2, v=2, hosts=4, verifier_nodes=2, audit_p=0.5, auditors=2)
+    i = Inputs(params=1e9, s=2, v=2, hosts=4, verifier_nodes=2, audit_p=0.5, auditors=2, sampling=SEGMENTS)
     assert pm.checks_per_contribution(i) == 3.0  # 2 drawn + 0.5 × 2 auditors
     assert pm.contributions_per_verifier(i) == 6.0  # 4 hosts × 3 checks over 2 verifiers
-    per = 12e9 + 8e9
+    f = pm.segment_fetches(i.n, 2)
+    per = f.starts * 12e9 + f.segment_zero * 8e9
     up = pm.host_upload_bytes(i, C)
-    assert up["openings"] == 3 * per
+    assert up["openings"] == pytest.approx(3 * per)
     assert up["delta"] == 3 * 1e9  # multi-source: about what it downloads
     assert pm.host_download_bytes(i, C) == 3 * 1e9
-    assert pm.verifier_download_bytes(i, C) == 6 * per + 4 * 1e9
+    assert pm.verifier_download_bytes(i, C) == pytest.approx(6 * per + 4 * 1e9)
     today = replace(i, pipeline=Pipeline.TODAY)
     assert pm.host_upload_bytes(today, C)["delta"] == (3 + 2) * 1e9  # the author serves everyone
 
@@ -175,6 +201,244 @@ def test_cheat_gain() -> None:
     i = Inputs(reward=32.0, hosts=16, gpus_per_host=8, gpu_hour_value=2.0, attack_value=5.0)
     # 2 GNK reward share + half of 8 GPUs × 1 h × 2 GNK + 5
     assert pm.cheat_gain(i, 0.5, 3600.0) == pytest.approx(2 + 8 + 5)
+
+
+# ---------------------------------------------------------------- sampling windows
+
+
+def test_block_lengths() -> None:
+    assert pm.block_lengths(10, 3) == [3, 3, 3, 1]  # B = ⌈10/3⌉ = 4, the last short
+    assert pm.block_lengths(100, 3) == [3] * 33 + [1]
+    assert pm.block_lengths(6, 6) == [6]
+    assert Inputs(H=50, k=5, w=3).blocks == 4
+    assert Inputs(H=50, k=5, w=30).window_len == 10  # w as drawn: at most n
+
+
+def test_window_check_bytes_by_hand() -> None:
+    # n = 10, w = 3, P = 1e9: blocks of 3, 3, 3, 1 segments
+    lengths = [3, 3, 3, 1]
+    by = [pm.window_check_bytes(1e9, lengths, b, bitwise=True) for b in range(4)]
+    assert by == [8e9 + 4e9, 12e9 + 4e9, 12e9 + 4e9, 12e9]  # block 0: optimizer; last: no θ_H fetch
+    # tolerance: + every later claimed boundary of the block (L_b states) + the Δ (1 GB)
+    tol = [pm.window_check_bytes(1e9, lengths, b, bitwise=False, delta=1e9) for b in range(4)]
+    assert tol == [8e9 + 36e9 + 4e9 + 1e9, 12e9 + 36e9 + 4e9 + 1e9, 53e9, 12e9 + 12e9 + 1e9]
+    i = Inputs(params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
+    # (1/B)·8P + ((B−1)/B)·12P + ((B−1)/B)·4P = 2 + 9 + 3 GB
+    assert pm.verifier_bytes_per_contribution(i, C) == pytest.approx(14e9)
+    assert pm.verifier_bytes_per_contribution(replace(i, codec=Codec.SPARSE), C) == pytest.approx(18e9)  # + e
+    assert pm.verifier_bytes_per_contribution(replace(i, w=10), C) == 8e9  # B = 1: the optimizer only
+    tolerance = replace(i, replay=ReplayMode.TOLERANCE)
+    assert pm.verifier_bytes_per_contribution(tolerance, C) == pytest.approx((49 + 53 + 53 + 25) / 4 * 1e9)
+    assert pm.opened_state_bytes(i) == pytest.approx(14e9)  # the utilization bound: states alone
+
+
+def test_window_replay_and_the_start_from_segment_zero() -> None:
+    assert pm.window_replay_segments(10, 3) == 2.5  # n/B
+    # from segment 0 to the block's end: 3, 6, 9, 10 → 7 = w·(B − 1)/2 + n/B = 4.5 + 2.5
+    assert pm.from_zero_segments(10, 3) == 7.0
+    assert pm.from_zero_segments(9, 3) == pytest.approx((3 + 6 + 9) / 3)
+    assert pm.from_zero_check_bytes(1e9, 10, 3) == pytest.approx(8e9 + 3 / 4 * 4e9)
+    i = Inputs(params=1e9, H=50, k=5, w=3, v=4, auditors=3, audit_p=1.0)
+    assert pm.replay_segments_per_check(i) == 2.5
+    assert pm.replay_share(i) == pytest.approx(7 * 2.5 * 5 / 50)  # checks · (n/B) · k/H
+    assert pm.verify_seconds(i, C, t_step=2.0)["replay"] >= 2.5 * 5 * 2.0
+    assert pm.replay_segments_per_check(replace(i, sampling=SEGMENTS, s=4)) == 4
+
+
+def test_window_detection_by_hand() -> None:
+    assert pm.window_fake_blocks(100, 3, 0.5) == 17  # 50 segments packed into ⌈50/3⌉ blocks
+    assert pm.window_fake_blocks(100, 3, 0.01) == 1
+    assert pm.window_fake_blocks(10, 3, 1.0) == 4  # every block, the last segment too
+    assert pm.window_detection(34, 17, 7) == pytest.approx(1 - math.comb(17, 7) / math.comb(34, 7))
+    assert pm.window_detection(4, 1, 9) == 1.0  # more draws than blocks: every block is drawn
+    # one fake block of B = 4, v = 1, a = 1, p = 0.5: caught (v + p·a)/B = 1.5/4
+    assert 1 - pm.window_cheat(4, 1, 1, 1, 0.5, 0.0).success == pytest.approx(0.375)
+    i = Inputs(H=500, k=5, w=3, v=4, auditors=3, audit_p=1.0)
+    assert pm.one_segment_detection(i) == pytest.approx(7 / 34)
+    assert pm.one_segment_detection(replace(i, audit_p=0.5)) == pytest.approx(5.5 / 34)
+    assert pm.lazy_detection(i, 0.5) == pytest.approx(pm.window_detection(34, 17, 7))  # p = 1: all 7 blocks
+    # p = 0.5: the 4 initial blocks always, the 3 audit blocks half the time
+    half = replace(i, audit_p=0.5)
+    expect = 0.5 * pm.window_detection(34, 17, 4) + 0.5 * pm.window_detection(34, 17, 7)
+    assert pm.lazy_detection(half, 0.5) == pytest.approx(expect)
+    assert pm.one_segment_detection(replace(i, sampling=SEGMENTS, s=8)) == pytest.approx(7 / 99)
+
+
+def test_window_collusion_by_hand() -> None:
+    # B = 4 with F = 2 fake, v = 1, a = 1, p = 1, σ = 1/2: the two slots take distinct blocks;
+    # (K1, K2) = (1, 1) w.p. 1/6, (1, 0) and (0, 1) 1/3 each, (0, 0) 1/6:
+    # success = 1/6 + 2 · 1/3 · 1/2 + 1/6 · 1/4 = 13/24; caught first = 1 − E[σ^K1] = 1 − 3/4
+    c = pm.window_cheat(4, 2, 1, 1, 1.0, 0.5)
+    assert c.success == pytest.approx(13 / 24)
+    assert c.caught_first == pytest.approx(1 / 4)
+    assert c.caught_audit == pytest.approx(3 / 4 - 13 / 24)
+    # every block fake: each slot holder must be an accomplice, as for a fake Δ
+    every = pm.window_cheat(4, 4, 2, 1, 0.5, 0.3)
+    assert every.success == pytest.approx(pm.fake_delta_success(0.3, 2, 0.5, 1))
+
+
+@pytest.mark.parametrize(("B", "F", "v", "a"), [(5, 2, 2, 1), (4, 1, 3, 3), (3, 2, 4, 2), (6, 3, 1, 4)])
+@pytest.mark.parametrize("sigma", [0.0, 0.3])
+def test_window_cheat_against_enumeration(B: int, F: int, v: int, a: int, sigma: float) -> None:
+    """Every keyed order of B blocks (slot j takes order[j mod B], `prf.draw_windows`), the fake ones
+    being 0..F−1: a fake block passes a round iff every slot holder on it is an accomplice."""
+    p = 0.4
+    first = both = 0.0
+    orders = list(itertools.permutations(range(B)))
+    for order in orders:
+        k1 = sum(1 for j in range(v) if order[j % B] < F)
+        k2 = sum(1 for j in range(v, v + a) if order[j % B] < F)
+        first += sigma**k1 / len(orders)
+        both += sigma ** (k1 + k2) / len(orders)
+    c = pm.window_cheat(B, F, v, a, p, sigma)
+    assert c.success == pytest.approx((1 - p) * first + p * both)
+    assert c.caught_first == pytest.approx(1 - first)
+    assert c.caught_audit == pytest.approx(p * (first - both))
+
+
+def test_recompute_windows_by_hand() -> None:
+    # bitwise, n = 4, w = 1 (4 blocks), one drawn, m = 2: persisted 0, 2 and θ_H (4); block 1 needs
+    # boundary 1 (one segment from 0), block 3 boundary 3 (one from 2), each drawn 1/4 of the time
+    assert pm.recompute_windows(4, 1, 1, 2) == pytest.approx(0.5)
+    # tolerance, n = 4, w = 2 (blocks 0..2 and 2..4), m = 4: persisted 0 and 4; the last segment's
+    # ends (3, 4) are always needed, so either block costs one pass from 0 to 3
+    assert pm.recompute_windows(4, 2, 1, 4, tolerance=True) == pytest.approx(3.0)
+    assert pm.recompute_windows(100, 3, 7, 1) == 0.0
+
+
+@pytest.mark.parametrize("tolerance", [False, True])
+def test_blocks_needing_counts_window_needs(tolerance: bool) -> None:
+    for n, w in ((10, 3), (12, 4), (7, 1), (5, 5)):
+        B = -(-n // w)
+        for lo in range(n + 1):
+            for top in range(lo, n + 1):
+                needs = [pm.window_needs(n, w, b, tolerance) for b in range(B)]
+                want = sum(1 for need in needs if any(lo <= j <= top for j in need))
+                assert pm.blocks_needing(w, B, lo, top, tolerance) == want, (n, w, lo, top)
+
+
+@pytest.mark.parametrize(
+    ("n", "w", "x", "m", "tolerance"),
+    [(10, 3, 2, 3, False), (12, 2, 3, 5, False), (9, 1, 4, 4, False), (10, 3, 2, 4, True), (8, 2, 5, 3, True),
+     (7, 7, 3, 2, False)],
+)  # fmt: skip
+def test_recompute_windows_against_enumeration(n: int, w: int, x: int, m: int, tolerance: bool) -> None:
+    """Every draw of x distinct blocks; what the host needs is `trainer.recompute.needed_boundaries` of
+    the drawn windows, rebuilt as `plan_openings` does: from the nearest persisted boundary below
+    each (`Boundaries.persisted` with windows: every m-th and θ_H), one pass per source up to its
+    farthest need."""
+    from protocol.prf import window_blocks, windows_opened
+    from trainer.recompute import needed_boundaries
+
+    mode = ReplayMode.TOLERANCE if tolerance else ReplayMode.BITWISE
+    on_disk = {j for j in range(n + 1) if j == n or j % m == 0}
+    B = window_blocks(n, w)
+    costs = []
+    for drawn in itertools.combinations(range(B), min(x, B)):
+        starts = [b * w for b in drawn]
+        needed = needed_boundaries(windows_opened(starts, n, w), mode, starts)
+        farthest: dict[int, int] = {}
+        for j in needed - on_disk:
+            q = max((q for q in on_disk if q <= j), default=0)
+            farthest[q] = max(farthest.get(q, 0), j - q)
+        costs.append(sum(farthest.values()))
+    assert pm.recompute_windows(n, w, x, m, tolerance) == pytest.approx(sum(costs) / len(costs))
+
+
+def test_window_disk_and_recompute_in_the_plan() -> None:
+    i = Inputs(H=500, k=5, m=10, w=3, v=4, auditors=3)
+    assert pm.disk_states(i) == 10 + (7 + 1) + 3  # ⌈n/m⌉ + (v + a) + θ_H + 3
+    assert pm.disk_states(replace(i, w=50)) == 10 + (2 + 1) + 3  # only B = 2 distinct starts to hold
+    assert pm.disk_states(replace(i, replay=ReplayMode.TOLERANCE)) == 10 + (7 * 4 + 2) + 3
+    assert pm.opening_recompute(i) == pytest.approx(pm.recompute_windows(100, 3, 7, 10))
+    assert pm.opening_recompute(replace(i, pipeline=Pipeline.TODAY)) == 0.0
+
+
+def test_window_plan_figures() -> None:
+    i = Inputs(params=1e9, H=50, k=5, w=3, v=4, auditors=3, audit_p=1.0, codec=Codec.INT8, m=1)
+    p = pm.plan(i, C)
+    ver = p.verification
+    assert ver["checks_per_contribution"] == 7.0
+    assert ver["states_per_contribution"] == pytest.approx(7 * 14e9 / 12e9)  # all checks ÷ 12·P
+    assert ver["one_segment_detection"] == 1.0  # 7 slots cover all B = 4 blocks
+    assert (ver["window_segments"], ver["blocks"], ver["replay_segments_per_check"]) == (3, 4, 2.5)
+    assert p.network["host_upload_openings_bytes"] == pytest.approx(7 * 14e9)
+    assert p.security["detection"] == pytest.approx(pm.lazy_detection(i, 0.5))
+    seg = pm.plan(replace(i, sampling=SEGMENTS, s=2), C).verification
+    f = pm.segment_fetches(10, 2)
+    per = f.starts * 12e9 + f.segment_zero * 8e9
+    assert seg["states_per_contribution"] == pytest.approx(7 * per / 12e9)
+    assert seg["one_segment_detection"] == pytest.approx(1 / 9)  # (s − 1)/(n − 1)
+
+
+def test_collusion_share_bound() -> None:
+    assert pm.collusion_share_bound(4, 1.0, 3) == 0.5  # 0.5^7 = 0.78% ≤ 1%: every coalition below ½
+    assert pm.collusion_share_bound(2, 0.0, 1) == pytest.approx(0.1)  # σ² ≤ 1%
+    assert pm.collusion_share_bound(1, 0.0, 1) == pytest.approx(0.01)
+
+
+def test_economics_at_the_defaults_and_off_them() -> None:
+    from gonka_diloco.plan_cli import economics_sentence
+
+    p = pm.plan(Inputs(), C)
+    e = p.economics
+    assert e["at_run_defaults"] and e["meets_all"], e
+    assert e["half_fake_caught"] >= 0.9 and e["half_fake_profit"] < 0 and e["one_segment_caught"] >= 0.2
+    assert e["fake_delta_success_at_coalition"] == pytest.approx(0.5**7)
+    assert economics_sentence(e).startswith("defaults meet the cheating floors")
+    weak = pm.plan(Inputs(v=1, audit_p=0.1, auditors=1), C).economics
+    assert not weak["at_run_defaults"] and not weak["meets_all"]
+    assert weak["meets"] == {"half_fake": False, "one_segment": False, "coalition": False}
+    assert weak["fake_delta_sigma_bound"] == pytest.approx(0.0111, abs=1e-3)
+    text = economics_sentence(weak)
+    assert text.startswith("these settings do not meet") and text.count("NOT MET") == 3
+
+
+@pytest.mark.parametrize("sampling", list(Sampling))
+def test_most_profitable_fake_is_the_top_of_the_profit_curve(sampling: Sampling) -> None:
+    i = Inputs(H=50, k=5, w=2, s=3, sampling=sampling)
+    train = 3600.0
+    slash, a_slash = pm.host_slash(i), pm.audit_slash(i)
+    curve = {
+        j: pm.expected_profit(pm.lazy_cheat(i, j / 10), pm.cheat_gain(i, j / 10, train), slash, a_slash)
+        for j in range(1, 11)
+    }
+    faked, profit, deterring = pm.most_profitable_fake(i, train)
+    assert profit == max(curve.values()) and curve[faked] == profit
+    cheat = pm.lazy_cheat(i, faked / 10)
+    assert deterring == pytest.approx(pm.min_deterrent_slash(cheat, pm.cheat_gain(i, faked / 10, train)))
+
+
+def test_choose_window() -> None:
+    i = Inputs()
+    ch = pm.choose_window(i, C)
+    fit = [o for o in ch.options if o.replay_share <= 0.25 and o.one_segment_detection >= 0.2]
+    assert ch.within_budget and ch.replay_share <= 0.25 and len(ch.options) == i.n
+    best = min(o.overlapped_s for o in fit)
+    assert ch.overlapped_s <= best * 1.005
+    assert not any(o.w > ch.w and o.overlapped_s <= best * 1.005 for o in fit)  # the largest of the fastest
+    # the defaults' w is the one w within the budget that also catches a one-segment fake in ≥ 20%:
+    # replay 7/B ≤ 25% needs B ≥ 28 (w ≤ 3), detection 7/B ≥ 20% needs B ≤ 35 (w ≥ 3)
+    assert ch.w == ch.w_one_segment_floor == RunConfig.model_fields["window_segments"].default == 3
+    # at this size a 360 GB start downloads faster than ~50 segments replay from G_n
+    assert ch.start == "download" and ch.from_zero_check_s is not None
+    assert ch.download_check_s < ch.from_zero_check_s
+    tiny = pm.choose_window(i, C, budget=0.01)  # 7/B ≤ 1% needs B ≥ 700 > n
+    assert not tiny.within_budget and tiny.w == 1
+    fast_replay = pm.choose_window(replace(i, step_seconds=1e-3, up=1e6, down=1e6), C)
+    assert fast_replay.start == "from-0"  # replay is free, bytes are not
+    assert pm.choose_window(replace(i, replay=ReplayMode.TOLERANCE), C).from_zero_check_s is None
+
+
+def test_sweep_varies_w_under_windows() -> None:
+    floors = Floors(utilization=0.5, detection=0.9, collusion_success=0.01, max_H=100)
+    base = Inputs(params=1e9, H=100, host_stake=10_000.0, up=1.25e9, down=1.25e9)
+    found = pm.sweep(base, C, floors, top=50)
+    assert found and len({p.inputs["w"] for p in found}) > 1
+    for p in found:
+        assert p.security["detection"] >= 0.9
+        assert p.security["detection"] == pytest.approx(pm.lazy_detection(replace(
+            base, H=p.inputs["H"], k=p.inputs["k"], w=p.inputs["w"], v=p.inputs["v"]), 0.5))  # fmt: skip
 
 
 # ---------------------------------------------------------------- time and utilization
@@ -223,16 +487,18 @@ def test_poc_wait() -> None:
 
 
 def test_verify_window() -> None:
-    i = Inputs(params=1e9, s=2, k=5, v=1, hosts=2, verifier_nodes=1, audit_p=0.0, up=1e9, down=2e9)
-    per = 12e9 + 8e9  # one start state + the optimizer state
+    i = Inputs(params=1e9, s=2, k=5, v=1, hosts=2, verifier_nodes=1, audit_p=0.0, up=1e9, down=2e9,
+               sampling=SEGMENTS)  # fmt: skip
+    f = pm.segment_fetches(i.n, 2)
+    per = f.starts * 12e9 + f.segment_zero * 8e9  # the expected start states + the optimizer state
     w = pm.verify_seconds(i, C, t_step=1.0)
-    assert w["data"] == max(per / 1e9, 2 * per / 2e9)  # host uplink vs the verifier's two downloads
+    assert w["data"] == pytest.approx(max(per / 1e9, 2 * per / 2e9))  # host uplink vs two downloads
     assert w["replay"] == 2 * 10.0
-    assert w["total"] == max(w["data"], w["replay"]) + min(per / 2e9, 10.0)
+    assert w["total"] == pytest.approx(max(w["data"], w["replay"]) + min(per / 2e9, 10.0))
 
 
 def test_plan_hangs_together() -> None:
-    i = Inputs(params=30e9, hosts=16, H=500, k=5, s=8, v=1, m=10)
+    i = Inputs(params=30e9, hosts=16, H=500, k=5, s=8, v=1, m=10, sampling=SEGMENTS)
     p = pm.plan(i, C)
     tl = p.timeline
     assert tl["train"] == pytest.approx(500 * pm.step_seconds(i))
@@ -273,13 +539,16 @@ def test_configured_phases_that_are_too_short_are_flagged() -> None:
     assert any("train phase too short" in w for w in p.warnings)
 
 
-def test_sweep_meets_its_floors_cheapest_first() -> None:
+@pytest.mark.parametrize("sampling", list(Sampling))
+def test_sweep_meets_its_floors_cheapest_first(sampling: Sampling) -> None:
     floors = Floors(utilization=0.85, detection=0.9, collusion_success=0.01)
     # audits as the published plan's scenario (p = 10%, one auditor): at the chain's own p = 1,
     # a = 3 the openings' upload keeps every setting under 85% at 1 Gbit/s
-    base = Inputs(params=30e9, audit_p=0.1, auditors=1, host_stake=10_000.0, block_seconds=5.0)
+    base = Inputs(params=30e9, audit_p=0.1, auditors=1, host_stake=10_000.0, block_seconds=5.0,
+                  sampling=sampling)  # fmt: skip
     found = pm.sweep(base, C, floors, top=5)
     assert found
+    assert all(p.inputs["sampling"] == sampling for p in found)
     costs = [p.cost for p in found]
     assert costs == sorted(costs)
     for p in found:
@@ -353,13 +622,36 @@ runner = CliRunner()
 
 def test_cli_json_follows_the_flags() -> None:
     r = runner.invoke(app, ["--params", "10B", "--hosts", "8", "-H", "100", "-k", "10", "-s", "3", "--up",
-                            "10Gbit", "--down", "10Gbit", "--json"])  # fmt: skip
+                            "10Gbit", "--down", "10Gbit", "--sampling", "segments", "--json"])  # fmt: skip
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     i = out["plan"]["inputs"]
     assert (i["params"], i["hosts"], i["H"], i["k"], i["s"], i["up"]) == (10e9, 8, 100, 10, 3, 1.25e9)
     assert out["plan"]["security"]["detection"] == pytest.approx(pm.detection_probability(10, 5, 3))
     assert "sources" in out["constants"]
+
+
+def test_cli_sampling_flags_window_choice_and_economics() -> None:
+    r = runner.invoke(app, ["--params", "1B", "-w", "5", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    i, ver = out["plan"]["inputs"], out["plan"]["verification"]
+    assert (i["sampling"], i["w"]) == ("windows", 5)
+    assert ver["blocks"] == 20 and ver["one_segment_detection"] == pytest.approx(7 / 20)
+    ch = out["window_choice"]
+    assert ch["replay_share"] <= 0.25 and ch["start"] in ("download", "from-0") and len(ch["options"]) == 100
+    assert out["plan"]["economics"]["sentence"].startswith("these settings")  # w = 5 is not the default
+    seg = json.loads(runner.invoke(app, ["--params", "1B", "--sampling", "segments", "--json"]).output)
+    assert seg["plan"]["verification"]["one_segment_detection"] == pytest.approx(7 / 99)
+    table = runner.invoke(app, ["--params", "1B"])
+    assert table.exit_code == 0, table.output
+    flat = " ".join(table.output.split())
+    assert "window choice" in flat and "economics: defaults meet the cheating floors" in flat
+    bad = runner.invoke(app, ["-w", "0"])
+    assert bad.exit_code == 2 and "window-segments" in bad.output
+    many = runner.invoke(app, ["-H", "20", "-k", "5", "--json"])  # s = 8 > n = 4 matters only for segments
+    assert many.exit_code == 0, many.output
+    assert runner.invoke(app, ["-H", "20", "-k", "5", "--sampling", "segments"]).exit_code == 2
 
 
 def test_cli_tables_and_sweep() -> None:
@@ -372,7 +664,7 @@ def test_cli_reads_a_run_config(tmp_path: Path) -> None:
     toml = tmp_path / "run.toml"
     toml.write_text(
         'inner_steps = 40\nsegment_len = 4\nsampled_segments = 3\nbatch_size = 4\nseq_len = 32\n'
-        "audit_bps = 2500\naudit_verifiers = 2\n"
+        "audit_bps = 2500\naudit_verifiers = 2\nsampling = \"segments\"\nwindow_segments = 4\n"
         '[model]\nfactory = "trainer.model:small_gpt"\nconfig = { n_layer = 1, n_embd = 32, n_head = 2 }\n'
         "[phases]\ntrain_blocks = 30\nreveal_blocks = 5\nverify_blocks = 7\n"
     )
@@ -380,6 +672,7 @@ def test_cli_reads_a_run_config(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     i = json.loads(r.output)["plan"]["inputs"]
     assert (i["H"], i["k"], i["s"], i["tokens_per_step"]) == (40, 4, 2, 128)  # the flag wins over the file
+    assert (i["sampling"], i["w"]) == ("segments", 4)
     assert i["phases"] == {"train": 30, "reveal": 5, "verify": 7}
     v = RunConfig.model_fields["verifiers_per_contribution"].default
     assert (i["v"], i["audit_p"], i["auditors"]) == (v, 0.25, 2)  # the run's audit, not the planner's
@@ -421,6 +714,7 @@ def test_defaults_are_the_chains() -> None:
     i = Inputs()
     assert (i.H, i.k, i.s, i.v) == tuple(f[n].default for n in (
         "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution"))  # fmt: skip
+    assert (i.sampling, i.w) == (f["sampling"].default, f["window_segments"].default)
     assert (i.audit_p, i.auditors) == (f["audit_bps"].default / 10_000, f["audit_verifiers"].default)
     assert (i.codec, i.replay) == (f["codec"].default, f["replay_mode"].default)
     st = f["stake"].default
@@ -505,3 +799,16 @@ def test_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in r.output.replace("\n", "")
     r = runner.invoke(app, ["--plot", str(tmp_path / "missing" / "plan.png")])
     assert r.exit_code == 2 and "--plot" in r.output
+
+
+def test_int8_moments_halve_what_a_check_downloads_and_the_host_keeps() -> None:
+    i = Inputs(params=1e9, H=500, k=5, w=3, v=4, auditors=3, m=3)
+    half = replace(i, moments=Moments.INT8)
+    B = 34
+    state8, opt8 = 4e9 + 2.03125e9, 2.03125e9
+    # block 0 downloads the optimizer, the others a start; all but the last block θ_H's params
+    want = (opt8 + (B - 1) * state8) / B + (B - 1) / B * 4e9
+    assert pm.verifier_bytes_per_contribution(half, C) == pytest.approx(want)
+    assert pm.disk_bytes(half, C) < pm.disk_bytes(i, C)
+    assert pm.state_bytes(1e9, Moments.INT8) == pytest.approx(state8)
+    assert pm.optimizer_bytes(1e9, Moments.INT8) == pytest.approx(opt8)

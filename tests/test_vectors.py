@@ -101,6 +101,11 @@ def test_prf_vectors() -> None:
         assert prf.shard_index(**case["input"]) == case["output"]
     for case in v["batch_offsets"]:
         assert prf.batch_offsets(**case["input"]) == case["output"]
+    for case in v["draw_windows"]:
+        i = case["input"]
+        got = prf.draw_windows(i["block_hash"], i["host"], i["n_segments"], i["w"], i["slots"])
+        assert got == case["output"]["windows"]
+        assert prf.windows_opened(got, i["n_segments"], i["w"]) == case["output"]["opened"]
     for case in v["sample_segments"]:
         i = case["input"]
         assert prf.sample_segments(i["block_hash"], i["host"], i["n_segments"], i["s"]) == case["output"]

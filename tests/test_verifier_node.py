@@ -19,6 +19,7 @@ import pytest
 
 from gonka_diloco.adversaries import resolve_host, resolve_verifier
 from nodekit.blobs import BlobClient
+from protocol.config import Sampling
 from tests.support.nodes import (
     IMPATIENT,
     IMPATIENT_VERIFIER,
@@ -48,10 +49,14 @@ VERIFIERS = {11: "honest", 12: "lazy", 13: "malicious"}
 def test_adversaries_rejected_and_dishonest_verifiers_outvoted_and_slashed(tmp_path: Path) -> None:
     corpus = tiny_corpus()
     chain = LockstepChain()
-    # 3 segments, 2 opened: one start is neither segment 0 (rebuilt from G_n) nor the end of a
-    # replayed segment, so the verifier must fetch it (what the withholding adversaries withhold)
+    # 3 segments, 2 opened by every verifier (segment sampling): one start is neither segment 0
+    # (rebuilt from G_n) nor the end of a replayed segment, so the verifier must fetch it (what the
+    # withholding adversaries withhold). With windows a checker whose window starts at segment 0
+    # needs nothing from the host, and honest work it fully replayed is accepted whatever the host
+    # serves (tests/test_windows_nodes.py).
     cfg = run_config(
-        corpus, max_outer_steps=2, verifiers_per_contribution=3, sampled_segments=2, inner_steps=15
+        corpus, max_outer_steps=2, verifiers_per_contribution=3, sampled_segments=2, inner_steps=15,
+        sampling=Sampling.SEGMENTS,
     )
     run_id = create_run(chain, cfg)
     logs: list[dict[str, Any]] = []

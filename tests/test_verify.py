@@ -21,7 +21,7 @@ from gonka_diloco.adversaries.lab import (
     tiny_config,
 )
 from nodekit.globalmodel import GlobalModel
-from protocol.config import ReplayMode
+from protocol.config import ReplayMode, Sampling
 from protocol.envclass import ReplayDecision
 from protocol.messages import EnvFingerprint, Reason
 from replay.step import State, configure_determinism, env_fingerprint, optimizer_state
@@ -62,7 +62,9 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     configure_determinism(1)
-    lab = Lab(tiny_config(), synthetic_corpus(), tmp_path_factory.mktemp("lab"))
+    # segment sampling: every check here names the segments it opens (windows: test_verify_windows)
+    cfg = tiny_config().model_copy(update={"sampling": Sampling.SEGMENTS})
+    lab = Lab(cfg, synthetic_corpus(), tmp_path_factory.mktemp("lab"))
     g0 = GlobalModel.from_module(lab.build()[0])
     stale = resolve_host("stale")
     step0 = {A: lab.train(stale, A, 0, g0), B: lab.train(HostBehaviour(), B, 0, g0)}

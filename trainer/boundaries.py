@@ -293,11 +293,15 @@ class Boundaries:
         self.step_seconds = 0.0  # the part of it spent inside optimizer steps (the pre-step hook)
 
     def persisted(self, j: int) -> bool:
-        """Boundary j goes to disk: every m-th, the last segment's start (always opened) and, in
-        tolerance mode, its end θ_H (verifiers fetch claimed ends there; in bitwise mode nobody
-        does: the replay reproduces it). With m > 1 boundary 0 is not written: it is G_n and the
-        carried optimizer state, both on disk already (`materialize_openings` rebuilds it)."""
+        """Boundary j goes to disk: every m-th, and what is always fetched. Sampling windows: θ_H,
+        the last boundary (every checker whose window ends short of it fetches its parameters).
+        Sampling segments: the last segment's start (always opened) and, in tolerance mode, its end
+        θ_H (verifiers fetch claimed ends there; in bitwise mode nobody does: the replay
+        reproduces it). With m > 1 boundary 0 is not written: it is G_n and the carried optimizer
+        state, both on disk already (`materialize_openings` rebuilds it)."""
         n = self.cfg.n_segments
+        if self.cfg.windowed and j in (n - 1, n):
+            return j == n or j % self.every == 0
         if j == n:
             return self.cfg.replay_mode is ReplayMode.TOLERANCE
         return j == n - 1 or (j % self.every == 0 and (j > 0 or self.every == 1))

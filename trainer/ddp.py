@@ -23,7 +23,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -324,7 +324,8 @@ class Team:
         return c
 
     def materialize(
-        self, job: CommitJob, model: nn.Module, leaves: list[str], segments: list[int]
+        self, job: CommitJob, model: nn.Module, leaves: list[str], segments: list[int],
+        windows: Sequence[int] = (),
     ) -> list[int]:
         """`trainer.recompute.materialize_openings` for a sharded team: rank 0 plans (and deletes what
         is not needed); every rank recomputes its part of the missing opened boundaries from the
@@ -335,7 +336,7 @@ class Team:
         store = job.store
         if store is None:
             raise ValueError("opened boundaries are recomputed into the host's store: the job has none")
-        plan = plan_openings(store, job.outer_step, leaves, segments, job.config.replay_mode)
+        plan = plan_openings(store, job.outer_step, leaves, segments, job.config.replay_mode, windows)
         done: list[int] = []
         if plan.missing:
             rank = self._rank(model)

@@ -177,6 +177,7 @@ class HostNode:
     def _make_server(self, listen: str) -> ServerThread:
         def sent(kind: str, n: int) -> None:
             self.metrics.bytes_sent.labels(kind).inc(n)
+            self.rt.sent(kind, n)
 
         # an honest host streams from disk; a behaviour that tampers with what it serves sees whole objects
         tampers = type(self.behaviour).serve_blob is not HostBehaviour.serve_blob

@@ -60,12 +60,19 @@ def load_stored_state(
         opt.state[p]["step"].copy_(live["step"])
 
 
-def needed_boundaries(segments: Sequence[int], mode: ReplayMode = ReplayMode.TOLERANCE) -> set[int]:
+def needed_boundaries(
+    segments: Sequence[int], mode: ReplayMode = ReplayMode.TOLERANCE, windows: Sequence[int] = ()
+) -> set[int]:
     """The boundaries a host keeps after the challenge: what a verifier may fetch. Tolerance mode:
-    both ends of every sampled segment (claimed ends are compared). Bitwise mode: the starts,
+    both ends of every opened segment (claimed ends are compared). Bitwise mode: the starts,
     except segment 0's (G_n + the carried optimizer state, which verifiers rebuild); an end is
-    never fetched there, the replay reproduces it (a mismatch is REPLAY_MISMATCH either way)."""
+    never fetched there, the replay reproduces it (a mismatch is REPLAY_MISMATCH either way).
+    Sampling windows (`windows`: each slot's start): in bitwise mode only each window's start (its
+    checker replays on from it) and θ_H, the last boundary, whose parameters every checker whose
+    window ends short of it fetches to check Δ."""
     if mode is ReplayMode.BITWISE:
+        if windows:
+            return {s for s in windows if s > 0} | {max(segments) + 1}
         return {s for s in segments if s > 0}
     return {j for s in segments for j in (s, s + 1)}
 
@@ -94,11 +101,12 @@ def plan_openings(
     leaves: Sequence[str],
     segments: Sequence[int],
     mode: ReplayMode = ReplayMode.TOLERANCE,
+    windows: Sequence[int] = (),
 ) -> OpeningPlan:
     """Decide what to recompute (`needed_boundaries` in the run's replay mode) and delete, at once,
     every persisted boundary that is neither needed nor the nearest source of a needed one."""
     store.flush()  # the last boundaries may still be being written
-    needed = needed_boundaries(segments, mode)
+    needed = needed_boundaries(segments, mode, windows)
     on_disk = {j for j, h in enumerate(leaves) if store.has(h, outer_step)}
     missing = sorted(needed - on_disk)
     sources = {max((q for q in on_disk if q <= j), default=0) for j in missing}
@@ -166,6 +174,7 @@ def materialize_openings(
     leaves: Sequence[str],
     segments: Sequence[int],
     start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
+    windows: Sequence[int] = (),
 ) -> list[int]:
     """After the challenge: every boundary a verifier may fetch in the job's store
     (`needed_boundaries`), nothing else.
@@ -176,7 +185,7 @@ def materialize_openings(
     not hash to its leaf (the host could not reproduce its own trajectory).
     """
     store = _store(job)
-    plan = plan_openings(store, job.outer_step, leaves, segments, job.config.replay_mode)
+    plan = plan_openings(store, job.outer_step, leaves, segments, job.config.replay_mode, windows)
     done = recompute_openings(job, plan, leaves, start)
     drop_sources(store, job.outer_step, leaves, plan)
     return done

@@ -47,7 +47,7 @@ class RevealPhase:
             return
         del ctx
         self.h.opts.pop(n, None)  # the last hook that sees it: its moments (8 B/param) go now
-        self.materialize(n, c, segments)
+        self.materialize(n, c, segments, self.h.view.windows(self.h.address, n))
         # The commit deadline is past, so serving now lets nobody copy; verifiers need it at once.
         self.publish(n, c, segments)
         if not already:
@@ -65,7 +65,7 @@ class RevealPhase:
         self.h.rt.set(phase=NodePhase.REVEALED)
         self.h.log("revealed", outer_step=n, segments=segments)
 
-    def materialize(self, n: int, c: TrainedStep, segments: list[int]) -> None:
+    def materialize(self, n: int, c: TrainedStep, segments: list[int], windows: list[int]) -> None:
         """Opened boundaries that were not persisted are recomputed from the nearest persisted one
         (sparse checkpoints, host.toml `checkpoint_every`); every other boundary goes at once."""
         gm = self.h.models.get(c.base_model_hash)
@@ -84,13 +84,14 @@ class RevealPhase:
             return model, opt
 
         with self.h.replica_lock if beside else contextlib.nullcontext():
-            self.recompute(n, c, segments, params, start)
+            self.recompute(n, c, segments, windows, params, start)
 
     def recompute(
         self,
         n: int,
         c: TrainedStep,
         segments: list[int],
+        windows: list[int],
         params: Mapping[str, Tensor],
         start: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
     ) -> None:
@@ -103,9 +104,9 @@ class RevealPhase:
         try:
             if self.h.team is not None and self.h.team.shard_state:
                 self.h.team.carry(self.h.view.prev_optimizer_hash(self.h.address, n) or None, OPTIMIZER_GROUP)
-                done = self.h.team.materialize(job, self.h.model, c.leaves, segments)
+                done = self.h.team.materialize(job, self.h.model, c.leaves, segments, windows)
             else:
-                done = materialize_openings(job, c.leaves, segments, start)
+                done = materialize_openings(job, c.leaves, segments, start, windows)
         except (ValueError, OSError) as e:  # cannot reproduce an own boundary: serve what we have
             self.h.log("recompute_failed", outer_step=n, error=f"{type(e).__name__}: {e}")
             return

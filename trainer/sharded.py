@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype, _has_foreach_support
 
 from protocol import chunks
-from protocol.inner import MOMENTS, STATE_GROUPS
+from protocol.inner import MOMENTS, STATE_GROUPS, Moments
 from protocol.tensors import StateKind, TensorSpec, canonical_header, canonical_size, data_offsets, domain
 from replay.step import LossFn, _flat_grad, make_optimizer
 
@@ -398,6 +398,9 @@ def make_shard_optimizer(
     model: nn.Module, plan: ShardPlan, rank: int, inner: InnerOptim
 ) -> torch.optim.AdamW:
     """AdamW over this rank's own tensors (its 1/W of the moments), zero state up front."""
+    moments = Moments(inner.moments)
+    if moments is not Moments.FP32:  # its shard files and ranges are laid out for fp32 moments
+        raise ValueError(f"shard_state needs inner.moments 'fp32', not {moments.value!r}")
     by_name = dict(model.named_parameters())
     return make_optimizer([by_name[n] for n in plan.owned(rank)], inner)
 

@@ -57,6 +57,16 @@ class OptimizerSource(Protocol):
         ...
 
 
+class ParamsSource(Protocol):
+    """A `BlobSource` that can also give θ alone of a training state (the chunks holding its
+    `param/*` tensors, each checked): what a checker whose window does not end at θ_H needs to
+    check Δ (optional: without it the whole state is fetched)."""
+
+    def params(self, leaf_hash: str) -> State:
+        """The `param/*` tensors of the training state whose `training_hash` is `leaf_hash`."""
+        ...
+
+
 class ErrorFeedbackSource(Protocol):
     """A `BlobSource` that can also give a host's carried error-feedback accumulator by its chain
     hash (codec sparse, specs §4.1): needed to rebuild C(β·e + Δ) and e_next."""
@@ -129,6 +139,18 @@ class Job:
     """Codec sparse (specs §4.1): the committed hash of the host's e_next."""
     start_ef_hash: str | None = None
     """Codec sparse: the accumulator the chain names for the host's start (None: zeros)."""
+    window: tuple[int, ...] | None = None
+    """The segments this verifier replays (sampling windows: its slot's window, or a dispute
+    panel's disputed windows, specs §2.3, §2.5.3); None: every opened segment (sampling segments).
+    Whatever it replays, it checks Δ against θ_H."""
+
+    delta_first: bool = False
+    """A dispute panel member's check (windows): Δ first, then the disputed windows, so its verdict
+    answers the Δ question whatever it finds in them (specs §2.5.3)."""
+
+    @property
+    def replays(self) -> list[int]:
+        return sorted(self.sampled if self.window is None else self.window)
 
 
 @dataclass
@@ -140,12 +162,13 @@ class ReplayContext:
     data: Corpus
     global_params: Mapping[str, Tensor]  # G_n, keyed by the model's parameter names
     on_replay_steps: Callable[[int], None] = field(default=lambda n: None)
-    on_derived: Callable[[State, bytes], None] | None = None
-    """All checks passed: the host's final state (bitwise mode: our replay, bit for bit; tolerance
-    mode: the claimed end state, checked) and the Δ payload (derived from it; in tolerance mode the
-    downloaded one, equal to it). The node keeps both: the optimizer state is the host's next
-    start (no fetch next time, and others rebuild segment 0 from it) and the Δ is served to everyone
-    who aggregates, so neither depends on the author staying online."""
+    on_derived: Callable[[State | None, bytes], None] | None = None
+    """All checks passed: the host's final state when this check replayed the last segment
+    (bitwise mode: our replay, bit for bit; tolerance mode: the claimed end state, checked; None
+    otherwise) and the Δ payload (derived from θ_H; in tolerance mode the downloaded one, equal to
+    it). The node keeps both: the optimizer state is the host's next start (no fetch next time, and
+    others rebuild segment 0 from it) and the Δ is served to everyone who aggregates, so neither
+    depends on the author staying online."""
     opt: torch.optim.Optimizer | None = field(default=None, repr=False)
     """The replay optimizer, made once: starts are written into it and the model in place."""
     global_momentum: Mapping[str, Tensor] | None = None

@@ -108,7 +108,7 @@ class VerifierNode:
         self._workers: list[threading.Thread] = []  # ... one per step in flight
         self._lock = threading.Lock()  # pruning and following, between the loop and the follower
         rt.sweep(self.dir)  # a listen.json write a kill cut short
-        app = build_app(self.catalog, rt.board.snapshot, rt.board.registry)
+        app = build_app(self.catalog, rt.board.snapshot, rt.board.registry, on_sent=rt.sent)
         rt.server = self.server = bind_kept_port(app, config.listen, self.dir / "listen.json", rt.log)
 
     @property
@@ -320,33 +320,35 @@ class VerifierNode:
 
     def _verify_step(self, n: int, info: StepInfo) -> None:
         gm = self.models.get(info.base_model_hash)
-        settled: set[str] = set()
+        settled: set[tuple[str, bool]] = set()  # (host, a revote: a windowed dispute's second check)
         deferred: dict[str, int] = {}  # host -> height at which its data was not yet served
-        running: dict[Pending, tuple[str, float]] = {}
+        running: dict[Pending, tuple[str, float, bool]] = {}  # -> (host, started, a revote)
         h = info.height
         while True:
             info = self.view.step(n)
             if info.finalized_height is not None or info.phase.finalized:
                 break
             assigned = self.view.assignments(self.address, n)
-            busy = {host for host, _ in running.values()}
+            busy = {host for host, _, _ in running.values()}
+            owed = self.view.revotes_owed(n, self.address) if assigned else set()
             for host in assigned:
-                if host in settled or host in busy or deferred.get(host, -1) >= info.height:
+                if (host, host in owed) in settled or host in busy or deferred.get(host, -1) >= info.height:
                     continue
                 job = self._job(n, host, info)
                 if job is not None:
-                    running[self.pool.submit(self._judge, job, gm)] = (host, time.perf_counter())
+                    started = (host, time.perf_counter(), host in owed)
+                    running[self.pool.submit(self._judge, job, gm)] = started
             if running:  # wait for work, not for blocks: the chain may be waiting on us
                 finished, _ = wait(list(running), timeout=self.view.poll_timeout, return_when=FIRST_COMPLETED)
                 ready: list[tuple[str, Judgement, float]] = []
                 for fut in finished:
-                    host, t0 = running.pop(fut)
+                    host, t0, revote = running.pop(fut)
                     try:
                         out = self._outcome(n, host, fut, info)
                     except _Retry:
                         deferred[host] = info.height
                         continue
-                    settled.add(host)
+                    settled.add((host, revote))
                     if out is not None:
                         ready.append((host, out, time.perf_counter() - t0))
                 if ready:
@@ -364,6 +366,7 @@ class VerifierNode:
         if reveal is None and info.height <= info.reveal_closes:
             return None
         segments = self.view.segments(host, n) or []
+        checks = self.view.checks(host, n, self.address, self.cfg)
         opened = tuple(  # the chain checked each pair proof at reveal and keeps only the leaves
             OpeningData(o["segment"], o["start_leaf"], o["end_leaf"], tuple(o.get("proof") or ()) or None)
             for o in (reveal["openings"] if reveal else [])
@@ -376,6 +379,8 @@ class VerifierNode:
             env=EnvFingerprint.model_validate(c["env"]), sampled=tuple(segments), openings=opened,
             prev_optimizer_hash=start.optimizer_hash, parent_delta_hash=start.parent_delta_hash,
             final_ef_hash=c.get("final_ef_hash"), start_ef_hash=start.ef_hash,
+            window=None if checks is None else tuple(checks.segments),
+            delta_first=checks is not None and checks.panel,
         )  # fmt: skip
 
     def _judge(self, job: Job, gm: GlobalModel) -> Judgement | None:
@@ -398,11 +403,11 @@ class VerifierNode:
                                 group=str(job.outer_step), keep=self._serve,
                                 keep_deltas=keep_deltas)  # fmt: skip
 
-            def derived(final: State, payload: bytes) -> None:
+            def derived(final: State | None, payload: bytes) -> None:
                 self._keep_derived(job, final, payload)
 
             ctx = ReplayContext(
-                model, loss_fn, self.corpus, gm.params, self.metrics.replay_steps.inc, on_derived=derived,
+                model, loss_fn, self.corpus, gm.params, self._replayed, on_derived=derived,
                 global_momentum=gm.momentum, ef_sink=self.starts.ef_sink,
             )  # fmt: skip
 
@@ -417,12 +422,19 @@ class VerifierNode:
                 p.grad = None  # gradients (4 B/param beside aggregation; the next replay makes new ones)
             self._contexts.put((model, loss_fn))
 
-    def _keep_derived(self, job: Job, final: State, payload: bytes) -> None:
+    def _replayed(self, steps: int) -> None:
+        """Inner steps replayed (the metric, and `/status` `replayed_steps` for the traffic table)."""
+        self.metrics.replay_steps.inc(steps)
+        self.rt.board.update("replayed_steps", lambda x: (x or 0) + steps)
+
+    def _keep_derived(self, job: Job, final: State | None, payload: bytes) -> None:
         """What an accepting check leaves us (bitwise: our own replay; tolerance: the claimed end and
-        the Δ we downloaded, both checked): the host's next start optimizer state (so next step we
-        need not fetch it, and anyone rebuilding its segment 0 can fetch it from us) and its Δ
-        payload, which we serve to everyone who aggregates, whatever its author does."""
-        self.holdings.put_tensors(Kind.OPTIMIZER, optimizer_state(final), OPTIMIZER_GROUP)
+        the Δ we downloaded, both checked): the host's next start optimizer state when we replayed
+        its last segment (so next step we need not fetch it, and anyone rebuilding its segment 0
+        can fetch it from us) and its Δ payload, which we serve to everyone who aggregates,
+        whatever its author does."""
+        if final is not None:
+            self.holdings.put_tensors(Kind.OPTIMIZER, optimizer_state(final), OPTIMIZER_GROUP)
         self.holdings.put_bytes(Kind.DELTA, payload, delta_group(job.outer_step), job.outer_step)
 
     def _outcome(self, n: int, host: str, fut: Pending, info: StepInfo) -> Judgement | None:
@@ -476,6 +488,7 @@ class VerifierNode:
             self.rt.board.update("verdicts", lambda v, k=f"{n}:{host}", r=out.reason.name: {**v, k: r})
             self.rt.board.update("submitted", lambda x: x + 1)
             self.log("verdict", outer_step=n, host=host, reason=out.reason.name, detail=out.detail,
+                     replay_steps=out.replay_steps,
                      evidence=out.evidence_hash, seconds=round(seconds, 3))  # fmt: skip
 
     # ---------------------------------------------------------------- following G

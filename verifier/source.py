@@ -27,6 +27,7 @@ from nodekit.store import (
 from nodekit.storefiles import StoredTensors
 from replay.step import State
 from verifier.job import MalformedBlob, MissingData
+from verifier.tolerance import PARAM
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -80,9 +81,9 @@ class HttpSource:
         self.keep = keep or (lambda _k, _h, _g: None)
         self.keep_deltas = dict(keep_deltas or {})  # Δ hash -> group: fetched Δs kept and served
 
-    def _fetch(self, kind: Kind, h: str, sink: Any) -> None:
+    def _fetch(self, kind: Kind, h: str, sink: Any, have: set[int] | None = None) -> None:
         try:
-            self.on_fetched(self.client.fetch(self.objects.ref(kind, h), sink, self.endpoints))
+            self.on_fetched(self.client.fetch(self.objects.ref(kind, h), sink, self.endpoints, have=have))
         except BlobUnavailable as e:
             raise MissingData(str(e)) from e
         except (BlobInvalid, ValueError) as e:
@@ -103,6 +104,23 @@ class HttpSource:
                 self.store.load_into(Kind.STATE, leaf_hash, sink, self.group)
                 return sink.tensors
             return self._fetch_kept(leaf_hash, sink)
+
+    def params(self, leaf_hash: str) -> State:
+        """θ of a training state (its `param/*` tensors): only the chunks that hold them, and the
+        first (the header, compared with our layout), each checked against `leaf_hash`'s manifest —
+        4 of a state's 12 B/param. A state we hold already is read from the store."""
+        sink = TensorSink(self.objects.specs[Kind.STATE], only=lambda n: n.startswith(PARAM))
+        if self.store is not None and self.group is not None:
+            with _lock(self.store, leaf_hash):
+                if self.store.has(Kind.STATE, leaf_hash, self.group):
+                    self.store.load_into(Kind.STATE, leaf_hash, sink, self.group)
+                    return sink.tensors
+        ref = self.objects.ref(Kind.STATE, leaf_hash)
+        a, b = sink.span()
+        c = ref.chunk_bytes
+        wanted = {0, *range(a // c, max(a, b - 1) // c + 1)}
+        self._fetch(Kind.STATE, leaf_hash, sink, have=set(range(ref.n_chunks)) - wanted)
+        return sink.tensors
 
     def _fetch_kept(self, leaf_hash: str, sink: TensorSink) -> State:
         assert self.store is not None and self.group is not None

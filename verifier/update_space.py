@@ -31,12 +31,18 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import Tensor
 
-from protocol.config import InnerOptim
+from protocol import moments as qm
+from protocol.config import InnerOptim, Moments
 
 UPDATE_CHECKS = ("update", "denominator")
 """Tolerance mode's update-space distances, each with its own threshold (`RunConfig.tolerances`)."""
 GENUINE_SLACK = 1e-3
 """κ: relative slack of the genuine-state bound; float32 AdamW stays within ~1e-6 of it."""
+GENUINE_SLACK_INT8 = 1.0
+"""κ for int8 moments (specs §6.2.1): each step rounds m and v by up to 1/18 of themselves (half a
+grid step), so the bound of float32 AdamW does not hold exactly; honest runs measured stay far
+inside (1 + κ)·C(t) = 2·C(t) (`bench.statecode`, `tests/test_moments.py`), and a forged state
+still cannot take steps beyond 2·C(t)·lr per coordinate (no lr·m/ε)."""
 PIECE = 1 << 20
 """Elements per float64 piece: the working memory of every check here."""
 
@@ -112,10 +118,32 @@ def update_distances(
     return {"update": update, "denominator": math.sqrt(b2 / n)}
 
 
+def _moment_pairs(state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor, Tensor] | str]:
+    """(name, exp_avg, exp_avg_sq) as float32 per parameter (int8 codes decoded), or a string
+    saying what does not fit."""
+    if qm.moments_of_state(state) is Moments.INT8:
+        for name in qm.int8_names(state):
+            try:
+                m, v = qm.dequantized(state, name)
+            except qm.MomentCodeError as e:
+                yield f"{name}: {e}"
+                return
+            yield name, m, v
+        return
+    for name in _names(state):
+        mf, vf = state[_M + name], state.get(_V + name)
+        if vf is None or vf.shape != mf.shape:
+            yield f"{_V}{name} does not fit {_M}{name}"
+            return
+        yield name, mf, vf
+
+
 def genuine_mismatch(state: Mapping[str, Tensor], inner: InnerOptim) -> str | None:
     """None if every coordinate of the state's moments is one AdamW can produce, else what is not:
     finite moments, v ≥ 0, a whole non-negative step counter, all moments zero at t = 0, and
-    |m̂_i| ≤ (1 + κ)·C(t)·(√v̂_i + ε) at t ≥ 1 (no check of that bound where C(t) is infinite)."""
+    |m̂_i| ≤ (1 + κ)·C(t)·(√v̂_i + ε) at t ≥ 1 (no check of that bound where C(t) is infinite).
+    Int8 moments (`InnerOptim.moments`) are checked as they decode, with κ = `GENUINE_SLACK_INT8`,
+    and must be valid codes."""
     step_t = state.get("step")
     if step_t is None or step_t.numel() != 1:
         return "no step counter"
@@ -124,11 +152,12 @@ def genuine_mismatch(state: Mapping[str, Tensor], inner: InnerOptim) -> str | No
         return f"step counter {step} is not a whole non-negative number"
     bound = math.inf if step == 0 else genuine_bound(int(step), inner.beta1, inner.beta2)
     bc1, bc2 = bias_corrections(step, inner)
-    limit = (1.0 + GENUINE_SLACK) * bound
-    for name in _names(state):
-        m, v = state[_M + name], state.get(_V + name)
-        if v is None or v.shape != m.shape:
-            return f"{_V}{name} does not fit {_M}{name}"
+    slack = GENUINE_SLACK if qm.moments_of_state(state) is Moments.FP32 else GENUINE_SLACK_INT8
+    limit = (1.0 + slack) * bound
+    for item in _moment_pairs(state):
+        if isinstance(item, str):
+            return item
+        name, m, v = item
         worst = 0.0
         for mp, vp in _pieces(m, v):
             if not (bool(torch.isfinite(mp).all()) and bool(torch.isfinite(vp).all())):
@@ -146,3 +175,21 @@ def genuine_mismatch(state: Mapping[str, Tensor], inner: InnerOptim) -> str | No
             return (f"{name}: |m̂|/(√v̂+ε) = {worst:.4g} > (1+κ)·C(t) = {limit:.4g} at t = {step:g}: "
                     "no AdamW run gives these moments")  # fmt: skip
     return None
+
+
+def genuine_ratio(state: Mapping[str, Tensor], inner: InnerOptim) -> float:
+    """max over coordinates of |m̂|/((√v̂ + ε)·C(t)): how close a state sits to the genuine bound
+    (1 for the worst gradient sequence of float32 AdamW); what `GENUINE_SLACK_INT8` was set from."""
+    step = float(state["step"])
+    if step < 1:
+        return 0.0
+    bound = genuine_bound(int(step), inner.beta1, inner.beta2)
+    bc1, bc2 = bias_corrections(step, inner)
+    worst = 0.0
+    for item in _moment_pairs(state):
+        if isinstance(item, str):
+            raise ValueError(item)
+        _, m, v = item
+        for mp, vp in _pieces(m, v):
+            worst = max(worst, float(((mp.abs() / bc1) / ((vp / bc2).sqrt() + inner.eps)).max()))
+    return worst / bound

@@ -27,11 +27,11 @@ from torch import nn
 from nodekit.eager import EagerStart
 from protocol import chunks
 from protocol.codecs import CodecError
-from protocol.config import Codec, ReplayMode, canonical_json
+from protocol.config import Codec, Moments, ReplayMode, canonical_json
 from protocol.envclass import ReplayDecision, replay_decision
-from protocol.inner import MOMENTS
 from protocol.merkle import verify_pair
 from protocol.messages import EnvFingerprint, Reason
+from protocol.moments import optimizer_specs as moment_specs
 from protocol.tensors import StateKind, canonical_header, canonical_size, domain
 from replay.device import host_state, host_view
 from replay.step import (
@@ -138,24 +138,19 @@ def fresh_optimizer_state(model: nn.Module, job: Job) -> State:
     """Exactly what a host starts from on its first outer step: `make_optimizer`'s zeros, step 0,
     in host memory. Built as the zeros themselves (8 B/param), not through an optimizer and a copy
     of its whole training state (20 B/param at once: the verifier's peak at 315M params)."""
-    out: State = {}
-    for name, p in model.named_parameters():
-        for m in MOMENTS:
-            out[f"{m}/{name}"] = torch.zeros(p.shape, dtype=p.dtype)
-    out["step"] = torch.tensor(0.0, dtype=torch.float32)
-    return out
+    layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    return {n: torch.zeros(shape, dtype=dt) for n, dt, shape in moment_specs(layout, job.cfg.inner.moments)}
 
 
 _ZEROS = memoryview(bytes(1 << 20))
 
 
-def fresh_optimizer_hash(model: nn.Module, chunk_bytes: int) -> str:
+def fresh_optimizer_hash(model: nn.Module, chunk_bytes: int, moments: Moments = Moments.FP32) -> str:
     """`optimizer_hash(fresh_optimizer_state(...))` without the state: its canonical bytes are its
     header (from the model's layout) followed by zeros only (zero moments, a 0.0 step counter), so
     the zeros are streamed from one 1 MiB buffer, O(1) memory whatever the model's size."""
-    specs = [(f"{m}/{n}", p.dtype, tuple(p.shape)) for n, p in model.named_parameters() for m in MOMENTS]
-    specs.append(("step", torch.float32, ()))
-    header = canonical_header(sorted(specs, key=lambda s: s[0].encode()))
+    specs = moment_specs({n: tuple(p.shape) for n, p in model.named_parameters()}, moments)
+    header = canonical_header(specs)
     data = canonical_size(specs) - len(header)
     pieces: list[bytes | memoryview] = [header]
     pieces += [_ZEROS[: min(len(_ZEROS), data - a)] for a in range(0, data, len(_ZEROS))]
@@ -173,7 +168,7 @@ def check_start(job: Job, ctx: ReplayContext, start: State) -> None:
         if not torch.equal(got, want):
             raise Rejected(Reason.WRONG_START, f"start param {name} differs from G_n")
     c = job.cfg.state_chunk_bytes
-    want_opt = job.prev_optimizer_hash or fresh_optimizer_hash(ctx.model, c)
+    want_opt = job.prev_optimizer_hash or fresh_optimizer_hash(ctx.model, c, job.cfg.inner.moments)
     got_opt = optimizer_hash(start, c)
     if got_opt != want_opt:
         kind = "fresh" if job.prev_optimizer_hash is None else "previously committed"
@@ -327,6 +322,28 @@ def eager_context(job: Job, ctx: ReplayContext, source: BlobSource) -> ReplayCon
     return dataclasses.replace(ctx, global_params=start)
 
 
+def check_any_delta(job: Job, ctx: ReplayContext, source: BlobSource, final: State) -> bytes:
+    """The Δ check of the run's codec against θ_H (`final`'s parameters); returns the payload."""
+    if job.cfg.codec is Codec.SPARSE:
+        return check_ef_delta(job, ctx, final, source, served=job.cfg.replay_mode is not ReplayMode.BITWISE)
+    return check_delta(job, ctx, final, None if job.cfg.replay_mode is ReplayMode.BITWISE else source)
+
+
+def theta_h(job: Job, source: BlobSource) -> State:
+    """θ_H for the Δ check of a check that did not replay the last segment: the parameters of the
+    state whose hash is the last leaf (from the chain's opening of segment n − 1), fetched alone
+    where the source can, every chunk checked against that leaf."""
+    last = job.cfg.n_segments - 1
+    tail = next((o for o in job.openings if o.segment == last), None)
+    if tail is None:  # check_proofs: the last segment is always opened
+        raise Rejected(Reason.BAD_PROOF, "the last segment was not opened")
+    fetch = getattr(source, "params", None)
+    if fetch is None:
+        return {k: t for k, t in _checked_state(source, tail.end_leaf).items() if k.startswith(PARAM)}
+    params: State = fetch(tail.end_leaf)
+    return params
+
+
 # ---------------------------------------------------------------- the whole verification
 
 
@@ -352,9 +369,15 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
         # tolerance mode. `at`: the boundary the live state holds, bitwise equal to the host's.
         live = ctx.live(job)
         at: int | None = None
+        # a dispute panel member checks Δ first (from θ_H's committed leaf), then the disputed
+        # windows: its verdict answers the Δ question whatever it finds in them (specs §2.5.3)
+        payload = check_any_delta(job, ctx, source, theta_h(job, source)) if job.delta_first else None
         summed = any(math.isfinite(t) for t in job.cfg.cumulative_tolerances.values())  # §6.4 set
         total = Cumulative() if job.cfg.replay_mode is ReplayMode.TOLERANCE and summed else None
+        replays = set(job.replays)
         for o in sorted(job.openings, key=lambda o: o.segment):
+            if o.segment not in replays:
+                continue
             if at != o.segment:
                 if o.segment == 0:
                     opened = rebuild_start(job, ctx, source, o.start_leaf, into=live)
@@ -406,20 +429,19 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
             if o.segment == last:
                 final = claim if claim is not None else end
             del start, claim
-        if final is None:  # check_proofs guarantees the last segment is opened; defensive
-            raise Rejected(Reason.BAD_PROOF, "the last segment was not opened")
         if total is not None:  # the opened segments together: residuals that add up (specs §6.4)
             why = cumulative_mismatch(total, job.cfg.cumulative_tolerances)
             if why is not None:
                 raise Rejected(Reason.REPLAY_MISMATCH, why)
-        if optimizer_hash(final, chunk) != job.final_optimizer_hash:
-            raise Rejected(Reason.DELTA_MISMATCH, "final optimizer hash differs from the committed one")
-        if job.cfg.codec is Codec.SPARSE:
-            payload = check_ef_delta(job, ctx, final, source, served=not bitwise)
-        else:
-            payload = check_delta(job, ctx, final, None if bitwise else source)
+        whole = final is not None  # we replayed the last segment: its end state, moments and all
+        if final is None:  # a window short of the end: θ_H's params from the committed last leaf
+            final = theta_h(job, source)
+        elif optimizer_hash(final, chunk) != job.final_optimizer_hash:  # the last boundary's moments
+            raise Rejected(Reason.REPLAY_MISMATCH, "final optimizer hash is not the last boundary's")
+        if payload is None:
+            payload = check_any_delta(job, ctx, source, final)
         if ctx.on_derived is not None:  # tolerance mode: the checked claim and the downloaded Δ
-            ctx.on_derived(final, payload)
+            ctx.on_derived(final if whole else None, payload)
         reason, detail = Reason.ACCEPT, ""
     except Rejected as r:
         reason, detail = r.reason, r.detail

@@ -14,6 +14,8 @@ must find.
 | scaled        | trains honestly, commits Δ × factor (10)                      | DELTA_MISMATCH       |
 | sign_flip     | trains honestly, commits −Δ                                   | DELTA_MISMATCH       |
 | lazy          | skips a fraction f of segments, extrapolates their end states | REPLAY_MISMATCH (p)  |
+|               | (windows: whole blocks, the fewest the fraction fits in)      |                      |
+| one_fake      | skips exactly one segment                                     | REPLAY_MISMATCH (p)  |
 | wrong_data    | trains on another host's PRF batches                          | REPLAY_MISMATCH      |
 | stale         | no training: re-commits its Δ of an earlier outer step        | REPLAY_MISMATCH      |
 | copycat       | no training: commits a peer's Δ of the previous outer step    | REPLAY_MISMATCH      |
@@ -83,8 +85,10 @@ from gonka_diloco.adversaries.steer import TARGETS, WHERE, make_genuine, steer_b
 from nodekit.errorfeedback import start_ef
 from nodekit.statestore import clone_state
 from protocol import codecs
-from protocol.config import ReplayMode, RunConfig
+from protocol.config import Moments, ReplayMode, RunConfig
 from protocol.messages import EnvFingerprint, MsgCommitPseudoGradient
+from protocol.moments import as_fp32, as_int8
+from protocol.prf import window, window_blocks
 from replay.step import State, TrainJob, load_training_state, train_segment, training_hash, training_state
 from trainer.behaviour import HostBehaviour, OuterContext
 from trainer.commit import TrainedStep, run_committed
@@ -108,7 +112,7 @@ def assemble(ctx: OuterContext, states: list[State], losses: list[float] | None 
         raise ValueError(f"need {ctx.cfg.n_segments + 1} boundary states, got {len(states)}")
     leaves = []
     for st in states:
-        h = training_hash(st)
+        h = training_hash(st, ctx.cfg.state_chunk_bytes)
         ctx.store.put_hashed(st, ctx.outer_step, h)
         leaves.append(h)
     return ctx.assemble(leaves, states[-1], losses or [])
@@ -225,27 +229,43 @@ class LazyHost(HostAdversary):
 
     Its made-up moments are kept within what a genuine AdamW state can look like (|m̂| ≤ C(t)·
     (√v̂ + ε), specs §6.3; the verifier checks every start it fetches), so only replay tells.
-    It never fakes the last segment (always opened, so faking it is always caught): it fakes
-    m = round(f · (n − 1)) of the other n − 1 segments, chosen by its own seed. A faked segment is
-    caught only when sampled: P(caught) = 1 − C(n−1−m, s−1) / C(n−1, s−1) ≈ 1 − (1 − f)^(s−1).
+    It fakes the segments least likely to be checked, chosen by its own seed:
+    - sampling windows (specs §2.3): every block of w segments is equally likely to be a slot's
+      window, so it packs m = round(f · n) faked segments into the fewest blocks, whole blocks
+      first (the last one too: it is not special any more). Caught when a drawn block holds one:
+      1 − C(B − F, x) / C(B, x) for F faked of B blocks and x drawn;
+    - sampling segments: the last segment is always opened, so it fakes m = round(f · (n − 1)) of
+      the other n − 1: 1 − C(n−1−m, s−1) / C(n−1, s−1) ≈ 1 − (1 − f)^(s−1).
+    `count` fakes exactly that many segments instead of a fraction (`one_fake`: count = 1).
     """
 
     name = "lazy"
     expected = ("REPLAY_MISMATCH",)
     chain_outcome = "rejected"
 
-    def __init__(self, fraction: float = 0.5, seed: int = 0) -> None:
+    def __init__(self, fraction: float = 0.5, seed: int = 0, count: int | None = None) -> None:
         super().__init__()
         if not 0.0 <= float(fraction) <= 1.0:
             raise ValueError("fraction must be in [0, 1]")
+        if count is not None and int(count) < 0:
+            raise ValueError("count must be >= 0")
         self.fraction, self.seed = float(fraction), seed
+        self.count = None if count is None else int(count)
 
     def faked(self, cfg: RunConfig, host: str, outer_step: int) -> set[int]:
         n = cfg.n_segments
-        m = round(self.fraction * (n - 1))
         key = f"{self.seed}:{host}:{outer_step}"
-        order = sorted(range(n - 1), key=lambda j: hashlib.sha256(f"{key}:{j}".encode()).digest())
-        return set(order[:m])
+
+        def keyed(j: int) -> bytes:
+            return hashlib.sha256(f"{key}:{j}".encode()).digest()
+
+        if cfg.windowed:
+            m = min(n, self.count if self.count is not None else round(self.fraction * n))
+            w = cfg.window_len
+            blocks = sorted(range(window_blocks(n, w)), key=lambda b: (-len(window(b * w, n, w)), keyed(b)))
+            return set([s for b in blocks for s in window(b * w, n, w)][:m])
+        m = min(n - 1, self.count if self.count is not None else round(self.fraction * (n - 1)))
+        return set(sorted(range(n - 1), key=keyed)[:m])
 
     def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
@@ -254,14 +274,17 @@ class LazyHost(HostAdversary):
         prev = cur = start_state(ctx)
         states = [cur]
         losses: list[float] = []
+        int8 = cfg.inner.moments is Moments.INT8
         for j in range(cfg.n_segments):
             if j in fake:  # θ_{j+1} = θ_j + (θ_j − θ_{j−1}): the last real progress, repeated
-                nxt = _advance_step(cur, k)
-                for name, t in cur.items():
+                now, before = as_fp32(cur), as_fp32(prev)  # int8 moments: extrapolated as floats
+                nxt = _advance_step(now, k)
+                for name, t in now.items():
                     if name != "step":  # second moments stay non-negative, or AdamW's sqrt gives NaN
-                        x = t + (t - prev[name])
+                        x = t + (t - before[name])
                         nxt[name] = x.clamp_min(0) if name.startswith("exp_avg_sq/") else x
                 nxt = make_genuine(nxt, cfg.inner)  # moments AdamW can produce (specs §6.3)
+                nxt = as_int8(nxt) if int8 else nxt
                 load_training_state(ctx.model, ctx.inner_optimizer, nxt)
             else:
                 losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)
@@ -269,6 +292,17 @@ class LazyHost(HostAdversary):
             prev, cur = cur, nxt
             states.append(cur)
         return assemble(ctx, states, losses)
+
+
+class OneSegmentFake(LazyHost):
+    """Fakes exactly one segment (extrapolated, genuine-looking moments, like `lazy`): the cheapest
+    fake there is. Caught only in the outer steps whose draw covers it: (v + p·a)/B with windows
+    (every block equally likely), (s − 1)/(n − 1) with segment sampling (never the last)."""
+
+    name = "one_fake"
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed=seed, count=1)
 
 
 class WrongData(HostAdversary):
@@ -791,6 +825,7 @@ HOSTS: dict[str, Callable[..., HostBehaviour]] = {
     "scaled": ScaledDelta,
     "sign_flip": SignFlipDelta,
     "lazy": LazyHost,
+    "one_fake": OneSegmentFake,
     "wrong_data": WrongData,
     "stale": StaleDelta,
     "copycat": Copycat,

@@ -21,7 +21,7 @@ from nodekit.statestore import StateStore, state_from_bytes
 from nodekit.store import StoreError
 from protocol import codecs
 from protocol.config import ModelSpec, RunConfig
-from protocol.prf import sample_segments
+from protocol.prf import draw_windows, sample_segments, windows_opened
 from replay.data import Corpus
 from replay.spec import build
 from replay.step import State, load_training_state, make_optimizer, optimizer_hash, training_state
@@ -67,7 +67,7 @@ class LabSource:
             raise MissingData(f"state {leaf_hash[:12]} not served")
         self.bytes_served += len(data)
         try:
-            return state_from_bytes(data, leaf_hash)
+            return state_from_bytes(data, leaf_hash, chunk_bytes=self.store.chunk_bytes)
         except StoreError as e:
             raise MalformedBlob(f"state {leaf_hash[:12]}: {e}") from e
 
@@ -122,7 +122,8 @@ class Lab:
         opt = make_optimizer(model, self.cfg.inner)
         if carried is not None:
             load_training_state(model, opt, carried)
-        store = StateStore(self.root / f"{address[-8:]}-{behaviour.name}-{outer_step}")
+        store = StateStore(self.root / f"{address[-8:]}-{behaviour.name}-{outer_step}",
+                           chunk_bytes=self.cfg.state_chunk_bytes)
         ctx = OuterContext(
             cfg=self.cfg, run_id=self.run_id, address=address, outer_step=outer_step, global_model=gm,
             model=model, optimizer=opt, loss_fn=loss_fn, data=self.data, store=store,
@@ -145,12 +146,20 @@ class Lab:
         revealed: bool = True,
         with_proofs: bool = True,
         sampled: Sequence[int] | None = None,
+        window: Sequence[int] | None = None,
     ) -> Job:
-        """The verifier's view: commitment fields, the challenged segments and what was opened."""
+        """The verifier's view: commitment fields, the challenged segments and what was opened.
+        `window` (sampling windows): the segments this checker replays; what is opened is then
+        every window the challenge drew (`sampled`, else the config's slots) and the last segment."""
         c = run.contribution
-        segs = list(sampled) if sampled is not None else sample_segments(
-            challenge, run.address, self.cfg.n_segments, self.cfg.sampled_segments
-        )
+        n = self.cfg.n_segments
+        if sampled is not None:
+            segs = list(sampled)
+        elif window is not None:
+            starts = draw_windows(challenge, run.address, n, self.cfg.window_len, self.cfg.checker_slots)
+            segs = windows_opened([*starts, *window], n, self.cfg.window_len)
+        else:
+            segs = sample_segments(challenge, run.address, n, self.cfg.sampled_segments)
         opened = []
         if revealed:
             for o in openings(c, segs):
@@ -161,6 +170,7 @@ class Lab:
             trajectory_root=c.trajectory_root, leaf_count=c.leaf_count, delta_hash=c.delta_hash,
             final_optimizer_hash=c.final_optimizer_hash, tokens=c.tokens, env=c.env,
             sampled=tuple(segs), openings=tuple(opened), prev_optimizer_hash=run.prev_optimizer_hash,
+            window=None if window is None else tuple(window),
         )  # fmt: skip
 
     def replay_context(self, gm: GlobalModel) -> ReplayContext:

@@ -5,8 +5,10 @@
 - malicious: runs the checks but rejects honest work (caught when the majority accepts);
 - offline: never answers (its assignments escalate; it earns nothing);
 - collude: accepts its partner hosts' contributions unchecked, honest about everyone else (its
-  accept is contradicted by the dispute an honest verifier or auditor opens: slashed at the fraud
-  rate, and the partner with it);
+  accept is contradicted by the dispute an honest verifier or auditor opens — with windows, when
+  that dispute is about the Δ (every check checks it) or about its own window, or it sits on the
+  panel: slashed at the fraud rate, and the partner with it; the accept of a window nobody
+  disputed is never found out, and helps its partner only where that window is the fake);
 - class_squatter: declares a replay class it does not have, to be drawn for the hosts of that
   class in bitwise mode (specs §6.1). Its own checks make it abstain on them (it cannot replay them
   bit for bit), so it earns nothing there; the escalation draws the class's honest verifiers.

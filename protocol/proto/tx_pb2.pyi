@@ -33,7 +33,7 @@ class ModelSpec(_message.Message):
     def __init__(self, factory: _Optional[str] = ..., config: _Optional[_Mapping[str, ConfigValue]] = ...) -> None: ...
 
 class InnerOptim(_message.Message):
-    __slots__ = ("lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps", "min_lr_fraction")
+    __slots__ = ("lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps", "min_lr_fraction", "moments")
     LR_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
     BETA1_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class InnerOptim(_message.Message):
     WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
     DECAY_STEPS_FIELD_NUMBER: _ClassVar[int]
     MIN_LR_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    MOMENTS_FIELD_NUMBER: _ClassVar[int]
     lr: float
     weight_decay: float
     beta1: float
@@ -52,7 +53,8 @@ class InnerOptim(_message.Message):
     warmup_steps: int
     decay_steps: int
     min_lr_fraction: float
-    def __init__(self, lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., min_lr_fraction: _Optional[float] = ...) -> None: ...
+    moments: str
+    def __init__(self, lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., min_lr_fraction: _Optional[float] = ..., moments: _Optional[str] = ...) -> None: ...
 
 class OuterOptim(_message.Message):
     __slots__ = ("lr", "momentum", "rule", "sparse_mean")
@@ -119,7 +121,7 @@ class Stake(_message.Message):
     def __init__(self, min_host_stake: _Optional[int] = ..., min_verifier_stake: _Optional[int] = ..., host_slash_bps: _Optional[int] = ..., verifier_slash_bps: _Optional[int] = ..., reward_per_outer_step: _Optional[int] = ..., fraud_host_slash_bps: _Optional[int] = ..., fraud_verifier_slash_bps: _Optional[int] = ...) -> None: ...
 
 class RunConfig(_message.Message):
-    __slots__ = ("name", "model", "dataset_manifest_hash", "initial_model_hash", "seed", "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution", "batch_size", "seq_len", "data_shards", "codec", "codec_block_size", "inner", "outer", "phases", "stake", "replay_mode", "tolerance", "threads", "max_outer_steps", "state_chunk_bytes", "audit_bps", "audit_verifiers", "tolerance_exp_avg", "tolerance_exp_avg_sq", "numerics", "overlap", "tolerance_update", "tolerance_denominator", "codec_topk", "codec_ef_decay", "tolerance_cumulative", "tolerance_cumulative_update")
+    __slots__ = ("name", "model", "dataset_manifest_hash", "initial_model_hash", "seed", "inner_steps", "segment_len", "sampled_segments", "verifiers_per_contribution", "batch_size", "seq_len", "data_shards", "codec", "codec_block_size", "inner", "outer", "phases", "stake", "replay_mode", "tolerance", "threads", "max_outer_steps", "state_chunk_bytes", "audit_bps", "audit_verifiers", "tolerance_exp_avg", "tolerance_exp_avg_sq", "numerics", "overlap", "tolerance_update", "tolerance_denominator", "codec_topk", "codec_ef_decay", "tolerance_cumulative", "tolerance_cumulative_update", "sampling", "window_segments")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATASET_MANIFEST_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +157,8 @@ class RunConfig(_message.Message):
     CODEC_EF_DECAY_FIELD_NUMBER: _ClassVar[int]
     TOLERANCE_CUMULATIVE_FIELD_NUMBER: _ClassVar[int]
     TOLERANCE_CUMULATIVE_UPDATE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: ModelSpec
     dataset_manifest_hash: str
@@ -190,7 +194,9 @@ class RunConfig(_message.Message):
     codec_ef_decay: float
     tolerance_cumulative: float
     tolerance_cumulative_update: float
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ..., state_chunk_bytes: _Optional[int] = ..., audit_bps: _Optional[int] = ..., audit_verifiers: _Optional[int] = ..., tolerance_exp_avg: _Optional[float] = ..., tolerance_exp_avg_sq: _Optional[float] = ..., numerics: _Optional[_Union[Numerics, _Mapping]] = ..., overlap: _Optional[str] = ..., tolerance_update: _Optional[float] = ..., tolerance_denominator: _Optional[float] = ..., codec_topk: _Optional[int] = ..., codec_ef_decay: _Optional[float] = ..., tolerance_cumulative: _Optional[float] = ..., tolerance_cumulative_update: _Optional[float] = ...) -> None: ...
+    sampling: str
+    window_segments: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., dataset_manifest_hash: _Optional[str] = ..., initial_model_hash: _Optional[str] = ..., seed: _Optional[int] = ..., inner_steps: _Optional[int] = ..., segment_len: _Optional[int] = ..., sampled_segments: _Optional[int] = ..., verifiers_per_contribution: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., data_shards: _Optional[int] = ..., codec: _Optional[str] = ..., codec_block_size: _Optional[int] = ..., inner: _Optional[_Union[InnerOptim, _Mapping]] = ..., outer: _Optional[_Union[OuterOptim, _Mapping]] = ..., phases: _Optional[_Union[Phases, _Mapping]] = ..., stake: _Optional[_Union[Stake, _Mapping]] = ..., replay_mode: _Optional[str] = ..., tolerance: _Optional[float] = ..., threads: _Optional[int] = ..., max_outer_steps: _Optional[int] = ..., state_chunk_bytes: _Optional[int] = ..., audit_bps: _Optional[int] = ..., audit_verifiers: _Optional[int] = ..., tolerance_exp_avg: _Optional[float] = ..., tolerance_exp_avg_sq: _Optional[float] = ..., numerics: _Optional[_Union[Numerics, _Mapping]] = ..., overlap: _Optional[str] = ..., tolerance_update: _Optional[float] = ..., tolerance_denominator: _Optional[float] = ..., codec_topk: _Optional[int] = ..., codec_ef_decay: _Optional[float] = ..., tolerance_cumulative: _Optional[float] = ..., tolerance_cumulative_update: _Optional[float] = ..., sampling: _Optional[str] = ..., window_segments: _Optional[int] = ...) -> None: ...
 
 class Numerics(_message.Message):
     __slots__ = ("precision", "tf32", "attention")

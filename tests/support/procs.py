@@ -1,11 +1,16 @@
 """Process helpers for the tests that spawn process trees (devnet supervision, DDP ranks, real
 validators): wait for a process the test did not spawn to end (`gone`), list the processes a run
-left behind (`leftover_processes`), and `QUICK`, the CI-sized devnet those runs start."""
+left behind (`leftover_processes`), load the machine (`cpu_burners`), and `QUICK`, the CI-sized
+devnet those runs start."""
 
 from __future__ import annotations
 
 import os
 import select
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gonka_diloco.devnet_config import TINY_DEVNET
@@ -20,6 +25,20 @@ QUICK = {
 }
 """A devnet small enough for CI: a 1-layer GPT, H=10, 0.2 s blocks, three outer steps; shared so the
 devnet, fault and CometBFT tests vary one config rather than each keeping a copy."""
+
+
+@contextmanager
+def cpu_burners(n: int = 2) -> Iterator[None]:
+    """`n` processes spinning on a core while the block runs, always stopped: races that an idle
+    machine hides (the thread that happens to win) show under load."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
 
 
 def gone(pid: int, timeout: float = 10.0) -> bool:

@@ -1,0 +1,130 @@
+"""verifier.verify under sampling windows (issue 34, specs §6): a checker replays only its window,
+contiguously from one start, and checks Δ against θ_H's parameters whatever its window — so a
+fake Δ meets every checker, a faked segment only the checker whose window holds it, and an honest
+host passes every window."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from gonka_diloco.adversaries import resolve_host
+from gonka_diloco.adversaries.hosts import LazyHost
+from gonka_diloco.adversaries.lab import HostRun, Lab, synthetic_corpus, tiny_config
+from nodekit.globalmodel import GlobalModel
+from protocol.messages import Reason
+from protocol.prf import window, window_blocks
+from replay.step import State, configure_determinism
+from trainer.behaviour import HostBehaviour
+from verifier.verify import verify
+
+A = "gonka1" + "a" * 38
+SEED = "cd" * 32
+
+
+@dataclasses.dataclass
+class World:
+    lab: Lab
+    g0: GlobalModel
+    runs: dict[str, HostRun]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    configure_determinism(1)
+    # H = 12, k = 2: 6 segments, 3 blocks; small chunks (a state is many of them), which every hash the
+    # hosts and the adversaries make must use
+    cfg = tiny_config().model_copy(update={"window_segments": 2, "state_chunk_bytes": 4096})
+    lab = Lab(cfg, synthetic_corpus(), tmp_path_factory.mktemp("lab"))
+    g0 = GlobalModel.from_module(lab.build()[0])
+    behaviours = {
+        "honest": HostBehaviour(), "noise": resolve_host("noise"), "one_fake": resolve_host("one_fake"),
+        "lazy": LazyHost(fraction=0.34),
+    }  # fmt: skip
+    runs = {name: lab.train(b, A, 0, g0) for name, b in behaviours.items()}
+    yield World(lab, g0, runs)
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(det)
+
+
+class Counting:
+    """A blob source that records what it was asked for: `params` (θ_H's parameters alone) or a
+    whole `state`."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.asked = inner, []  # type: ignore[var-annotated]
+
+    def state(self, leaf: str, into: State | None = None) -> State:
+        self.asked.append(("state", leaf))
+        return self.inner.state(leaf)  # type: ignore[attr-defined,no-any-return]
+
+    def params(self, leaf: str) -> State:
+        self.asked.append(("params", leaf))
+        return {k: t for k, t in self.inner.state(leaf).items() if k.startswith("param/")}  # type: ignore[attr-defined]
+
+    def delta(self, h: str) -> bytes:
+        return self.inner.delta(h)  # type: ignore[attr-defined,no-any-return]
+
+
+def judge(w: World, name: str, start: int) -> tuple[Reason, str, Counting, int]:
+    run = w.runs[name]
+    segs = window(start, w.lab.cfg.n_segments, w.lab.cfg.window_len)
+    job = w.lab.job(run, 0, SEED, window=segs)
+    source = Counting(run.source())
+    out = verify(job, source, w.lab.replay_context(w.g0))
+    return out.reason, out.detail, source, out.replay_steps
+
+
+def blocks(w: World) -> list[int]:
+    cfg = w.lab.cfg
+    return [b * cfg.window_len for b in range(window_blocks(cfg.n_segments, cfg.window_len))]
+
+
+def test_an_honest_host_passes_every_window_replaying_only_it(world: World) -> None:
+    cfg = world.lab.cfg
+    last = cfg.n_segments - 1
+    for start in blocks(world):
+        reason, detail, source, steps = judge(world, "honest", start)
+        assert reason is Reason.ACCEPT, detail
+        assert steps == len(window(start, cfg.n_segments, cfg.window_len)) * cfg.segment_len
+        run = world.runs["honest"]
+        states = [leaf for kind, leaf in source.asked if kind == "state"]
+        assert len(states) == (0 if start == 0 else 1)  # one start downloaded; block 0 rebuilt from G_n
+        tail = last in window(start, cfg.n_segments, cfg.window_len)
+        params = [leaf for kind, leaf in source.asked if kind == "params"]
+        assert params == ([] if tail else [run.contribution.leaves[-1]])  # θ_H's params, by its leaf
+
+
+def test_a_fake_delta_is_rejected_by_every_window(world: World) -> None:
+    for start in blocks(world):
+        reason, detail, _, _ = judge(world, "noise", start)
+        assert reason is Reason.DELTA_MISMATCH, (start, detail)
+
+
+@pytest.mark.parametrize("name", ["one_fake", "lazy"])
+def test_a_faked_segment_is_caught_exactly_by_the_window_that_holds_it(world: World, name: str) -> None:
+    cfg = world.lab.cfg
+    faked = world.runs[name].behaviour.faked(cfg, A, 0)  # type: ignore[attr-defined]
+    assert faked
+    hit = 0
+    for start in blocks(world):
+        reason, detail, _, _ = judge(world, name, start)
+        covers = bool(faked & set(window(start, cfg.n_segments, cfg.window_len)))
+        assert (reason is Reason.REPLAY_MISMATCH) == covers, (start, sorted(faked), reason, detail)
+        assert covers or reason is Reason.ACCEPT, detail
+        hit += covers
+    if name == "lazy":  # round(0.34 · 6) = 2 faked segments, packed into one block of 2
+        assert hit == 1
+
+
+def test_the_lazy_host_packs_its_fakes_into_the_fewest_blocks(world: World) -> None:
+    cfg = world.lab.cfg.model_copy(update={"inner_steps": 40, "segment_len": 2, "window_segments": 3})
+    lazy = LazyHost(fraction=0.5)
+    faked = lazy.faked(cfg, A, 0)  # 10 of 20 segments in blocks of 3: 3 whole blocks and 1 segment
+    assert len(faked) == 10
+    touched = {s // 3 for s in faked}
+    assert len(touched) == 4
