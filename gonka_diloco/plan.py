@@ -1187,8 +1187,8 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
     advice = codec_advice(i, c)
     if advice["recommended"] != i.codec.value and i.codec in (Codec.INT8, Codec.SPARSE):
         limit = advice["host_limit"][Codec.INT8.value]
-        share = advice["share"][Codec.INT8.value]
-        why = (f"int8's aggregation is {share:.0%} of training (half of it from {limit} hosts)"
+        int8_share = advice["share"][Codec.INT8.value]
+        why = (f"int8's aggregation is {int8_share:.0%} of training (half of it from {limit} hosts)"
                if advice["recommended"] == Codec.SPARSE.value else
                "int8's aggregation fits and it learns better per outer step (RESULTS §1u)")  # fmt: skip
         warnings.append(f"codec {advice['recommended']} recommended at {i.hosts} hosts: {why}")

@@ -529,6 +529,8 @@ def test_the_codec_is_recommended_by_host_count() -> None:
     assert below.codec["recommended"] == "int8" and not any("codec" in w for w in below.warnings)
     assert above.codec["recommended"] == "sparse"
     assert any("codec sparse recommended" in w for w in above.warnings)
+    # the warning's own figure does not stand in for the plan's replay share (it once did)
+    assert above.verification["replay_share"] == pytest.approx(pm.replay_share(replace(i, hosts=limit)))
     assert not any("codec" in w for w in pm.plan(replace(i, hosts=limit, codec=Codec.SPARSE), C).warnings)
 
 
