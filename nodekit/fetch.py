@@ -18,6 +18,15 @@ What a slow or hostile holder can cost (specs §8):
   holder, one more copy per such interval; the first verified copy wins and the others are
   abandoned. So a holder serving correct bytes slowly delays a chunk by about one hedge interval.
 - A holder that served a bad chunk or manifest gets no more work from this client.
+- **Partial holders.** A holder may hold some chunks only (a checker that fetched θ_H's parameter
+  chunks serves them): asked for another, it answers 404 with `X-Held: partial`, which costs it
+  nothing here: this client reads which chunks it holds (`/held`, read again while it idles) and
+  asks it only for those. A holder that says it holds a chunk and then does not is dropped for the
+  round, and one that holds none of what is left for a chunk's deadline makes way for the next.
+- **Spared holders** (`fetch(spare=...)`: a contribution's author) are asked only for chunks no
+  other working holder may hold, and to hedge: the checkers of one contribution fetch θ_H's
+  parameters from each other, so its author uploads them about once (specs §8.1). Such fetches
+  take their chunks in a random order, so checkers fetching at once mostly take different ones.
 
 Memory: one chunk buffer per worker (O(parallel · chunk)). Bytes wasted by hedging are counted
 (`FetchReport.hedged`, `bytes_from`).
@@ -25,18 +34,20 @@ Memory: one chunk buffer per worker (O(parallel · chunk)). Bytes wasted by hedg
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
 import httpx
 
-from nodekit.objects import ObjectRef, TransferPolicy
+from nodekit.objects import HeldError, ObjectRef, TransferPolicy, parse_held
 from protocol import chunks
 
 HEDGE_FACTOR = 3.0
@@ -45,6 +56,12 @@ HEDGE_MIN_S = 0.5
 """Never hedge sooner: on a loaded machine a chunk of a few kB can take a scheduling tick."""
 MIN_READ_WAIT_S = 0.2
 """The shortest read wait near the floor line (a few reconnects at most before a holder drops)."""
+HELD_REFRESH_MIN_S = 0.1
+"""An idle partial holder's held chunks are read again at most this often (or once per chunk time
+of this fetch, if longer): often enough that a spared author is not asked for a chunk a peer got
+meanwhile, and a few tiny requests per chunk at most."""
+PARTIAL = "partial"
+"""`X-Held` of a 404 from a holder that has the object but not that chunk (`nodekit.serve`)."""
 
 
 class BlobError(Exception):
@@ -73,6 +90,8 @@ class Chunk(StrEnum):
     MISSING = "missing"  # not served (404, refused, broken too often): maybe next round
     SLOW = "slow"  # below the rate floor: dropped for the round, not resumed
     LOST = "lost"  # another holder delivered it first
+    NOT_HELD = "not_held"  # a partial holder without this chunk: ask it for the ones it holds
+    ABSENT = "absent"  # 404, the object not served: missing, or in a swarm a peer not started yet
 
 
 @dataclass
@@ -91,6 +110,23 @@ class FetchReport:
 
 class _Broken(Exception):
     """The connection broke, or closed early: resume at the byte reached."""
+
+
+@dataclass
+class _View:
+    """What a holder holds, as far as this fetch knows: `held` None = any chunk (unknown yet, or a
+    whole copy, which never says otherwise); else the chunks its `/held` listed at `at`."""
+
+    held: set[int] | None = None
+    at: float = 0.0
+
+
+class _Next(StrEnum):
+    """What a worker does when `_take` has no chunk for it."""
+
+    DONE = "done"  # nothing left for anyone: the round is over for it
+    REFRESH = "refresh"  # a partial holder idle: read its held chunks again
+    LEAVE = "leave"  # a partial holder that holds nothing still needed: make way for the next
 
 
 @dataclass
@@ -192,9 +228,14 @@ class BlobClient:
         endpoints: Sequence[str] | None = None,
         *,
         have: set[int] | None = None,
+        spare: Collection[str] = (),
+        on_manifest: Callable[[list[bytes]], None] | None = None,
     ) -> FetchReport:
         """Fill `sink` with the object's bytes, every chunk verified; raises `BlobInvalid` (someone
-        served bad bytes and nobody served good ones) or `BlobUnavailable` (nobody served it)."""
+        served bad bytes and nobody served good ones) or `BlobUnavailable` (nobody served it).
+        `have`: chunks not to fetch. `spare`: holders asked only for what no other working holder
+        may hold (and to hedge). `on_manifest`: called with the verified chunk digests before any
+        chunk reaches the sink (objects of more than one chunk)."""
         bases = list(
             dict.fromkeys(e.rstrip("/") for e in (endpoints if endpoints is not None else self.endpoints))
         )
@@ -203,20 +244,32 @@ class BlobClient:
         if sink.length != ref.length:
             raise ValueError(f"sink of {sink.length} bytes for an object of {ref.length}")
         report = FetchReport(ref)
+        spared = frozenset(e.rstrip("/") for e in spare)
         try:
-            return self._fetch(ref, sink, bases, report, have)
+            return self._fetch(ref, sink, bases, report, have, spared, on_manifest)
         finally:
             with self._count_lock:
                 kind = str(ref.kind)
                 self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + sum(report.bytes_from.values())
 
     def _fetch(
-        self, ref: ObjectRef, sink: Sink, bases: list[str], report: FetchReport, have: set[int] | None
+        self,
+        ref: ObjectRef,
+        sink: Sink,
+        bases: list[str],
+        report: FetchReport,
+        have: set[int] | None,
+        spare: frozenset[str],
+        on_manifest: Callable[[list[bytes]], None] | None,
     ) -> FetchReport:
         invalid: dict[str, str] = {}
         missing: dict[str, str] = {}
+        views: dict[str, _View] = {}
         digests: list[bytes] | None = None
-        pending = deque(i for i in range(ref.n_chunks) if i not in (have or set()))
+        order = [i for i in range(ref.n_chunks) if i not in (have or set())]
+        if spare:  # checkers fetching one object at once mostly take different chunks first
+            random.shuffle(order)
+        pending = deque(order)
         for attempt in range(self.retries + 1):
             if attempt:
                 self._sleep(self.backoff * 2 ** (attempt - 1))
@@ -228,9 +281,11 @@ class BlobClient:
                 if digests is None:
                     continue
                 report.digests = list(digests)
+                if on_manifest is not None and digests:
+                    on_manifest(list(digests))
             # holders that failed last round (or did not answer the manifest) are asked last
             ready = sorted((b for b in live if b not in invalid), key=lambda b: b in missing)
-            _Round(self, ref, sink, digests, ready, pending, report, invalid, missing).run()
+            _Round(self, ref, sink, digests, ready, pending, report, invalid, missing, views, spare).run()
             if not pending:
                 return report
         what = f"{ref.kind}/{ref.hash[:12]}"
@@ -314,6 +369,10 @@ class BlobClient:
             timeout = httpx.Timeout(connect, read=watch.wait(pos))
             try:
                 with self._http.stream("GET", url, headers=headers, timeout=timeout) as r:
+                    if r.status_code == 404:
+                        if span is not None and r.headers.get("x-held") == PARTIAL:
+                            return Chunk.NOT_HELD, "chunk not held", got
+                        return Chunk.ABSENT, "HTTP 404", got
                     if r.status_code != (206 if span is not None else 200):
                         return Chunk.MISSING, f"HTTP {r.status_code}", got
                     if r.headers.get("content-encoding", "identity").lower() != "identity":
@@ -351,7 +410,9 @@ class BlobClient:
 class _Round:
     """One round of a fetch: a worker per holder (at most `parallel` at once) takes pending chunks,
     hedges slow ones, and leaves when its holder fails; the next holder in line takes its place.
-    The round ends when every chunk is in, or no holder is left working."""
+    A partial holder's worker takes only the chunks it holds (`views`), a spared holder's only
+    those no other working holder may hold. The round ends when every chunk is in, or no holder
+    is left working."""
 
     def __init__(
         self,
@@ -364,14 +425,23 @@ class _Round:
         report: FetchReport,
         invalid: dict[str, str],
         missing: dict[str, str],
+        views: dict[str, _View] | None = None,
+        spare: frozenset[str] = frozenset(),
     ) -> None:
         self.client, self.ref, self.sink, self.digests = client, ref, sink, digests
         self.pending, self.report, self.invalid, self.missing = pending, report, invalid, missing
+        self.views = views if views is not None else {}
+        self.spare = spare
+        # a spared holder is asked from the start: behind partial holders that hold nothing it
+        # would wait for one of them to give up its place
+        bases = [b for b in bases if b in spare] + [b for b in bases if b not in spare]
         self.reserve = deque(bases[client.parallel :])
         self.first = bases[: client.parallel]
         self.cond = threading.Condition()
         self.flights: dict[int, _Flight] = {}
         self.working = 0
+        self.active: set[str] = set()  # holders with a worker now
+        self.idle_since: dict[str, float] = {}  # partial holders with nothing to do, since when
         self.seconds_per_byte: list[float] = []  # of the chunks this round delivered
         self.over = False
         self.error: BaseException | None = None  # our own failure (a full disk): the fetch's
@@ -395,7 +465,14 @@ class _Round:
 
     def _start(self, base: str) -> None:
         self.working += 1
+        self.active.add(base)
         threading.Thread(target=self._worker, args=(base,), daemon=True).start()
+
+    def _chunk_seconds(self) -> float | None:
+        """The median time a chunk of this fetch has taken (None before the first)."""
+        if not self.seconds_per_byte:
+            return None
+        return statistics.median(self.seconds_per_byte) * min(self.ref.chunk_bytes, self.ref.length)
 
     def _hedge_after(self, f: _Flight) -> float:
         """Seconds after which flight `f` gets one more copy (per copy it already has)."""
@@ -407,17 +484,34 @@ class _Round:
             expected = (b - a) / (4 * self.client.policy.min_bytes_per_s)
         return min(share, max(HEDGE_MIN_S, HEDGE_FACTOR * expected))
 
-    def _take(self, base: str) -> _Flight | None:
+    def _may_hold(self, base: str, i: int) -> bool:
+        view = self.views.get(base)
+        return view is None or view.held is None or i in view.held
+
+    def _eligible(self, base: str, i: int) -> bool:
+        """Chunk i may be asked of `base`: it may hold it, and, if `base` is spared, no other
+        working holder that is not spared may."""
+        if not self._may_hold(base, i):
+            return False
+        if base not in self.spare:
+            return True
+        return not any(p != base and p not in self.spare and self._may_hold(p, i) for p in self.active)
+
+    def _take(self, base: str) -> _Flight | _Next:
         """Under the lock: the next chunk for `base` (pending first, else a hedge), waiting while
-        others may still hand one back or need a hedge; None when there is nothing left."""
+        others may still hand one back or need a hedge; `_Next` when there is no chunk for it."""
         while not self.over:
-            if self.pending:
-                i = self.pending.popleft()
-                f = self.flights[i] = _Flight(i, time.monotonic(), {base})
+            now = time.monotonic()
+            j = next((j for j, i in enumerate(self.pending) if self._eligible(base, i)), None)
+            if j is not None:
+                i = self.pending[j]
+                del self.pending[j]
+                self.idle_since.pop(base, None)
+                f = self.flights[i] = _Flight(i, now, {base})
                 return f
-            now, soonest = time.monotonic(), None
+            soonest = None
             for f in self.flights.values():
-                if f.claimed or base in f.holders:
+                if f.claimed or base in f.holders or not self._may_hold(base, f.index):
                     continue
                 due = f.started + self._hedge_after(f) * len(f.holders)
                 if now >= due:
@@ -425,10 +519,19 @@ class _Round:
                     self.report.hedged += 1
                     return f
                 soonest = due if soonest is None else min(soonest, due)
-            if soonest is None and all(f.done for f in self.flights.values()):
-                return None
-            self.cond.wait(None if soonest is None else soonest - now)
-        return None
+            if not self.pending and all(f.done for f in self.flights.values()):
+                return _Next.DONE
+            view = self.views.get(base)
+            if view is not None and view.held is not None:  # a partial holder with nothing to do
+                idle = self.idle_since.setdefault(base, now)
+                if now - idle >= self.client.policy.timeout(self.ref.chunk_bytes):
+                    return _Next.LEAVE
+                fresh = max(HELD_REFRESH_MIN_S, self._chunk_seconds() or 0.0)
+                if now - view.at >= fresh:
+                    return _Next.REFRESH
+                soonest = min(soonest or math.inf, view.at + fresh)
+            self.cond.wait(None if soonest is None else max(0.0, soonest - now))
+        return _Next.DONE
 
     def _worker(self, base: str) -> None:
         try:
@@ -436,8 +539,27 @@ class _Round:
         except BaseException as e:  # not the holder's doing (e.g. our disk): end the fetch with it
             with self.cond:
                 self.error = self.error or e
-                self.working -= 1
-                self.cond.notify_all()
+                self._leave(base)
+
+    def _leave(self, base: str, start_next: bool = False) -> None:
+        """Under the lock: `base`'s worker ends (and the next holder in line takes its place)."""
+        self.working -= 1
+        self.active.discard(base)
+        self.idle_since.pop(base, None)
+        if start_next and self.reserve and not self.over:
+            self._start(self.reserve.popleft())
+        self.cond.notify_all()
+
+    def _fail(self, base: str, verdict: Chunk, detail: str) -> None:
+        """Under the lock: `base` gets no more work this round (this fetch, if INVALID)."""
+        if verdict is Chunk.INVALID:
+            self.report.bad_chunks += 1
+            self.invalid[base] = detail
+        else:
+            self.missing[base] = detail
+            if verdict is Chunk.SLOW:
+                self.report.slow.append(base)
+        self._leave(base, start_next=True)
 
     def _work(self, base: str) -> None:
         buf = bytearray()
@@ -445,10 +567,21 @@ class _Round:
         while True:
             with self.cond:
                 f = self._take(base)
-                if f is None:
-                    self.working -= 1
-                    self.cond.notify_all()
+                if f is _Next.DONE:
+                    self._leave(base)
                     return
+                if f is _Next.LEAVE:
+                    self.missing[base] = "holds none of the chunks still needed"
+                    self._leave(base, start_next=True)
+                    return
+            if f is _Next.REFRESH:
+                verdict, detail = self._refresh(base)
+                if verdict is not Chunk.OK:
+                    with self.cond:
+                        self._fail(base, verdict, detail)
+                    return
+                continue
+            assert isinstance(f, _Flight)
             a, b = self.ref.span(f.index)
             if len(buf) != b - a:
                 buf = bytearray(b - a)
@@ -470,21 +603,57 @@ class _Round:
                 if verdict in (Chunk.OK, Chunk.LOST):
                     self.cond.notify_all()
                     continue
-                if verdict is Chunk.INVALID:
-                    self.report.bad_chunks += 1
-                    self.invalid[base] = detail
-                else:
-                    self.missing[base] = detail
-                    if verdict is Chunk.SLOW:
-                        self.report.slow.append(base)
                 if not f.claimed and not f.holders:  # nobody else is on it: back to the queue
                     del self.flights[f.index]
                     self.pending.appendleft(f.index)
-                self.working -= 1
-                if self.reserve and not self.over:
-                    self._start(self.reserve.popleft())
-                self.cond.notify_all()
+                if verdict in (Chunk.NOT_HELD, Chunk.ABSENT) and self._claimed(base, f.index):
+                    verdict, detail = Chunk.MISSING, f"said it held chunk {f.index}, then did not"
+                elif verdict is Chunk.ABSENT and self._peer(base):  # holds nothing yet
+                    self.views[base] = _View(set(), time.monotonic())
+                    self.cond.notify_all()
+                    continue
+                if verdict is not Chunk.NOT_HELD:
+                    self._fail(base, Chunk.MISSING if verdict is Chunk.ABSENT else verdict, detail)
+                    return
+                self.cond.notify_all()  # a partial holder, as far as we knew: ask what it holds
+            verdict, detail = self._refresh(base)
+            if verdict is not Chunk.OK:
+                with self.cond:
+                    self._fail(base, verdict, detail)
                 return
+
+    def _claimed(self, base: str, i: int) -> bool:
+        """Under the lock: `base`'s held list named chunk i."""
+        view = self.views.get(base)
+        return view is not None and view.held is not None and i in view.held
+
+    def _peer(self, base: str) -> bool:
+        """A fellow fetcher of a swarmed object (not a spared author): one that does not serve it
+        yet may be fetching it too, and serve its chunks soon."""
+        return bool(self.spare) and base not in self.spare
+
+    def _refresh(self, base: str) -> tuple[Chunk, str]:
+        """Read which chunks `base` holds (`/held`: ⌈n/8⌉ bytes, exactly)."""
+        n = self.ref.n_chunks
+        buf = bytearray(-(-n // 8))
+        url = f"{base}/blobs/{self.ref.kind}/{self.ref.hash}/held"
+        verdict, detail, _ = self.client._download(url, None, buf, lambda: self.over)
+        held: set[int] = set()
+        if verdict is Chunk.ABSENT and self._peer(base):
+            with self.cond:
+                if any(self._claimed(base, i) for i in range(n)):
+                    return Chunk.MISSING, "held chunks, then the object not served"
+        elif verdict is not Chunk.OK:
+            return Chunk.MISSING if verdict is Chunk.ABSENT else verdict, f"held chunks: {detail}"
+        else:
+            try:
+                held = parse_held(buf, n)
+            except HeldError as e:
+                return Chunk.INVALID, f"held chunks: {e}"
+        with self.cond:
+            self.views[base] = _View(held, time.monotonic())
+            self.cond.notify_all()
+        return Chunk.OK, ""
 
     def _resumed(self) -> None:
         with self.cond:

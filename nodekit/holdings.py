@@ -19,7 +19,7 @@ from torch import Tensor
 from nodekit.fetch import BlobClient, FetchReport
 from nodekit.flight import FLIGHTS
 from nodekit.objects import Kind, ObjectRef
-from nodekit.serve import BlobCatalog, StoredObject
+from nodekit.serve import BlobCatalog, Served, StoredObject
 from nodekit.store import ContentStore
 
 
@@ -64,8 +64,13 @@ class Holdings:
         self._lock = threading.Lock()
 
     def keep(self, kind: Kind, h: str, group: str | None = None, step: int | None = None) -> None:
-        """Serve an object already in the store (read from disk, every chunk checked on its way out)."""
-        self.catalog.publish(kind, h, StoredObject(self.content, kind, h, group))
+        """Serve an object already in the store (read from disk, every chunk checked on its way out):
+        the whole object, or else the chunks of it we hold (a partial object, growing as a fetch
+        brings them; asked for any other chunk, the server says it does not hold it)."""
+        served: Served | None = None
+        if not self.content.has(kind, h, group):
+            served = self.content.open_partial(kind, h, group)
+        self.catalog.publish(kind, h, served or StoredObject(self.content, kind, h, group))
         with self._lock:
             self._steps[(kind, h)] = step
 

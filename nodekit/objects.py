@@ -9,7 +9,7 @@ floor), so a 360 GB state over a slow link is not cut off while a stalled peer s
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -52,6 +52,29 @@ def check_ref(kind: str, blob_hash: str) -> Kind:
     if not isinstance(blob_hash, str) or not HASH_RE.match(blob_hash):
         raise ValueError(f"blob hash must be 64 lower-case hex characters, got {blob_hash!r}")
     return Kind(kind)
+
+
+class HeldError(ValueError):
+    """A held bitmap of the wrong length, or with bits past the last chunk."""
+
+
+def held_bitmap(held: Iterable[int], n: int) -> bytes:
+    """Which of an object's n chunks a node holds (specs §8, `/held`): ⌈n/8⌉ bytes, bit i (byte
+    i // 8, least significant bit first) set iff chunk i is held."""
+    out = bytearray(-(-n // 8))
+    for i in held:
+        out[i >> 3] |= 1 << (i & 7)
+    return bytes(out)
+
+
+def parse_held(data: bytes | bytearray, n: int) -> set[int]:
+    """The chunk indices of a held bitmap of an object of n chunks: exactly ⌈n/8⌉ bytes, padding 0."""
+    if len(data) != -(-n // 8):
+        raise HeldError(f"held bitmap of {len(data)} bytes for {n} chunks")
+    held = {i for i in range(n) if data[i >> 3] >> (i & 7) & 1}
+    if held_bitmap(held, n) != bytes(data):
+        raise HeldError("held bitmap sets bits past the last chunk")
+    return held
 
 
 @dataclass(frozen=True)

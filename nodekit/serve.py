@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from nodekit.objects import Kind, check_ref
+from nodekit.objects import held_bitmap as held_bitmap_of
 from nodekit.store import ContentStore, atomic_write
 from protocol import chunks
 
@@ -45,13 +46,34 @@ PACED_PIECE = 16
 
 
 class Served(Protocol):
-    """One object a node can serve: its length, chunk digests, and verified byte ranges."""
+    """One object a node can serve: its length, chunk digests, and verified byte ranges. A partial
+    object (`nodekit.store.PartialObject`) also says which chunks it holds (`holds`,
+    `held_bitmap`); whatever lacks them holds every chunk."""
 
     length: int
 
     def digests(self) -> list[bytes]: ...
 
     def read(self, start: int, end: int) -> Iterator[bytes]: ...
+
+
+HELD_HEADER = "X-Held"
+"""On a 404 for a byte range: `partial` — this holder has the object, not every chunk of that range
+(ask it for other chunks, see `/held`); without it the object itself is not served."""
+
+
+def holds(obj: Served, start: int, end: int) -> bool:
+    check = getattr(obj, "holds", None)
+    return True if check is None else bool(check(start, end))
+
+
+def held_bitmap(obj: Served, chunk_bytes: int) -> bytes:
+    """The held bitmap (`nodekit.store.held_bitmap`): a partial object's own, else every chunk."""
+    own = getattr(obj, "held_bitmap", None)
+    if own is not None:
+        return bytes(own())
+    n = chunks.n_chunks(obj.length, chunk_bytes)
+    return held_bitmap_of(range(n), n)
 
 
 class BytesObject:
@@ -176,6 +198,16 @@ def build_app(
         headers = {"X-Object-Length": str(obj.length), "X-Chunk-Bytes": str(catalog.chunk_bytes)}
         return Response(content=body, headers=headers, media_type="application/octet-stream")
 
+    @app.get("/blobs/{kind}/{blob_hash}/held")
+    def get_held(kind: BlobKind, blob_hash: str = Path(pattern=r"^[0-9a-f]{64}$")) -> Response:
+        """Which chunks this node holds: ⌈n/8⌉ bytes, bit i (byte i // 8, least significant bit
+        first) for chunk i: a fetcher asks a partial holder only for those."""
+        obj = resolve(kind, blob_hash)
+        if isinstance(obj, JSONResponse):
+            return obj
+        body = held_bitmap(obj, catalog.chunk_bytes)
+        return Response(content=body, media_type="application/octet-stream")
+
     @app.get("/blobs/{kind}/{blob_hash}")
     def get_blob(
         kind: BlobKind,
@@ -194,6 +226,9 @@ def build_app(
             start, end = span
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{obj.length}"
             status = 206
+        if not holds(obj, start, end):  # never a wrong or zero chunk: a partial holder says so
+            lacks = {"error": "chunk not held", "kind": kind, "hash": blob_hash}
+            return JSONResponse(lacks, status_code=404, headers={HELD_HEADER: "partial"})
         headers["Content-Length"] = str(end - start)
 
         rate = serve_rate(kind, blob_hash) if serve_rate is not None else None
@@ -313,6 +348,7 @@ class ServerThread:
 
 
 __all__ = [
+    "HELD_HEADER",
     "BlobCatalog",
     "BytesObject",
     "Served",

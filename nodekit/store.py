@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nodekit.objects import DOMAINS, Kind, check_ref
+from nodekit.objects import DOMAINS, HeldError, Kind, check_ref, held_bitmap, parse_held
 from nodekit.storefiles import (
     MAX_SHARDS,
     SHARDS,
@@ -263,6 +264,8 @@ class ContentStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.chunk_bytes = chunks.check_chunk_bytes(chunk_bytes)
+        self._partials: dict[Path, PartialObject] = {}  # one live object per file: writer and server share it
+        self._partials_lock = threading.Lock()
 
     # ---- paths
 
@@ -392,11 +395,70 @@ class ContentStore:
         atomic_write_pieces(path.with_name(path.name + ".chunks"), [b"".join(digests)])
         os.replace(sink.path, path)
         _fsync_dir(path.parent)
+        self.delete_partial(kind, h, group)  # the whole object supersedes any part of it
         return path
 
     def abort(self, sink: FileSink) -> None:
         sink.close()
         sink.path.unlink(missing_ok=True)
+
+    # ---- partial objects: some chunks and the whole manifest (specs §8)
+
+    def partial(
+        self, kind: Kind | str, h: str, group: str, length: int, digests: Sequence[bytes]
+    ) -> PartialObject:
+        """The partial object `h` of `group`, created holding nothing if there is none (its manifest
+        checked against the hash either way)."""
+        kind = Kind(kind)
+        path = self._partial_path(kind, h, group)
+        with self._partials_lock:
+            obj = self._partials.get(path)
+            if obj is None:
+                if path.is_file() and path.with_name(path.name + ".chunks").is_file():
+                    obj = PartialObject.open(path, kind, h, self.chunk_bytes)
+                else:
+                    obj = PartialObject.create(path, kind, h, length, self.chunk_bytes, digests)
+                self._partials[path] = obj
+        if obj.length != length or obj.digests() != [bytes(d) for d in digests]:
+            raise StoreError(f"{path.name}: held with another length or manifest")
+        return obj
+
+    def open_partial(self, kind: Kind | str, h: str, group: str | None = None) -> PartialObject | None:
+        """The partial object `h` (of `group`, or of any group), None if there is none."""
+        kind = Kind(kind)
+        groups = [group] if group is not None else self.groups()
+        for g in groups:
+            path = self._partial_path(kind, h, g)
+            with self._partials_lock:
+                obj = self._partials.get(path)
+                if obj is None and path.is_file() and path.with_name(path.name + ".chunks").is_file():
+                    obj = self._partials[path] = PartialObject.open(path, kind, h, self.chunk_bytes)
+            if obj is not None:
+                return obj
+        return None
+
+    def partials(self, kind: Kind | str, group: str) -> list[str]:
+        """The hashes of `group`'s partial objects of a kind."""
+        suffix = "." + Kind(kind).value + PARTIAL
+        d = self.root / group
+        if not _GROUP.match(str(group)) or not d.is_dir():
+            return []
+        return sorted(
+            p.name[: -len(suffix)]
+            for p in d.glob("*" + suffix)
+            if not p.name.startswith(".") and p.with_name(p.name + ".chunks").is_file()
+        )
+
+    def delete_partial(self, kind: Kind | str, h: str, group: str) -> None:
+        path = self._partial_path(kind, h, group)
+        with self._partials_lock:
+            self._partials.pop(path, None)
+        for p in (path.with_name(path.name + HELD), path.with_name(path.name + ".chunks"), path):
+            p.unlink(missing_ok=True)
+
+    def _partial_path(self, kind: Kind | str, h: str, group: str) -> Path:
+        path = self._path(kind, h, group)
+        return path.with_name(path.name + PARTIAL)
 
     # ---- reading (always verified)
 
@@ -479,6 +541,9 @@ class ContentStore:
     # ---- deleting
 
     def delete(self, kind: Kind | str, h: str, group: str | None = None) -> None:
+        """The object and any partial copy of it (in `group`, or in every group)."""
+        for g in [group] if group is not None else self.groups():
+            self.delete_partial(kind, h, g)
         path = self.find(kind, h, group)
         if path is not None:
             obj = _object_path(path)
@@ -493,6 +558,9 @@ class ContentStore:
         d = self.root / str(group)
         if not _GROUP.match(str(group)) or not d.is_dir():
             return
+        with self._partials_lock:
+            for p in [p for p in self._partials if p.parent == d]:
+                del self._partials[p]
         trash = self.root / f"{TRASH}{group}-{os.getpid()}-{threading.get_ident()}"
         try:
             os.replace(d, trash)
@@ -513,6 +581,176 @@ class ContentStore:
             else:
                 p.unlink(missing_ok=True)
         return gone
+
+
+# ---------------------------------------------------------------- partial objects
+
+
+PARTIAL = ".partial"
+"""Suffix of a partial object's data file (`<hash>.<kind>.partial`); its manifest is
+`<name>.partial.chunks`, the chunks it holds `<name>.partial.held`."""
+HELD = ".held"
+PERSIST_S = 1.0
+"""A partial object's held list is made durable at most this often while chunks stream in (and
+when the fetch ends): a crash loses at most this much of what was fetched, never claims more."""
+
+
+class NotHeld(StoreError):
+    """A byte range touching a chunk a partial object does not hold."""
+
+
+class PartialObject:
+    """Some chunks of a content-addressed object, with its whole manifest: what a node that fetched
+    part of an object (θ_H's parameter chunks) keeps and serves (specs §8).
+
+    `<name>.partial` holds the object's bytes at their own offsets (only held chunks mean
+    anything), `<name>.partial.chunks` the manifest (checked against the hash when written and when
+    opened), `<name>.partial.held` which chunks are held, rewritten atomically only after their
+    bytes are on disk. Every read checks each chunk against its digest, so the held list is a
+    claim, never trusted alone. Chunks arrive whole and already verified (`write_at` is a fetch
+    sink); the held set only grows. Thread-safe; no file stays open between calls."""
+
+    def __init__(self, path: Path, kind: Kind, h: str, length: int, chunk_bytes: int,
+                 digests: list[bytes], held: set[int]) -> None:  # fmt: skip
+        self.path, self.kind, self.hash, self.length = path, kind, h, length
+        self.chunk_bytes, self._digests, self._held = chunk_bytes, digests, held
+        self.n_chunks = chunks.n_chunks(length, chunk_bytes)
+        self._lock = threading.Lock()
+        self._persisted = time.monotonic()
+        self._dirty = False
+
+    @property
+    def held_path(self) -> Path:
+        return self.path.with_name(self.path.name + HELD)
+
+    @classmethod
+    def create(cls, path: Path, kind: Kind, h: str, length: int, chunk_bytes: int,
+               digests: Sequence[bytes]) -> PartialObject:  # fmt: skip
+        """A new partial object holding nothing: the data file (sparse), then the manifest."""
+        digests = [bytes(d) for d in digests]
+        if not chunks.verify_manifest(h, DOMAINS[kind], chunk_bytes, length, digests):
+            raise StoreError(f"{path.name}: chunk digests do not match its hash")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != length:
+                os.ftruncate(fd, length)
+        finally:
+            os.close(fd)
+        atomic_write(path.with_name(path.name + ".chunks"), b"".join(digests))
+        return cls(path, kind, h, length, chunk_bytes, digests, set())
+
+    @classmethod
+    def open(cls, path: Path, kind: Kind, h: str, chunk_bytes: int) -> PartialObject:
+        """One on disk: its manifest checked against the hash; an unreadable held list holds nothing."""
+        try:
+            length = path.stat().st_size
+            raw = path.with_name(path.name + ".chunks").read_bytes()
+        except OSError as e:
+            raise StoreError(f"{path.name}: {e}") from e
+        digests = [raw[i : i + chunks.DIGEST] for i in range(0, len(raw), chunks.DIGEST)]
+        if not chunks.verify_manifest(h, DOMAINS[kind], chunk_bytes, length, digests):
+            raise StoreError(f"{path.name}: stored chunk digests do not match its hash")
+        obj = cls(path, kind, h, length, chunk_bytes, digests, set())
+        # nothing made durable yet (or a torn claim): its chunks are fetched again
+        with contextlib.suppress(OSError, HeldError):
+            obj._held = parse_held(obj.held_path.read_bytes(), obj.n_chunks)
+        return obj
+
+    # ---- what it holds
+
+    def digests(self) -> list[bytes]:
+        return list(self._digests)
+
+    def held(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._held)
+
+    def held_bitmap(self) -> bytes:
+        with self._lock:
+            return held_bitmap(self._held, self.n_chunks)
+
+    def holds(self, start: int, end: int) -> bool:
+        """Every chunk that bytes [start, end) touch is held."""
+        c = self.chunk_bytes
+        with self._lock:
+            return start < end and all(i in self._held for i in range(start // c, -(-end // c)))
+
+    @property
+    def complete(self) -> bool:
+        with self._lock:
+            return len(self._held) == self.n_chunks
+
+    # ---- writing: whole verified chunks
+
+    def write_at(self, offset: int, data: Piece) -> None:
+        """Chunk `offset // chunk_bytes`, whole, as a fetch delivers it (already checked against its
+        digest; reads check it again)."""
+        view = memoryview(data).cast("B")
+        i, rest = divmod(offset, self.chunk_bytes)
+        end = chunks.chunk_span(i, self.length, self.chunk_bytes)[1] if 0 <= i < self.n_chunks else -1
+        whole = end - offset == len(view)
+        if rest or not whole:
+            raise StoreError(f"{self.path.name}: [{offset}, {offset + len(view)}) is not one whole chunk")
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            while len(view):
+                n = os.pwrite(fd, view, offset)
+                view, offset = view[n:], offset + n
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._held.add(i)
+            self._dirty = True
+            due = time.monotonic() - self._persisted >= PERSIST_S
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Make the held list durable: the data first (fdatasync), then the list (atomic rewrite)."""
+        with self._lock:
+            if not self._dirty:
+                return
+            held = held_bitmap(self._held, self.n_chunks)
+            self._dirty = False
+            self._persisted = time.monotonic()
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            atomic_write(self.held_path, held)
+
+    # ---- reading (always verified)
+
+    def read(self, start: int, end: int) -> Iterator[bytes]:
+        """Bytes [start, end), each whole chunk checked against its digest before any of its bytes
+        are given out; `NotHeld` (before any byte) if a chunk the range touches is not held."""
+        end = min(end, self.length)
+        if not 0 <= start < end:
+            raise StoreError(f"range [{start}, {end}) outside {self.length} bytes")
+        if not self.holds(start, end):
+            raise NotHeld(f"{self.path.name}: bytes [{start}, {end}) touch a chunk not held")
+        c = self.chunk_bytes
+
+        def chunk(i: int) -> bytearray:
+            a, b = chunks.chunk_span(i, self.length, c)
+            try:
+                with open(self.path, "rb", buffering=0) as f:
+                    f.seek(a)
+                    buf = bytearray(b - a)
+                    got = f.readinto(buf)
+            except OSError as e:
+                raise StoreError(f"{self.path.name}: {e}") from e
+            if got != len(buf) or chunks.chunk_digest(buf) != self._digests[i]:
+                raise StoreError(f"{self.path.name}: chunk {i} is corrupted on disk")
+            return buf
+
+        with contextlib.closing(read_ahead(chunk, range(start // c, -(-end // c)))) as ahead:
+            for i, buf in ahead:
+                a = i * c
+                lo, hi = max(a, start) - a, min(a + len(buf), end) - a
+                yield bytes(buf[lo:hi]) if (lo, hi) != (0, len(buf)) else bytes(buf)
 
 
 # ---------------------------------------------------------------- a sharded host's objects
@@ -592,6 +830,8 @@ def _stale(p: Path) -> bool:
     if name.endswith(".chunks"):
         obj = p.with_name(name.removesuffix(".chunks"))
         return not _present(obj)
+    if name.endswith(PARTIAL + HELD):
+        return not p.with_name(name.removesuffix(HELD)).is_file()
     if _RANK.search(name):
         return not p.with_name(_RANK.sub("", name) + SHARDS).is_file()
     if name.endswith(SHARDS):

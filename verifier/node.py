@@ -191,8 +191,8 @@ class VerifierNode:
         for h in self.content.hashes(Kind.ERROR_FEEDBACK, EF_GROUP):
             self._serve(Kind.ERROR_FEEDBACK, h, EF_GROUP)
         for group in self.content.groups():
-            if state_group_step(group) is not None:
-                for h in self.content.hashes(Kind.STATE, group):
+            if state_group_step(group) is not None:  # whole states, and θ_H's parameter chunks
+                for h in self.content.hashes(Kind.STATE, group) + self.content.partials(Kind.STATE, group):
                     self._serve(Kind.STATE, h, group)
             elif delta_group_step(group) is not None:
                 for h in self.content.hashes(Kind.DELTA, group):
@@ -399,9 +399,12 @@ class VerifierNode:
                 parents = self.view.holders(job.outer_step - 1, exclude=self.address).get(job.host, [])
                 holders = list(dict.fromkeys([*holders, *parents]))
                 keep_deltas[job.parent_delta_hash] = delta_group(job.outer_step - 1)
+            # its author is spared: the contribution's checkers fetch θ_H's parameters from each
+            # other, so it uploads them about once (specs §8.1)
+            author = self.view.participant(job.host)
             source = HttpSource(self.rt.blobs, holders, self.objects, self.content, on_fetched=fetched,
-                                group=str(job.outer_step), keep=self._serve,
-                                keep_deltas=keep_deltas)  # fmt: skip
+                                group=str(job.outer_step), keep=self._serve, keep_deltas=keep_deltas,
+                                spare=[author.endpoint] if author is not None else [])  # fmt: skip
 
             def derived(final: State | None, payload: bytes) -> None:
                 self._keep_derived(job, final, payload)

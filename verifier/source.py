@@ -15,12 +15,13 @@ from nodekit.blobs import (
     BlobUnavailable,
     fetch_to_store,
 )
-from nodekit.objects import Kind, ObjectPolicy
+from nodekit.objects import Kind, ObjectPolicy, ObjectRef
 from nodekit.store import (
     EF_GROUP,
     OPTIMIZER_GROUP,
     BytesSink,
     ContentStore,
+    PartialObject,
     StoreError,
     TensorSink,
 )
@@ -51,6 +52,19 @@ class _Tee:
             sink.write_at(offset, data)
 
 
+class _PartialTee:
+    """A sink into the replay's tensors and, once the manifest is known, a partial object of the
+    store: each verified chunk is served to the other checkers as soon as it is ours."""
+
+    def __init__(self, sink: TensorSink, part: PartialObject | None) -> None:
+        self.sink, self.part, self.length = sink, part, sink.length
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        self.sink.write_at(offset, data)  # a chunk that does not fit our layout is never served
+        if self.part is not None:
+            self.part.write_at(offset, data)
+
+
 class HttpSource:
     """`BlobSource` over the holders of a contribution's objects (its author first, then the
     verifiers that checked it, then the rest): each object fetched chunk by chunk (Range,
@@ -58,9 +72,12 @@ class HttpSource:
     a state is hashed once and never buffered; errors become reasons.
 
     With a `store`, what is fetched is also kept there and handed to `keep` (the node serves it):
-    opened states under `group` (written as they stream into the replay's tensors), optimizer
-    states (segment 0's start, fetched at most once per host) under `optimizer`. A state already
-    in the store is read from it, not fetched again."""
+    opened states under `group` (written as they stream into the replay's tensors), θ_H's
+    parameter chunks as a partial object of that state (served chunk by chunk as they arrive),
+    optimizer states (segment 0's start, fetched at most once per host) under `optimizer`. A state
+    already in the store is read from it, not fetched again. Training states spare the holders in
+    `spare` (the contribution's author): they are asked only for chunks no other holder serves, so
+    its checkers fetch θ_H's parameters from each other and the author uploads them about once."""
 
     def __init__(
         self,
@@ -73,17 +90,20 @@ class HttpSource:
         group: str | None = None,
         keep: Callable[[Kind, str, str], None] | None = None,
         keep_deltas: Mapping[str, str] | None = None,
+        spare: Sequence[str] = (),
     ):
         self.client = client
+        self.spare = [e for e in spare if e]
         self.endpoints = [endpoints] if isinstance(endpoints, str) else [e for e in endpoints if e]
         self.objects, self.store, self.group = objects, store, group
         self.on_fetched = on_fetched or (lambda _r: None)
         self.keep = keep or (lambda _k, _h, _g: None)
         self.keep_deltas = dict(keep_deltas or {})  # Δ hash -> group: fetched Δs kept and served
 
-    def _fetch(self, kind: Kind, h: str, sink: Any, have: set[int] | None = None) -> None:
+    def _fetch(self, kind: Kind, h: str, sink: Any, have: set[int] | None = None, **kw: Any) -> None:
         try:
-            self.on_fetched(self.client.fetch(self.objects.ref(kind, h), sink, self.endpoints, have=have))
+            ref = self.objects.ref(kind, h)
+            self.on_fetched(self.client.fetch(ref, sink, self.endpoints, have=have, **kw))
         except BlobUnavailable as e:
             raise MissingData(str(e)) from e
         except (BlobInvalid, ValueError) as e:
@@ -108,18 +128,59 @@ class HttpSource:
     def params(self, leaf_hash: str) -> State:
         """θ of a training state (its `param/*` tensors): only the chunks that hold them, and the
         first (the header, compared with our layout), each checked against `leaf_hash`'s manifest —
-        4 of a state's 12 B/param. A state we hold already is read from the store."""
+        4 of a state's 12 B/param. A state we hold already is read from the store; with a store,
+        the chunks are kept as a partial object of the state and served to the contribution's
+        other checkers (specs §8.1), the author spared."""
         sink = TensorSink(self.objects.specs[Kind.STATE], only=lambda n: n.startswith(PARAM))
-        if self.store is not None and self.group is not None:
-            with _lock(self.store, leaf_hash):
-                if self.store.has(Kind.STATE, leaf_hash, self.group):
-                    self.store.load_into(Kind.STATE, leaf_hash, sink, self.group)
-                    return sink.tensors
         ref = self.objects.ref(Kind.STATE, leaf_hash)
         a, b = sink.span()
         c = ref.chunk_bytes
         wanted = {0, *range(a // c, max(a, b - 1) // c + 1)}
-        self._fetch(Kind.STATE, leaf_hash, sink, have=set(range(ref.n_chunks)) - wanted)
+        if self.store is None or self.group is None:
+            self._fetch(Kind.STATE, leaf_hash, sink, have=set(range(ref.n_chunks)) - wanted, spare=self.spare)
+            return sink.tensors
+        with _lock(self.store, leaf_hash):
+            if self.store.has(Kind.STATE, leaf_hash, self.group):
+                self.store.load_into(Kind.STATE, leaf_hash, sink, self.group)
+                return sink.tensors
+            if len(wanted) == ref.n_chunks:  # θ_H's chunks are the whole state: kept whole
+                return self._fetch_kept(leaf_hash, sink)
+            return self._fetch_partial(ref, sink, wanted)
+
+    def _fetch_partial(self, ref: ObjectRef, sink: TensorSink, wanted: set[int]) -> State:
+        """`wanted` chunks of `ref` into `sink` and into the store's partial object of it: the
+        chunks it holds already are read from it (verified), the others fetched; it is served
+        from the moment its manifest is verified, growing chunk by chunk."""
+        assert self.store is not None and self.group is not None
+        store, group, h = self.store, self.group, ref.hash
+        part = store.open_partial(Kind.STATE, h, group)
+        held: frozenset[int] = frozenset()
+        if part is not None:
+            try:
+                held = part.held() & wanted
+                for i in sorted(held):
+                    pos = ref.span(i)[0]
+                    for piece in part.read(*ref.span(i)):
+                        sink.write_at(pos, piece)
+                        pos += len(piece)
+                self.keep(Kind.STATE, h, group)
+            except (StoreError, ValueError):  # corrupted on our own disk: all fetched again
+                store.delete_partial(Kind.STATE, h, group)
+                part, held = None, frozenset()
+        tee = _PartialTee(sink, part)
+
+        def manifest(digests: list[bytes]) -> None:
+            if tee.part is None:
+                tee.part = store.partial(Kind.STATE, h, group, ref.length, digests)
+                self.keep(Kind.STATE, h, group)
+
+        try:
+            if wanted - held:
+                have = set(range(ref.n_chunks)) - (wanted - held)
+                self._fetch(Kind.STATE, h, tee, have=have, spare=self.spare, on_manifest=manifest)
+        finally:
+            if tee.part is not None:
+                tee.part.flush()
         return sink.tensors
 
     def _fetch_kept(self, leaf_hash: str, sink: TensorSink) -> State:
@@ -127,7 +188,7 @@ class HttpSource:
         ref = self.objects.ref(Kind.STATE, leaf_hash)
         part = self.store.begin(Kind.STATE, leaf_hash, self.group, ref.length)
         try:
-            report = self.client.fetch(ref, _Tee(sink, part), self.endpoints)
+            report = self.client.fetch(ref, _Tee(sink, part), self.endpoints, spare=self.spare)
         except BlobUnavailable as e:
             self.store.abort(part)
             raise MissingData(str(e)) from e
