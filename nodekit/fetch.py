@@ -441,7 +441,7 @@ class _Round:
         self.flights: dict[int, _Flight] = {}
         self.working = 0
         self.active: set[str] = set()  # holders with a worker now
-        self.idle_since: dict[str, float] = {}  # partial holders with nothing to do, since when
+        self.idle_since: dict[str, float] = {}  # partial holders with nothing to do (since when)
         self.seconds_per_byte: list[float] = []  # of the chunks this round delivered
         self.over = False
         self.error: BaseException | None = None  # our own failure (a full disk): the fetch's
@@ -525,6 +525,8 @@ class _Round:
             if view is not None and view.held is not None:  # a partial holder with nothing to do
                 idle = self.idle_since.setdefault(base, now)
                 if now - idle >= self.client.policy.timeout(self.ref.chunk_bytes):
+                    return _Next.LEAVE  # its holdings do not grow: make way for the next holder
+                if self.active <= self.idle_since.keys():  # nobody left who serves anything now
                     return _Next.LEAVE
                 fresh = max(HELD_REFRESH_MIN_S, self._chunk_seconds() or 0.0)
                 if now - view.at >= fresh:
