@@ -13,7 +13,11 @@ Per run, from its snapshot.json and its nodes' logs (never from the markdown):
   optimizer state, which nobody fetches) — next to the planner's `verifier_bytes_per_contribution`
   and replayed segments per check for the same config, and their ratio (the issue asks for 10%);
 - detection: the share of outer steps in which each adversary was rejected, next to the planner's
-  detection probability for it; collusion: a colluding verifier partnered with the lazy host.
+  detection probability for it; collusion: a colluding verifier partnered with the lazy host;
+- the swarm (specs §8.1): how many times per honest contribution its author uploaded θ_H's
+  parameters (chunks from the author in its checkers' parameter fetches ÷ one fetch's chunks: the
+  number of such fetches before swarming, about 1 with it), and all hosts' upload of opened states
+  ÷ all verifiers' download of them.
 
 Writes bench/results/verification.json. A measurement, not a test: the devnets run one after the
 other (they share this machine's cores), a few minutes each.
@@ -98,6 +102,46 @@ def per_check(folder: Path, honest: set[str], first_step: int = 1) -> dict[str, 
     }
 
 
+def swarm(
+    folder: Path, snap: dict[str, Any], honest: set[str], params: int, first_step: int = 1
+) -> dict[str, Any]:
+    """Who uploaded the opened states (specs §8.1), per honest contribution (steps ≥ `first_step`):
+    the state fetches of its checkers that took θ_H's parameters alone (fewer than 60% of a
+    state's chunks) and how many of their chunks came from its author, in units of one such fetch
+    ("the author uploaded θ_H's parameters x times"); and, from the traffic table, every host's
+    upload of states ÷ every verifier's download of them."""
+    url = {n["address"]: n.get("url", "").rstrip("/") for n in snap["nodes"]}
+    chunk = int(snap["config"].get("state_chunk_bytes", 1 << 26))
+    n_state = -(-STATE_BYTES_PER_PARAM * params // chunk)
+    per: dict[tuple[str, int], list[int]] = {}  # (host, step) -> [fetches, chunks, author's chunks]
+    for events in log_events(folder, "fetched").values():
+        for e in events:
+            if (
+                e.get("kind") != "state"
+                or e.get("host") not in honest
+                or e.get("outer_step", -1) < first_step
+            ):
+                continue
+            got = {k.rstrip("/"): int(v) for k, v in (e.get("chunks_from") or {}).items()}
+            total = sum(got.values())
+            if not total or total >= 0.6 * n_state:  # a whole state (a window's start), not θ_H's params
+                continue
+            row = per.setdefault((e["host"], e["outer_step"]), [0, 0, 0])
+            row[0] += 1
+            row[1] += total
+            row[2] += got.get(url.get(e["host"], ""), 0)
+    traffic = traffic_per_step(Snapshot.model_validate(snap))
+    up = sum(t["up"].get("state", 0.0) for name, t in traffic.items() if name.startswith("host"))
+    down = sum(t["down"].get("state", 0.0) for name, t in traffic.items() if name.startswith("verifier"))
+    out: dict[str, Any] = {"hosts_state_up_per_step": up, "verifiers_state_down_per_step": down,
+                           "up_over_down": up / down if down else None}  # fmt: skip
+    if per:
+        rows = list(per.values())
+        out["theta_h_fetches_per_contribution"] = statistics.fmean(r[0] for r in rows)
+        out["author_uploads_theta_h_per_contribution"] = statistics.fmean(r[2] / (r[1] / r[0]) for r in rows)
+    return out
+
+
 def predicted(cfg: dict[str, Any], params: int, verifiers: int) -> dict[str, float]:
     """The planner's figures for this devnet's own config (its model, H, k, s, w, v, audits)."""
     auditors = min(cfg.get("audit_verifiers", 3), max(0, verifiers - cfg["verifiers_per_contribution"]))
@@ -131,6 +175,7 @@ def analyze(folder: Path, sampling: Sampling) -> dict[str, Any]:
     honest = {n["address"] for n in hosts if n["behaviour"] == "honest"}  # as the logs name hosts
     adversaries = {n["name"]: n["behaviour"] for n in hosts if n["behaviour"] != "honest"}  # as the snapshot
     steps = max(1, sum(s["phase"] == "DONE" for s in snap["steps"]))
+    params = model_size(RunConfig.model_validate(snap["config"]).model).params
     rejected = {name: sum(c["outcome"] == "rejected" for c in snap["contributions"] if c["host"] == name)
                 for name in adversaries}  # fmt: skip
     return {
@@ -139,10 +184,12 @@ def analyze(folder: Path, sampling: Sampling) -> dict[str, Any]:
         "steps": steps,
         "traffic_per_step": traffic_per_step(Snapshot.model_validate(snap)),
         "measured": per_check(folder, honest),
+        "swarm": swarm(folder, snap, honest, params),
         "caught_share": {adversaries[name]: n / steps for name, n in rejected.items()},
-        "honest_accepted": sum(c["outcome"] == "accepted" and c["host"] not in adversaries
-                               for c in snap["contributions"]),
-        "params": model_size(RunConfig.model_validate(snap["config"]).model).params,
+        "honest_accepted": sum(
+            c["outcome"] == "accepted" and c["host"] not in adversaries for c in snap["contributions"]
+        ),
+        "params": params,
         "config": snap["config"],
         "failures": snap.get("failures", []),
     }
@@ -180,7 +227,11 @@ def main(quick: bool = False) -> dict[str, Any]:
                 "replay_steps": m["replay_steps_mean"] / p["replay_steps_per_check"],
             }
         runs.append(r)
-        print(json.dumps({k: r[k] for k in ("sampling", "measured", "predicted", "caught_share")}, indent=1))
+        print(
+            json.dumps(
+                {k: r[k] for k in ("sampling", "measured", "predicted", "swarm", "caught_share")}, indent=1
+            )
+        )
     out = {
         "quick": quick,
         "command": ".venv/bin/python -m bench.verification" + (" --quick" if quick else ""),
