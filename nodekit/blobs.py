@@ -1,7 +1,16 @@
 """Transitional re-exports: the server is `nodekit.serve`, the fetcher `nodekit.fetch`, and
 `fetch_to_store` is `nodekit.holdings`'."""
 
-from nodekit.fetch import BlobClient, BlobError, BlobInvalid, BlobUnavailable, Chunk, FetchReport, Sink
+from nodekit.fetch import (
+    BlobClient,
+    BlobError,
+    BlobInvalid,
+    BlobUnavailable,
+    Chunk,
+    ChunkCoding,
+    FetchReport,
+    Sink,
+)
 from nodekit.holdings import fetch_to_store
 from nodekit.objects import KINDS
 from nodekit.serve import (
@@ -24,6 +33,7 @@ __all__ = [
     "BlobUnavailable",
     "BytesObject",
     "Chunk",
+    "ChunkCoding",
     "FetchReport",
     "Served",
     "ServerThread",

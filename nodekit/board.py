@@ -76,4 +76,6 @@ class Board:
             "chunks_from": dict(report.chunks_from),
             "resumed": report.resumed,
             "bad_chunks": report.bad_chunks,
+            "coded_bytes": report.coded_bytes,  # of `bytes`, those of chunks that came coded (§8.2)
+            "coded_raw": report.coded_raw,  # and what they decoded to
         }

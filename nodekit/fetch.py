@@ -82,6 +82,19 @@ class Sink(Protocol):
     def write_at(self, offset: int, data: bytes | memoryview) -> None: ...
 
 
+class ChunkCoding(Protocol):
+    """How a fetch may receive chunks coded against a base it holds (`nodekit.coding.StateCoding`):
+    `/coded/{i}?base=` is asked first, its body decoded (a ValueError: the holder's bad bytes), and
+    the decoded chunk checked against its digest like any chunk."""
+
+    @property
+    def base(self) -> str: ...
+
+    def max_len(self, index: int) -> int: ...
+
+    def decode(self, index: int, data: bytes | bytearray | memoryview) -> bytes: ...
+
+
 class Chunk(StrEnum):
     """What one attempt at one chunk from one holder came to."""
 
@@ -106,6 +119,9 @@ class FetchReport:
     hedged: int = 0
     slow: list[str] = field(default_factory=list)
     digests: list[bytes] = field(default_factory=list)
+    coded_bytes: int = 0
+    """Bytes on the wire of the chunks that arrived coded (`coding`), and their canonical size."""
+    coded_raw: int = 0
 
 
 class _Broken(Exception):
@@ -230,12 +246,14 @@ class BlobClient:
         have: set[int] | None = None,
         spare: Collection[str] = (),
         on_manifest: Callable[[list[bytes]], None] | None = None,
+        coding: ChunkCoding | None = None,
     ) -> FetchReport:
         """Fill `sink` with the object's bytes, every chunk verified; raises `BlobInvalid` (someone
         served bad bytes and nobody served good ones) or `BlobUnavailable` (nobody served it).
         `have`: chunks not to fetch. `spare`: holders asked only for what no other working holder
         may hold (and to hedge). `on_manifest`: called with the verified chunk digests before any
-        chunk reaches the sink (objects of more than one chunk)."""
+        chunk reaches the sink (objects of more than one chunk). `coding`: ask holders for chunks
+        coded against its base first (specs §8.2), bytes from those that do not code."""
         bases = list(
             dict.fromkeys(e.rstrip("/") for e in (endpoints if endpoints is not None else self.endpoints))
         )
@@ -246,7 +264,7 @@ class BlobClient:
         report = FetchReport(ref)
         spared = frozenset(e.rstrip("/") for e in spare)
         try:
-            return self._fetch(ref, sink, bases, report, have, spared, on_manifest)
+            return self._fetch(ref, sink, bases, report, have, spared, on_manifest, coding)
         finally:
             with self._count_lock:
                 kind = str(ref.kind)
@@ -261,10 +279,12 @@ class BlobClient:
         have: set[int] | None,
         spare: frozenset[str],
         on_manifest: Callable[[list[bytes]], None] | None,
+        coding: ChunkCoding | None,
     ) -> FetchReport:
         invalid: dict[str, str] = {}
         missing: dict[str, str] = {}
         views: dict[str, _View] = {}
+        plain: set[str] = set()  # holders that do not code: asked for bytes
         digests: list[bytes] | None = None
         order = [i for i in range(ref.n_chunks) if i not in (have or set())]
         if spare:  # checkers fetching one object at once mostly take different chunks first
@@ -285,7 +305,8 @@ class BlobClient:
                     on_manifest(list(digests))
             # holders that failed last round (or did not answer the manifest) are asked last
             ready = sorted((b for b in live if b not in invalid), key=lambda b: b in missing)
-            _Round(self, ref, sink, digests, ready, pending, report, invalid, missing, views, spare).run()
+            _Round(self, ref, sink, digests, ready, pending, report, invalid, missing, views, spare,
+                   coding, plain).run()  # fmt: skip
             if not pending:
                 return report
         what = f"{ref.kind}/{ref.hash[:12]}"
@@ -347,12 +368,14 @@ class BlobClient:
         buf: bytearray,
         lost: Callable[[], bool],
         on_resume: Callable[[], None] | None = None,
+        *,
+        upto: bool = False,
     ) -> tuple[Chunk, str, int]:
         """`len(buf)` bytes of `url` (the Range `span` = [a, b) of an object of `span[2]` bytes, or the
-        whole body)
-        into `buf`: (result, detail, bytes received). Each read waits only until the rate floor
-        would be crossed; below it the holder is SLOW, whether or not bytes still trickle in."""
-        n = len(buf)
+        whole body) into `buf`: (result, detail, bytes received). `upto`: a whole body of the length
+        it declares, at most `len(buf)` (`buf` is cut to it). Each read waits only until the rate
+        floor would be crossed; below it the holder is SLOW, whether or not bytes still trickle in."""
+        n = cap = len(buf)
         watch = _Watch(self.policy)
         pos = got = breaks = 0
         while pos < n:
@@ -370,7 +393,7 @@ class BlobClient:
             try:
                 with self._http.stream("GET", url, headers=headers, timeout=timeout) as r:
                     if r.status_code == 404:
-                        if span is not None and r.headers.get("x-held") == PARTIAL:
+                        if r.headers.get("x-held") == PARTIAL:
                             return Chunk.NOT_HELD, "chunk not held", got
                         return Chunk.ABSENT, "HTTP 404", got
                     if r.status_code != (206 if span is not None else 200):
@@ -381,6 +404,13 @@ class BlobClient:
                         want = f"bytes {span[0] + pos}-{span[1] - 1}/{span[2]}"
                         if r.headers.get("content-range") != want:
                             return Chunk.INVALID, f"content-range {r.headers.get('content-range')!r}", got
+                    elif upto:
+                        declared = r.headers.get("content-length", "")
+                        if not declared.isdigit() or not 0 < int(declared) <= cap:
+                            return Chunk.INVALID, f"body of {declared[:20]!r} bytes, at most {cap} due", got
+                        n = int(declared)
+                        buf[n:] = b""
+                        buf.extend(bytes(n - len(buf)))
                     elif r.headers.get("content-length", str(n)) != str(n):
                         return Chunk.INVALID, f"{r.headers['content-length']} bytes where {n} are due", got
                     for piece in r.iter_raw():
@@ -427,11 +457,14 @@ class _Round:
         missing: dict[str, str],
         views: dict[str, _View] | None = None,
         spare: frozenset[str] = frozenset(),
+        coding: ChunkCoding | None = None,
+        plain: set[str] | None = None,
     ) -> None:
         self.client, self.ref, self.sink, self.digests = client, ref, sink, digests
         self.pending, self.report, self.invalid, self.missing = pending, report, invalid, missing
         self.views = views if views is not None else {}
         self.spare = spare
+        self.coding, self.plain = coding, plain if plain is not None else set()
         # a spared holder is asked from the start: behind partial holders that hold nothing it
         # would wait for one of them to give up its place
         bases = [b for b in bases if b in spare] + [b for b in bases if b not in spare]
@@ -592,9 +625,21 @@ class _Round:
                 return f.claimed or self.over
 
             t0 = time.monotonic()
-            verdict, detail, n = self.client._download(url, (a, b, self.ref.length), buf, lost, self._resumed)
+            coded = 0
+            verdict, detail, n = Chunk.MISSING, "", 0
+            if self.coding is not None and base not in self.plain:
+                verdict, detail, n, coded = self._coded(base, f.index, buf, lost)
+            if not coded and verdict not in (Chunk.NOT_HELD, Chunk.INVALID, Chunk.SLOW, Chunk.LOST):
+                verdict, detail, m = self.client._download(
+                    url, (a, b, self.ref.length), buf, lost, self._resumed
+                )
+                n += m
             if verdict is Chunk.OK:
                 verdict, detail = self._deliver(f, buf, base)
+                if verdict is Chunk.OK and coded:
+                    with self.cond:
+                        self.report.coded_bytes += coded
+                        self.report.coded_raw += b - a
             with self.cond:
                 f.holders.discard(base)
                 self.report.bytes_from[base] = self.report.bytes_from.get(base, 0) + n
@@ -623,6 +668,31 @@ class _Round:
                 with self.cond:
                     self._fail(base, verdict, detail)
                 return
+
+    def _coded(
+        self, base: str, i: int, buf: bytearray, lost: Callable[[], bool]
+    ) -> tuple[Chunk, str, int, int]:
+        """Chunk i from `base` coded against our base, decoded into `buf` (its digest is checked
+        by `_deliver`): (result, detail, bytes received, coded length when decoded, else 0). A
+        holder that does not code it (404 `X-Coded: none`, an older node, any other refusal) is
+        asked for bytes from now on."""
+        assert self.coding is not None
+        url = f"{base}/blobs/{self.ref.kind}/{self.ref.hash}/coded/{i}?base={self.coding.base}"
+        body = bytearray(self.coding.max_len(i))
+        verdict, detail, n = self.client._download(url, None, body, lost, self._resumed, upto=True)
+        if verdict is not Chunk.OK:
+            if verdict in (Chunk.ABSENT, Chunk.MISSING):
+                with self.cond:
+                    self.plain.add(base)
+            return verdict, detail, n, 0
+        try:
+            raw = self.coding.decode(i, body)
+        except ValueError as e:  # not a coding of this chunk: the holder's bytes are bad
+            return Chunk.INVALID, f"coded chunk {i}: {str(e)[:120]}", n, 0
+        if len(raw) != len(buf):
+            return Chunk.INVALID, f"coded chunk {i} decodes to {len(raw)} bytes, not {len(buf)}", n, 0
+        buf[:] = raw
+        return Chunk.OK, "", n, len(body)
 
     def _claimed(self, base: str, i: int) -> bool:
         """Under the lock: `base`'s held list named chunk i."""
@@ -690,4 +760,13 @@ class _Round:
         return Chunk.OK, ""
 
 
-__all__ = ["BlobClient", "BlobError", "BlobInvalid", "BlobUnavailable", "Chunk", "FetchReport", "Sink"]
+__all__ = [
+    "BlobClient",
+    "BlobError",
+    "BlobInvalid",
+    "BlobUnavailable",
+    "Chunk",
+    "ChunkCoding",
+    "FetchReport",
+    "Sink",
+]

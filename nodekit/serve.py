@@ -14,12 +14,12 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path as FilePath
 from typing import Any, Literal, Protocol, cast
 
 import uvicorn
-from fastapi import FastAPI, Header, Path, Request, Response
+from fastapi import FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -36,6 +36,9 @@ MAX_ERROR_ECHO = 64
 Loader = Callable[[], bytes]
 ServeFilter = Callable[[str, str, bytes], "bytes | None"]
 """`HostBehaviour.serve_blob`: the bytes to send, or None to refuse."""
+Coder = Callable[["Served", int, str], "bytes | None"]
+"""`nodekit.coding.StateCoder`: chunk i of a served state coded against base G (specs §8.2), or
+None when this node cannot (it does not hold G)."""
 ServeRate = Callable[[str, str], "float | None"]
 """`HostBehaviour.serve_bytes_per_s`: a pace to send an object at (an adversary's trickle), or None."""
 PACED_PIECE = 16
@@ -57,6 +60,9 @@ class Served(Protocol):
     def read(self, start: int, end: int) -> Iterator[bytes]: ...
 
 
+CODED_HEADER = "X-Coded"
+"""On `/coded/{i}`: `diff` (the body is a `protocol.statecode` coded chunk) or, on a 404, `none`
+(this node does not code it: ask for the bytes)."""
 HELD_HEADER = "X-Held"
 """On a 404 for a byte range: `partial` — this holder has the object, not every chunk of that range
 (ask it for other chunks, see `/held`); without it the object itself is not served."""
@@ -130,6 +136,9 @@ class BlobCatalog:
         self._lock = threading.Lock()
         self._items: dict[tuple[str, str], Served | _Lazy] = {}
         self.chunk_bytes = chunk_bytes
+        self.coder: Coder | None = None
+        """Codes training-state chunks against a base G on request (set once the node knows its
+        run's layout); without one, states are served as plain bytes only."""
 
     def publish(self, kind: str, blob_hash: str, source: Served | Loader) -> None:
         check_ref(kind, blob_hash)
@@ -208,6 +217,50 @@ def build_app(
         body = held_bitmap(obj, catalog.chunk_bytes)
         return Response(content=body, media_type="application/octet-stream")
 
+    @app.get("/blobs/{kind}/{blob_hash}/coded/{index}")
+    def get_coded(
+        kind: BlobKind,
+        blob_hash: str = Path(pattern=r"^[0-9a-f]{64}$"),
+        index: int = Path(ge=0),
+        base: str = Query(pattern=r"^[0-9a-f]{64}$"),
+    ) -> Response:
+        """Chunk `index` of a training state coded against base G's parameters (specs §8.2): 404
+        `X-Held: partial` if we lack the chunk, 404 `X-Coded: none` if we do not code it (no G)."""
+        obj = resolve(kind, blob_hash)
+        if isinstance(obj, JSONResponse):
+            return obj
+        c = catalog.chunk_bytes
+        if index >= chunks.n_chunks(obj.length, c):
+            return JSONResponse({"error": "no such chunk"}, status_code=416)
+        a, b = chunks.chunk_span(index, obj.length, c)
+        if not holds(obj, a, b):
+            lacks = {"error": "chunk not held", "kind": kind, "hash": blob_hash}
+            return JSONResponse(lacks, status_code=404, headers={HELD_HEADER: "partial"})
+        coder = catalog.coder
+        try:
+            out = coder(obj, index, base) if coder is not None and kind == Kind.STATE.value else None
+        except (OSError, ValueError) as e:  # unreadable on our own disk: say so, keep running
+            return JSONResponse({"error": f"unreadable: {type(e).__name__}"}, status_code=404)
+        if out is None:
+            return JSONResponse({"error": "not coded here"}, status_code=404, headers={CODED_HEADER: "none"})
+        return StreamingResponse(
+            paced(kind, blob_hash, [out]), headers={CODED_HEADER: "diff", "Content-Length": str(len(out))},
+            media_type="application/octet-stream",
+        )  # fmt: skip
+
+    def paced(kind: str, blob_hash: str, pieces: Iterable[bytes]) -> Iterator[bytes]:
+        """The bytes as they go out: counted, and paced where a behaviour says so."""
+        rate = serve_rate(kind, blob_hash) if serve_rate is not None else None
+        for piece in pieces:
+            if on_sent is not None:
+                on_sent(kind, len(piece))
+            if not rate:
+                yield piece
+                continue
+            for a in range(0, len(piece), PACED_PIECE):
+                time.sleep(PACED_PIECE / rate)
+                yield piece[a : a + PACED_PIECE]
+
     @app.get("/blobs/{kind}/{blob_hash}")
     def get_blob(
         kind: BlobKind,
@@ -230,23 +283,10 @@ def build_app(
             lacks = {"error": "chunk not held", "kind": kind, "hash": blob_hash}
             return JSONResponse(lacks, status_code=404, headers={HELD_HEADER: "partial"})
         headers["Content-Length"] = str(end - start)
-
-        rate = serve_rate(kind, blob_hash) if serve_rate is not None else None
-
-        def body() -> Iterator[bytes]:
-            for piece in obj.read(start, end):
-                if on_sent is not None:
-                    on_sent(kind, len(piece))
-                if not rate:
-                    yield piece
-                    continue
-                for a in range(0, len(piece), PACED_PIECE):
-                    time.sleep(PACED_PIECE / rate)
-                    yield piece[a : a + PACED_PIECE]
-
         return StreamingResponse(
-            body(), status_code=status, headers=headers, media_type="application/octet-stream"
-        )
+            paced(kind, blob_hash, obj.read(start, end)), status_code=status, headers=headers,
+            media_type="application/octet-stream",
+        )  # fmt: skip
 
     @app.get("/status")
     def get_status() -> JSONResponse:
@@ -348,9 +388,11 @@ class ServerThread:
 
 
 __all__ = [
+    "CODED_HEADER",
     "HELD_HEADER",
     "BlobCatalog",
     "BytesObject",
+    "Coder",
     "Served",
     "ServerThread",
     "StoredObject",

@@ -31,7 +31,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -152,8 +152,28 @@ def max_coded_len(layout: StateLayout, index: int) -> int:
     return HEADER.size + zstd_bound(b - a) + 64  # + the frame's own header and checksum
 
 
-def _base_bytes(base: Mapping[str, torch.Tensor], name: str, first: int, n: int, w: int) -> np.ndarray:
+class BaseElements(Protocol):
+    """G_n's parameters read by element range (a node reads them from its store, a chunk at a time,
+    never a whole tensor): `elements(name, first, n, itemsize)` is elements [first, first + n) of
+    parameter `name` as little-endian bytes, or raises `KeyError`/`ValueError` if it has none."""
+
+    def elements(self, name: str, first: int, n: int, itemsize: int) -> np.ndarray: ...
+
+
+Base = Mapping[str, torch.Tensor] | BaseElements
+"""What a chunk is coded against: G_n's parameters by name, as tensors or as element ranges."""
+
+
+def _base_bytes(base: Base, name: str, first: int, n: int, w: int) -> np.ndarray:
     """Elements [first, first + n) of G_n's `name` as little-endian bytes."""
+    if not isinstance(base, Mapping):
+        try:
+            got = np.asarray(base.elements(name, first, n, w), dtype=np.uint8).reshape(-1)
+        except (KeyError, ValueError) as e:
+            raise StateCodeError(f"base has no elements [{first}, {first + n}) of {name!r}: {e}") from e
+        if got.size != n * w:
+            raise StateCodeError(f"base gave {got.size} bytes for {n} elements of {name!r}")
+        return got
     t = base.get(name)
     if t is None or t.element_size() != w or first + n > t.numel():
         raise StateCodeError(f"base has no {w}-byte tensor {name!r} with {first + n} elements")
@@ -163,7 +183,7 @@ def _base_bytes(base: Mapping[str, torch.Tensor], name: str, first: int, n: int,
     return flat.contiguous().view(torch.uint8).numpy()
 
 
-def _forward(piece: np.ndarray, p: Piece, base: Mapping[str, torch.Tensor] | None) -> np.ndarray:
+def _forward(piece: np.ndarray, p: Piece, base: Base | None) -> np.ndarray:
     w = p.itemsize
     if w == 1:
         return piece
@@ -174,7 +194,7 @@ def _forward(piece: np.ndarray, p: Piece, base: Mapping[str, torch.Tensor] | Non
     return np.ascontiguousarray(x.view(np.uint8).reshape(n, w).T).reshape(-1)
 
 
-def _inverse(planes: np.ndarray, p: Piece, base: Mapping[str, torch.Tensor] | None) -> np.ndarray:
+def _inverse(planes: np.ndarray, p: Piece, base: Base | None) -> np.ndarray:
     w = p.itemsize
     if w == 1:
         return planes
@@ -189,7 +209,7 @@ def encode_chunk(
     layout: StateLayout,
     index: int,
     chunk: bytes | bytearray | memoryview,
-    base: Mapping[str, torch.Tensor] | None = None,
+    base: Base | None = None,
     *,
     level: int = DEFAULT_LEVEL,
 ) -> bytes:
@@ -225,7 +245,7 @@ def decode_chunk(
     layout: StateLayout,
     index: int,
     data: bytes | bytearray | memoryview,
-    base: Mapping[str, torch.Tensor] | None = None,
+    base: Base | None = None,
 ) -> bytes:
     """The canonical bytes of chunk `index` from its coding (the caller checks their digest).
     `base` (G_n's parameters) is needed exactly when the chunk was coded with DIFF."""
@@ -263,7 +283,7 @@ def decode_verified(
     index: int,
     data: bytes | bytearray | memoryview,
     digest: bytes,
-    base: Mapping[str, torch.Tensor] | None = None,
+    base: Base | None = None,
 ) -> bytes:
     """`decode_chunk`, then the chunk's digest (`protocol.chunks`) checked: a holder that coded
     against another base, or sent another state's chunk, is caught here like any bad chunk."""

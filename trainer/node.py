@@ -32,13 +32,14 @@ from chain.client import ChainClient, ChainTimeout
 from nodekit.blobs import BlobCatalog, BlobError, ServerThread, build_app, parse_listen
 from nodekit.board import NodePhase
 from nodekit.chainview import Phase, Stopped
+from nodekit.coding import StateCoder
 from nodekit.errorfeedback import sparse_codec
 from nodekit.globalmodel import GlobalModel
 from nodekit.holdings import Holdings
 from nodekit.memory import tune_allocator
 from nodekit.nextmodel import GlobalModels
 from nodekit.node import NodeError, join_run, json_line
-from nodekit.objects import ObjectPolicy
+from nodekit.objects import Kind, ObjectPolicy
 from nodekit.reach import Reach, reach
 from nodekit.runtime import NodeRuntime, Patience
 from nodekit.statestore import StateStore
@@ -234,6 +235,7 @@ class HostNode:
         self.holdings = Holdings(self.content, self.catalog, self.log)
         self.records = Records(self.dir / "commits", self.content, self.log)
         layout = {n: tuple(p.shape) for n, p in self.model.named_parameters()}
+        self.catalog.coder = StateCoder(self.content, self.objects.specs[Kind.STATE], layout)  # specs §8.2
         self.models = GlobalModels(
             self.rt, self.holdings, layout, self.objects, self.cfg.outer, self.peers,
             sparse=sparse_codec(self.cfg),

@@ -27,6 +27,7 @@ from chain.client import ChainClient, ChainTimeout, TxFailed
 from nodekit.blobs import BlobCatalog, BlobError, build_app
 from nodekit.board import NodePhase
 from nodekit.chainview import Phase, StepInfo, Stopped
+from nodekit.coding import StateCoder, StateCoding
 from nodekit.errorfeedback import sparse_codec
 from nodekit.globalmodel import GlobalModel
 from nodekit.holdings import Holdings
@@ -158,6 +159,8 @@ class VerifierNode:
         self.holdings = Holdings(self.content, self.catalog, self.log)
         self.starts = CarriedStarts(self.view, self.cfg, self.content, self.holdings, self._serve)
         layout = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self.layout = layout
+        self.catalog.coder = StateCoder(self.content, self.objects.specs[Kind.STATE], layout)  # specs §8.2
         self.models = GlobalModels(
             self.rt, self.holdings, layout, self.objects, self.cfg.outer, self._holders,
             sparse=sparse_codec(self.cfg),
@@ -402,9 +405,12 @@ class VerifierNode:
             # its author is spared: the contribution's checkers fetch θ_H's parameters from each
             # other, so it uploads them about once (specs §8.1)
             author = self.view.participant(job.host)
+            # and states come coded against G_n where a holder codes (specs §8.2)
+            coding = StateCoding.of(self.content, gm.hash, self.objects.specs[Kind.STATE], self.layout)
             source = HttpSource(self.rt.blobs, holders, self.objects, self.content, on_fetched=fetched,
                                 group=str(job.outer_step), keep=self._serve, keep_deltas=keep_deltas,
-                                spare=[author.endpoint] if author is not None else [])  # fmt: skip
+                                spare=[author.endpoint] if author is not None else [],
+                                coding=coding)  # fmt: skip
 
             def derived(final: State | None, payload: bytes) -> None:
                 self._keep_derived(job, final, payload)

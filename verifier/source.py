@@ -13,6 +13,7 @@ from nodekit.blobs import (
     BlobClient,
     BlobInvalid,
     BlobUnavailable,
+    ChunkCoding,
     fetch_to_store,
 )
 from nodekit.objects import Kind, ObjectPolicy, ObjectRef
@@ -91,9 +92,11 @@ class HttpSource:
         keep: Callable[[Kind, str, str], None] | None = None,
         keep_deltas: Mapping[str, str] | None = None,
         spare: Sequence[str] = (),
+        coding: ChunkCoding | None = None,
     ):
         self.client = client
         self.spare = [e for e in spare if e]
+        self.coding = coding  # training states' chunks asked for coded against G_n (specs §8.2)
         self.endpoints = [endpoints] if isinstance(endpoints, str) else [e for e in endpoints if e]
         self.objects, self.store, self.group = objects, store, group
         self.on_fetched = on_fetched or (lambda _r: None)
@@ -111,7 +114,8 @@ class HttpSource:
 
     def _tensors(self, kind: Kind, h: str, into: State | None = None) -> State:
         sink = TensorSink(self.objects.specs[kind]) if into is None else TensorSink.into(into)
-        self._fetch(kind, h, sink)
+        kw: dict[str, Any] = {"spare": self.spare, "coding": self.coding} if kind is Kind.STATE else {}
+        self._fetch(kind, h, sink, **kw)
         return sink.tensors
 
     def state(self, leaf_hash: str, into: State | None = None) -> State:
@@ -137,7 +141,8 @@ class HttpSource:
         c = ref.chunk_bytes
         wanted = {0, *range(a // c, max(a, b - 1) // c + 1)}
         if self.store is None or self.group is None:
-            self._fetch(Kind.STATE, leaf_hash, sink, have=set(range(ref.n_chunks)) - wanted, spare=self.spare)
+            have = set(range(ref.n_chunks)) - wanted
+            self._fetch(Kind.STATE, leaf_hash, sink, have=have, spare=self.spare, coding=self.coding)
             return sink.tensors
         with _lock(self.store, leaf_hash):
             if self.store.has(Kind.STATE, leaf_hash, self.group):
@@ -177,7 +182,9 @@ class HttpSource:
         try:
             if wanted - held:
                 have = set(range(ref.n_chunks)) - (wanted - held)
-                self._fetch(Kind.STATE, h, tee, have=have, spare=self.spare, on_manifest=manifest)
+                self._fetch(
+                    Kind.STATE, h, tee, have=have, spare=self.spare, on_manifest=manifest, coding=self.coding
+                )
         finally:
             if tee.part is not None:
                 tee.part.flush()
@@ -188,7 +195,9 @@ class HttpSource:
         ref = self.objects.ref(Kind.STATE, leaf_hash)
         part = self.store.begin(Kind.STATE, leaf_hash, self.group, ref.length)
         try:
-            report = self.client.fetch(ref, _Tee(sink, part), self.endpoints, spare=self.spare)
+            report = self.client.fetch(
+                ref, _Tee(sink, part), self.endpoints, spare=self.spare, coding=self.coding
+            )
         except BlobUnavailable as e:
             self.store.abort(part)
             raise MissingData(str(e)) from e
