@@ -17,7 +17,9 @@ Per run, from its snapshot.json and its nodes' logs (never from the markdown):
 - the swarm (specs §8.1): how many times per honest contribution its author uploaded θ_H's
   parameters (chunks from the author in its checkers' parameter fetches ÷ one fetch's chunks: the
   number of such fetches before swarming, about 1 with it), and all hosts' upload of opened states
-  ÷ all verifiers' download of them.
+  ÷ all verifiers' download of them;
+- the transfer coding (specs §8.2): the state bytes fetched, how many came coded against G_n and
+  what they decoded to (canonical ÷ coded: the ratio on the wire).
 
 Writes bench/results/verification.json. A measurement, not a test: the devnets run one after the
 other (they share this machine's cores), a few minutes each.
@@ -114,8 +116,13 @@ def swarm(
     chunk = int(snap["config"].get("state_chunk_bytes", 1 << 26))
     n_state = -(-STATE_BYTES_PER_PARAM * params // chunk)
     per: dict[tuple[str, int], list[int]] = {}  # (host, step) -> [fetches, chunks, author's chunks]
+    wire = coded = raw = 0  # every state fetch: bytes on the wire, of them coded, what those decoded to
     for events in log_events(folder, "fetched").values():
         for e in events:
+            if e.get("kind") == "state":
+                wire += int(e.get("bytes", 0))
+                coded += int(e.get("coded_bytes", 0))
+                raw += int(e.get("coded_raw", 0))
             if (
                 e.get("kind") != "state"
                 or e.get("host") not in honest
@@ -135,6 +142,10 @@ def swarm(
     down = sum(t["down"].get("state", 0.0) for name, t in traffic.items() if name.startswith("verifier"))
     out: dict[str, Any] = {"hosts_state_up_per_step": up, "verifiers_state_down_per_step": down,
                            "up_over_down": up / down if down else None}  # fmt: skip
+    # the transfer coding (specs §8.2): state bytes on the wire, those that came coded, and what
+    # the coded ones decoded to (canonical): canonical ÷ coded is the ratio on these states
+    out["state_wire_bytes"], out["coded_wire_bytes"], out["coded_canonical_bytes"] = wire, coded, raw
+    out["coded_ratio"] = raw / coded if coded else None
     if per:
         rows = list(per.values())
         out["theta_h_fetches_per_contribution"] = statistics.fmean(r[0] for r in rows)
