@@ -506,19 +506,43 @@ def block_lengths(n: int, w: int) -> list[int]:
 
 
 def window_check_bytes(
-    params: float, lengths: list[int], b: int, *, bitwise: bool, ef: float = 0.0, delta: float = 0.0,
+    params: float,
+    lengths: list[int],
+    b: int,
+    *,
+    bitwise: bool,
+    ef: float = 0.0,
+    delta: float = 0.0,
     moments: sizes.Moments = sizes.Moments.FP32,
+    ratio: float = 1.0,
 ) -> float:
     """What the checker of block b downloads. Its start: 12·P, or for block 0 the carried optimizer
     state (8·P, G_n is held). Tolerance adds every later claimed boundary of the block (its
     segments' starts and its end, L_b states) and the Δ. θ_H's parameters (4·P, for the Δ check)
     unless b is the last block, whose replay (or claimed end) is θ_H. `ef`: codec sparse's
-    carried accumulator, fetched by every check."""
-    S = state_bytes(params, moments)
+    carried accumulator, fetched by every check. Training states and θ_H's parameters travel coded
+    against G_n (specs §8.2): ÷ `ratio`; the optimizer state, e and Δ as they are."""
+    S = state_bytes(params, moments) / ratio
     start = optimizer_bytes(params, moments) if b == 0 else S
     later = 0.0 if bitwise else lengths[b] * S + delta
-    theta_h = 0.0 if b == len(lengths) - 1 else PARAM_BYTES_PER_PARAM * params
+    theta_h = 0.0 if b == len(lengths) - 1 else theta_h_bytes(params, ratio)
     return start + later + theta_h + ef
+
+
+def theta_h_bytes(params: float, ratio: float = 1.0) -> float:
+    """θ_H's parameters as a check whose window ends short of θ_H fetches them: 4·P ÷ the coding
+    ratio (the chunks holding `param/*`; the header's chunk and the chunks θ shares with a moment
+    are a few chunks more, not counted)."""
+    return PARAM_BYTES_PER_PARAM * params / ratio
+
+
+def code_ratio(i: Inputs, c: Constants) -> float:
+    """The measured lossless ratio the nodes' transfers of training states get (specs §8.2: every
+    holder that holds G_n codes, every checker holds it), for the run's moment format; 1.0 where
+    none was measured. Pipeline `today` (the design before issue 34) sends states uncoded."""
+    if i.pipeline is Pipeline.TODAY:
+        return 1.0
+    return c.state_code_ratio.get(sizes.Moments(i.moments).value, 1.0)
 
 
 def carried_ef_bytes(i: Inputs) -> float:
@@ -528,11 +552,13 @@ def carried_ef_bytes(i: Inputs) -> float:
 
 def window_bytes_per_check(i: Inputs, c: Constants) -> float:
     """One check's download, expected over its block (every block equally likely to be drawn):
-    bitwise with B ≥ 2, (1/B)·8·P + ((B−1)/B)·(12·P + 4·P) (+ 4·P codec sparse); B = 1: 8·P."""
+    bitwise with B ≥ 2, (1/B)·8·P + ((B−1)/B)·(12·P + 4·P)/r (+ 4·P codec sparse); B = 1: 8·P;
+    r the coding ratio of training states (`code_ratio`)."""
     lengths = block_lengths(i.n, i.window_len)
     bitwise = i.replay is ReplayMode.BITWISE
-    ef, d = carried_ef_bytes(i), run_delta_bytes(i, c)
-    per = [window_check_bytes(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments)
+    ef, d, r = carried_ef_bytes(i), run_delta_bytes(i, c), code_ratio(i, c)
+    per = [window_check_bytes(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments,
+                              ratio=r)
            for b in range(len(lengths))]  # fmt: skip
     return sum(per) / len(per)
 
@@ -551,12 +577,17 @@ def from_zero_segments(n: int, w: int) -> float:
 
 
 def from_zero_check_bytes(
-    params: float, n: int, w: int, ef: float = 0.0, moments: sizes.Moments = sizes.Moments.FP32
+    params: float,
+    n: int,
+    w: int,
+    ef: float = 0.0,
+    moments: sizes.Moments = sizes.Moments.FP32,
+    ratio: float = 1.0,
 ) -> float:
     """A from-segment-0 check downloads no state: the carried optimizer (8·P) and, unless its
-    block is the last, θ_H's parameters (4·P): 8·P + ((B−1)/B)·4·P (+ e)."""
+    block is the last, θ_H's parameters (4·P, coded: ÷ the ratio): 8·P + ((B−1)/B)·4·P (+ e)."""
     B = window_blocks(n, w)
-    return optimizer_bytes(params, moments) + (B - 1) / B * PARAM_BYTES_PER_PARAM * params + ef
+    return optimizer_bytes(params, moments) + (B - 1) / B * theta_h_bytes(params, ratio) + ef
 
 
 def replay_segments_per_check(i: Inputs) -> float:
@@ -574,7 +605,7 @@ def verifier_bytes_per_contribution(i: Inputs, c: Constants) -> float:
     """
     if i.windowed:  # what today's verifier does whatever the host persists
         return window_bytes_per_check(i, c)
-    S = state_bytes(i.params, i.moments)
+    S = state_bytes(i.params, i.moments) / code_ratio(i, c)
     d = run_delta_bytes(i, c)
     if i.pipeline is Pipeline.TODAY:
         return i.s * S + d
@@ -643,15 +674,54 @@ def contributions_per_verifier(i: Inputs) -> float:
     return i.hosts * checks_per_contribution(i) / i.verifiers
 
 
+def theta_h_fetches(i: Inputs) -> float:
+    """Checks per contribution that fetch θ_H's parameters (windows): those whose block is not the
+    last, c·(B − 1)/B expected over the draw (B = 1: none)."""
+    if not i.windowed:
+        return 0.0
+    B = i.blocks
+    return checks_per_contribution(i) * (B - 1) / B if B > 1 else 0.0
+
+
+def theta_h_uploads(i: Inputs) -> float:
+    """Times the author uploads θ_H's parameters per contribution with swarming (specs §8.1): the
+    checkers fetch them from each other, so once if any check needs them. With v ≥ 2 initial
+    checks two distinct blocks are drawn, one not the last: 1. With v = 1: its block is not the
+    last ((B − 1)/B), or an audit (probability p, a ≥ 1 slots on other blocks) needs them."""
+    if not i.windowed or i.blocks <= 1:
+        return 0.0
+    B = i.blocks
+    if i.v >= 2:
+        return 1.0
+    audited = i.audit_p if i.auditors >= 1 else 0.0
+    return (1 - audited) * (B - 1) / B + audited
+
+
+def host_openings_bytes(i: Inputs, c: Constants) -> float:
+    """What the author uploads of one contribution's openings.
+
+    Segments: every check fetches the same opened states, at about the same time, from the author:
+    c × one check's bytes. Windows, with swarming (specs §8.1): each check's start (its own block,
+    distinct from the others') once, the carried optimizer, e and the tolerance claims per check as
+    before, and θ_H's parameters once (`theta_h_uploads`) instead of `theta_h_fetches` times.
+    Pipeline `today` (no swarm): c × one check's bytes."""
+    c_checks = checks_per_contribution(i)
+    every = c_checks * verifier_bytes_per_contribution(i, c)
+    if not i.windowed or i.pipeline is Pipeline.TODAY:
+        return every
+    theta = theta_h_bytes(i.params, code_ratio(i, c))
+    return every - (theta_h_fetches(i) - theta_h_uploads(i)) * theta
+
+
 def host_upload_bytes(i: Inputs, c: Constants) -> dict[str, float]:
-    """Per host per outer step: its openings to every checker, and its Δ to whoever aggregates.
+    """Per host per outer step: its openings (`host_openings_bytes`), and its Δ to whoever aggregates.
 
     today the author serves its Δ to the other A − 1 hosts and to every verifier (each computes
     G_{n+1} itself). sparse: multi-source fetching spreads serving, so a host uploads about what
     it downloads, (A − 1)·Δ.
     """
     d = run_delta_bytes(i, c)
-    openings = checks_per_contribution(i) * verifier_bytes_per_contribution(i, c)
+    openings = host_openings_bytes(i, c)
     peers = (i.hosts - 1 + i.verifiers) if i.pipeline is Pipeline.TODAY else (i.hosts - 1)
     return {"openings": openings, "delta": peers * d, "total": openings + peers * d}
 
@@ -896,14 +966,14 @@ class Timeline:
 def verify_seconds(i: Inputs, c: Constants, t_step: float) -> dict[str, float]:
     """The verification window: every verifier downloads and replays its contributions.
 
-    Downloads are bounded by the host's upload (it serves each of its checkers) and by the
-    verifier's download (it fetches all its contributions); replay is (segments per check)·k
-    inner steps each (s, or a window's n/B) on the verifier's own GPUs; fetch and replay pipeline
-    across contributions.
+    Downloads are bounded by the host's upload (its openings, `host_openings_bytes`: θ_H's
+    parameters once with swarming) and by the verifier's download (it fetches all its
+    contributions); replay is (segments per check)·k inner steps each (s, or a window's n/B) on the
+    verifier's own GPUs; fetch and replay pipeline across contributions.
     """
     per = verifier_bytes_per_contribution(i, c)
     load = max(1.0, contributions_per_verifier(i))
-    data = max(checks_per_contribution(i) * per / i.up, load * per / i.down)
+    data = max(host_openings_bytes(i, c) / i.up, load * per / i.down)
     replay = replay_segments_per_check(i) * i.k * t_step
     first = min(per / i.down, replay)
     return {"data": data, "replay": load * replay, "total": max(data, load * replay) + first}
@@ -1341,23 +1411,28 @@ def meets(p: Plan, floors: Floors, overlap: bool) -> bool:
     )
 
 
-def opened_state_bytes(i: Inputs) -> float:
-    """One check's states alone, whatever the codec (no Δ, no error feedback): a lower bound on
-    what the host serves per check."""
-    S, P = state_bytes(i.params, i.moments), i.params
+def opened_state_bytes(i: Inputs, ratio: float = 1.0) -> float:
+    """One check's states alone, whatever the codec (no Δ, no error feedback), training states
+    coded at `ratio`: a lower bound on what the host serves per check."""
+    S, P = state_bytes(i.params, i.moments) / ratio, i.params
     if i.windowed:
         lengths = block_lengths(i.n, i.window_len)
         bitwise = i.replay is ReplayMode.BITWISE
-        per = [window_check_bytes(P, lengths, b, bitwise=bitwise, moments=i.moments)
+        per = [window_check_bytes(P, lengths, b, bitwise=bitwise, moments=i.moments, ratio=ratio)
                for b in range(len(lengths))]  # fmt: skip
         return sum(per) / len(per)
     return i.s * S if i.pipeline is Pipeline.TODAY else (i.s - 1) * S + optimizer_bytes(P, i.moments)
 
 
-def utilization_bound(i: Inputs, overlap: bool) -> float:
+def utilization_bound(i: Inputs, overlap: bool, c: Constants | None = None) -> float:
     """An upper bound on utilization whatever m and the codec: the host's upload of its opened
-    states alone (no Δ, no recompute, no stalls) already follows training."""
-    data = checks_per_contribution(i) * opened_state_bytes(i) / i.up
+    states alone (no Δ, no recompute, no stalls; coded and swarmed as `host_openings_bytes`
+    counts them, with `c`'s coding ratio) already follows training."""
+    ratio = 1.0 if c is None else code_ratio(i, c)
+    data = checks_per_contribution(i) * opened_state_bytes(i, ratio)
+    if i.windowed and i.pipeline is not Pipeline.TODAY:
+        data -= (theta_h_fetches(i) - theta_h_uploads(i)) * theta_h_bytes(i.params, ratio)
+    data /= i.up
     train = i.H * step_seconds(i)
     return train / (max(train, data) if overlap else train + data)
 
@@ -1391,7 +1466,7 @@ def sweep(i: Inputs, c: Constants, floors: Floors, *, overlap: bool = True, top:
                     coll = cheat_outcome(i.dishonest_stake, v, i.audit_p, i.auditors, 1.0)
                     if coll.success > floors.collusion_success:
                         continue
-                    if utilization_bound(shaped, overlap) < floors.utilization:
+                    if utilization_bound(shaped, overlap, c) < floors.utilization:
                         continue
                     for m in SWEEP_M if i.pipeline is Pipeline.SPARSE else (1,):
                         if m > n:
@@ -1509,7 +1584,9 @@ def choose_window(i: Inputs, c: Constants, budget: float = REPLAY_BUDGET) -> Win
     down_bytes = window_bytes_per_check(chosen, c)
     down_segments = window_replay_segments(chosen.n, pick.w)
     down_s = check_seconds(chosen, down_bytes, down_segments)
-    zero_bytes = from_zero_check_bytes(i.params, chosen.n, pick.w, carried_ef_bytes(chosen), i.moments)
+    zero_bytes = from_zero_check_bytes(
+        i.params, chosen.n, pick.w, carried_ef_bytes(chosen), i.moments, code_ratio(chosen, c)
+    )
     zero_segments = from_zero_segments(chosen.n, pick.w)
     zero_s = check_seconds(chosen, zero_bytes, zero_segments) if i.replay is ReplayMode.BITWISE else None
     return WindowChoice(

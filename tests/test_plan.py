@@ -232,6 +232,70 @@ def test_window_check_bytes_by_hand() -> None:
     assert pm.opened_state_bytes(i) == pytest.approx(14e9)  # the utilization bound: states alone
 
 
+def test_coded_states_on_the_wire_by_hand() -> None:
+    """Training states and θ_H's parameters travel coded against G_n (specs §8.2): ÷ the measured
+    ratio for the run's moments; the carried optimizer state, e and Δ as they are."""
+    coded = Constants(
+        codec_ratio=C.codec_ratio, sha256_bytes_per_s=2e9, state_code_ratio={"fp32": 1.25, "int8": 2.0}
+    )
+    lengths = [3, 3, 3, 1]
+    by = [pm.window_check_bytes(1e9, lengths, b, bitwise=True, ratio=1.25) for b in range(4)]
+    assert by == pytest.approx([8e9 + 3.2e9, 9.6e9 + 3.2e9, 9.6e9 + 3.2e9, 9.6e9])
+    i = Inputs(params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
+    assert pm.code_ratio(i, coded) == 1.25 and pm.code_ratio(i, C) == 1.0  # nothing measured: uncoded
+    assert pm.code_ratio(replace(i, pipeline=Pipeline.TODAY), coded) == 1.0  # the old design: uncoded
+    assert pm.code_ratio(replace(i, moments=Moments.INT8), coded) == 2.0
+    # (1/4)·8 + (3/4)·(12 + 4)/1.25 = 2 + 9.6 GB
+    assert pm.verifier_bytes_per_contribution(i, coded) == pytest.approx(11.6e9)
+    # int8 moments: states of 6.03125 B/param ÷ 2, the optimizer 2.03125 B/param as it is
+    q = replace(i, moments=Moments.INT8)
+    assert pm.verifier_bytes_per_contribution(q, coded) == pytest.approx(
+        (2.03125 + 3 * (6.03125 + 4) / 2) / 4 * 1e9
+    )
+    seg = Inputs(params=1e9, s=8, codec=Codec.INT8, sampling=SEGMENTS)
+    f = pm.segment_fetches(seg.n, seg.s)
+    assert pm.verifier_bytes_per_contribution(seg, coded) == pytest.approx(
+        f.starts * 9.6e9 + f.segment_zero * 8e9
+    )
+    assert pm.from_zero_check_bytes(1e9, 10, 3, ratio=1.25) == pytest.approx(8e9 + 3 / 4 * 3.2e9)
+    assert pm.opened_state_bytes(i, 1.25) == pytest.approx(11.6e9)
+
+
+def test_theta_h_leaves_the_author_once_with_swarming() -> None:
+    """Windows: c·(B − 1)/B checks fetch θ_H's parameters; with swarming (specs §8.1) the author
+    uploads them once when v ≥ 2, and with v = 1 unless its one block is the last and nobody audits."""
+    # n = 4 segments of w = 1: B = 4; v = 2 + p·a = 1 × 1: c = 3 checks on distinct blocks
+    i = Inputs(params=1e9, H=20, k=5, w=1, v=2, auditors=1, audit_p=1.0, codec=Codec.INT8)
+    assert (i.blocks, pm.checks_per_contribution(i)) == (4, 3.0)
+    assert pm.theta_h_fetches(i) == pytest.approx(3 * 3 / 4)
+    assert pm.theta_h_uploads(i) == 1.0
+    one = replace(i, v=1, audit_p=0.5)  # no audit (½): its block is not the last ¾; audited (½): 1
+    assert pm.theta_h_uploads(one) == pytest.approx(0.5 * 3 / 4 + 0.5)
+    assert pm.theta_h_uploads(replace(one, auditors=0)) == pytest.approx(3 / 4)
+    assert pm.theta_h_uploads(replace(i, w=4)) == 0.0 == pm.theta_h_fetches(replace(i, w=4))  # B = 1
+    assert pm.theta_h_uploads(replace(i, sampling=SEGMENTS)) == 0.0
+    # one check: (1/4)·8 + (3/4)·(12 + 4) = 14 GB; all three 42 GB; the author sends 2.25 − 1 = 1.25
+    # fewer copies of θ_H's 4 GB: 37 GB. Coded at 1.25: 3 × 11.6 − 1.25 × 3.2 = 30.8 GB
+    assert pm.host_openings_bytes(i, C) == pytest.approx(42e9 - 1.25 * 4e9)
+    coded = Constants(codec_ratio=C.codec_ratio, state_code_ratio={"fp32": 1.25, "int8": 1.25})
+    assert pm.host_openings_bytes(i, coded) == pytest.approx(30.8e9)
+    assert pm.host_upload_bytes(i, C)["openings"] == pm.host_openings_bytes(i, C)
+    # segments (every check fetches the same opened states at once) and today's pipeline: c × one check
+    seg = replace(i, sampling=SEGMENTS, s=2)
+    assert pm.host_openings_bytes(seg, C) == pytest.approx(3 * pm.verifier_bytes_per_contribution(seg, C))
+    today = replace(i, pipeline=Pipeline.TODAY)
+    assert pm.host_openings_bytes(today, C) == pytest.approx(3 * pm.verifier_bytes_per_contribution(today, C))
+    # the verification window: the host's uplink carries its openings, each verifier its load
+    fast = replace(i, hosts=2, verifier_nodes=3, up=1e9, down=2e9)
+    w = pm.verify_seconds(fast, C, t_step=1.0)
+    load = pm.contributions_per_verifier(fast)  # 2 hosts × 3 checks ÷ 3 verifiers = 2
+    assert w["data"] == pytest.approx(max(37e9 / 1e9, load * 14e9 / 2e9))
+    # the sweep's utilization bound counts the same uploads (states alone), coded
+    train = fast.H * pm.step_seconds(fast)
+    states = (3 * 11.6e9 - 1.25 * 3.2e9) / 1e9
+    assert pm.utilization_bound(fast, True, coded) == pytest.approx(train / max(train, states))
+
+
 def test_window_replay_and_the_start_from_segment_zero() -> None:
     assert pm.window_replay_segments(10, 3) == 2.5  # n/B
     # from segment 0 to the block's end: 3, 6, 9, 10 → 7 = w·(B − 1)/2 + n/B = 4.5 + 2.5
@@ -362,7 +426,8 @@ def test_window_plan_figures() -> None:
     assert ver["states_per_contribution"] == pytest.approx(7 * 14e9 / 12e9)  # all checks ÷ 12·P
     assert ver["one_segment_detection"] == 1.0  # 7 slots cover all B = 4 blocks
     assert (ver["window_segments"], ver["blocks"], ver["replay_segments_per_check"]) == (3, 4, 2.5)
-    assert p.network["host_upload_openings_bytes"] == pytest.approx(7 * 14e9)
+    # θ_H's 4 GB leave the author once, not once per check short of θ_H (7 · 3/4): swarmed (§8.1)
+    assert p.network["host_upload_openings_bytes"] == pytest.approx(7 * 14e9 - (7 * 3 / 4 - 1) * 4e9)
     assert p.security["detection"] == pytest.approx(pm.lazy_detection(i, 0.5))
     seg = pm.plan(replace(i, sampling=SEGMENTS, s=2), C).verification
     f = pm.segment_fetches(10, 2)
@@ -665,8 +730,8 @@ def test_cli_tables_and_sweep() -> None:
 def test_cli_reads_a_run_config(tmp_path: Path) -> None:
     toml = tmp_path / "run.toml"
     toml.write_text(
-        'inner_steps = 40\nsegment_len = 4\nsampled_segments = 3\nbatch_size = 4\nseq_len = 32\n'
-        "audit_bps = 2500\naudit_verifiers = 2\nsampling = \"segments\"\nwindow_segments = 4\n"
+        "inner_steps = 40\nsegment_len = 4\nsampled_segments = 3\nbatch_size = 4\nseq_len = 32\n"
+        'audit_bps = 2500\naudit_verifiers = 2\nsampling = "segments"\nwindow_segments = 4\n'
         '[model]\nfactory = "trainer.model:small_gpt"\nconfig = { n_layer = 1, n_embd = 32, n_head = 2 }\n'
         "[phases]\ntrain_blocks = 30\nreveal_blocks = 5\nverify_blocks = 7\n"
     )
