@@ -332,3 +332,30 @@ def test_held_bitmaps_are_exact() -> None:
         with pytest.raises(ValueError):
             parse_held(bad, 10)
     assert BytesObject(b"x" * 10, CHUNK).length == 10
+
+
+def test_a_whole_state_after_its_parameters_fetches_only_the_rest(
+    tmp_path: Path, nodes: list[Node], state: dict[str, torch.Tensor]
+) -> None:
+    """A checker that kept θ_H's parameter chunks and then needs the whole state (a dispute panel
+    replaying the last window in tolerance mode) fetches only the other chunks; the whole state
+    replaces the partial copy in its store and on its server."""
+    host, h = host_with(nodes, tmp_path / "host", state)
+    me = Node(tmp_path / "me")
+    nodes.append(me)
+    policy = ObjectPolicy(CHUNK, {Kind.STATE: specs_of(state)}, 0)
+    ref = policy.ref(Kind.STATE, h)
+    with BlobClient([], timeout=10, retries=0, backoff=0) as client:
+        src = source(client, me, [host.url], policy, spare=[host.url])
+        src.params(h)
+        part = me.store.open_partial(Kind.STATE, h, GROUP)
+        assert part is not None
+        kept = sum(ref.span(i)[1] - ref.span(i)[0] for i in part.held())
+        before = host.sent["state"]
+        got = src.state(h)
+    assert all(torch.equal(got[n], t) for n, t in state.items())
+    assert host.sent["state"] - before == ref.length - kept
+    assert me.store.has(Kind.STATE, h, GROUP) and me.store.open_partial(Kind.STATE, h, GROUP) is None
+    me.store.verify(Kind.STATE, h, GROUP)
+    with httpx.Client() as http:  # served whole now
+        assert http.get(f"{me.url}/blobs/state/{h}").content == canonical_bytes(state)

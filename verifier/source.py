@@ -194,9 +194,11 @@ class HttpSource:
         assert self.store is not None and self.group is not None
         ref = self.objects.ref(Kind.STATE, leaf_hash)
         part = self.store.begin(Kind.STATE, leaf_hash, self.group, ref.length)
+        tee = _Tee(sink, part)
+        have = self._from_partial(ref, tee)
         try:
             report = self.client.fetch(
-                ref, _Tee(sink, part), self.endpoints, spare=self.spare, coding=self.coding
+                ref, tee, self.endpoints, have=have, spare=self.spare, coding=self.coding
             )
         except BlobUnavailable as e:
             self.store.abort(part)
@@ -211,6 +213,26 @@ class HttpSource:
         self.on_fetched(report)
         self.keep(Kind.STATE, leaf_hash, self.group)
         return sink.tensors
+
+    def _from_partial(self, ref: ObjectRef, sink: _Tee) -> set[int]:
+        """The chunks of `ref` our partial copy holds (θ_H's parameters, fetched for a Δ check),
+        written into `sink` (each read checked against its digest): the whole state then needs
+        only the others. A copy that fails its checks is dropped and everything fetched."""
+        assert self.store is not None and self.group is not None
+        held = self.store.open_partial(Kind.STATE, ref.hash, self.group)
+        if held is None:
+            return set()
+        done = set(held.held())
+        try:
+            for i in sorted(done):
+                pos = ref.span(i)[0]
+                for piece in held.read(*ref.span(i)):
+                    sink.write_at(pos, piece)
+                    pos += len(piece)
+        except (StoreError, ValueError):
+            self.store.delete_partial(Kind.STATE, ref.hash, self.group)
+            return set()
+        return done
 
     def _into_store(self, kind: Kind, h: str, group: str) -> None:
         """A carried state we do not hold yet, fetched from the holders into the store; then served on."""
