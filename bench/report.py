@@ -1130,6 +1130,35 @@ def verification(d: dict[str, Any]) -> Lines:
     header = ["sampling", "checks", "bytes per check", "planned", "ratio", "replayed steps per check",
               "planned", "ratio", "adversaries caught per outer step", "honest accepted"]  # fmt: skip
     out = table(header, rows)
+    swarm = [r for r in d["runs"] if r.get("swarm")]
+    if swarm:  # issue 35: who uploads the openings (specs §8.1), and the coding on the wire (§8.2)
+        out += ["*Swarm and transfer coding (issue 35)*: per honest contribution, the checks that fetched "
+                "θ_H's parameters alone and how many times its author uploaded them (the author's chunks in "
+                "those fetches ÷ one fetch's; before swarming every such fetch came from the author); all "
+                "hosts' upload of states ÷ all verifiers' download of them; the state bytes fetched coded "
+                "against G_n and what they decoded to.", ""]  # fmt: skip
+        srows = []
+        for r in swarm:
+            sw, p = r["swarm"], r["predicted"]
+
+            def both(key: str, sw: dict[str, Any] = sw, p: dict[str, Any] = p) -> str:
+                return "-" if sw.get(key) is None else f"{sw[key]:.2f} ({p.get(key, 0):.2f})"
+
+            srows.append([
+                r["sampling"], both("theta_h_fetches_per_contribution"),
+                both("author_uploads_theta_h_per_contribution"), sw.get("up_over_down"),
+                sw.get("coded_wire_bytes", 0) / 1e6, sw.get("state_wire_bytes", 0) / 1e6,
+                sw.get("coded_canonical_bytes", 0) / 1e6,
+                f"{sw.get('coded_ratio') or 0:.3f} ({p.get('code_ratio', 1):.3f})",
+            ])  # fmt: skip
+        out += table(["sampling", "θ_H fetches per contribution (planned)",
+                      "author's uploads of θ_H (planned)", "hosts' ↑ ÷ verifiers' ↓ (states)",
+                      "coded MB on the wire", "of state MB fetched", "canonical MB", "ratio (planner's)"],
+                     srows)  # fmt: skip
+        out += ["Before swarming and coding (main before issue 35 part 3, the same windows devnet, "
+                "2026-12-07 12:01 UTC): θ_H's parameters fetched 2.27 times per honest contribution, all "
+                "2.27 from its author; hosts' state upload ÷ verifiers' download 1.02; nothing coded.",
+                ""]  # fmt: skip
     for r in d["runs"]:
         out += [f"*{r['sampling']}: bytes per node per outer step* (↑ served, ↓ fetched; kB)", ""]
         kinds = sorted({k for t in r["traffic_per_step"].values() for dd in ("up", "down") for k in t[dd]})

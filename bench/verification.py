@@ -176,6 +176,9 @@ def predicted(cfg: dict[str, Any], params: int, verifiers: int) -> dict[str, flo
         "replay_steps_per_check": pm.replay_segments_per_check(i) * i.k,
         "state_bytes": STATE_BYTES_PER_PARAM * params,
         "caught_share": {"lazy": pm.lazy_detection(i, 0.5), "one_fake": one},
+        "theta_h_fetches_per_contribution": pm.theta_h_fetches(i),  # issue 35: c·(B − 1)/B
+        "author_uploads_theta_h_per_contribution": pm.theta_h_uploads(i),  # swarmed: once
+        "code_ratio": pm.code_ratio(i, load_constants()),
     }
 
 
