@@ -98,7 +98,7 @@ def calibrate(
     tolerance, tolerance_exp_avg, tolerance_exp_avg_sq), for the moments in update space
     (tolerance_update, tolerance_denominator) and for the replayed segments' summed residuals
     (tolerance_cumulative, tolerance_cumulative_update: count-independent, the largest over every
-    set of the segments of whole trajectories of k·⌊max k / k⌋ steps)
+    set of two or more segments of whole trajectories of k·⌊max k / k⌋ steps)
     and the largest safe k."""
     from gonka_diloco.adversaries.lab import TINY_GPT
     from protocol.config import ModelSpec, Numerics, Precision, RunConfig

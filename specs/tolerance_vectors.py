@@ -29,8 +29,8 @@ from verifier.update_space import GENUINE_SLACK, genuine_bound, genuine_mismatch
 State = dict[str, torch.Tensor]
 THRESHOLDS = {"param": 1e-3, "exp_avg": 1e-3, "exp_avg_sq": 1e-3, "update": 1e-3, "denominator": 1e-3}
 CUMULATIVE_THRESHOLDS = {"cumulative": 2.4e-4, "cumulative_update": 9e-5}
-"""§6.4's thresholds for the `cumulative` vectors: below what one residual of theirs reaches alone,
-above 1/√2 of it (two residuals, one of them 0)."""
+"""§6.4's thresholds for the `cumulative` vectors: below what one residual of theirs reaches alone
+(so two aligned, √2 times it, fail), above 1/√2 of it (two residuals, one of them 0)."""
 
 
 def _float(x: float) -> float | None:
@@ -121,7 +121,9 @@ def _cumulative_cases(start: State, replay: State, inner: InnerOptim) -> list[di
     sequences = {"aligned": ["up", "up", "up"], "opposed": ["up", "down", "up", "down"],
                  "one_of_two": ["up", "equal"], "single": ["up"], "exp_avg_aligned": ["exp_avg_up"] * 2,
                  "exp_avg_one_of_two": ["exp_avg_up", "equal"], "none_off": ["equal", "equal"]}  # fmt: skip
-    forced = {"cancelled_by_the_last": ["up", "down"], "the_last_alone": ["up"],
+    # forced: the last is the always-opened one; its residual cancels part of the drawn ones' sum, but
+    # the drawn ones are summed apart; a single drawn segment is its own per-segment check (s = 2)
+    forced = {"cancelled_by_the_last": ["up", "up", "down"], "one_drawn_cancelled": ["up", "down"],
               "drawn_cancel_last_equal": ["up", "down", "equal"]}  # fmt: skip
     every = [*((k, v, False) for k, v in sequences.items()), *((k, v, True) for k, v in forced.items())]
     for label, seq, last in every:

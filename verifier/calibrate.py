@@ -23,11 +23,12 @@ threshold of some group. The checks over replayed segments together (`cumulative
 `cumulative_update`: `verifier.tolerance.Cumulative`, specs §6.4) are measured the same way on whole
 trajectories (`chains`: the fresh state and the last warm one): env B, the host, trains H/k
 consecutive segments, env A replays each from B's boundary, and the noise is the largest
-cumulative distance over every contiguous run of them and every set of every count m (beyond
-`MAX_SUBSETS` per count: a fixed sample). The distances are normalized to be count-independent,
-so one threshold serves a window, a challenge's drawn segments, the last one alone and a dispute
-panel's windows; honest residuals do not align, so their value stays at or below the per-segment
-noise, while a host steering m boundaries the same way reaches √m times its per-boundary ratio.
+cumulative distance over every contiguous run of them and every set of every count m ≥ 2 (beyond
+`MAX_SUBSETS` per count: a fixed sample; one segment is its own per-segment check). The distances
+are normalized to be count-independent, so one threshold serves a window, a challenge's drawn
+segments and a dispute panel's windows; honest residuals do not align, so their value stays at or
+below the per-segment noise, while a host steering m boundaries the same way reaches √m times its
+per-boundary ratio.
 Each environment runs in its own process; states cross as safetensors files, never pickles.
 """
 
@@ -261,10 +262,10 @@ def _residuals(replay: State, claim: State, start: State, inner: Any) -> tuple[T
 
 def summed_sets(n: int) -> Iterator[Tensor]:
     """The sets of n consecutive segments whose summed residuals calibration scores, as 0/1 rows in
-    batches: every contiguous run (a window, a trajectory's tail), and for every count m every set
-    of m (a challenge's drawn segments, a panel's windows), or `MAX_SUBSETS` of them drawn with a
-    fixed seed where there are more."""
-    runs = [list(range(a, b)) for a in range(n) for b in range(a + 1, n + 1)]
+    batches: every contiguous run of two or more (a window, a trajectory's tail), and for every
+    count m ≥ 2 every set of m (a challenge's drawn segments, a panel's windows), or `MAX_SUBSETS`
+    of them drawn with a fixed seed where there are more. (A set of one is its segment's own check.)"""
+    runs = [list(range(a, b)) for a in range(n) for b in range(a + 2, n + 1)]
     rng = random.Random(0)
     others: list[Sequence[int]] = []
     for m in range(2, n):
@@ -287,7 +288,7 @@ def worst_summed(vectors: Sequence[Tensor], weights: Sequence[float]) -> float:
     gram = x @ x.T
     w2 = torch.tensor(list(weights), dtype=torch.float64).square()
     worst = 0.0
-    for rows in summed_sets(len(weights)):
+    for rows in summed_sets(len(weights)):  # nothing for one segment
         num = ((rows @ gram) * rows).sum(1).clamp_min(0.0)
         val = torch.where(num == 0, torch.zeros_like(num), num.sqrt() / (rows @ w2).sqrt())
         worst = max(worst, float(val.max()))

@@ -121,9 +121,10 @@ _M, _V = "exp_avg/", "exp_avg_sq/"
 CUMULATIVE_CHECKS = ("cumulative", "cumulative_update")
 """Tolerance mode's checks over the replayed segments of one contribution together (`Cumulative`),
 each with its own threshold (`RunConfig.cumulative_tolerances`)."""
-SUMMED_SETS = ("drawn", "last", "all")
+SUMMED_SETS = ("drawn", "all")
 """The sets of replayed segments whose residuals `Cumulative` sums, in the order they are checked:
-the segments drawn at random, the always-opened last one alone (sampling segments only), and all."""
+the segments drawn at random (sampling segments: all but the always-opened last one), and all. A
+set of one segment is not summed: its distance is that segment's own (`tolerance_mismatch`)."""
 
 
 class Cumulative:
@@ -138,15 +139,16 @@ class Cumulative:
     - `cumulative_update` = ‖Σ_S (û_c,i − û_r,i)‖ / √(Σ_S ‖û_r,i‖²) with û = m/(bc1·(√(v/bc2) + ε)) the
       next AdamW update of a state (claimed c, replayed r, each with its own moments).
 
-    Dividing by the root of the summed squares makes the honest value independent of how many
-    segments are summed (independent noise adds in quadrature), so one threshold serves every set;
-    a host that moves m boundaries the same way reaches √m times its per-boundary ratio.
+    Dividing by the root of the summed squares keeps the honest value from growing with the number
+    of segments summed (independent noise adds in quadrature), so one threshold serves every set; a
+    host that moves m boundaries the same way reaches √m times its per-boundary ratio.
 
-    The sets: all segments added; and, where one was `forced` in (the always-opened last segment
-    of sampling segments, added last), the others (the drawn ones) and the forced one alone. The
-    host knows the forced segment is in every challenge, so in a sum with it the forced residual
-    could cancel what the drawn ones add up to in any challenge, while the unopened boundaries keep
-    their moves; the drawn ones summed alone cannot be cancelled that way.
+    The sets (`SUMMED_SETS`), each of at least two segments: all segments added; and, where one was
+    `forced` in (the always-opened last segment of sampling segments, added last), the others (the
+    drawn ones). The host knows the forced segment is in every challenge, so in a sum with it the
+    forced residual could cancel what the drawn ones add up to in every challenge at once, while
+    the unopened boundaries keep their moves; the drawn ones summed alone cannot be cancelled that
+    way. A set of one is the segment's own per-segment check, and is left to it.
 
     Sums are per coordinate, each residual formed in float64 and added into a float32 accumulator in
     segment order (elementwise IEEE: the same bits on every verifier); norms in float64. Memory: two
@@ -159,7 +161,9 @@ class Cumulative:
         self.moved2 = 0.0  # Σ_i ‖θ_c,i − θ_s,i‖²
         self.steps2 = 0.0  # Σ_i ‖û_r,i‖²
         self.segments = 0
-        self._apart: dict[str, dict[str, float]] = {}  # "drawn" and "last": ratios, once forced
+        self.forced = False
+        self.drawn: dict[str, float] | None = None  # the drawn set's distances, once a forced one is added
+        self.latest: dict[str, float] = {}  # the last added segment's own ratios (one boundary's move)
 
     @staticmethod
     def _add(acc: dict[str, Tensor], name: str, piece: Tensor, a: int, numel: int) -> float:
@@ -176,7 +180,7 @@ class Cumulative:
     ) -> None:
         """One replayed segment whose claim passed `tolerance_mismatch` (same names, shapes, step).
         `forced`: the segment every challenge opens (sampling segments' last); it must come last."""
-        if "last" in self._apart:
+        if self.forced:
             raise ValueError("the forced segment is added after every other")
         moved2 = steps2 = 0.0
         before = {"cumulative": 0.0, "cumulative_update": 0.0}  # ‖Σ‖² of the segments before this one
@@ -202,30 +206,36 @@ class Cumulative:
                 before["cumulative_update"] += self._add(self.update, name, uc - ur, a, n)
                 own["cumulative_update"] += float((uc - ur).square().sum())
                 steps2 += float(ur.square().sum())
+        mine = {"cumulative": moved2, "cumulative_update": steps2}
+        self.latest = {c: _ratio(own[c], mine[c]) for c in CUMULATIVE_CHECKS}
         if forced:
-            dens = {"cumulative": self.moved2, "cumulative_update": self.steps2}
-            mine = {"cumulative": moved2, "cumulative_update": steps2}
-            self._apart = {"drawn": {c: _ratio(before[c], dens[c]) for c in CUMULATIVE_CHECKS},
-                           "last": {c: _ratio(own[c], mine[c]) for c in CUMULATIVE_CHECKS}}  # fmt: skip
+            self.forced = True
+            if self.segments >= 2:  # the drawn segments: every one added before this one
+                dens = {"cumulative": self.moved2, "cumulative_update": self.steps2}
+                self.drawn = {c: _ratio(before[c], dens[c]) for c in CUMULATIVE_CHECKS}
         self.moved2 += moved2
         self.steps2 += steps2
         self.segments += 1
 
     def sets(self) -> dict[str, dict[str, float]]:
-        """Every summed set's distances, in `SUMMED_SETS` order: "all" (every segment added; 0 when
-        none) and, once a forced segment was added, "drawn" and "last"."""
-        out = dict(self._apart)
-        out["all"] = {}
-        for check, acc, den2 in (("cumulative", self.param, self.moved2),
-                                 ("cumulative_update", self.update, self.steps2)):  # fmt: skip
-            num2 = sum(float(acc[k].double().square().sum()) for k in sorted(acc))
-            out["all"][check] = _ratio(num2, den2)
-        return {name: out[name] for name in SUMMED_SETS if name in out}
+        """Every summed set's distances, in `SUMMED_SETS` order: "drawn" (once a forced segment
+        followed at least two others) and "all" (at least two segments added)."""
+        out = {}
+        if self.drawn is not None:
+            out["drawn"] = self.drawn
+        if self.segments >= 2:
+            out["all"] = {}
+            for check, acc, den2 in (("cumulative", self.param, self.moved2),
+                                     ("cumulative_update", self.update, self.steps2)):  # fmt: skip
+                num2 = sum(float(acc[k].double().square().sum()) for k in sorted(acc))
+                out["all"][check] = _ratio(num2, den2)
+        return out
 
     def distances(self) -> dict[str, float]:
-        """{"cumulative": …, "cumulative_update": …}: the largest over the summed sets (`sets`)."""
+        """{"cumulative": …, "cumulative_update": …}: the largest over the summed sets (`sets`; 0
+        when there are none)."""
         sets = self.sets()
-        return {c: max(d[c] for d in sets.values()) for c in CUMULATIVE_CHECKS}
+        return {c: max((d[c] for d in sets.values()), default=0.0) for c in CUMULATIVE_CHECKS}
 
 
 def _ratio(num2: float, den2: float) -> float:
@@ -237,7 +247,7 @@ def _ratio(num2: float, den2: float) -> float:
     return math.inf if den2 == 0.0 else math.sqrt(num2) / math.sqrt(den2)
 
 
-SET_WORDS = {"drawn": "drawn", "last": "always-opened last", "all": "replayed"}
+SET_WORDS = {"drawn": "drawn", "all": "replayed"}
 
 
 def cumulative_mismatch(total: Cumulative, thresholds: Mapping[str, float]) -> str | None:
@@ -247,8 +257,7 @@ def cumulative_mismatch(total: Cumulative, thresholds: Mapping[str, float]) -> s
     for c in CUMULATIVE_CHECKS:
         for name, d in sets.items():
             if not d[c] < thresholds[c]:
-                count = {"drawn": total.segments - 1, "last": 1}.get(name, total.segments)
-                plural = "s" if count != 1 else ""
+                count = total.segments - 1 if name == "drawn" else total.segments
                 return (f"{c} distance {d[c]:.3e} >= tolerance {thresholds[c]:.3e} over the {count} "
-                        f"{SET_WORDS[name]} segment{plural}: their residuals add up")  # fmt: skip
+                        f"{SET_WORDS[name]} segments: their residuals add up")  # fmt: skip
     return None

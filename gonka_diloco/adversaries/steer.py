@@ -60,7 +60,7 @@ def direction(seed: int, name: str, shape: torch.Size) -> Tensor:
 
 def summed_segments(cfg: RunConfig) -> int:
     """The most segments one check sums when nobody disputes (specs §6.4): a checker's window, or
-    a challenge's s."""
+    a challenge's s. (Sets of one are not summed; m = 1 then asks nothing more of a boundary.)"""
     return cfg.window_len if cfg.windowed else cfg.sampled_segments
 
 
@@ -78,12 +78,12 @@ def budgets(cfg: RunConfig, fraction: float, cumulative: bool = True) -> dict[st
 
 
 def boundary_cumulative(end: State, claim: State, start: State, inner: InnerOptim) -> dict[str, float]:
-    """The cumulative distances of one boundary alone: its per-boundary ratio ρ. Boundaries that keep
+    """The summed checks' ratios of one boundary alone: its per-boundary ratio ρ. Boundaries that keep
     theirs within τ/√m keep every sum of m of them within τ, and aligned boundaries reach it: the
     most a host can spend on the cumulative checks."""
     total = Cumulative()
     total.add(end, claim, start, inner)
-    return total.distances()
+    return total.latest
 
 
 def cancel_plan(cfg: RunConfig, how: str) -> list[int]:
