@@ -505,13 +505,15 @@ def steering_samples(d: dict[str, Any]) -> Lines:
     ref = h["max_dev"]
     times = lambda x: "n/a" if x is None or not ref else f"{x / ref:,.3g}×"  # noqa: E731
     ths = ", ".join(f"{g} {v:.2e}" for g, v in d["thresholds"].items())
-    old = ", ".join(f"{g} {v:.2e}" for g, v in d["legacy_thresholds"].items())
+    old = "; ".join(f"s = {s_}: " + ", ".join(f"{g} {v:.2e}" for g, v in by.items())
+                    for s_, by in d["legacy_thresholds"].items())  # fmt: skip
     out = [
         f"{d['precision']}, tiny GPT, H = {d['H']}, k = {d['k']} (n = {d['n_segments']} segments), "
         f"T = {d['outer_steps']} outer steps, Δ in fp32, replayed by a 1-thread verifier. Thresholds "
         f"(8× the largest honest 1- vs 2-thread noise of `verifier calibrate` and of whole honest 2-thread "
         f"runs of {d['calibration_hosts']} other hosts; the summed ones over √(Σ wᵢ²), the largest over "
-        f"every set of every count): {ths}. The rule before issue 36 (Σ wᵢ, sets of s = {d['s']}): {old}.",
+        f"every set of two or more): {ths}. The rule before issue 36 (Σ wᵢ, 8× the honest noise of sets "
+        f"of s): {old}.",
         "",
         f"Honest 1 vs 2 threads, from the same start: Δ deviation at most **{pct(ref)}** over "
         f"{h['samples']} host-steps ({h['nonzero']} not bitwise equal).",
@@ -529,14 +531,14 @@ def steering_samples(d: dict[str, Any]) -> Lines:
         if name == "windows":
             what = f"every window of w = {d['w']} ({', '.join(str(x) for x in sm['samples'])})"
         else:
-            what = (f"every challenge of s = {d['s']} ({len(sm['samples'])}: one of segments 0 … "
-                    f"{d['n_segments'] - 2} and the last)")  # fmt: skip
+            what = (f"every challenge of s = {sm['s']} ({len(sm['samples'])}: {sm['s'] - 1} of segments "
+                    f"0 … {d['n_segments'] - 2}, and the last)")  # fmt: skip
         worst = ", ".join(f"{g} {v:.2f}" for g, v in sm["honest_worst_over_threshold"].items())
-        out += [f"**Sampling {name}**, judged under {what}. Honest 2-thread hosts accepted under every "
-                f"sample: {sm['honest_accepted_every']} / {sm['honest_contributions']} "
+        out += [f"**Sampling {name.split('_')[0]}**, judged under {what}. Honest 2-thread hosts accepted "
+                f"under every sample: {sm['honest_accepted_every']} / {sm['honest_contributions']} "
                 f"({sm['honest_samples_accepted']} / {sm['honest_samples']} samples; largest distance ÷ "
                 f"threshold {worst}).", ""]  # fmt: skip
-        legacy = name == "segments"
+        legacy = name != "windows"
         rows = []
         for a in sm["attacks"]:
             dev = a["max_dev_every"]
@@ -555,7 +557,8 @@ def steering_samples(d: dict[str, Any]) -> Lines:
         st = sm["strongest"]
         if st is not None:
             met = "met" if st["times_noise"] <= 10 else "NOT met"
-            out += [f"Strongest steering accepted under every sample ({name}): **{st['times_noise']:,.3g}×** "
+            out += [f"Strongest steering accepted under every sample ({name.replace('_', ', ')}): "
+                    f"**{st['times_noise']:,.3g}×** "
                     f"the honest noise, `{st['label']}` (goal ≤ 10×: **{met}**).", ""]  # fmt: skip
         if not sm["recomputed_agrees"] or not all(a["recomputed_agrees"] for a in sm["attacks"]):
             out += ["(`verify`'s verdicts and those recomputed from the segments' residuals disagree "

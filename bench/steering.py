@@ -4,15 +4,17 @@ boundary moves its accepted Δ, against honest 1- vs 2-thread noise (issues 23, 
 One host, T outer steps of a tiny GPT (H = 50, k = 5: n = 10 segments), replayed by a 1-thread
 verifier. Thresholds from `verifier.calibrate` (1 vs 2 threads, the run's k, the fresh state and
 warm ones, 8× the noise) and from whole honest 2-thread runs of other hosts; the summed-residual
-thresholds (specs §6.4) count-independent, the largest honest value over every set of segments.
+thresholds (specs §6.4) count-independent, the largest honest value over every set of two or more.
 Each contribution is judged by `verifier.verify` under EVERY sample a check can get:
 
 - sampling windows (the default): every aligned block of w = 3 segments, i.e. every checker's
   window ([0, 3), [3, 6), [6, 9), [9]); a contribution is *accepted* when every window accepts it
   (one rejecting checker opens a dispute, specs §2.5.3);
-- sampling segments (s = 2): every challenge (one of segments 0 … n−2 drawn, the last always), and
-  the same verdicts under the rule before issue 36 (summed residuals of the opened segments over
-  Σ wᵢ, thresholds 8× the honest noise of sets of s), recomputed from every segment's residuals.
+- sampling segments, s = 2 (the bench's) and s = 3: every challenge (s − 1 of segments 0 … n−2
+  drawn, the last always), and the same verdicts under the rule before issue 36 (summed residuals
+  of the opened segments over Σ wᵢ, thresholds 8× the honest noise of sets of s), recomputed from
+  every segment's residuals. With s = 2 one drawn segment is held to its per-segment bound whatever
+  the rule (specs §6.4); s = 3 is the smallest s where summing the drawn segments apart can bite.
 
 Per outer step, from the same start (G_n and the host's carried optimizer state):
 
@@ -167,11 +169,10 @@ def _ratio(segs: Sequence[Segment], ids: Sequence[int], rms: bool) -> dict[str, 
 
 def summed_sets(cfg: RunConfig, sample: Sequence[int]) -> list[list[int]]:
     """The sets specs §6.4 sums for one sample: all of it, and under sampling segments the drawn
-    segments and the last apart."""
+    segments apart; each of two or more segments (one is its own per-segment check)."""
     last = cfg.n_segments - 1
-    if cfg.windowed:
-        return [list(sample)]
-    return [[j for j in sample if j != last], [last], list(sample)]
+    sets = [list(sample)] if cfg.windowed else [[j for j in sample if j != last], list(sample)]
+    return [x for x in sets if len(x) >= 2]
 
 
 def sample_worst(cfg: RunConfig, segs: Sequence[Segment], sample: Sequence[int], tau: Mapping[str, float],
@@ -179,6 +180,7 @@ def sample_worst(cfg: RunConfig, segs: Sequence[Segment], sample: Sequence[int],
     """Every distance ÷ threshold of one sample: the per-segment ones (largest over its segments)
     and the summed ones (largest over its sets; `legacy`: the rule before issue 36 instead)."""
     worst = {g: max(segs[j]["d"][g] / tau[g] for j in sample) for g in TOLERANCE_CHECKS}
+    worst.update(dict.fromkeys(CUMULATIVE_CHECKS, 0.0))  # a sample of one segment sums nothing
     if legacy is None:
         for ids in summed_sets(cfg, sample):
             d = _ratio(segs, ids, rms=True)
@@ -319,8 +321,15 @@ def count_curve(segs: Sequence[Segment]) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def with_sampling(cfg: RunConfig, sampling: Sampling) -> RunConfig:
-    return cfg.model_copy(update={"sampling": sampling})
+SAMPLINGS = {"windows": (Sampling.WINDOWS, None), "segments": (Sampling.SEGMENTS, 2),
+             "segments_s3": (Sampling.SEGMENTS, 3)}  # fmt: skip
+"""The samplings judged: windows (the default, w = 3), segments with the bench's s = 2 (one drawn
+segment: any rule leaves it its per-segment bound, specs §6.4) and with s = 3 (two drawn)."""
+
+
+def with_sampling(cfg: RunConfig, name: str) -> RunConfig:
+    sampling, s = SAMPLINGS[name]
+    return cfg.model_copy(update={"sampling": sampling, "sampled_segments": s or cfg.sampled_segments})
 
 
 def summary(steps: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -363,7 +372,8 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
         carried, prev = run.final_state, optimizer_hash(run.final_state)
     two = spawn_worker(base, root, starts, [*CALIBRATION_HOSTS, HOST, *JUDGED_HOSTS], steps, root / "g-0.st")
     run_noise = dict.fromkeys(ALL_CHECKS, 0.0)
-    legacy = dict.fromkeys(CUMULATIVE_CHECKS, 0.0)
+    ss = sorted({s_ for _, s_ in SAMPLINGS.values() if s_})
+    legacy = {s_: dict.fromkeys(CUMULATIVE_CHECKS, 0.0) for s_ in ss}  # the rule before issue 36, per s
     curve = {c: {"rms": [0.0] * cfg.n_segments, "sum": [0.0] * cfg.n_segments} for c in CUMULATIVE_CHECKS}
     for r in (r for h in CALIBRATION_HOSTS for r in two["runs"][h]["steps"]):
         gm = GlobalModel.from_tensors(load_file(r["gm"]))
@@ -374,8 +384,9 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
             c: run_noise[c] for c in CUMULATIVE_CHECKS}  # fmt: skip
         whole = _whole_run_cumulative(segs)
         run_noise.update({c: max(run_noise[c], whole[c]) for c in CUMULATIVE_CHECKS})
-        old = legacy_noise(segs, cfg.sampled_segments)
-        legacy = {c: max(legacy[c], old[c]) for c in CUMULATIVE_CHECKS}
+        for s_ in ss:
+            old = legacy_noise(segs, s_)
+            legacy[s_] = {c: max(legacy[s_][c], old[c]) for c in CUMULATIVE_CHECKS}
     # and their Δ noise: each 2-thread step against 1 thread from the same start (G_n, carried state)
     cal_noise = []
     for h in CALIBRATION_HOSTS:
@@ -387,13 +398,14 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
             cal_noise.append({"host": h, "n": r["n"], "dev": rel_l2(d2, d1), "cos": cosine(d2, d1)})
             carried = run2.final_state
     tau = {g: max(row.threshold[g], FACTOR * run_noise[g], FLOOR) for g in ALL_CHECKS}
-    legacy_tau = {c: max(FACTOR * legacy[c], FLOOR) for c in CUMULATIVE_CHECKS}
+    legacy_tau = {s_: {c: max(FACTOR * v, FLOOR) for c, v in by.items()} for s_, by in legacy.items()}
     tcfg = base.model_copy(update={CONFIG_FIELDS[g]: v for g, v in tau.items()})
-    labs = {sm: Lab(with_sampling(tcfg, sm), synthetic_corpus(), root / f"one-{sm.value}") for sm in Sampling}
+    labs = {name: Lab(with_sampling(tcfg, name), synthetic_corpus(), root / f"one-{name}")
+            for name in SAMPLINGS}  # fmt: skip
     # honest noise: HOST with 2 threads from the 1-thread run's starts, and whole 2-thread runs of
     # other hosts, judged by this 1-thread verifier under every sample of both samplings
     noise = []
-    honest_judged: dict[str, list[dict[str, Any]]] = {sm.value: [] for sm in Sampling}
+    honest_judged: dict[str, list[dict[str, Any]]] = {name: [] for name in SAMPLINGS}
     judged = [(load_run(lab, r), r["n"], honest_g[r["n"]]) for r in two["starts"]]
     judged += [(load_run(lab, r), r["n"], GlobalModel.from_tensors(load_file(r["gm"])))
                for h in JUDGED_HOSTS for r in two["runs"][h]["steps"]]  # fmt: skip
@@ -402,9 +414,10 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
         run2, d1 = load_run(lab, r), delta_of(honest_runs[n], honest_g[n])
         noise.append({"n": n, "dev": rel_l2(delta_of(run2, honest_g[n]), d1),
                       "cos": cosine(delta_of(run2, honest_g[n]), d1)})  # fmt: skip
-    for sm, slab in labs.items():
+    for name, slab in labs.items():
         for run2, n, gm in judged:
-            honest_judged[sm.value].append(judge(slab, run2, n, gm, legacy_tau))
+            old_tau = legacy_tau.get(slab.cfg.sampled_segments, {})
+            honest_judged[name].append(judge(slab, run2, n, gm, old_tau))
     own = two["runs"][HOST]["steps"]
     two_run = [GlobalModel.from_tensors(load_file(r["gm"])) for r in own[1:]]
     two_run.append(GlobalModel.from_tensors(load_file(two["runs"][HOST]["final"])))
@@ -412,10 +425,11 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
     samples_all = noise + cal_noise  # every honest 2-thread step against 1 thread from its start
     max_noise = max(x["dev"] for x in samples_all)
     samplings: dict[str, Any] = {}
-    for sm, slab in labs.items():
+    for name, slab in labs.items():
+        windowed = slab.cfg.windowed
         attacks = []
         for params in ATTACKS:
-            if sm is Sampling.SEGMENTS and params.get("target") == "group":
+            if not windowed and params.get("target") == "group":
                 continue  # fails a per-segment check whatever the sample (windows judge it)
             adversary = resolve_host("budget_steer", params)
             gm, carried, prev = g0, None, None
@@ -423,28 +437,28 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
             for n in range(steps):
                 run = slab.train(adversary, HOST, n, gm, carried, prev)
                 ref = slab.train(HostBehaviour(), HOST, n, gm, carried, prev)
-                verdict = judge(slab, run, n, gm, legacy_tau)
+                verdict = judge(slab, run, n, gm, legacy_tau.get(slab.cfg.sampled_segments, {}))
                 d_att, d_ref = delta_of(run, gm), delta_of(ref, gm)
                 gm = next_global(gm, [run], tcfg)
                 carried, prev = run.final_state, optimizer_hash(run.final_state)
                 steps_out.append({"n": n, "dev": rel_l2(d_att, d_ref), "cos": cosine(d_att, d_ref),
                                   "drift": drift(gm, honest_g[n + 1], g0), **verdict})  # fmt: skip
             label = "budget_steer " + " ".join(f"{k_}={v}" for k_, v in params.items())
-            before = summary(steps_out, "legacy_accepted") if sm is Sampling.SEGMENTS else None
+            before = None if windowed else summary(steps_out, "legacy_accepted")
             attacks.append({**params, "label": label, **summary(steps_out, "accepted"), "legacy": before,
                             "recomputed_agrees": all(s["recomputed_agrees"] for s in steps_out),
                             "final_drift": steps_out[-1]["drift"], "per_step": steps_out})  # fmt: skip
-        hj = honest_judged[sm.value]
+        hj = honest_judged[name]
         best = max((a for a in attacks if a["max_dev_every"] is not None), key=lambda a: a["max_dev_every"],
                    default=None)  # fmt: skip
-        samplings[sm.value] = {
+        samplings[name] = {
             "samples": samples(slab.cfg), "attacks": attacks,
             "honest_accepted_every": sum(all(j["accepted"]) for j in hj), "honest_contributions": len(hj),
             "honest_samples_accepted": sum(sum(j["accepted"]) for j in hj),
             "honest_samples": sum(len(j["accepted"]) for j in hj),
             "honest_worst_over_threshold": {g: max(j["worst"][g] for j in hj) for g in ALL_CHECKS},
-            "honest_legacy_accepted_every": sum(all(j["legacy_accepted"]) for j in hj)
-            if sm is Sampling.SEGMENTS else None,
+            "honest_legacy_accepted_every": None if windowed else sum(all(j["legacy_accepted"]) for j in hj),
+            "s": None if windowed else slab.cfg.sampled_segments,
             "recomputed_agrees": all(j["recomputed_agrees"] for j in hj),
             "strongest": None if best is None else {"label": best["label"], "dev": best["max_dev_every"],
                                                     "times_noise": best["max_dev_every"] / max_noise},
@@ -453,9 +467,10 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
         "precision": str(cfg.numerics.precision), "H": cfg.inner_steps, "k": k, "s": cfg.sampled_segments,
         "w": cfg.window_len, "n_segments": cfg.n_segments, "outer_steps": steps, "model": cfg.model.config,
         "calibration_trials": calib_trials, "calibration_hosts": len(CALIBRATION_HOSTS), "thresholds": tau,
-        "cumulative_rule": "root-sum-square", "legacy_thresholds": legacy_tau,
+        "cumulative_rule": "root-sum-square", "legacy_thresholds": {str(k): v for k, v in legacy_tau.items()},
         "calibrated_noise": row.noise, "calibration_share_differing": row.noisy,
-        "calibrate_thresholds": row.threshold, "run_noise": run_noise, "legacy_noise": legacy,
+        "calibrate_thresholds": row.threshold, "run_noise": run_noise,
+        "legacy_noise": {str(k): v for k, v in legacy.items()},
         "honest_count_curve": curve,
         "honest": {"per_step": noise, "calibration_hosts": cal_noise, "max_dev": max_noise,
                    "samples": len(samples_all), "nonzero": sum(x["dev"] > 0 for x in samples_all),
@@ -482,7 +497,8 @@ def report(result: dict[str, Any]) -> None:
           f"{result['n_segments']}), T={result['outer_steps']} outer steps; thresholds "
           + ", ".join(f"{g} {v:.2e}" for g, v in result["thresholds"].items())
           + "; before issue 36 (Σ w, sets of s) "
-          + ", ".join(f"{g} {v:.2e}" for g, v in result["legacy_thresholds"].items()))  # fmt: skip
+          + "; ".join(f"s = {s_}: " + ", ".join(f"{g} {v:.2e}" for g, v in by.items())
+                      for s_, by in result["legacy_thresholds"].items()))  # fmt: skip
     for c, by in result["honest_count_curve"].items():
         rms, total = (" ".join(f"{v:.2e}" for v in by[k]) for k in ("rms", "sum"))
         print(f"honest {c}, largest over sets of m = 1 … n: over √(Σ w²) {rms}; over Σ w {total}")
