@@ -557,7 +557,8 @@ def steering_samples(d: dict[str, Any]) -> Lines:
         st = sm["strongest"]
         if st is not None:
             met = "met" if st["times_noise"] <= 10 else "NOT met"
-            out += [f"Strongest steering accepted under every sample ({name.replace('_', ', ')}): "
+            label = "windows" if name == "windows" else f"segments, s = {sm['s']}"
+            out += [f"Strongest steering accepted under every sample ({label}): "
                     f"**{st['times_noise']:,.3g}×** "
                     f"the honest noise, `{st['label']}` (goal ≤ 10×: **{met}**).", ""]  # fmt: skip
         if not sm["recomputed_agrees"] or not all(a["recomputed_agrees"] for a in sm["attacks"]):
@@ -567,7 +568,32 @@ def steering_samples(d: dict[str, Any]) -> Lines:
             "for the m segments one check sums; `cumulative=False` ignores the summed ones; `cancel=True` "
             "moves every boundary by δ and θ_H by −(s−1)·δ (issue 36); `cancel=window` cancels δ inside "
             "every window. Model drift: the global model's distance from the honest run's after T steps, "
-            "relative to how far that moved."]  # fmt: skip
+            "relative to how far that moved.", "",
+            "The summed checks hold m boundaries moved the same way to τ/√m each (specs §6.4): a window of "
+            "w = 3 to τ/√3; a challenge of s = 2, one drawn segment beside the always-opened last, only to "
+            "its per-segment thresholds, whatever the rule (the cancelling host then keeps its (n − s)·δ); "
+            "with s = 3 the drawn pair is summed apart. Nothing sums across windows: the whole move is at "
+            "most the sum of the windows' bounds."]  # fmt: skip
+    return out
+
+
+def steering_goals(res: dict[str, Any]) -> Lines:
+    """Issue 36: the strongest steering accepted under every sample, per precision and sampling."""
+    out = []
+    for stem in ("steering", "steering_bf16"):
+        d = res.get(stem)
+        if not d or "samplings" not in d:
+            continue
+        parts = []
+        for name, sm in d["samplings"].items():
+            st = sm["strongest"]
+            label = "windows" if name == "windows" else f"segments s = {sm['s']}"
+            parts.append(f"{label} {st['times_noise']:,.3g}×" if st else f"{label} none accepted")
+        worst = max((sm["strongest"]["times_noise"] for sm in d["samplings"].values() if sm["strongest"]),
+                    default=0.0)  # fmt: skip
+        out.append(f"- tolerance steering, {d['precision']}: strongest accepted under every sample, × the "
+                   f"honest 1- vs 2-thread Δ noise: {', '.join(parts)} (goal ≤ 10×: "
+                   f"**{'met' if worst <= 10 else 'NOT met'}**)")  # fmt: skip
     return out
 
 
@@ -1105,6 +1131,7 @@ def goals(res: dict[str, Any]) -> Lines:
                    f"outer steps (≤ {100 * w['pass_bound_sup']:.2f}% bound, "
                    f"≤ {100 * w['pass_exact_max']:.2f}% exact) and faking has negative expected profit: "
                    f"**{'met' if both else 'NOT met'}**")  # fmt: skip
+    out += steering_goals(res)
     out += sparse_goals(res)
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:
