@@ -14,7 +14,9 @@ Four tables (all with the real committed loop, store, codec and `verifier.verify
    `verifier.calibrate`; and a moment-steering host in tolerance mode, judged by the whole state
    and by the parameters alone (what the verifier compared before), and `budget_steer` (0.9 of
    every threshold at every boundary), judged by every check and by the group norms alone (what
-   it compared before issue 23; how far it steers: `bench.steering`);
+   it compared before issue 23; how far it steers: `bench.steering`), and `budget_steer cancel`
+   (issue 36: its moves cancelled by the always-opened last segment), judged under sampling
+   segments with and without the drawn segments' residuals summed apart;
 4. verification cost as a fraction of the host's inner loop on the default small GPT.
 
     .venv/bin/python -m bench.detection [--quick] [--only-adversaries]
@@ -54,13 +56,19 @@ from gonka_diloco.adversaries.lab import (
 from nodekit.globalmodel import GlobalModel
 from nodekit.statestore import StateStore
 from protocol import codecs
-from protocol.config import ModelSpec, ReplayMode, RunConfig
+from protocol.config import ModelSpec, ReplayMode, RunConfig, Sampling
 from protocol.messages import EnvFingerprint, Reason
 from replay.step import configure_determinism
 from trainer.behaviour import HostBehaviour
 from trainer.commit import TrainedStep
 from verifier.calibrate import CONFIG_FIELDS, calibrate
-from verifier.tolerance import group_mismatch, param_distance
+from verifier.tolerance import (
+    CUMULATIVE_CHECKS,
+    Cumulative,
+    group_mismatch,
+    param_distance,
+    tolerance_mismatch,
+)
 from verifier.verify import replay_segment, verify
 
 A = "gonka1" + "a" * 38
@@ -84,7 +92,7 @@ ADVERSARIES: list[tuple[str, dict[str, Any]]] = [
     ("noise", {}), ("zero", {}), ("scaled", {}), ("sign_flip", {}), ("lazy", {"fraction": 0.5}),
     ("wrong_data", {}), ("stale", {}), ("copycat", {}), ("bad_tokens", {}),
     ("no_reveal", {"mode": "chain"}), ("no_reveal", {"mode": "serve"}), ("moment_steer", {}),
-    ("budget_steer", {}),
+    ("budget_steer", {}), ("budget_steer", {"cancel": True}),
     *[("malformed", {"kind": k}) for k in MALFORMED_KINDS],
     ("withhold", {}), ("forge_result", {}), ("silent_after_accept", {}),
 ]  # fmt: skip
@@ -244,7 +252,9 @@ def host_worker(job: dict[str, Any]) -> None:
                  ("moment_steer", resolve_host("moment_steer", {"seed": t})),
                  ("budget_steer", resolve_host("budget_steer", {"seed": t})),
                  ("budget_steer_update",
-                  resolve_host("budget_steer", {"target": "update", "seed": t})))  # fmt: skip
+                  resolve_host("budget_steer", {"target": "update", "seed": t})),
+                 ("budget_steer_cancel",
+                  resolve_host("budget_steer", {"cancel": True, "seed": t})))  # fmt: skip
         for kind, behaviour in kinds:
             run = lab.train(behaviour, host_addr(t), 0, g0)
             c = run.contribution
@@ -285,17 +295,20 @@ def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Pa
     lab = Lab(tcfg, synthetic_corpus(), root)
     g0 = GlobalModel.from_module(lab.build()[0])
     counts = {"honest": [0, 0], "lazy": [0, 0], "moment_steer": [0, 0], "budget_steer": [0, 0],
-              "budget_steer_update": [0, 0]}  # fmt: skip
+              "budget_steer_update": [0, 0], "budget_steer_cancel": [0, 0]}  # fmt: skip
     dists: list[float] = []
-    params_only_accepts = group_only_accepts = 0
+    params_only_accepts = group_only_accepts = cancel_all_only_accepts = 0
+    # the cancelling host attacks the always-opened last segment of sampling segments: judged there
+    seg_lab = Lab(tcfg.model_copy(update={"sampling": Sampling.SEGMENTS}), synthetic_corpus(), root)
     for r in json.loads((root / "runs.json").read_text()):
         run = _load_run(lab, r, root)
         if r["kind"] == "lazy":  # open a faked segment: does tolerance mode still see it?
             segs = [min(LazyHost(0.5, seed=r["t"]).faked(tcfg, run.address, 0)), tcfg.n_segments - 1]
         else:
             segs = None
-        job = lab.job(run, 0, seed_hex("tol", r["t"]), sampled=segs)
-        out = verify(job, run.source(), lab.replay_context(g0))
+        judge_lab = seg_lab if r["kind"] == "budget_steer_cancel" else lab
+        job = judge_lab.job(run, 0, seed_hex("tol", r["t"]), sampled=segs)
+        out = verify(job, run.source(), judge_lab.replay_context(g0))
         counts[r["kind"]][0] += not out.accept
         counts[r["kind"]][1] += 1
         if r["kind"] == "lazy" and "distance" in out.detail:
@@ -304,6 +317,8 @@ def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Pa
             params_only_accepts += params_only_accept(job, run, lab, g0, tau["param"])
         if r["kind"] == "budget_steer":  # the rule before issue 23: group norms alone
             group_only_accepts += group_only_accept(job, run, lab, g0)
+        if r["kind"] == "budget_steer_cancel":  # the drawn segments not summed apart (before issue 36)
+            cancel_all_only_accepts += all_only_accept(job, run, seg_lab, g0)
     return {
         "mode": "tolerance (host 2 threads, verifier 1)", "k": k, "threshold": tau["param"],
         "threshold_exp_avg": tau["exp_avg"], "threshold_exp_avg_sq": tau["exp_avg_sq"],
@@ -323,6 +338,12 @@ def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Pa
         "budget_steer_rejected": counts["budget_steer"][0] / counts["budget_steer"][1],
         "budget_steer_accepted_by_group_norms": group_only_accepts / counts["budget_steer"][1],
         "budget_steer_update_rejected": counts["budget_steer_update"][0] / counts["budget_steer_update"][1],
+        "threshold_cumulative": tau["cumulative"], "threshold_cumulative_update": tau["cumulative_update"],
+        "calibrated_noise_cumulative": proposal.rows[0].noise["cumulative"],
+        "calibrated_noise_cumulative_update": proposal.rows[0].noise["cumulative_update"],
+        "budget_steer_cancel_rejected": counts["budget_steer_cancel"][0] / counts["budget_steer_cancel"][1],
+        "budget_steer_cancel_accepted_without_drawn_apart":
+            cancel_all_only_accepts / counts["budget_steer_cancel"][1],
     }  # fmt: skip
 
 
@@ -346,6 +367,21 @@ def group_only_accept(job: Any, run: HostRun, lab: Lab, g0: GlobalModel) -> bool
         if group_mismatch(end, claim, start, lab.cfg.tolerances) is not None:
             return False
     return True
+
+
+def all_only_accept(job: Any, run: HostRun, lab: Lab, g0: GlobalModel) -> bool:
+    """Would the summed-residual rule without the drawn segments and the last summed apart (issue 36)
+    have accepted: every per-segment check, and the opened segments' sum alone?"""
+    ctx = lab.replay_context(g0)
+    total = Cumulative()
+    for o in job.openings:
+        start, claim = run.store.get(o.start_leaf), run.store.get(o.end_leaf)
+        end = replay_segment(job, ctx, start, o.segment)
+        if tolerance_mismatch(end, claim, start, lab.cfg.tolerances, lab.cfg.inner) is not None:
+            return False
+        total.add(end, claim, start, lab.cfg.inner)
+    d = total.sets()["all"]
+    return all(d[c] < lab.cfg.cumulative_tolerances[c] for c in CUMULATIVE_CHECKS)
 
 
 # ---------------------------------------------------------------- 4. cost on the default model
@@ -378,7 +414,8 @@ def cost_row(cfg: RunConfig, root: Path, repeats: int = 3) -> dict[str, Any]:
 
 
 GROUP_SUFFIXES = (("param", ""), ("exp_avg", "_exp_avg"), ("exp_avg_sq", "_exp_avg_sq"),
-                  ("update", "_update"), ("denominator", "_denominator"))  # fmt: skip
+                  ("update", "_update"), ("denominator", "_denominator"), ("cumulative", "_cumulative"),
+                  ("cumulative_update", "_cumulative_update"))  # fmt: skip
 
 
 def pct(x: float | None) -> str:
@@ -429,6 +466,12 @@ def report(result: dict[str, Any]) -> None:
             ["group (exp_avg where exp_avg_sq = 0)", pct(r["budget_steer_rejected"]),
              pct(r["budget_steer_accepted_by_group_norms"])],
             ["update (within every check: bench.steering)", pct(r["budget_steer_update_rejected"]), "n/a"])],
+    )  # fmt: skip
+    table(
+        "3d. budget_steer cancel (δ at every boundary, −(s−1)·δ at θ_H), tolerance mode, sampling segments",
+        ["rejected", "accepted without the drawn segments summed apart (before issue 36)"],
+        [[pct(r["budget_steer_cancel_rejected"]), pct(r["budget_steer_cancel_accepted_without_drawn_apart"])]
+         for r in tol if "budget_steer_cancel_rejected" in r],
     )  # fmt: skip
     table(
         "4. one verifier's cost vs the host's inner loop on the default small GPT",

@@ -612,6 +612,108 @@ def steering(d: dict[str, Any]) -> Lines:
     return out
 
 
+def steering_samples(d: dict[str, Any]) -> Lines:
+    """Steering left in tolerance mode under every sample a check can get (issue 36): windows and
+    sampling segments, the summed residuals count-independent; the rule before issue 36 beside."""
+    if "samplings" not in d:  # a run from before issue 36: every segment opened
+        return steering(d)
+    h = d["honest"]
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.3g}%"  # noqa: E731
+    ref = h["max_dev"]
+    times = lambda x: "n/a" if x is None or not ref else f"{x / ref:,.3g}×"  # noqa: E731
+    ths = ", ".join(f"{g} {v:.2e}" for g, v in d["thresholds"].items())
+    old = "; ".join(f"s = {s_}: " + ", ".join(f"{g} {v:.2e}" for g, v in by.items())
+                    for s_, by in d["legacy_thresholds"].items())  # fmt: skip
+    out = [
+        f"{d['precision']}, tiny GPT, H = {d['H']}, k = {d['k']} (n = {d['n_segments']} segments), "
+        f"T = {d['outer_steps']} outer steps, Δ in fp32, replayed by a 1-thread verifier. Thresholds "
+        f"(8× the largest honest 1- vs 2-thread noise of `verifier calibrate` and of whole honest 2-thread "
+        f"runs of {d['calibration_hosts']} other hosts; the summed ones over √(Σ wᵢ²), the largest over "
+        f"every set of two or more): {ths}. The rule before issue 36 (Σ wᵢ, 8× the honest noise of sets "
+        f"of s): {old}.",
+        "",
+        f"Honest 1 vs 2 threads, from the same start: Δ deviation at most **{pct(ref)}** over "
+        f"{h['samples']} host-steps ({h['nonzero']} not bitwise equal).",
+        "",
+    ]
+    if curve := d.get("honest_count_curve"):  # why one threshold: the honest value against the count
+        n = d["n_segments"]
+        out += [f"Honest summed distances of the {d['calibration_hosts']} calibration hosts' whole runs, the "
+                f"largest over the sets of m segments (m = 1 … {n}), over √(Σ wᵢ²) (since issue 36) and "
+                "over Σ wᵢ (before):", ""]  # fmt: skip
+        out += table(["check", "over", *[f"m = {m}" for m in range(1, n + 1)]],
+                     [[c, by_name, *[f"{v:.2e}" for v in by[by_name]]] for c, by in curve.items()
+                      for by_name in ("rms", "sum")])  # fmt: skip
+    for name, sm in d["samplings"].items():
+        if name == "windows":
+            what = f"every window of w = {d['w']} ({', '.join(str(x) for x in sm['samples'])})"
+        else:
+            what = (f"every challenge of s = {sm['s']} ({len(sm['samples'])}: {sm['s'] - 1} of segments "
+                    f"0 … {d['n_segments'] - 2}, and the last)")  # fmt: skip
+        worst = ", ".join(f"{g} {v:.2f}" for g, v in sm["honest_worst_over_threshold"].items())
+        out += [f"**Sampling {name.split('_')[0]}**, judged under {what}. Honest 2-thread hosts accepted "
+                f"under every sample: {sm['honest_accepted_every']} / {sm['honest_contributions']} "
+                f"({sm['honest_samples_accepted']} / {sm['honest_samples']} samples; largest distance ÷ "
+                f"threshold {worst}).", ""]  # fmt: skip
+        legacy = name != "windows"
+        rows = []
+        for a in sm["attacks"]:
+            dev = a["max_dev_every"]
+            row = [a["label"], f"{a['accepted_every']} / {a['steps']}",
+                   f"{a['samples_accepted']} / {a['samples']}", pct(dev), times(dev)]  # fmt: skip
+            if legacy:
+                b = a["legacy"]
+                row += [f"{b['accepted_every']} / {b['steps']}", pct(b["max_dev_every"]),
+                        times(b["max_dev_every"])]  # fmt: skip
+            rows.append([*row, pct(a["final_drift"])])
+        head = ["host (`budget_steer`)", "accepted under every sample", "samples accepted", "max Δ dev",
+                "× honest"]  # fmt: skip
+        if legacy:
+            head += ["before issue 36: every sample", "max Δ dev", "× honest"]
+        out += table([*head, "model drift"], rows)
+        st = sm["strongest"]
+        if st is not None:
+            met = "met" if st["times_noise"] <= 10 else "NOT met"
+            label = "windows" if name == "windows" else f"segments, s = {sm['s']}"
+            out += [f"Strongest steering accepted under every sample ({label}): "
+                    f"**{st['times_noise']:,.3g}×** "
+                    f"the honest noise, `{st['label']}` (goal ≤ 10×: **{met}**).", ""]  # fmt: skip
+        if not sm["recomputed_agrees"] or not all(a["recomputed_agrees"] for a in sm["attacks"]):
+            out += ["(`verify`'s verdicts and those recomputed from the segments' residuals disagree "
+                    "somewhere: see the JSON.)", ""]  # fmt: skip
+    out += ["`update` spends 0.9 of every threshold at every boundary the same way, the summed ones ÷ √m "
+            "for the m segments one check sums; `cumulative=False` ignores the summed ones; `cancel=True` "
+            "moves every boundary by δ and θ_H by −(s−1)·δ (issue 36); `cancel=window` cancels δ inside "
+            "every window. Model drift: the global model's distance from the honest run's after T steps, "
+            "relative to how far that moved.", "",
+            "The summed checks hold m boundaries moved the same way to τ/√m each (specs §6.4): a window of "
+            "w = 3 to τ/√3; a challenge of s = 2, one drawn segment beside the always-opened last, only to "
+            "its per-segment thresholds, whatever the rule (the cancelling host then keeps its (n − s)·δ); "
+            "with s = 3 the drawn pair is summed apart. Nothing sums across windows: the whole move is at "
+            "most the sum of the windows' bounds."]  # fmt: skip
+    return out
+
+
+def steering_goals(res: dict[str, Any]) -> Lines:
+    """Issue 36: the strongest steering accepted under every sample, per precision and sampling."""
+    out = []
+    for stem in ("steering", "steering_bf16"):
+        d = res.get(stem)
+        if not d or "samplings" not in d:
+            continue
+        parts = []
+        for name, sm in d["samplings"].items():
+            st = sm["strongest"]
+            label = "windows" if name == "windows" else f"segments s = {sm['s']}"
+            parts.append(f"{label} {st['times_noise']:,.3g}×" if st else f"{label} none accepted")
+        worst = max((sm["strongest"]["times_noise"] for sm in d["samplings"].values() if sm["strongest"]),
+                    default=0.0)  # fmt: skip
+        out.append(f"- tolerance steering, {d['precision']}: strongest accepted under every sample, × the "
+                   f"honest 1- vs 2-thread Δ noise: {', '.join(parts)} (goal ≤ 10×: "
+                   f"**{'met' if worst <= 10 else 'NOT met'}**)")  # fmt: skip
+    return out
+
+
 def codecs_table(d: dict[str, Any]) -> Lines:
     """The dense codecs as before; the sparse codec's densities, exact sizes, 2-bit levels (issue 26)."""
     dense = [r for r in d["rows"] if not str(r["codec"]).startswith("sparse")]
@@ -1239,10 +1341,15 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
     ("detection", "5. Verification cost vs detection", "bench.detection", generic),
     ("detection_windows", "5e. Detection under sampling windows (issue 34)",
      ".venv/bin/python -m bench.detection --windows", detection_windows),
-    ("steering", "5c. Tolerance mode: steering left to a bounded budget (issue 23)", "bench.steering",
-     steering),
+    ("steering", "5c. Tolerance mode: steering left to a bounded budget, under every sample (issues 23, 36)",
+     "bench.steering", steering_samples),
     ("steering_bf16", "5d. The same with bf16 autocast",
-     ".venv/bin/python -m bench.steering --precision bf16", steering),
+     ".venv/bin/python -m bench.steering --precision bf16", steering_samples),
+    ("steering_issue23",
+     "5c'. Before issue 36: every segment opened, the summed residuals over Σ wᵢ (issue 23)",
+     ".venv/bin/python -m bench.steering (at 7ed6d71)", steering),
+    ("steering_bf16_issue23", "5d'. The same with bf16 autocast, before issue 36",
+     ".venv/bin/python -m bench.steering --precision bf16 (at 7ed6d71)", steering),
     ("collusion", "5b. Collusion: colluding verifiers vs stake-weighted draws, audits and disputes",
      "bench.collusion", collusion),
     ("collusion_windows", "5b'. Collusion under sampling windows (issue 34)",
@@ -1479,6 +1586,7 @@ def goals(res: dict[str, Any]) -> Lines:
                    f"outer steps (≤ {100 * w['pass_bound_sup']:.2f}% bound, "
                    f"≤ {100 * w['pass_exact_max']:.2f}% exact) and faking has negative expected profit: "
                    f"**{'met' if both else 'NOT met'}**")  # fmt: skip
+    out += steering_goals(res)
     out += sparse_goals(res)
     tps = res.get("chain_tps") or {}
     if "committed_tps" in tps:

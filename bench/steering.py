@@ -1,33 +1,42 @@
 """Steering left in tolerance mode: how far a host spending a fraction of every threshold at every
-boundary moves its accepted Δ, against honest 1- vs 2-thread noise (issue 23).
+boundary moves its accepted Δ, against honest 1- vs 2-thread noise (issues 23, 36).
 
-One host, T outer steps of a tiny GPT, every segment opened and replayed by a 1-thread verifier.
-Thresholds from `verifier.calibrate` (1 vs 2 threads, the run's k, the fresh state and warm ones,
-8× the noise). Per outer step, from the same start (G_n and the host's carried optimizer state):
+One host, T outer steps of a tiny GPT (H = 50, k = 5: n = 10 segments), replayed by a 1-thread
+verifier. Thresholds from `verifier.calibrate` (1 vs 2 threads, the run's k, the fresh state and
+warm ones, 8× the noise) and from whole honest 2-thread runs of other hosts; the summed-residual
+thresholds (specs §6.4) count-independent, the largest honest value over every set of two or more.
+Each contribution is judged by `verifier.verify` under EVERY sample a check can get:
+
+- sampling windows (the default): every aligned block of w = 3 segments, i.e. every checker's
+  window ([0, 3), [3, 6), [6, 9), [9]); a contribution is *accepted* when every window accepts it
+  (one rejecting checker opens a dispute, specs §2.5.3);
+- sampling segments, s = 2 (the bench's) and s = 3: every challenge (s − 1 of segments 0 … n−2
+  drawn, the last always), and the same verdicts under the rule before issue 36 (summed residuals
+  of the opened segments over Σ wᵢ, thresholds 8× the honest noise of sets of s), recomputed from
+  every segment's residuals. With s = 2 one drawn segment is held to its per-segment bound whatever
+  the rule (specs §6.4); s = 3 is the smallest s where summing the drawn segments apart can bite.
+
+Per outer step, from the same start (G_n and the host's carried optimizer state):
 
 - honest noise: the Δ an honest host trains with 2 threads (a separate process) against the Δ of
-  1 thread, and whether the 1-thread verifier accepts the 2-thread host (false rejections);
-- steering: `budget_steer` (every boundary moved by `fraction` of every threshold, one fixed way)
-  against the honest 1-thread Δ from its own start; judged by the group norms alone (the checks
-  before issue 23), by every per-segment check of specs §6 (those before §6.4) and by every
-  check, the opened segments' summed residuals included (§6.4, thresholds 8× their honest noise
-  over all opened segments, measured the same two ways). Targets: "group" (the group norms' budget,
-  exp_avg spent where exp_avg_sq = 0: the issue's attack) and "update" (the strongest steering
-  found within every check, on the free coordinates or on all of them, spending 0.9 of the
-  cumulative thresholds too; `cumulative=False`: the strongest within the per-segment checks
-  alone, which the cumulative ones reject).
+  1 thread, and whether the 1-thread verifier accepts 2-thread hosts under every sample;
+- steering: each adversary of the library (`budget_steer`: "group" spends the group norms' budgets,
+  "update" the strongest steering known within every check, "cancel" the issue-36 move cancelled
+  where a check sums) against the honest 1-thread Δ from its own start.
 
 Deviations are relative L2 ‖Δ_x − Δ_ref‖/‖Δ_ref‖ and cosine; drift is the global model's distance
-from the honest run's, relative to how far the honest run moved from G_0.
+from the honest run's, relative to how far the honest run moved from G_0. The figure: the strongest
+steering accepted under every sample, over the library, against the largest honest deviation.
 
     .venv/bin/python -m bench.steering [--quick] [--precision bf16]
 
-Prints the table and writes bench/results/steering.json (steering_bf16.json for bf16).
+Prints the tables and writes bench/results/steering.json (steering_bf16.json for bf16).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -35,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +56,16 @@ from gonka_diloco.adversaries.lab import HostRun, Lab, next_global, synthetic_co
 from nodekit.globalmodel import GlobalModel
 from nodekit.statestore import StateStore
 from protocol import codecs
-from protocol.config import Codec, Numerics, Precision, ReplayMode, RunConfig
+from protocol.config import Codec, Numerics, Precision, ReplayMode, RunConfig, Sampling
 from protocol.messages import EnvFingerprint
+from protocol.prf import window, window_blocks
 from replay.step import configure_determinism, optimizer_hash
 from trainer.behaviour import HostBehaviour
 from trainer.commit import TrainedStep
-from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate
+from verifier.calibrate import CONFIG_FIELDS, FLOOR, _residuals, calibrate, worst_summed
 from verifier.tolerance import (
     CUMULATIVE_CHECKS,
     TOLERANCE_CHECKS,
-    Cumulative,
-    group_mismatch,
     tolerance_distances,
     tolerance_mismatch,
 )
@@ -69,6 +77,8 @@ JUDGED_HOSTS = [f"gonka1judged{i}" for i in range(2)]  # honest 2-thread runs ju
 FACTOR = 8.0
 CORPUS = "synthetic:40000:0"
 RESULTS = Path(__file__).parent / "results"
+MAX_SAMPLES = 64
+"""Challenges judged per contribution under sampling segments; beyond, a fixed sample of them."""
 ATTACKS: list[dict[str, Any]] = [
     {"target": "group", "fraction": 0.5},
     {"target": "group", "fraction": 0.9},
@@ -77,9 +87,14 @@ ATTACKS: list[dict[str, Any]] = [
     {"target": "update", "where": "along", "fraction": 0.9},
     {"target": "group", "fraction": 0.9, "params": False},  # the moments' channel alone ...
     {"target": "update", "where": "free", "fraction": 0.9, "params": False},  # ... before and after
-    # the strongest steering within every per-segment check, blind to the cumulative ones (§6.4)
+    # the strongest steering within every per-segment check, blind to the summed ones (§6.4)
     {"target": "update", "where": "free", "fraction": 0.9, "cumulative": False},
+    # issue 36: one move δ at every boundary, cancelled where a check sums
+    {"fraction": 0.9, "cancel": True},  # at θ_H, the segment every challenge opens
+    {"fraction": 0.9, "cancel": "window"},  # at the end of every window
 ]
+"""The adversary library (`budget_steer` parameters). The "group" rows fail a per-segment check
+whatever the sample, so only windows judge them."""
 Tensors = Mapping[str, torch.Tensor]
 ALL_CHECKS = (*TOLERANCE_CHECKS, *CUMULATIVE_CHECKS)
 
@@ -107,44 +122,97 @@ def delta_of(run: HostRun, gm: GlobalModel) -> dict[str, torch.Tensor]:
     return codecs.decode(run.contribution.payload, gm.layout)
 
 
-def segment_distances(lab: Lab, run: HostRun, outer: int, gm: GlobalModel) -> list[dict[str, float]]:
-    """Every segment replayed by this process: the five distances of each claimed end, each with
-    the cumulative distances of all segments together (`Cumulative`, every segment opened)."""
+def samples(cfg: RunConfig) -> list[list[int]]:
+    """Every sample a check can get: windows, each aligned block (a checker's window); segments,
+    each challenge (s − 1 of segments 0 … n−2 and the last; `MAX_SUBSETS` of them with a fixed
+    seed where there are more)."""
+    n = cfg.n_segments
+    if cfg.windowed:
+        w = cfg.window_len
+        return [window(b * w, n, w) for b in range(window_blocks(n, w))]
+    drawn = list(itertools.combinations(range(n - 1), cfg.sampled_segments - 1))
+    if len(drawn) > MAX_SAMPLES:
+        step = len(drawn) / MAX_SAMPLES
+        drawn = [drawn[int(i * step)] for i in range(MAX_SAMPLES)]
+    return [[*d, n - 1] for d in drawn]
+
+
+Segment = dict[str, Any]
+
+
+def segment_records(lab: Lab, run: HostRun, outer: int, gm: GlobalModel) -> list[Segment]:
+    """Every segment replayed by this process from the host's claimed start: its per-segment
+    verdict and distances, and its residuals (`Cumulative`'s terms) for any summed set."""
     cfg = lab.cfg
     job = lab.job(run, outer, "00" * 32, sampled=list(range(cfg.n_segments)))
     ctx = lab.replay_context(gm)
     out = []
-    total = Cumulative()
     for o in job.openings:
         start, claim = run.store.get(o.start_leaf), run.store.get(o.end_leaf)
-        end = replay_segment(job, ctx, start, o.segment)
-        out.append(tolerance_distances(end, claim, start, cfg.inner))
-        total.add(end, claim, start, cfg.inner)
-    return [{**d, **total.distances()} for d in out]
+        end = {k: v.clone() for k, v in replay_segment(job, ctx, start, o.segment).items()}
+        r, du, moved, steps = _residuals(end, claim, start, cfg.inner)
+        out.append({"ok": tolerance_mismatch(end, claim, start, cfg.tolerances, cfg.inner) is None,
+                    "d": tolerance_distances(end, claim, start, cfg.inner),
+                    "res": (r, du), "w": (moved, steps)})  # fmt: skip
+    return out
 
 
-def judge(lab: Lab, run: HostRun, outer: int, gm: GlobalModel) -> dict[str, Any]:
-    """Every segment opened: the verdict of every check (specs §6), that of the group norms alone,
-    and the largest distance ÷ threshold of each check over the segments."""
+def _ratio(segs: Sequence[Segment], ids: Sequence[int], rms: bool) -> dict[str, float]:
+    out = {}
+    for i, check in enumerate(CUMULATIVE_CHECKS):
+        num = float(torch.stack([segs[j]["res"][i] for j in ids]).sum(0).norm()) if ids else 0.0
+        ws = [segs[j]["w"][i] for j in ids]
+        den = math.sqrt(sum(x * x for x in ws)) if rms else sum(ws)
+        out[check] = 0.0 if num == 0 else (num / den if den else math.inf)
+    return out
+
+
+def summed_sets(cfg: RunConfig, sample: Sequence[int]) -> list[list[int]]:
+    """The sets specs §6.4 sums for one sample: all of it, and under sampling segments the drawn
+    segments apart; each of two or more segments (one is its own per-segment check)."""
+    last = cfg.n_segments - 1
+    sets = [list(sample)] if cfg.windowed else [[j for j in sample if j != last], list(sample)]
+    return [x for x in sets if len(x) >= 2]
+
+
+def sample_worst(cfg: RunConfig, segs: Sequence[Segment], sample: Sequence[int], tau: Mapping[str, float],
+                 legacy: Mapping[str, float] | None = None) -> dict[str, float]:  # fmt: skip
+    """Every distance ÷ threshold of one sample: the per-segment ones (largest over its segments)
+    and the summed ones (largest over its sets; `legacy`: the rule before issue 36 instead)."""
+    worst = {g: max(segs[j]["d"][g] / tau[g] for j in sample) for g in TOLERANCE_CHECKS}
+    worst.update(dict.fromkeys(CUMULATIVE_CHECKS, 0.0))  # a sample of one segment sums nothing
+    if legacy is None:
+        for ids in summed_sets(cfg, sample):
+            d = _ratio(segs, ids, rms=True)
+            worst.update({c: max(worst.get(c, 0.0), d[c] / tau[c]) for c in CUMULATIVE_CHECKS})
+    else:
+        d = _ratio(segs, sample, rms=False)
+        worst.update({c: d[c] / legacy[c] for c in CUMULATIVE_CHECKS})
+    return worst
+
+
+def accepts(segs: Sequence[Segment], sample: Sequence[int], worst: Mapping[str, float]) -> bool:
+    return all(segs[j]["ok"] for j in sample) and all(worst[c] < 1.0 for c in CUMULATIVE_CHECKS)
+
+
+def judge(lab: Lab, run: HostRun, outer: int, gm: GlobalModel, legacy: Mapping[str, float]) -> dict[str, Any]:
+    """`verify` under every sample of the lab's sampling; the same from every segment's residuals
+    (a cross-check), and, under sampling segments, under the rule before issue 36."""
     cfg = lab.cfg
-    job = lab.job(run, outer, "00" * 32, sampled=list(range(cfg.n_segments)))
-    out = verify(job, run.source(), lab.replay_context(gm))
-    ctx = lab.replay_context(gm)
-    old_ok = seg_ok = True
-    worst = dict.fromkeys(ALL_CHECKS, 0.0)
-    total = Cumulative()
-    for o in job.openings:
-        start, claim = run.store.get(o.start_leaf), run.store.get(o.end_leaf)
-        end = replay_segment(job, ctx, start, o.segment)
-        old_ok &= group_mismatch(end, claim, start, cfg.tolerances) is None
-        seg_ok &= tolerance_mismatch(end, claim, start, cfg.tolerances, cfg.inner) is None
-        d = tolerance_distances(end, claim, start, cfg.inner)
-        worst = {g: max(worst[g], d[g] / cfg.tolerances[g]) for g in TOLERANCE_CHECKS}
-        total.add(end, claim, start, cfg.inner)
-    cum, tau = total.distances(), cfg.cumulative_tolerances
-    worst.update({g: cum[g] / tau[g] for g in CUMULATIVE_CHECKS})
-    return {"new": out.accept, "reason": out.reason.name, "detail": out.detail, "old": old_ok,
-            "segment": seg_ok, "worst": worst}  # fmt: skip
+    segs = segment_records(lab, run, outer, gm)
+    verdicts, reasons, recomputed, old, worst = [], [], [], [], dict.fromkeys(ALL_CHECKS, 0.0)
+    for sample in samples(cfg):
+        kw: dict[str, Any] = {"window": sample} if cfg.windowed else {"sampled": sample}
+        out = verify(lab.job(run, outer, "00" * 32, **kw), run.source(), lab.replay_context(gm))
+        verdicts.append(out.accept)
+        reasons.append(out.reason.name if out.accept else f"{out.reason.name}: {out.detail[:120]}")
+        w = sample_worst(cfg, segs, sample, cfg.tolerances | cfg.cumulative_tolerances)
+        worst = {g: max(worst[g], w[g]) for g in ALL_CHECKS}
+        recomputed.append(accepts(segs, sample, w))
+        if not cfg.windowed:
+            old.append(accepts(segs, sample, sample_worst(cfg, segs, sample, cfg.tolerances, legacy)))
+    return {"accepted": verdicts, "reasons": reasons, "recomputed_agrees": verdicts == recomputed,
+            "legacy_accepted": old, "worst": worst}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the 2-thread hosts (own process)
@@ -223,15 +291,65 @@ def spawn_worker(cfg: RunConfig, root: Path, starts: list[dict[str, Any]], runs:
 # ---------------------------------------------------------------- the benchmark
 
 
+def legacy_noise(segs: Sequence[Segment], s: int) -> dict[str, float]:
+    """The rule before issue 36: the largest ‖Σ_S r‖ / Σ_S w over the sets S of s segments."""
+    worst = dict.fromkeys(CUMULATIVE_CHECKS, 0.0)
+    for sub in itertools.combinations(range(len(segs)), s):
+        d = _ratio(segs, sub, rms=False)
+        worst = {c: max(worst[c], d[c]) for c in CUMULATIVE_CHECKS}
+    return worst
+
+
+def count_curve(segs: Sequence[Segment]) -> dict[str, dict[str, list[float]]]:
+    """Per check, the largest summed distance over the sets of m segments, m = 1 … n, divided by
+    √(Σ wᵢ²) (`rms`, the rule since issue 36) and by Σ wᵢ (`sum`, before): which one an honest
+    host's value does not depend on m for."""
+    n = len(segs)
+    out: dict[str, dict[str, list[float]]] = {}
+    for i, check in enumerate(CUMULATIVE_CHECKS):
+        x = torch.stack([s["res"][i] for s in segs])
+        gram = (x @ x.T).tolist()
+        w = [s["w"][i] for s in segs]
+        rms, total = [0.0] * n, [0.0] * n
+        for m in range(1, n + 1):
+            for sub in itertools.combinations(range(n), m):
+                num = math.sqrt(max(0.0, sum(gram[a][b] for a in sub for b in sub)))
+                if num:
+                    rms[m - 1] = max(rms[m - 1], num / math.sqrt(sum(w[a] ** 2 for a in sub)))
+                    total[m - 1] = max(total[m - 1], num / sum(w[a] for a in sub))
+        out[check] = {"rms": rms, "sum": total}
+    return out
+
+
+SAMPLINGS = {"windows": (Sampling.WINDOWS, None), "segments": (Sampling.SEGMENTS, 2),
+             "segments_s3": (Sampling.SEGMENTS, 3)}  # fmt: skip
+"""The samplings judged: windows (the default, w = 3), segments with the bench's s = 2 (one drawn
+segment: any rule leaves it its per-segment bound, specs §6.4) and with s = 3 (two drawn)."""
+
+
+def with_sampling(cfg: RunConfig, name: str) -> RunConfig:
+    sampling, s = SAMPLINGS[name]
+    return cfg.model_copy(update={"sampling": sampling, "sampled_segments": s or cfg.sampled_segments})
+
+
+def summary(steps: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Outer steps accepted under every sample (verdicts in `key`), their largest Δ deviation."""
+    every = [s for s in steps if s[key] and all(s[key])]
+    judged = sum(len(s[key]) for s in steps)
+    return {"accepted_every": len(every), "steps": len(steps),
+            "samples_accepted": sum(sum(s[key]) for s in steps), "samples": judged,
+            "max_dev_every": max((s["dev"] for s in every), default=None),
+            "min_cos_every": min((s["cos"] for s in every), default=None)}  # fmt: skip
+
+
 def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     k = cfg.segment_len
     # thresholds: 8× the honest 1- vs 2-thread noise, the larger of `verifier calibrate`'s (single
-    # segments from warm states and the fresh one) and that of whole honest runs of other hosts
-    # (T outer steps, every segment: they also see the states after outer steps, where the
-    # parameters' noise, 0 in most segments and ~1e-6 in a few, shows up)
-    proposal = calibrate(cfg, CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5,
-                         opened=cfg.n_segments)  # fmt: skip
+    # segments from warm states and the fresh one; the summed checks on two whole trajectories) and
+    # that of whole honest runs of other hosts (T outer steps, every segment and every set of them:
+    # they also see the states after outer steps)
+    proposal = calibrate(cfg, CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5)
     row = proposal.rows[0]
     base = cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE,
                                   **{CONFIG_FIELDS[g]: v for g, v in row.threshold.items()}})  # fmt: skip
@@ -254,10 +372,21 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
         carried, prev = run.final_state, optimizer_hash(run.final_state)
     two = spawn_worker(base, root, starts, [*CALIBRATION_HOSTS, HOST, *JUDGED_HOSTS], steps, root / "g-0.st")
     run_noise = dict.fromkeys(ALL_CHECKS, 0.0)
+    ss = sorted({s_ for _, s_ in SAMPLINGS.values() if s_})
+    legacy = {s_: dict.fromkeys(CUMULATIVE_CHECKS, 0.0) for s_ in ss}  # the rule before issue 36, per s
+    curve = {c: {"rms": [0.0] * cfg.n_segments, "sum": [0.0] * cfg.n_segments} for c in CUMULATIVE_CHECKS}
     for r in (r for h in CALIBRATION_HOSTS for r in two["runs"][h]["steps"]):
         gm = GlobalModel.from_tensors(load_file(r["gm"]))
-        for d in segment_distances(lab, load_run(lab, r), r["n"], gm):
-            run_noise = {g: max(run_noise[g], d[g]) for g in ALL_CHECKS}
+        segs = segment_records(lab, load_run(lab, r), r["n"], gm)
+        for c, by in count_curve(segs).items():
+            curve[c] = {k: [max(a, b) for a, b in zip(curve[c][k], v, strict=True)] for k, v in by.items()}
+        run_noise = {g: max(run_noise[g], *(x["d"][g] for x in segs)) for g in TOLERANCE_CHECKS} | {
+            c: run_noise[c] for c in CUMULATIVE_CHECKS}  # fmt: skip
+        whole = _whole_run_cumulative(segs)
+        run_noise.update({c: max(run_noise[c], whole[c]) for c in CUMULATIVE_CHECKS})
+        for s_ in ss:
+            old = legacy_noise(segs, s_)
+            legacy[s_] = {c: max(legacy[s_][c], old[c]) for c in CUMULATIVE_CHECKS}
     # and their Δ noise: each 2-thread step against 1 thread from the same start (G_n, carried state)
     cal_noise = []
     for h in CALIBRATION_HOSTS:
@@ -269,74 +398,91 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
             cal_noise.append({"host": h, "n": r["n"], "dev": rel_l2(d2, d1), "cos": cosine(d2, d1)})
             carried = run2.final_state
     tau = {g: max(row.threshold[g], FACTOR * run_noise[g], FLOOR) for g in ALL_CHECKS}
+    legacy_tau = {s_: {c: max(FACTOR * v, FLOOR) for c, v in by.items()} for s_, by in legacy.items()}
     tcfg = base.model_copy(update={CONFIG_FIELDS[g]: v for g, v in tau.items()})
-    lab = Lab(tcfg, synthetic_corpus(), root / "one-t")
-    # honest noise: HOST with 2 threads from the 1-thread run's starts, judged by this 1-thread verifier
-    noise, accepted, worst_two = [], 0, dict.fromkeys(ALL_CHECKS, 0.0)
+    labs = {name: Lab(with_sampling(tcfg, name), synthetic_corpus(), root / f"one-{name}")
+            for name in SAMPLINGS}  # fmt: skip
+    # honest noise: HOST with 2 threads from the 1-thread run's starts, and whole 2-thread runs of
+    # other hosts, judged by this 1-thread verifier under every sample of both samplings
+    noise = []
+    honest_judged: dict[str, list[dict[str, Any]]] = {name: [] for name in SAMPLINGS}
+    judged = [(load_run(lab, r), r["n"], honest_g[r["n"]]) for r in two["starts"]]
+    judged += [(load_run(lab, r), r["n"], GlobalModel.from_tensors(load_file(r["gm"])))
+               for h in JUDGED_HOSTS for r in two["runs"][h]["steps"]]  # fmt: skip
     for r in two["starts"]:
         n = r["n"]
         run2, d1 = load_run(lab, r), delta_of(honest_runs[n], honest_g[n])
         noise.append({"n": n, "dev": rel_l2(delta_of(run2, honest_g[n]), d1),
                       "cos": cosine(delta_of(run2, honest_g[n]), d1)})  # fmt: skip
-        verdict = judge(lab, run2, n, honest_g[n])
-        accepted += verdict["new"]
-        worst_two = {g: max(worst_two[g], verdict["worst"][g]) for g in ALL_CHECKS}
-    for h in JUDGED_HOSTS:  # whole 2-thread runs of other hosts, every segment, every outer step
-        for r in two["runs"][h]["steps"]:
-            verdict = judge(lab, load_run(lab, r), r["n"], GlobalModel.from_tensors(load_file(r["gm"])))
-            accepted += verdict["new"]
-            worst_two = {g: max(worst_two[g], verdict["worst"][g]) for g in ALL_CHECKS}
+    for name, slab in labs.items():
+        for run2, n, gm in judged:
+            old_tau = legacy_tau.get(slab.cfg.sampled_segments, {})
+            honest_judged[name].append(judge(slab, run2, n, gm, old_tau))
     own = two["runs"][HOST]["steps"]
     two_run = [GlobalModel.from_tensors(load_file(r["gm"])) for r in own[1:]]
     two_run.append(GlobalModel.from_tensors(load_file(two["runs"][HOST]["final"])))
     drift_noise = [drift(two_run[n], honest_g[n + 1], g0) for n in range(steps)]
-    samples = noise + cal_noise  # every honest 2-thread step against 1 thread from its start
-    max_noise = max(x["dev"] for x in samples)
-    attacks = []
-    for params in ATTACKS:
-        adversary = resolve_host("budget_steer", params)
-        gm, carried, prev = g0, None, None
-        steps_out = []
-        for n in range(steps):
-            run = lab.train(adversary, HOST, n, gm, carried, prev)
-            ref = lab.train(HostBehaviour(), HOST, n, gm, carried, prev)
-            verdict = judge(lab, run, n, gm)
-            d_att, d_ref = delta_of(run, gm), delta_of(ref, gm)
-            gm = next_global(gm, [run], tcfg)
-            carried, prev = run.final_state, optimizer_hash(run.final_state)
-            steps_out.append({"n": n, "dev": rel_l2(d_att, d_ref), "cos": cosine(d_att, d_ref),
-                              "drift": drift(gm, honest_g[n + 1], g0), "accepted_new": verdict["new"],
-                              "accepted_old": verdict["old"], "accepted_segment": verdict["segment"],
-                              "reason": verdict["reason"],
-                              "worst": verdict["worst"]})  # fmt: skip
-        new_ok = [s for s in steps_out if s["accepted_new"]]
-        old_ok = [s for s in steps_out if s["accepted_old"]]
-        seg_ok = [s for s in steps_out if s["accepted_segment"]]
-        attacks.append({
-            **params, "label": "budget_steer " + " ".join(f"{k_}={v}" for k_, v in params.items()),
-            "accepted_new": len(new_ok), "accepted_old": len(old_ok), "accepted_segment": len(seg_ok),
-            "steps": steps, "max_dev_accepted_segment": max((s["dev"] for s in seg_ok), default=None),
-            "max_dev_accepted_new": max((s["dev"] for s in new_ok), default=None),
-            "max_dev_accepted_old": max((s["dev"] for s in old_ok), default=None),
-            "min_cos_accepted_new": min((s["cos"] for s in new_ok), default=None),
-            "min_cos_accepted_old": min((s["cos"] for s in old_ok), default=None),
-            "final_drift": steps_out[-1]["drift"], "per_step": steps_out,
-        })  # fmt: skip
+    samples_all = noise + cal_noise  # every honest 2-thread step against 1 thread from its start
+    max_noise = max(x["dev"] for x in samples_all)
+    samplings: dict[str, Any] = {}
+    for name, slab in labs.items():
+        windowed = slab.cfg.windowed
+        attacks = []
+        for params in ATTACKS:
+            if not windowed and params.get("target") == "group":
+                continue  # fails a per-segment check whatever the sample (windows judge it)
+            adversary = resolve_host("budget_steer", params)
+            gm, carried, prev = g0, None, None
+            steps_out = []
+            for n in range(steps):
+                run = slab.train(adversary, HOST, n, gm, carried, prev)
+                ref = slab.train(HostBehaviour(), HOST, n, gm, carried, prev)
+                verdict = judge(slab, run, n, gm, legacy_tau.get(slab.cfg.sampled_segments, {}))
+                d_att, d_ref = delta_of(run, gm), delta_of(ref, gm)
+                gm = next_global(gm, [run], tcfg)
+                carried, prev = run.final_state, optimizer_hash(run.final_state)
+                steps_out.append({"n": n, "dev": rel_l2(d_att, d_ref), "cos": cosine(d_att, d_ref),
+                                  "drift": drift(gm, honest_g[n + 1], g0), **verdict})  # fmt: skip
+            label = "budget_steer " + " ".join(f"{k_}={v}" for k_, v in params.items())
+            before = None if windowed else summary(steps_out, "legacy_accepted")
+            attacks.append({**params, "label": label, **summary(steps_out, "accepted"), "legacy": before,
+                            "recomputed_agrees": all(s["recomputed_agrees"] for s in steps_out),
+                            "final_drift": steps_out[-1]["drift"], "per_step": steps_out})  # fmt: skip
+        hj = honest_judged[name]
+        best = max((a for a in attacks if a["max_dev_every"] is not None), key=lambda a: a["max_dev_every"],
+                   default=None)  # fmt: skip
+        samplings[name] = {
+            "samples": samples(slab.cfg), "attacks": attacks,
+            "honest_accepted_every": sum(all(j["accepted"]) for j in hj), "honest_contributions": len(hj),
+            "honest_samples_accepted": sum(sum(j["accepted"]) for j in hj),
+            "honest_samples": sum(len(j["accepted"]) for j in hj),
+            "honest_worst_over_threshold": {g: max(j["worst"][g] for j in hj) for g in ALL_CHECKS},
+            "honest_legacy_accepted_every": None if windowed else sum(all(j["legacy_accepted"]) for j in hj),
+            "s": None if windowed else slab.cfg.sampled_segments,
+            "recomputed_agrees": all(j["recomputed_agrees"] for j in hj),
+            "strongest": None if best is None else {"label": best["label"], "dev": best["max_dev_every"],
+                                                    "times_noise": best["max_dev_every"] / max_noise},
+        }  # fmt: skip
     return {
-        "precision": str(cfg.numerics.precision), "H": cfg.inner_steps, "k": k,
-        "segments_opened": cfg.n_segments, "outer_steps": steps, "model": cfg.model.config,
+        "precision": str(cfg.numerics.precision), "H": cfg.inner_steps, "k": k, "s": cfg.sampled_segments,
+        "w": cfg.window_len, "n_segments": cfg.n_segments, "outer_steps": steps, "model": cfg.model.config,
         "calibration_trials": calib_trials, "calibration_hosts": len(CALIBRATION_HOSTS), "thresholds": tau,
-        "calibrated_noise": row.noise,
-        "calibration_share_differing": row.noisy, "calibrate_thresholds": row.threshold,
-        "run_noise": run_noise,
+        "cumulative_rule": "root-sum-square", "legacy_thresholds": {str(k): v for k, v in legacy_tau.items()},
+        "calibrated_noise": row.noise, "calibration_share_differing": row.noisy,
+        "calibrate_thresholds": row.threshold, "run_noise": run_noise,
+        "legacy_noise": {str(k): v for k, v in legacy.items()},
+        "honest_count_curve": curve,
         "honest": {"per_step": noise, "calibration_hosts": cal_noise, "max_dev": max_noise,
-                   "samples": len(samples), "nonzero": sum(x["dev"] > 0 for x in samples),
-                   "min_cos": min(x["cos"] for x in samples),
-                   "drift": drift_noise, "two_thread_accepted": accepted,
-                   "two_thread_hosts": len(noise) + len(JUDGED_HOSTS) * steps,
-                   "two_thread_worst_over_threshold": worst_two},
-        "attacks": attacks, "seconds": round(time.perf_counter() - t0, 1),
+                   "samples": len(samples_all), "nonzero": sum(x["dev"] > 0 for x in samples_all),
+                   "min_cos": min(x["cos"] for x in samples_all), "drift": drift_noise},
+        "samplings": samplings, "seconds": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
+
+
+def _whole_run_cumulative(segs: Sequence[Segment]) -> dict[str, float]:
+    """`verifier.calibrate.cumulative_noise` from the residuals already computed."""
+    return {c: worst_summed([x["res"][i] for x in segs], [x["w"][i] for x in segs])
+            for i, c in enumerate(CUMULATIVE_CHECKS)}  # fmt: skip
 
 
 def _fmt(x: float | None, pct: bool = True) -> str:
@@ -347,29 +493,37 @@ def _fmt(x: float | None, pct: bool = True) -> str:
 
 def report(result: dict[str, Any]) -> None:
     h = result["honest"]
-    print(f"\nsteering, {result['precision']}: tiny GPT, H={result['H']} k={result['k']}, all "
-          f"{result['segments_opened']} segments opened, T={result['outer_steps']} outer steps; thresholds "
-          + ", ".join(f"{g} {v:.2e}" for g, v in result["thresholds"].items()))  # fmt: skip
-    print("  8× noise of `verifier calibrate` "
-          + ", ".join(f"{g} {v:.2e}" for g, v in result["calibrate_thresholds"].items())
-          + "; of whole honest runs "
-          + ", ".join(f"{g} {FACTOR * v:.2e}" for g, v in result["run_noise"].items()))
+    print(f"\nsteering, {result['precision']}: tiny GPT, H={result['H']} k={result['k']} (n = "
+          f"{result['n_segments']}), T={result['outer_steps']} outer steps; thresholds "
+          + ", ".join(f"{g} {v:.2e}" for g, v in result["thresholds"].items())
+          + "; before issue 36 (Σ w, sets of s) "
+          + "; ".join(f"s = {s_}: " + ", ".join(f"{g} {v:.2e}" for g, v in by.items())
+                      for s_, by in result["legacy_thresholds"].items()))  # fmt: skip
+    for c, by in result["honest_count_curve"].items():
+        rms, total = (" ".join(f"{v:.2e}" for v in by[k]) for k in ("rms", "sum"))
+        print(f"honest {c}, largest over sets of m = 1 … n: over √(Σ w²) {rms}; over Σ w {total}")
     print(f"honest 1 vs 2 threads: Δ deviation max {_fmt(h['max_dev'])} over {h['samples']} host-steps "
-          f"({h['nonzero']} not bitwise equal; cos ≥ {_fmt(h['min_cos'], False)}), "
-          f"drift after T {_fmt(h['drift'][-1])}; 2-thread host accepted {h['two_thread_accepted']}/"
-          f"{h['two_thread_hosts']}, worst distance/threshold "
-          + ", ".join(f"{g} {v:.3f}" for g, v in h["two_thread_worst_over_threshold"].items()))  # fmt: skip
-    print(f"{'attack':<72} {'old checks':>10} {'max Δ dev':>11} {'per segment':>11} {'max Δ dev':>11} "
-          f"{'every check':>11} {'max Δ dev':>11} {'min cos':>9} {'× noise':>9} {'drift':>9}")  # fmt: skip
-    for a in result["attacks"]:
-        dev = a["max_dev_accepted_new"]
-        times = "n/a" if dev is None or not h["max_dev"] else f"{dev / h['max_dev']:.3g}"
-        cos = a["min_cos_accepted_new"] if a["accepted_new"] else a["min_cos_accepted_old"]
-        old, seg = _fmt(a["max_dev_accepted_old"]), _fmt(a.get("max_dev_accepted_segment"))
-        print(f"{a['label']:<72} {a['accepted_old']:>4}/{a['steps']:<5} {old:>11} "
-              f"{a.get('accepted_segment', 0):>5}/{a['steps']:<5} {seg:>11} "
-              f"{a['accepted_new']:>5}/{a['steps']:<5} {_fmt(dev):>11} {_fmt(cos, False):>9} {times:>9} "
-              f"{_fmt(a['final_drift']):>9}")  # fmt: skip
+          f"({h['nonzero']} not bitwise equal; cos ≥ {_fmt(h['min_cos'], False)}), drift after T "
+          f"{_fmt(h['drift'][-1])}")  # fmt: skip
+    for name, sm in result["samplings"].items():
+        print(f"\nsampling {name}: samples {sm['samples']}; honest 2-thread hosts accepted under every "
+              f"sample {sm['honest_accepted_every']}/{sm['honest_contributions']} "
+              f"({sm['honest_samples_accepted']}/{sm['honest_samples']} samples), worst distance/threshold "
+              + ", ".join(f"{g} {v:.3f}" for g, v in sm["honest_worst_over_threshold"].items()))  # fmt: skip
+        print(f"{'attack':<64} {'every sample':>12} {'samples':>9} {'max Δ dev':>11} {'× noise':>9} "
+              f"{'before 36':>10} {'max Δ dev':>11} {'drift':>10}")  # fmt: skip
+        for a in sm["attacks"]:
+            dev, old = a["max_dev_every"], a["legacy"]
+            times = "n/a" if dev is None else f"{dev / h['max_dev']:.3g}"
+            old_txt = "" if old is None else f"{old['accepted_every']}/{old['steps']} "
+            old_txt += "" if old is None else _fmt(old["max_dev_every"])
+            print(f"{a['label']:<64} {a['accepted_every']:>6}/{a['steps']:<5} {a['samples_accepted']:>4}/"
+                  f"{a['samples']:<4} {_fmt(dev):>11} {times:>9} {old_txt:>22} "
+                  f"{_fmt(a['final_drift']):>10}")  # fmt: skip
+        st = sm["strongest"]
+        if st:
+            print(f"strongest accepted under every sample: {st['label']}, {_fmt(st['dev'])} = "
+                  f"{st['times_noise']:.3g}× honest noise")  # fmt: skip
 
 
 def main(quick: bool, precision: str = "fp32") -> dict[str, Any]:
@@ -378,7 +532,7 @@ def main(quick: bool, precision: str = "fp32") -> dict[str, Any]:
     # Δ in fp32: with the default int8 codec any move flips roundings of the quantized Δ (one
     # quantum each), which would measure the codec, not the steering
     cfg = tiny_config(inner_steps=20 if quick else 50, segment_len=5, sampled_segments=2, numerics=numerics,
-                      codec=Codec.FP32)  # fmt: skip
+                      codec=Codec.FP32, window_segments=3)  # fmt: skip
     steps = 2 if quick else 4
     with tempfile.TemporaryDirectory(prefix="steering-") as tmp:
         result = {"quick": quick, "torch": torch.__version__,

@@ -82,10 +82,10 @@ def with_fields(cfg: Any, fields: dict[str, Any], what: str) -> Any:  # RunConfi
         raise RunConfigFileError(f"{what}: {_errors(e)}") from None
 
 
-def read_calibration(path: Path) -> tuple[dict[str, Any], int | None]:
+def read_calibration(path: Path) -> tuple[dict[str, Any], str | None]:
     """The thresholds a `verifier calibrate` JSON proposes (its `run_config`), with
-    `replay_mode = "tolerance"`, and the number of opened segments it calibrated the summed-residual
-    thresholds for (`opened`; None if the file does not say)."""
+    `replay_mode = "tolerance"`, and the summed-residual rule it calibrated them for
+    (`cumulative_rule`; None if the file does not say: a calibration from before issue 36)."""
     try:
         if path.stat().st_size > MAX_CALIBRATION_BYTES:
             raise RunConfigFileError(f"{path}: over {MAX_CALIBRATION_BYTES} bytes, not a calibration")
@@ -99,30 +99,25 @@ def read_calibration(path: Path) -> tuple[dict[str, Any], int | None]:
         raise RunConfigFileError(
             f"{path}: no `run_config` of tolerance thresholds (`gonka-diloco verifier calibrate` writes one)"
         )
-    opened = data.get("opened")
-    if opened is not None and (not isinstance(opened, int) or isinstance(opened, bool) or opened < 1):
-        raise RunConfigFileError(f"{path}: opened: expected a positive integer, got {opened!r}")
-    return {**fields, "replay_mode": "tolerance"}, opened
+    rule = data.get("cumulative_rule")
+    if rule is not None and not isinstance(rule, str):
+        raise RunConfigFileError(f"{path}: cumulative_rule: expected a string, got {rule!r}")
+    return {**fields, "replay_mode": "tolerance"}, rule
 
 
-def check_calibrated_for(path: Path, fields: dict[str, Any], opened: int | None, s: int) -> None:
-    """The summed-residual thresholds hold for the number of opened segments they were calibrated
-    for: honest residuals do not align, so their sum over m segments shrinks about as 1/√m, and a
-    threshold calibrated for more segments than the run opens rejects honest hosts, one calibrated
-    for fewer lets more steering through."""
-    if not any(fields.get(f) for f in CUMULATIVE_FIELDS):
+def check_calibrated_for(path: Path, fields: dict[str, Any], rule: str | None) -> None:
+    """Summed-residual thresholds mean what the rule they were calibrated for divides by (specs
+    §6.4): the earlier rule's (Σ wᵢ, for a fixed number of opened segments) are smaller than the
+    count-independent rule needs, and would reject honest hosts."""
+    from protocol.config import CUMULATIVE_RULE
+
+    if not any(fields.get(f) for f in CUMULATIVE_FIELDS) or rule == CUMULATIVE_RULE:
         return
-    if opened is None:
-        raise RunConfigFileError(
-            f"{path}: does not say for how many opened segments its summed-residual thresholds "
-            f"hold; calibrate again with `gonka-diloco verifier calibrate --opened {s}`"
-        )
-    if opened != s:
-        raise RunConfigFileError(
-            f"{path}: its summed-residual thresholds were calibrated for {opened} opened segments, "
-            f"the run opens sampled_segments = {s}; calibrate again with "
-            f"`gonka-diloco verifier calibrate --opened {s}`"
-        )
+    what = "the rule before issue 36 (no `cumulative_rule`)" if rule is None else f"rule {rule!r}"
+    raise RunConfigFileError(
+        f"{path}: its summed-residual thresholds are for {what}, this version checks {CUMULATIVE_RULE!r}; "
+        "calibrate again with `gonka-diloco verifier calibrate`"
+    )
 
 
 PLACEHOLDER_HASH = "0" * 64
@@ -491,7 +486,7 @@ def create(
         "tolerance_cumulative_update": tolerance_cumulative_update,
     }
     try:
-        calibrated, opened = read_calibration(calibration) if calibration is not None else ({}, None)
+        calibrated, rule = read_calibration(calibration) if calibration is not None else ({}, None)
         if init_from_run is not None:
             if init_checkpoint is not None:
                 _fail("give --init-checkpoint or --init-from-run, not both")
@@ -500,7 +495,7 @@ def create(
         if overlap is not None:
             cfg = with_overlap(cfg, overlap)
         if calibration is not None:
-            check_calibrated_for(calibration, calibrated, opened, cfg.sampled_segments)
+            check_calibrated_for(calibration, calibrated, rule)
         tolerances = {**calibrated, **{k: v for k, v in flags.items() if v is not None}}
         if tolerances:
             source = "the tolerance flags" if calibration is None else str(calibration)

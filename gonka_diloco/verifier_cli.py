@@ -90,16 +90,15 @@ def calibrate(
     precision: Annotated[str, typer.Option(help="The run's precision: fp32 or bf16 (autocast).")] = "fp32",
     trials: Annotated[int, typer.Option(min=1, help="Start states per k (max noise, min signal).")] = 8,
     factor: Annotated[float, typer.Option(min=1.0, help="Threshold = factor × honest noise.")] = 8.0,
-    opened: Annotated[int, typer.Option(min=1, help="Segments a challenge opens (the run's s): the "
-                                        "summed-residual checks are calibrated for sets of that many.")] = 8,
     out: Annotated[Path, typer.Option(help="Where to write the JSON result.")] = Path("calibration.json"),
 ) -> None:
     """Measure honest replay noise between two environments (thread counts, or devices: CPU vs GPU,
     GPU vs GPU; separate processes) against the signal of one skipped step and one swapped batch,
     for the parameters and both AdamW moments; propose a threshold per group (the run config's
     tolerance, tolerance_exp_avg, tolerance_exp_avg_sq), for the moments in update space
-    (tolerance_update, tolerance_denominator) and for the opened segments' summed residuals
-    (tolerance_cumulative, tolerance_cumulative_update; whole trajectories of k·⌊max k / k⌋ steps)
+    (tolerance_update, tolerance_denominator) and for the replayed segments' summed residuals
+    (tolerance_cumulative, tolerance_cumulative_update: count-independent, the largest over every
+    set of two or more segments of whole trajectories of k·⌊max k / k⌋ steps)
     and the largest safe k."""
     from gonka_diloco.adversaries.lab import TINY_GPT
     from protocol.config import ModelSpec, Numerics, Precision, RunConfig
@@ -120,14 +119,13 @@ def calibrate(
                     inner_steps=kmax, segment_len=kmax, sampled_segments=1, numerics=numerics)  # fmt: skip
     devices = (device_a, device_b)
     try:
-        proposal = measure(cfg, "shakespeare", k_list, (a, b), trials, factor=factor, devices=devices,
-                           opened=opened)  # fmt: skip
+        proposal = measure(cfg, "shakespeare", k_list, (a, b), trials, factor=factor, devices=devices)
     except (CalibrationError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     same = device_a == device_b == "cpu"
     typer.echo(table(proposal, (a, b) if same else (f"{device_a} x{a}", f"{device_b} x{b}")))
     result = {"model": size, "threads": [a, b], "devices": list(devices), "precision": precision,
-              "trials": trials, "opened": opened, **to_json(proposal)}  # fmt: skip
+              "trials": trials, **to_json(proposal)}  # fmt: skip
     out.write_text(json.dumps(result, indent=2))
     typer.echo(f"wrote {out}")

@@ -19,6 +19,11 @@ from protocol.inner import Moments as Moments  # re-exported: the run's vocabula
 
 DEFAULT_WINDOW_SEGMENTS = 3
 """w: segments per checker window (`RunConfig.window_segments`)."""
+CUMULATIVE_RULE = "root-sum-square"
+"""What `tolerance_cumulative*` are thresholds of (specs §6.4): summed residuals over √(Σ wᵢ²), the
+same for any number of segments summed (issue 36). `verifier calibrate` writes it into its JSON;
+`run create` refuses summed-residual thresholds calibrated for the earlier rule (over Σ wᵢ, for a
+fixed number of opened segments)."""
 
 Hex32 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 """A SHA-256 digest as 64 lower-case hex characters: the only hash form on the wire."""
@@ -329,7 +334,7 @@ class RunConfig(Frozen):
         0.0, ge=0, description="tolerance mode: AdamW's denominator (specs §6; 0 = tolerance_exp_avg_sq)"
     )
     tolerance_cumulative: float = Field(
-        0.0, ge=0, description="tolerance mode: opened segments' summed param residuals (§6.4; 0 = off)"
+        0.0, ge=0, description="tolerance mode: replayed segments' summed param residuals (§6.4; 0 = off)"
     )
     tolerance_cumulative_update: float = Field(
         0.0, ge=0, description="tolerance mode: their summed update-space residuals (§6.4; 0 = off)"

@@ -87,12 +87,14 @@ def test_cli_lists_behaviours_and_refuses_a_bad_config(tmp_path: Path) -> None:
     assert runner.invoke(app, ["calibrate", "--ks", "a,b"]).exit_code == 2
 
 
-def test_cumulative_noise_is_the_worst_set_of_opened_segments() -> None:
-    """Residuals that cancel in pairs score 0 over both; one alone scores its own ratio."""
+def test_cumulative_noise_is_the_worst_summed_set_of_every_count() -> None:
+    """Count-independent (specs §6.4): the largest over every set of two or more segments (one is
+    its own per-segment check). Residuals that cancel in pairs score 0; one beside an exact segment
+    scores its own ratio ÷ √2; three aligned ones √3 times it."""
     import torch
 
     from protocol.config import InnerOptim
-    from verifier.calibrate import cumulative_noise
+    from verifier.calibrate import cumulative_noise, summed_sets
 
     def st(p: float, m: float) -> dict[str, torch.Tensor]:
         return {"param/w": torch.tensor([p, 1.0]), "exp_avg/w": torch.tensor([m, 0.5]),
@@ -101,9 +103,15 @@ def test_cumulative_noise_is_the_worst_set_of_opened_segments() -> None:
     start, replay = st(0.0, 0.5), st(1.0, 0.5)
     up, down = st(1.0 + 2**-10, 0.5), st(1.0 - 2**-10, 0.5)
     inner = InnerOptim()
-    both = cumulative_noise([(replay, up, start), (replay, down, start)], 2, inner)
-    assert both["cumulative"] == 0.0 and both["cumulative_update"] == 0.0
-    single = cumulative_noise([(replay, up, start), (replay, down, start)], 1, inner)
-    assert single["cumulative"] == pytest.approx(2**-10 / (1 - 2**-10), rel=1e-6)  # the larger: down
-    aligned = cumulative_noise([(replay, up, start)] * 3, 2, inner)
-    assert aligned["cumulative"] == pytest.approx(2**-10 / (1 + 2**-10), rel=1e-6)  # up's own ratio
+    both = cumulative_noise([(replay, up, start), (replay, down, start)], inner)
+    assert both == {"cumulative": 0.0, "cumulative_update": 0.0}  # the pair cancels; singles not summed
+    moved = 1 + 2**-10  # ‖up − start‖; ‖replay − start‖ = 1
+    beside = cumulative_noise([(replay, up, start), (replay, replay, start)], inner)
+    assert beside["cumulative"] == pytest.approx(2**-10 / math.sqrt(moved**2 + 1), rel=1e-6)
+    aligned = cumulative_noise([(replay, up, start)] * 3, inner)
+    assert aligned["cumulative"] == pytest.approx(math.sqrt(3) * 2**-10 / moved, rel=1e-6)
+    assert cumulative_noise([(replay, up, start)], inner) == {"cumulative": 0.0, "cumulative_update": 0.0}
+    sets = {tuple(int(i) for i in row.nonzero()) for rows in summed_sets(4) for row in rows}
+    assert len(sets) == 2**4 - 1 - 4  # every set of two or more of 4: runs, drawn sets, all
+    big = sum(len(rows) for rows in summed_sets(30))  # 30 segments: every run, then ≤ 1000 sets per count
+    assert big == 29 * 30 // 2 + 2 * 435 + 30 + 25 * 1000  # C(30, m) ≤ 1000 only for m ∈ {2, 28, 29}

@@ -211,7 +211,7 @@ def test_run_create_missing_file(tmp_path: Path) -> None:
 
 
 CALIBRATION = {  # what `gonka-diloco verifier calibrate` writes (its `run_config`), trimmed
-    "opened": 1,
+    "cumulative_rule": "root-sum-square",
     "k": 5,
     "run_config": {
         "tolerance": 0.01,
@@ -251,26 +251,32 @@ def test_run_create_sets_every_tolerance_threshold(tmp_path: Path) -> None:
     assert got == [1, 2, 3, None, 5, 6, 7]  # tolerance_update unset: omitted from the dump
 
 
-def test_run_create_refuses_a_calibration_for_another_number_of_opened_segments(tmp_path: Path) -> None:
-    """The summed-residual thresholds hold for the number of opened segments they were calibrated
-    for (specs §6.4): a calibration for s = 8 is refused for a run opening 1, in one line; without
-    summed-residual thresholds the number does not matter."""
+def test_run_create_refuses_summed_thresholds_calibrated_for_the_earlier_rule(tmp_path: Path) -> None:
+    """The summed-residual thresholds mean what the rule they were calibrated for divides by (specs
+    §6.4): a calibration from before issue 36 (Σ w for a fixed number of opened segments, no
+    `cumulative_rule`) or for another rule is refused in one line; without summed-residual
+    thresholds the rule does not matter."""
     import json
 
+    from protocol.config import CUMULATIVE_RULE
+
+    assert CALIBRATION["cumulative_rule"] == CUMULATIVE_RULE  # what `verifier calibrate` writes
     path, cal = tmp_path / "run.toml", tmp_path / "calibration.json"
     path.write_text(TINY_RUN)
-    cal.write_text(json.dumps({**CALIBRATION, "opened": 8}))
     create = ("run", "create", str(path), "--dry-run")
+    cal.write_text(json.dumps({"opened": 8, "run_config": CALIBRATION["run_config"]}))  # before issue 36
     result = invoke(*create, "--calibration", str(cal))
-    assert result.exit_code == 2
-    assert "calibrated for 8 opened segments, the run opens sampled_segments = 1" in result.output
-    assert "verifier calibrate --opened 1" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "the rule before issue 36" in result.output
+    assert "calibrate again with `gonka-diloco verifier calibrate`" in result.output
+    assert "Traceback" not in result.output
+    cal.write_text(json.dumps({**CALIBRATION, "cumulative_rule": "sum"}))
+    other = invoke(*create, "--calibration", str(cal))
+    assert other.exit_code == 2 and "are for rule 'sum'" in other.output
     per_segment = {k: v for k, v in CALIBRATION["run_config"].items() if "cumulative" not in k}
     cal.write_text(json.dumps({"opened": 8, "run_config": per_segment}))
     assert invoke(*create, "--calibration", str(cal)).exit_code == 0
-    cal.write_text(json.dumps({"run_config": CALIBRATION["run_config"]}))
-    unsaid = invoke(*create, "--calibration", str(cal))
-    assert unsaid.exit_code == 2 and "does not say for how many opened segments" in unsaid.output
+    cal.write_text(json.dumps({**CALIBRATION, "cumulative_rule": 2}))
+    assert "cumulative_rule: expected a string" in invoke(*create, "--calibration", str(cal)).output
     cal.write_text("{")
     assert "cannot read calibration" in invoke(*create, "--calibration", str(cal)).output
     bad = invoke(*create, "--tolerance-cumulative", "-1")

@@ -123,7 +123,8 @@ def test_run_config_carries_the_new_thresholds_and_omits_them_unset() -> None:
 
 
 def test_cumulative_vectors_recompute_from_json() -> None:
-    """specs §6.4: the opened segments' residuals summed, from the JSON inputs alone."""
+    """specs §6.4: sets of two or more replayed segments' residuals summed, from the JSON inputs alone
+    (the last one `forced`: sampling segments' always-opened segment, the drawn ones summed apart)."""
     v = json.loads(VECTORS.read_text())
     inner = InnerOptim(**v["inner"])
     start, replay = set_from_json(v["start"]), set_from_json(v["replay"])
@@ -132,14 +133,21 @@ def test_cumulative_vectors_recompute_from_json() -> None:
     seen = set()
     for c in cum["cases"]:
         total = Cumulative()
-        for name in c["input"]["claims"]:
+        names = c["input"]["claims"]
+        for i, name in enumerate(names):
             assert tolerance_mismatch(replay, claims[name], start, v["thresholds"], inner) is None
-            total.add(replay, claims[name], start, inner)
-        d, want = total.distances(), c["output"]["distances"]
-        for g in CUMULATIVE_CHECKS:  # float32 accumulators: exact sums up to the float64 norms' order
-            assert abs(d[g] - want[g]) <= 1e-9 * max(abs(d[g]), abs(want[g])) + 1e-12, (c["label"], g)
-        failed = next((g for g in CUMULATIVE_CHECKS if not d[g] < cum["thresholds"][g]), None)
-        assert failed == c["output"]["first_failed"], c["label"]
-        assert (cumulative_mismatch(total, cum["thresholds"]) is None) == (failed is None)
+            forced = c["input"]["forced_last"] and i == len(names) - 1
+            total.add(replay, claims[name], start, inner, forced=forced)
+        sets, want = total.sets(), c["output"]["sets"]
+        assert set(sets) == set(want), c["label"]  # checked in SUMMED_SETS order (specs §6.4)
+        for name in sets:
+            for g in CUMULATIVE_CHECKS:  # float32 accumulators: exact sums up to the float64 norms' order
+                got, exp = sets[name][g], want[name][g]
+                assert abs(got - exp) <= 1e-9 * max(abs(got), abs(exp)) + 1e-12, (c["label"], name, g)
+        failed = next(((g, name) for g in CUMULATIVE_CHECKS for name, d in sets.items()
+                       if not d[g] < cum["thresholds"][g]), (None, None))  # fmt: skip
+        assert list(failed) == [c["output"]["first_failed"], c["output"]["failed_set"]], c["label"]
+        assert (cumulative_mismatch(total, cum["thresholds"]) is None) == (failed[0] is None)
         seen.add(failed)
-    assert seen == {None, "cumulative", "cumulative_update"}
+    assert seen == {(None, None), ("cumulative", "all"), ("cumulative_update", "all"),
+                    ("cumulative", "drawn")}  # fmt: skip

@@ -19,14 +19,16 @@ per k and distance:
 - swap: the host trained one inner step on another batch (first or last, the smaller signal);
 
 and proposes τ_g = factor × noise_g per group at the largest k where both attacks still exceed the
-threshold of some group. The checks over all opened segments together (`cumulative`,
+threshold of some group. The checks over replayed segments together (`cumulative`,
 `cumulative_update`: `verifier.tolerance.Cumulative`, specs §6.4) are measured the same way on whole
 trajectories (`chains`: the fresh state and the last warm one): env B, the host, trains H/k
 consecutive segments, env A replays each from B's boundary, and the noise is the largest
-cumulative distance over every set of `opened` segments (the run's s; more sets than
-`MAX_SUBSETS`: a fixed sample of them) — honest residuals do not align, so it sits below the
-per-segment noise, while a host steering every boundary the same way reaches its per-segment
-ratio.
+cumulative distance over every contiguous run of them and every set of every count m ≥ 2 (beyond
+`MAX_SUBSETS` per count: a fixed sample; one segment is its own per-segment check). The distances
+are normalized to be count-independent, so one threshold serves a window, a challenge's drawn
+segments and a dispute panel's windows; honest residuals do not align, so their value stays at or
+below the per-segment noise, while a host steering m boundaries the same way reaches √m times its
+per-boundary ratio.
 Each environment runs in its own process; states cross as safetensors files, never pickles.
 """
 
@@ -41,7 +43,7 @@ import random
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +52,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from protocol.config import RunConfig
+from protocol.config import CUMULATIVE_RULE, RunConfig
 from replay.data import Corpus, shakespeare_corpus
 from replay.device import host_state, resolve_device
 from replay.spec import build
@@ -70,8 +72,8 @@ HOST = "calibration"
 SWAP_HOST = "calibration-swapped"
 FLOOR = 1e-7
 """Smallest threshold proposed: below it float32 rounding of the distance itself dominates."""
-MAX_SUBSETS = 5000
-"""Sets of opened segments scored per trajectory; beyond, a fixed sample of this many."""
+MAX_SUBSETS = 1000
+"""Sets of m segments scored per count m and trajectory; beyond, a fixed sample of this many."""
 
 
 CONFIG_FIELDS = {
@@ -258,33 +260,50 @@ def _residuals(replay: State, claim: State, start: State, inner: Any) -> tuple[T
     return r, du, moved, float(ur.norm())
 
 
-def cumulative_noise(
-    segments: Sequence[tuple[State, State, State]], opened: int, inner: Any
-) -> dict[str, float]:
-    """The largest `Cumulative` distances over every set of `opened` of the given consecutive
-    (replay, claim, start) segments of one trajectory (`MAX_SUBSETS` of them, a fixed sample,
-    when there are more): ‖Σ_S r_i‖ / Σ_S w_i from the residuals' Gram matrix."""
-    res = [_residuals(*seg, inner) for seg in segments]
-    m = max(1, min(opened, len(res)))
-    out = {}
-    terms = (([r[0] for r in res], [r[2] for r in res]), ([r[1] for r in res], [r[3] for r in res]))
-    for check, (vectors, weights) in zip(CUMULATIVE_CHECKS, terms, strict=True):
-        x = torch.stack(vectors)
-        gram = (x @ x.T).tolist()
-        n = len(res)
+def summed_sets(n: int) -> Iterator[Tensor]:
+    """The sets of n consecutive segments whose summed residuals calibration scores, as 0/1 rows in
+    batches: every contiguous run of two or more (a window, a trajectory's tail), and for every
+    count m ≥ 2 every set of m (a challenge's drawn segments, a panel's windows), or `MAX_SUBSETS`
+    of them drawn with a fixed seed where there are more. (A set of one is its segment's own check.)"""
+    runs = [list(range(a, b)) for a in range(n) for b in range(a + 2, n + 1)]
+    rng = random.Random(0)
+    others: list[Sequence[int]] = []
+    for m in range(2, n):
         if math.comb(n, m) <= MAX_SUBSETS:
-            sets: Any = itertools.combinations(range(n), m)
+            others.extend(itertools.combinations(range(n), m))
         else:
-            rng = random.Random(0)
-            sets = (sorted(rng.sample(range(n), m)) for _ in range(MAX_SUBSETS))
-        worst = 0.0
-        for sub in sets:
-            num = sum(gram[i][j] for i in sub for j in sub)
-            den = sum(weights[i] for i in sub)
-            val = math.sqrt(max(num, 0.0)) / den if den > 0 else (0.0 if num <= 0 else math.inf)
-            worst = max(worst, val)
-        out[check] = worst
-    return out
+            others.extend(sorted(rng.sample(range(n), m)) for _ in range(MAX_SUBSETS))
+    sets = [*runs, *others]
+    for a in range(0, len(sets), 4096):
+        rows = torch.zeros(len(sets[a : a + 4096]), n, dtype=torch.float64)
+        for i, sub in enumerate(sets[a : a + 4096]):
+            rows[i, list(sub)] = 1.0
+        yield rows
+
+
+def worst_summed(vectors: Sequence[Tensor], weights: Sequence[float]) -> float:
+    """The largest ‖Σ_S r_i‖ / √(Σ_S w_i²) over every summed set (`summed_sets`) of consecutive
+    segments' residual vectors r_i and movements w_i, from the residuals' Gram matrix."""
+    x = torch.stack(list(vectors))
+    gram = x @ x.T
+    w2 = torch.tensor(list(weights), dtype=torch.float64).square()
+    worst = 0.0
+    for rows in summed_sets(len(weights)):  # nothing for one segment
+        num = ((rows @ gram) * rows).sum(1).clamp_min(0.0)
+        val = torch.where(num == 0, torch.zeros_like(num), num.sqrt() / (rows @ w2).sqrt())
+        worst = max(worst, float(val.max()))
+    return worst
+
+
+def cumulative_noise(segments: Sequence[tuple[State, State, State]], inner: Any) -> dict[str, float]:
+    """The largest `Cumulative` distances over every summed set (`summed_sets`) of the given
+    consecutive (replay, claim, start) segments of one trajectory. The checks are count-independent
+    (specs §6.4), so one threshold must hold for the largest of every count."""
+    res = [_residuals(*seg, inner) for seg in segments]
+    return {
+        "cumulative": worst_summed([r[0] for r in res], [r[2] for r in res]),
+        "cumulative_update": worst_summed([r[1] for r in res], [r[3] for r in res]),
+    }
 
 
 def calibrate(
@@ -296,13 +315,12 @@ def calibrate(
     warmup: int = 10,
     factor: float = 8.0,
     devices: tuple[str, str] = ("cpu", "cpu"),
-    opened: int | None = None,
 ) -> Proposal:
     """Measure noise and signals for every k; the verifier's environment is (`devices[0]`,
     `threads[0]`), the host's (`devices[1]`, `threads[1]`). The run config's numerics apply to both.
     Trials: the fresh state (step 0, the start of every run) and `trials` warm states. The checks
-    over opened segments together are calibrated for `opened` of them (default the run's s) on two
-    whole trajectories per k (from the fresh state and the last warm one)."""
+    over replayed segments together (count-independent) are calibrated on two whole trajectories of
+    H/k segments per k (from the fresh state and the last warm one), over every set of them."""
     if not ks or min(ks) < 1 or trials < 1:
         raise ValueError("need ks >= 1 and trials >= 1")
     configure_determinism(threads[0])
@@ -354,13 +372,13 @@ def calibrate(
                     dw = tolerance_distances(ref, _slice(a, f"{t}/{k}/swap_{pos}/"), start, inner)
                     skip_k = {g: min(skip_k[g], ds[g]) for g in groups}
                     swap_k = {g: min(swap_k[g], dw[g]) for g in groups}
-            for c, chain in enumerate(chains):  # whole trajectories: the opened segments together
+            for c, chain in enumerate(chains):  # whole trajectories: replayed segments together
                 first = load_file(chain["start"])
                 segs = []
                 for j in range(1, max(1, cfg.inner_steps // k) + 1):
                     seg_start = first if j == 1 else _slice(cb, f"{c}/{k}/{j - 1}/")
                     segs.append((_slice(ca, f"{c}/{k}/{j}/"), _slice(cb, f"{c}/{k}/{j}/"), seg_start))
-                dc = cumulative_noise(segs, opened or cfg.sampled_segments, inner)
+                dc = cumulative_noise(segs, inner)
                 n_k = {**n_k, **{g: max(n_k.get(g, 0.0), dc[g]) for g in CUMULATIVE_CHECKS}}
             noise.append(n_k)
             skip.append(skip_k)
@@ -404,6 +422,7 @@ def to_json(p: Proposal) -> dict[str, Any]:
         "tolerance": p.tolerance,
         "tolerances": p.tolerances,
         "run_config": p.run_config_fields(),
+        "cumulative_rule": CUMULATIVE_RULE,  # what its summed-residual thresholds mean (specs §6.4)
         "factor": p.factor,
         "rows": [_finite(asdict(r)) for r in p.rows],
     }

@@ -1,6 +1,6 @@
 """Tolerance mode's distances (specs §6): how far a claimed end state is from the verifier's
 replay, group by group (relative norms), in update space (`verifier.update_space`), and summed
-over all the opened segments of one contribution (`Cumulative`), each against its threshold.
+over sets of the replayed segments of one contribution (`Cumulative`), each against its threshold.
 Pure float64 arithmetic in fixed order: every honest verifier computes the same numbers.
 """
 
@@ -119,53 +119,80 @@ def tolerance_mismatch(
 
 _M, _V = "exp_avg/", "exp_avg_sq/"
 CUMULATIVE_CHECKS = ("cumulative", "cumulative_update")
-"""Tolerance mode's checks over all opened segments of one contribution together (`Cumulative`),
+"""Tolerance mode's checks over the replayed segments of one contribution together (`Cumulative`),
 each with its own threshold (`RunConfig.cumulative_tolerances`)."""
+SUMMED_SETS = ("drawn", "all")
+"""The sets of replayed segments whose residuals `Cumulative` sums, in the order they are checked:
+the segments drawn at random (sampling segments: all but the always-opened last one), and all. A
+set of one segment is not summed: its distance is that segment's own (`tolerance_mismatch`)."""
 
 
 class Cumulative:
-    """The signed residuals of a contribution's opened segments, summed (specs §6.4).
+    """The signed residuals of a contribution's replayed segments, summed (specs §6.4).
 
-    Each opened segment i is replayed from the host's claimed start, so a per-segment bound lets a
-    host move every boundary a little the same way and the moves add up over the segments, while
-    honest reduction-order noise does not align from one segment to the next. So, besides each
-    segment's own distances, the residuals of all opened segments are summed, in segment order:
+    Each segment is replayed from the host's claimed start, so a per-segment bound lets a host move
+    every boundary a little the same way and the moves add up in θ_H, while honest reduction-order
+    noise does not align from one segment to the next. So the residuals of a set S of segments are
+    summed, in segment order, and compared with the segments' own movements:
 
-    - `cumulative` = ‖Σ_i (θ_c,i − θ_r,i)‖ / Σ_i ‖θ_c,i − θ_s,i‖ (the parameters' residuals against
-      the segments' own movements);
-    - `cumulative_update` = ‖Σ_i (û_c,i − û_r,i)‖ / Σ_i ‖û_r,i‖ with û = m/(bc1·(√(v/bc2) + ε)) the next
-      AdamW update of a state (claimed c, replayed r, each with its own moments: exp_avg and
-      exp_avg_sq together, what the next segment's steps reproduce).
+    - `cumulative` = ‖Σ_S (θ_c,i − θ_r,i)‖ / √(Σ_S ‖θ_c,i − θ_s,i‖²);
+    - `cumulative_update` = ‖Σ_S (û_c,i − û_r,i)‖ / √(Σ_S ‖û_r,i‖²) with û = m/(bc1·(√(v/bc2) + ε)) the
+      next AdamW update of a state (claimed c, replayed r, each with its own moments).
 
-    Both are at most the largest per-segment ratio (triangle inequality), reached only when the
-    residuals point the same way. Sums are per coordinate, each residual formed in float64 and added
-    into a float32 accumulator in segment order (elementwise IEEE: the same bits on every verifier);
-    norms in float64. Memory: two float32 vectors of the parameters' size (8 B/param) beside the
-    verification's states, built tensor by tensor in pieces of `PIECE` elements."""
+    Dividing by the root of the summed squares keeps the honest value from growing with the number
+    of segments summed (independent noise adds in quadrature), so one threshold serves every set; a
+    host that moves m boundaries the same way reaches √m times its per-boundary ratio.
+
+    The sets (`SUMMED_SETS`), each of at least two segments: all segments added; and, where one was
+    `forced` in (the always-opened last segment of sampling segments, added last), the others (the
+    drawn ones). The host knows the forced segment is in every challenge, so in a sum with it the
+    forced residual could cancel what the drawn ones add up to in every challenge at once, while
+    the unopened boundaries keep their moves; the drawn ones summed alone cannot be cancelled that
+    way. A set of one is the segment's own per-segment check, and is left to it.
+
+    Sums are per coordinate, each residual formed in float64 and added into a float32 accumulator in
+    segment order (elementwise IEEE: the same bits on every verifier); norms in float64. Memory: two
+    float32 vectors of the parameters' size (8 B/param) beside the verification's states, built
+    tensor by tensor in pieces of `PIECE` elements."""
 
     def __init__(self) -> None:
         self.param: dict[str, Tensor] = {}
         self.update: dict[str, Tensor] = {}
-        self.moved = 0.0  # Σ_i ‖θ_c,i − θ_s,i‖
-        self.steps = 0.0  # Σ_i ‖û_r,i‖
+        self.moved2 = 0.0  # Σ_i ‖θ_c,i − θ_s,i‖²
+        self.steps2 = 0.0  # Σ_i ‖û_r,i‖²
         self.segments = 0
+        self.forced = False
+        self.drawn: dict[str, float] | None = None  # the drawn set's distances, once a forced one is added
+        self.latest: dict[str, float] = {}  # the last added segment's own ratios (one boundary's move)
 
     @staticmethod
-    def _add(acc: dict[str, Tensor], name: str, piece: Tensor, a: int, numel: int) -> None:
+    def _add(acc: dict[str, Tensor], name: str, piece: Tensor, a: int, numel: int) -> float:
+        """Adds `piece` at [a, a + len); returns ‖acc piece‖² before the add (float64)."""
         t = acc.get(name)
         if t is None:
             t = acc[name] = torch.zeros(numel, dtype=torch.float32)
-        t[a : a + piece.numel()] = (t[a : a + piece.numel()].double() + piece).float()
+        before = t[a : a + piece.numel()].double()
+        t[a : a + piece.numel()] = (before + piece).float()
+        return float(before.square().sum())
 
-    def add(self, replay: State, claim: State, start: State, inner: InnerOptim) -> None:
-        """One opened segment whose claim passed `tolerance_mismatch` (same names, shapes, step)."""
+    def add(
+        self, replay: State, claim: State, start: State, inner: InnerOptim, *, forced: bool = False
+    ) -> None:
+        """One replayed segment whose claim passed `tolerance_mismatch` (same names, shapes, step).
+        `forced`: the segment every challenge opens (sampling segments' last); it must come last."""
+        if self.forced:
+            raise ValueError("the forced segment is added after every other")
         moved2 = steps2 = 0.0
+        before = {"cumulative": 0.0, "cumulative_update": 0.0}  # ‖Σ‖² of the segments before this one
+        own = {"cumulative": 0.0, "cumulative_update": 0.0}  # ‖this residual‖²
         for k in sorted(k for k in claim if k.startswith(PARAM)):
             c, r, s0 = (x[k].reshape(-1) for x in (claim, replay, start))
             n = c.numel()
             for a in range(0, n, PIECE):
                 c64, r64, s64 = (x[a : a + PIECE].double() for x in (c, r, s0))
-                self._add(self.param, k, c64 - r64, a, n)
+                e = c64 - r64
+                before["cumulative"] += self._add(self.param, k, e, a, n)
+                own["cumulative"] += float(e.square().sum())
                 moved2 += float((c64 - s64).square().sum())
         bc1, bc2 = bias_corrections(float(replay["step"]), inner)
         for k in sorted(k for k in claim if k.startswith(_M)):
@@ -176,32 +203,61 @@ class Cumulative:
                 mc64, vc64, mr64, vr64 = (x[a : a + PIECE].double() for x in (mc, vc, mr, vr))
                 ur = mr64 / (bc1 * ((vr64 / bc2).sqrt() + inner.eps))
                 uc = mc64 / (bc1 * ((vc64 / bc2).sqrt() + inner.eps))
-                self._add(self.update, name, uc - ur, a, n)
+                before["cumulative_update"] += self._add(self.update, name, uc - ur, a, n)
+                own["cumulative_update"] += float((uc - ur).square().sum())
                 steps2 += float(ur.square().sum())
-        self.moved += math.sqrt(moved2)
-        self.steps += math.sqrt(steps2)
+        mine = {"cumulative": moved2, "cumulative_update": steps2}
+        self.latest = {c: _ratio(own[c], mine[c]) for c in CUMULATIVE_CHECKS}
+        if forced:
+            self.forced = True
+            if self.segments >= 2:  # the drawn segments: every one added before this one
+                dens = {"cumulative": self.moved2, "cumulative_update": self.steps2}
+                self.drawn = {c: _ratio(before[c], dens[c]) for c in CUMULATIVE_CHECKS}
+        self.moved2 += moved2
+        self.steps2 += steps2
         self.segments += 1
 
-    def distances(self) -> dict[str, float]:
-        """{"cumulative": …, "cumulative_update": …} over the segments added (0 when none)."""
+    def sets(self) -> dict[str, dict[str, float]]:
+        """Every summed set's distances, in `SUMMED_SETS` order: "drawn" (once a forced segment
+        followed at least two others) and "all" (at least two segments added)."""
         out = {}
-        sums = (("cumulative", self.param, self.moved), ("cumulative_update", self.update, self.steps))
-        for check, acc, den in sums:
-            num2 = sum(float(acc[k].double().square().sum()) for k in sorted(acc))
-            if not math.isfinite(num2) or not math.isfinite(den):
-                out[check] = math.inf
-            elif num2 == 0.0:
-                out[check] = 0.0
-            else:
-                out[check] = math.inf if den == 0.0 else math.sqrt(num2) / den
+        if self.drawn is not None:
+            out["drawn"] = self.drawn
+        if self.segments >= 2:
+            out["all"] = {}
+            for check, acc, den2 in (("cumulative", self.param, self.moved2),
+                                     ("cumulative_update", self.update, self.steps2)):  # fmt: skip
+                num2 = sum(float(acc[k].double().square().sum()) for k in sorted(acc))
+                out["all"][check] = _ratio(num2, den2)
         return out
+
+    def distances(self) -> dict[str, float]:
+        """{"cumulative": …, "cumulative_update": …}: the largest over the summed sets (`sets`; 0
+        when there are none)."""
+        sets = self.sets()
+        return {c: max((d[c] for d in sets.values()), default=0.0) for c in CUMULATIVE_CHECKS}
+
+
+def _ratio(num2: float, den2: float) -> float:
+    """√num2 / √den2: 0 when the numerator is 0, ∞ when only the denominator is (or either is not finite)."""
+    if not math.isfinite(num2) or not math.isfinite(den2):
+        return math.inf
+    if num2 == 0.0:
+        return 0.0
+    return math.inf if den2 == 0.0 else math.sqrt(num2) / math.sqrt(den2)
+
+
+SET_WORDS = {"drawn": "drawn", "all": "replayed"}
 
 
 def cumulative_mismatch(total: Cumulative, thresholds: Mapping[str, float]) -> str | None:
-    """None if the opened segments' summed residuals are within their thresholds, else which is not."""
-    d = total.distances()
+    """None if every summed set's residuals are within their thresholds, else the first that is not
+    (check by check, each over the sets in `SUMMED_SETS` order)."""
+    sets = total.sets()
     for c in CUMULATIVE_CHECKS:
-        if not d[c] < thresholds[c]:
-            return (f"{c} distance {d[c]:.3e} >= tolerance {thresholds[c]:.3e} over {total.segments} "
-                    "opened segments: their residuals add up")  # fmt: skip
+        for name, d in sets.items():
+            if not d[c] < thresholds[c]:
+                count = total.segments - 1 if name == "drawn" else total.segments
+                return (f"{c} distance {d[c]:.3e} >= tolerance {thresholds[c]:.3e} over the {count} "
+                        f"{SET_WORDS[name]} segments: their residuals add up")  # fmt: skip
     return None

@@ -423,13 +423,15 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
                         Reason.REPLAY_MISMATCH,
                         f"segment {o.segment}: replay {leaf[:12]} != committed {o.end_leaf[:12]}, {why}",
                     )
-            if total is not None and claim is not None and start is not None:
-                total.add(end, claim, start, job.cfg.inner)
+            if total is not None and claim is not None and start is not None:  # sampling segments' last
+                # is in every challenge: the drawn ones are also summed without it (specs §6.4)
+                forced = o.segment == last and job.window is None and not job.cfg.windowed
+                total.add(end, claim, start, job.cfg.inner, forced=forced)
             at = o.segment + 1 if bitwise and leaf == o.end_leaf else None
             if o.segment == last:
                 final = claim if claim is not None else end
             del start, claim
-        if total is not None:  # the opened segments together: residuals that add up (specs §6.4)
+        if total is not None:  # the replayed segments together: residuals that add up (specs §6.4)
             why = cumulative_mismatch(total, job.cfg.cumulative_tolerances)
             if why is not None:
                 raise Rejected(Reason.REPLAY_MISMATCH, why)

@@ -52,9 +52,11 @@ lazy host's bound, (s − 1)/(n − 1) per step.
 
 (4) by the update-space check of tolerance mode (specs §6); the group norms alone accept it. With
 `target="update"` it stays within every per-segment check and, spending 0.9 of the run's
-thresholds over all opened segments too (specs §6.4), within every check: accepted, what it can
+thresholds over summed segments too (specs §6.4), within every check: accepted, what it can
 steer then is `bench.steering`'s figure (RESULTS.md); `cumulative=False` spends the per-segment
-budgets at every boundary, which the cumulative check rejects.
+budgets at every boundary, which the cumulative check rejects; `cancel=True` moves every boundary
+by one δ and θ_H by −(s−1)·δ, so that every challenge's sum with the always-opened last segment
+cancels (issue 36), which summing the drawn segments apart rejects.
 
 (5) the loss a vote carries decides nothing on chain; `gonka-diloco report` takes the median over
 the votes for the adopted model and names every voter whose value differs from it (honest hosts
@@ -81,7 +83,16 @@ import zstandard
 from torch import Tensor
 
 from gonka_diloco.adversaries.sparse import EF_FORGERS
-from gonka_diloco.adversaries.steer import TARGETS, WHERE, make_genuine, steer_boundary
+from gonka_diloco.adversaries.steer import (
+    CANCELS,
+    TARGETS,
+    WHERE,
+    cancel_move,
+    cancel_plan,
+    make_genuine,
+    moved_params,
+    steer_boundary,
+)
 from nodekit.errorfeedback import start_ef
 from nodekit.statestore import clone_state
 from protocol import codecs
@@ -564,6 +575,11 @@ class BudgetSteer(HostAdversary):
     per-group norms' budgets where they are weakest (exp_avg where exp_avg_sq = 0: AdamW's steps of
     lr·m/ε), which those norms alone accept; `target="update"` is the strongest steering known within
     every check of specs §6 (accepted: its effect is measured by `bench.steering`).
+
+    `cancel` (issue 36) instead moves the parameters by one vector δ, `fraction` of the per-segment
+    parameter budget, and cancels it where a check sums (`steer.cancel_plan`): "last" (or True) at
+    θ_H, by −(s−1)·δ, which summing the drawn segments apart catches (specs §6.4); "window" at the
+    end of every aligned block, which leaves no move behind to steer with.
     """
 
     name = "budget_steer"
@@ -572,24 +588,33 @@ class BudgetSteer(HostAdversary):
 
     def __init__(
         self, fraction: float = 0.9, target: str = "group", where: str = "free", seed: int = 0,
-        params: bool = True, cumulative: bool = True,
+        params: bool = True, cumulative: bool = True, cancel: bool | str = False,
     ) -> None:  # fmt: skip
         super().__init__()
         self.steer_params = bool(params)  # False: the moments' budgets alone, parameters exact
-        # False: ignores the thresholds over all opened segments (specs §6.4), spends the per-segment
+        # False: ignores the thresholds over summed segments (specs §6.4), spends the per-segment
         # budgets at every boundary (the strongest steering before them; rejected where a run sets them)
         self.cumulative = bool(cumulative)
         if not 0.0 <= float(fraction) < 1.0:
             raise ValueError("fraction must be in [0, 1)")
         if target not in TARGETS or where not in WHERE:
             raise ValueError(f"target must be one of {TARGETS}, where one of {WHERE}")
+        self.cancel = "last" if cancel is True else (cancel or "")
+        if self.cancel and self.cancel not in CANCELS:
+            raise ValueError(f"cancel must be true or one of {CANCELS}")
         self.fraction, self.target, self.where, self.seed = float(fraction), target, where, seed
-        if target == "update" and self.cumulative:  # within every check: accepted, bounded (bench.steering)
+        if self.cancel == "window":  # cancelled in every window: accepted there, rejected by a challenge
+            self.expected = ("REPLAY_MISMATCH", "ACCEPT")
+        elif self.cancel:
+            pass
+        elif target == "update" and self.cumulative:  # within every check: accepted, bounded (bench.steering)
             self.expected, self.chain_outcome = ("ACCEPT",), "accepted"
         elif target == "update":  # accepted only by a run without the cumulative thresholds
             self.expected = ("REPLAY_MISMATCH", "ACCEPT")
 
     def make_contribution(self, ctx: OuterContext) -> TrainedStep:
+        if self.cancel:
+            return self._cancelled(ctx)
         cfg, k = ctx.cfg, ctx.cfg.segment_len
         job = TrainJob(cfg, ctx.data, ctx.address, ctx.outer_step, loss_fn=ctx.loss_fn)
         cur = start_state(ctx)
@@ -601,6 +626,27 @@ class BudgetSteer(HostAdversary):
             cur = steer_boundary(end, cur, cfg, self.fraction, self.target, self.where, self.seed,
                                  params=self.steer_params, cumulative=self.cumulative)  # fmt: skip
             states.append(cur)
+        load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
+        return assemble(ctx, states, losses)
+
+    def _cancelled(self, ctx: OuterContext) -> TrainedStep:
+        """Two passes: an honest one sizes δ to every boundary's budget, the second claims q·δ."""
+        cfg, k = ctx.cfg, ctx.cfg.segment_len
+        job = TrainJob(cfg, ctx.data, ctx.address, ctx.outer_step, loss_fn=ctx.loss_fn)
+        plan = cancel_plan(cfg, self.cancel)
+        first = start_state(ctx)
+        move: Mapping[str, Tensor] | None = None
+        for _ in range(2):
+            cur, states, losses, ends = first, [first], [], []
+            for j in range(cfg.n_segments):
+                load_training_state(ctx.model, ctx.inner_optimizer, cur)
+                losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)
+                ends.append(clone_state(training_state(ctx.model, ctx.inner_optimizer)))
+                cur = ends[-1] if move is None else moved_params(ends[-1], move, plan[j])
+                states.append(cur)
+            if move is not None:
+                break
+            move = cancel_move(ends, states[:-1], plan, cfg, self.fraction, self.seed)
         load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)
 

@@ -24,6 +24,11 @@ Two targets:
   moves against it (steps along σ larger), capped by the denominator RMS and exp_avg_sq norm.
   `where="along"` instead moves with the training itself: the params a step farther along the
   segment's own movement, exp_avg scaled up, every denominator shrunk (Δ made larger).
+
+The summed-residual checks (specs §6.4) sum the residuals of a set of segments; "update" spends
+`fraction` of them at every boundary the same way, divided by √m for the m segments one check sums
+(`summed_segments`), so that every sum passes. `cancel_plan` is the other way to meet them (issue
+36): moves that cancel in whatever one check sums, each within its per-segment budget.
 """
 
 from __future__ import annotations
@@ -53,23 +58,83 @@ def direction(seed: int, name: str, shape: torch.Size) -> Tensor:
     return torch.randint(0, 2, shape, generator=g).to(torch.float64) * 2 - 1
 
 
+def summed_segments(cfg: RunConfig) -> int:
+    """The most segments one check sums when nobody disputes (specs §6.4): a checker's window, or
+    a challenge's s. (Sets of one are not summed; m = 1 then asks nothing more of a boundary.)"""
+    return cfg.window_len if cfg.windowed else cfg.sampled_segments
+
+
 def budgets(cfg: RunConfig, fraction: float, cumulative: bool = True) -> dict[str, float]:
     """`fraction` of every threshold; a bitwise run (thresholds 0) is given the smallest one
     calibration ever proposes (any move is then caught by the hash). With `cumulative`, also of the
-    thresholds over all opened segments (∞ where the run sets none; `False`: ignored)."""
+    thresholds over summed segments, per boundary: m boundaries moved the same way by ratio ρ each
+    sum to at most √m·ρ (specs §6.4), so ρ = fraction·τ/√m for the m of `summed_segments` (∞ where
+    the run sets none; `False`: ignored)."""
     out = {g: fraction * max(t, FLOOR) for g, t in cfg.tolerances.items()}
+    m = summed_segments(cfg)
     for g, t in cfg.cumulative_tolerances.items():
-        out[g] = fraction * t if cumulative else math.inf
+        out[g] = fraction * t / math.sqrt(m) if cumulative else math.inf
     return out
 
 
 def boundary_cumulative(end: State, claim: State, start: State, inner: InnerOptim) -> dict[str, float]:
-    """The cumulative distances of one boundary alone. A claim that keeps every boundary's within a
-    budget keeps the opened segments' sum within it too (the sums are at most the largest ratio),
-    and aligned boundaries reach it: the most a host can spend on the cumulative checks."""
+    """The summed checks' ratios of one boundary alone: its per-boundary ratio ρ. Boundaries that keep
+    theirs within τ/√m keep every sum of m of them within τ, and aligned boundaries reach it: the
+    most a host can spend on the cumulative checks."""
     total = Cumulative()
     total.add(end, claim, start, inner)
-    return total.distances()
+    return total.latest
+
+
+def cancel_plan(cfg: RunConfig, how: str) -> list[int]:
+    """The multiple of the move δ the host claims at the end of each segment 0 … n−1 (issue 36).
+
+    "last": δ at the end of every segment but the last, −(s−1)·δ at θ_H. Under sampling segments
+    every challenge opens the last segment and s − 1 others, so every challenge's residuals sum to
+    ≈ 0, while the n − 1 moves stay in θ_H: (n − s)·δ of steering.
+    "window": inside each aligned block of w segments, δ at the end of every segment but its last
+    and −(w'−1)·δ at that one (w' the block's length): every window sums to 0, and so does the move
+    the block leaves behind (a contiguous run's residuals are the drift its moves cause)."""
+    n = cfg.n_segments
+    if how == "last":
+        return [1] * (n - 1) + [-(cfg.sampled_segments - 1)]
+    if how == "window":
+        w = cfg.window_len
+        out: list[int] = []
+        for a in range(0, n, w):
+            size = min(w, n - a)
+            out += [1] * (size - 1) + [-(size - 1)]
+        return out
+    raise ValueError(f"cancel must be one of {CANCELS}")
+
+
+CANCELS = ("last", "window")
+
+
+def cancel_move(ends: list[State], starts: list[State], plan: list[int], cfg: RunConfig, fraction: float,
+                seed: int = 0) -> dict[str, Tensor]:  # fmt: skip
+    """δ for `cancel_plan`: one parameter move along σ on the coordinates no gradient has reached by
+    the end of segment 0 (exp_avg_sq = 0; all of them if none), as large as every boundary's
+    per-segment parameter budget allows at `fraction` for its multiple, measured on an honest pass
+    (`ends`, `starts`: the segments' honest ends and starts). The moments stay exact."""
+    names = sorted(k[len(_P) :] for k in ends[0] if k.startswith(_P))
+    free = {n: ends[0][_V + n] == 0 for n in names}
+    mask = free if any(bool(f.any()) for f in free.values()) else {n: torch.ones_like(free[n]) for n in names}
+    unit = {n: direction(seed, n, ends[0][_P + n].shape) * mask[n] for n in names}
+    norm = math.sqrt(sum(float(u.square().sum()) for u in unit.values()))
+    tau = budgets(cfg, fraction)["param"]
+    scale = math.inf
+    for end, start, q in zip(ends, starts, plan, strict=True):
+        if q:
+            moved = math.sqrt(sum(float((end[_P + n].double() - start[_P + n].double()).square().sum())
+                                  for n in names))  # fmt: skip
+            scale = min(scale, tau * moved / (abs(q) * norm))
+    return {n: unit[n] * (0.0 if not math.isfinite(scale) else scale) for n in names}
+
+
+def moved_params(end: State, move: Mapping[str, Tensor], q: int) -> State:
+    """`end` with its parameters moved by q·`move` (float32, like `end`)."""
+    return {**end, **{_P + n: (end[_P + n].double() + q * d).float() for n, d in move.items()}}
 
 
 Apply = Callable[[float], State]
