@@ -58,4 +58,5 @@ def test_report_gives_the_bytes_ratio_and_the_verdicts() -> None:
     assert "int8 ÷ sparse: **2.00×**" in text
     assert "steps 0–1: rejected (verifier-0 DELTA_MISMATCH, verifier-1 DELTA_MISMATCH)" in text
     assert "Every adversary contribution rejected: **yes**" in text and "fell in every run: **yes**" in text
-    assert parse_cases("int8:noise, sparse:ef_forge:1") == [("int8", "noise"), ("sparse", "ef_forge:1")]
+    assert parse_cases("int8:noise, sparse:ef_forge:1@bench/x.toml") == [
+        ("int8", "noise", ""), ("sparse", "ef_forge:1", "bench/x.toml")]
