@@ -258,15 +258,6 @@ def test_genuine_check_on_int8_states() -> None:
     assert "non-negative" in (genuine_mismatch(bad, cfg.inner) or "")
 
 
-def test_sharded_state_refuses_int8_moments() -> None:
-    from trainer.sharded import ShardPlan, make_shard_optimizer
-
-    cfg = tiny_cfg(inner=INT8)
-    model, _ = fresh(cfg)
-    with pytest.raises(ValueError, match="fp32"):
-        make_shard_optimizer(model, ShardPlan.of(model, 2), 0, cfg.inner)
-
-
 # ---------------------------------------------------------------- a verifier
 
 

@@ -20,8 +20,13 @@ same bits:
 Ownership (`ShardPlan`) is by whole tensors, contiguous runs of the parameter names in canonical
 (UTF-8 byte) order, balanced by element count. Whole tensors because a tensor's norm is one
 reduction whose order would change if the tensor were split; canonical order because then each
-rank's part of a canonical state (`protocol.tensors`) is a few contiguous byte ranges: its
-`exp_avg/…` run, its `exp_avg_sq/…` run, its `param/…` run (rank 0 also the header and `step`).
+rank's part of a canonical state (`protocol.tensors`) is a few contiguous byte ranges: one run per
+moment tensor group, its `param/…` run (rank 0 also the header and `step`). The moment groups are
+the run's `InnerOptim.moments` format's (`protocol.moments.optimizer_names`): `exp_avg/…` and
+`exp_avg_sq/…` (fp32), or the block-wise codes and scales `exp_avg_code/…`, `exp_avg_scale/…`,
+`exp_avg_sq_code/…`, `exp_avg_sq_scale/…` (int8, specs §6.2.1), whose blocks cut one tensor's own
+elements, so owning whole tensors keeps the quantization exactly the unsharded one; an int8 rank
+holds, hashes and saves the codes and scales only (`Int8AdamW`'s float32 working copies are not state).
 Each rank hashes the chunks wholly inside its ranges and sends rank 0 only those digests and the
 bytes of chunks that straddle a range edge (`protocol.chunks.shard_digests`, specs §3), and saves
 its ranges as its own shard file of the content store (`nodekit.store.put_shard`);
@@ -47,9 +52,10 @@ from torch import Tensor, nn
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype, _has_foreach_support
 
 from protocol import chunks
-from protocol.inner import MOMENTS, STATE_GROUPS, Moments
+from protocol import moments as qm
+from protocol.inner import PARAM, Moments
 from protocol.tensors import StateKind, TensorSpec, canonical_header, canonical_size, data_offsets, domain
-from replay.step import LossFn, _flat_grad, make_optimizer
+from replay.step import LossFn, _flat_grad, make_optimizer, moments_of
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -63,6 +69,19 @@ BUCKET_ELEMS = 1 << 24
 
 class ShardError(RuntimeError):
     """A sharded collective or shard file failed on some rank."""
+
+
+SUPPORTED_MOMENTS = (Moments.FP32, Moments.INT8)
+"""`InnerOptim.moments` formats a sharded state lays out (both per tensor: int8's blocks cut a
+tensor's own flattened elements, so ownership by whole tensors keeps them exact)."""
+
+
+def _supported(moments: Moments | str) -> Moments:
+    """The moment format, or one clear error for a format the sharded path does not lay out."""
+    fmt = Moments(moments)
+    if fmt not in SUPPORTED_MOMENTS:
+        raise ValueError(f"shard_state does not support inner.moments {fmt.value!r}")
+    return fmt
 
 
 # ---------------------------------------------------------------- who owns what
@@ -112,19 +131,25 @@ class ShardPlan:
             offsets.append(offsets[-1] + k)
         return [(offsets[r.start], offsets[r.stop]) for r in self.owners]
 
-    def held(self, rank: int, kind: StateKind) -> list[str]:
-        """The state tensors a rank holds, hashes and saves (rank 0 also `step`)."""
-        prefixes = STATE_GROUPS if kind is StateKind.TRAINING else MOMENTS
-        out = [f"{k}/{n}" for n in self.owned(rank) for k in prefixes]
+    def held(self, rank: int, kind: StateKind, moments: Moments = Moments.FP32) -> list[str]:
+        """The state tensors a rank holds, hashes and saves (rank 0 also `step`): its parameters'
+        moment tensors in format `moments` (`protocol.moments.optimizer_names`), and for a
+        training state the parameters themselves."""
+        out: list[str] = []
+        for n in self.owned(rank):
+            if kind is StateKind.TRAINING:
+                out.append(f"{PARAM}/{n}")
+            out += qm.optimizer_names(moments, n)
         return out + (["step"] if rank == 0 else [])
 
 
-def state_specs(model: nn.Module, kind: StateKind) -> list[TensorSpec]:
-    """The full (unsharded) state's specs: training state or optimizer state."""
-    out: list[TensorSpec] = [("step", torch.float32, ())]
-    prefixes = STATE_GROUPS if kind is StateKind.TRAINING else MOMENTS
-    for name, p in model.named_parameters():
-        out += [(f"{k}/{name}", p.dtype, tuple(p.shape)) for k in prefixes]
+def state_specs(model: nn.Module, kind: StateKind, moments: Moments = Moments.FP32) -> list[TensorSpec]:
+    """The full (unsharded) state's specs: training state or optimizer state, with the moments in
+    format `moments` (`protocol.moments.optimizer_specs`: what `replay.step.training_state` holds)."""
+    named = list(model.named_parameters())
+    out: list[TensorSpec] = list(qm.optimizer_specs({n: tuple(p.shape) for n, p in named}, moments))
+    if kind is StateKind.TRAINING:
+        out += [(f"{PARAM}/{n}", p.dtype, tuple(p.shape)) for n, p in named]
     return sorted(out, key=lambda s: s[0].encode())
 
 
@@ -397,10 +422,9 @@ def _norm_order(model: nn.Module) -> list[str]:
 def make_shard_optimizer(
     model: nn.Module, plan: ShardPlan, rank: int, inner: InnerOptim
 ) -> torch.optim.AdamW:
-    """AdamW over this rank's own tensors (its 1/W of the moments), zero state up front."""
-    moments = Moments(inner.moments)
-    if moments is not Moments.FP32:  # its shard files and ranges are laid out for fp32 moments
-        raise ValueError(f"shard_state needs inner.moments 'fp32', not {moments.value!r}")
+    """AdamW over this rank's own tensors (its 1/W of the moments), zero state up front; with
+    `inner.moments = int8` an `Int8AdamW` (block-wise codes per tensor: whole tensors keep it exact)."""
+    _supported(inner.moments)
     by_name = dict(model.named_parameters())
     return make_optimizer([by_name[n] for n in plan.owned(rank)], inner)
 
@@ -410,25 +434,39 @@ def make_shard_optimizer(
 
 class ShardedState:
     """One rank's part of a sharded state: which tensors, which canonical byte ranges; the
-    collective hash (rank 0 combines, every rank learns the hash) and per-rank shard files."""
+    collective hash (rank 0 combines, every rank learns the hash) and per-rank shard files.
+    `moments` is the run's `InnerOptim.moments`: the state's moment tensors are named and laid
+    out as the unsharded state's (`protocol.moments`), and the rank's optimizer must keep them so."""
 
-    def __init__(self, plan: ShardPlan, model: nn.Module, comm: Collectives) -> None:
+    def __init__(
+        self, plan: ShardPlan, model: nn.Module, comm: Collectives, moments: Moments | str = Moments.FP32
+    ) -> None:
         if comm.world_size != plan.world_size:
             raise ValueError(f"plan for {plan.world_size} ranks, group of {comm.world_size}")
         self.plan, self.comm, self.rank = plan, comm, comm.rank
-        self.specs = {k: state_specs(model, k) for k in (StateKind.TRAINING, StateKind.OPTIMIZER)}
+        self.moments = _supported(moments)
+        kinds = (StateKind.TRAINING, StateKind.OPTIMIZER)
+        self.specs = {k: state_specs(model, k, self.moments) for k in kinds}
+
+    def _check_format(self, opt: torch.optim.Optimizer) -> Moments:
+        got = moments_of(opt)
+        if got is not self.moments:
+            raise ShardError(f"optimizer with {got.value} moments, sharded state with {self.moments.value}")
+        return got
 
     def length(self, kind: StateKind) -> int:
         return canonical_size(self.specs[kind])
 
     def ranges(self, kind: StateKind, rank: int | None = None) -> list[tuple[int, int]]:
         rank = self.rank if rank is None else rank
-        return held_ranges(self.specs[kind], self.plan.held(rank, kind), header=rank == 0)
+        return held_ranges(self.specs[kind], self.plan.held(rank, kind, self.moments), header=rank == 0)
 
     def local(
         self, model: nn.Module, opt: torch.optim.Optimizer, kind: StateKind = StateKind.TRAINING
     ) -> dict[str, Tensor]:
-        """This rank's tensors of the state (live: no copy), by canonical name."""
+        """This rank's tensors of the state (live: no copy), by canonical name. With int8 moments
+        these are the codes and scales (`Int8AdamW`'s float32 working copies are not state)."""
+        fmt = self._check_format(opt)
         by_name = dict(model.named_parameters())
         out: dict[str, Tensor] = {}
         step: Tensor | None = None
@@ -436,9 +474,9 @@ class ShardedState:
             p = by_name[n]
             st = opt.state[p]
             if kind is StateKind.TRAINING:
-                out[f"param/{n}"] = p.detach()
-            for m in MOMENTS:
-                out[f"{m}/{n}"] = st[m]
+                out[f"{PARAM}/{n}"] = p.detach()
+            for key in qm.optimizer_names(fmt, n):
+                out[key] = st[key.split("/", 1)[0]]
             step = st["step"]
         if self.rank == 0:
             assert step is not None
@@ -526,7 +564,10 @@ class ShardedState:
         opt: torch.optim.Optimizer,
     ) -> None:
         """Read this rank's part of a stored state (sharded or not) into its tensors: all the
-        parameters (a training state: the replica), its own moments, the step counter."""
+        parameters (a training state: the replica), its own moments, the step counter. Int8
+        moments go into the codes and scales (checked as `replay.step.load_training_state` does);
+        `Int8AdamW` decodes them before its next step."""
+        fmt = self._check_format(opt)
         specs = self.specs[kind]
         store_kind = _store_kind(kind)
         if store.length(store_kind, h, group) != self.length(kind):
@@ -538,10 +579,10 @@ class ShardedState:
         by_name = dict(model.named_parameters())
         targets: dict[str, Tensor] = {}
         if kind is StateKind.TRAINING:
-            targets.update({f"param/{n}": p.detach() for n, p in by_name.items()})
+            targets.update({f"{PARAM}/{n}": p.detach() for n, p in by_name.items()})
         for n in self.plan.owned(self.rank):
             st = opt.state[by_name[n]]
-            targets.update({f"{m}/{n}": st[m] for m in MOMENTS})
+            targets.update({key: st[key.split("/", 1)[0]] for key in qm.optimizer_names(fmt, n)})
         step = torch.zeros((), dtype=torch.float32)
         targets["step"] = step
         with torch.no_grad():
@@ -558,6 +599,14 @@ class ShardedState:
                     t.copy_(host)
         if not bool(torch.isfinite(step)) or float(step) < 0:
             raise ShardError("state 'step' must be a finite non-negative float32 scalar")
+        if fmt is Moments.INT8:  # codes no quantization produces do not load (specs §6.2.1)
+            for n in self.plan.owned(self.rank):
+                for m, (code, scale) in qm.INT8_GROUPS.items():
+                    c = targets[f"{code}/{n}"]
+                    try:
+                        qm.check_codes(m, c, targets[f"{scale}/{n}"], tuple(c.shape))
+                    except qm.MomentCodeError as e:
+                        raise ShardError(f"{store_kind} {h[:12]}: {n}: {e}") from e
         for n in self.plan.owned(self.rank):  # every parameter carries its own step counter
             opt.state[by_name[n]]["step"].copy_(step)
 
