@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from nodekit.statestore import StateStore
 from nodekit.store import ContentStore
 from protocol.config import RunConfig
+from protocol.inner import Moments
 from protocol.tensors import StateKind
 from replay.data import Corpus, shakespeare_corpus
 from replay.device import resolve_device
@@ -197,10 +198,11 @@ class ShardedRank:
     state: ShardedState
 
     @classmethod
-    def of(cls, model: nn.Module, exchange: GatherExchange) -> ShardedRank:
+    def of(cls, model: nn.Module, exchange: GatherExchange, moments: Moments | str) -> ShardedRank:
+        """`moments`: the run's `InnerOptim.moments` (the state's moment tensors: fp32 or int8)."""
         plan = ShardPlan.of(model, exchange.world_size)
         step = ShardedStep(plan, DistCollectives(exchange.group))
-        return cls(plan, step, ShardedState(plan, model, DistCollectives(exchange.boundary)))
+        return cls(plan, step, ShardedState(plan, model, DistCollectives(exchange.boundary), moments))
 
     def broadcast_params(self, model: nn.Module, group: dist.ProcessGroup | None) -> None:
         """Rank 0's parameters (G_n, or what it loaded) into every replica, in canonical order."""
@@ -240,13 +242,14 @@ class Team:
         self.exchange = exchange
         self.shard_state = shard_state
         self.closed = False
-        self._sharded: tuple[int, ShardedRank] | None = None
+        self._sharded: tuple[int, Moments, ShardedRank] | None = None
         self._carried: tuple[str | None, str] = (None, "optimizer")
 
-    def _rank(self, model: nn.Module) -> ShardedRank:
-        if self._sharded is None or self._sharded[0] != id(model):
-            self._sharded = (id(model), ShardedRank.of(model, self.exchange))
-        return self._sharded[1]
+    def _rank(self, model: nn.Module, cfg: RunConfig) -> ShardedRank:
+        moments = Moments(cfg.inner.moments)
+        if self._sharded is None or self._sharded[:2] != (id(model), moments):
+            self._sharded = (id(model), moments, ShardedRank.of(model, self.exchange, moments))
+        return self._sharded[2]
 
     def carry(self, carried: str | None, group: str) -> None:
         """The optimizer state the next calls start from (None: fresh) and the content group where
@@ -258,7 +261,7 @@ class Team:
         if not self.shard_state:
             raise ValueError("shard_optimizer is for a team with shard_state")
         carried, group = self._carried
-        return self._rank(model).optimizer(model, cfg.inner, store, carried, group)
+        return self._rank(model, cfg).optimizer(model, cfg.inner, store, carried, group)
 
     def _header(self, op: str, job: CommitJob) -> dict[str, Any]:
         """What a follower needs to take part in `op` of `job` (its own data, model and loss)."""
@@ -300,7 +303,7 @@ class Team:
         c: TrainedStep | None
         try:
             if self.shard_state:
-                rank = self._rank(model)
+                rank = self._rank(model, cfg)
                 _send_header(header, group)
                 rank.broadcast_params(model, group)
                 keep = self._carried[1] if job.store is not None else None
@@ -339,7 +342,7 @@ class Team:
         plan = plan_openings(store, job.outer_step, leaves, segments, job.config.replay_mode, windows)
         done: list[int] = []
         if plan.missing:
-            rank = self._rank(model)
+            rank = self._rank(model, job.config)
             carried, group = self._carried
 
             def start() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -412,8 +415,8 @@ def follow(
             built = {spec: BuiltModel(made.module.to(exchange.device), made.loss_fn)}
         model, loss_fn = built[spec].module, built[spec].loss_fn
         if header.get("sharded"):
-            if sharded is None:
-                sharded = ShardedRank.of(model, exchange)
+            if sharded is None or sharded.state.moments != cfg.inner.moments:
+                sharded = ShardedRank.of(model, exchange, cfg.inner.moments)
             _follow_sharded(exchange, header, cfg, model, loss_fn, data, sharded)
             jobs += 1
             continue
