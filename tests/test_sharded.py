@@ -32,6 +32,7 @@ from trainer.sharded import (
     LocalGroup,
     ShardedState,
     ShardedStep,
+    ShardError,
     ShardPlan,
     make_shard_optimizer,
     shard_ranges,
@@ -70,53 +71,93 @@ def on_ranks(world: int, fn: Callable[[int], Any]) -> list[Any]:
     return out
 
 
+@pytest.mark.parametrize("moments", ["fp32", "int8"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_sharded_ranks_train_hash_and_save_the_unsharded_state(world: int, tmp_path: Path) -> None:
+def test_sharded_ranks_train_hash_and_save_the_unsharded_state(
+    world: int, moments: str, tmp_path: Path
+) -> None:
     """Three steps with W slices: the ranks' collective hash (with 1 KiB chunks, so chunks straddle
     rank edges) is the unsharded state's, their shard files read back as its canonical bytes, and
-    loading them gives every rank its part of it again."""
+    loading them gives every rank its part of it again, from which a fourth step is the unsharded
+    one. With int8 moments (specs §6.2.1) the ranks hold, hash and save the codes and scales of
+    their tensors, never `Int8AdamW`'s float32 working copies."""
     configure_determinism(1)
-    cfg, data, steps, c = tiny_cfg(batch_size=2 * world), tiny_corpus(), 3, 1024
+    cfg, data, steps, c = tiny_cfg(batch_size=2 * world, inner={"moments": moments}), tiny_corpus(), 3, 1024
     ref_model, ref_opt = fresh(cfg)
     train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=world), ref_model, ref_opt, 0, steps)
-    want = training_state(ref_model, ref_opt)
+    want = training_state(ref_model, ref_opt, copy=True)
+    codes = [t for k, t in want.items() if k.startswith("exp_avg_code/")]
+    assert bool(codes) == (moments == "int8") and all(bool(t.any()) for t in codes)  # nonzero codes
+    train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=world), ref_model, ref_opt, steps, 1)
+    after = training_hash(training_state(ref_model, ref_opt), c)
 
     train, boundary = LocalGroup(world), LocalGroup(world)
     models = [fresh(cfg)[0] for _ in range(world)]
     plan = ShardPlan.of(models[0], world)
     store = ContentStore(tmp_path, c)
 
-    def rank(r: int) -> tuple[str, int, int]:
+    def rank(r: int) -> tuple[str, str, int, str]:
         model = models[r]
         opt = make_shard_optimizer(model, plan, r, cfg.inner)
         step = ShardedStep(plan, train.member(r), bucket_elems=1000)  # several reduce-scatter rounds
-        train_segment(TrainJob(cfg, data, HOST, 0, micro_batches=world, exchange=step), model, opt, 0, steps)
-        state = ShardedState(plan, model, boundary.member(r))
+        job = TrainJob(cfg, data, HOST, 0, micro_batches=world, exchange=step)
+        train_segment(job, model, opt, 0, steps)
+        state = ShardedState(plan, model, boundary.member(r), cfg.inner.moments)
         local = state.local(model, opt)
+        assert {k.split("/", 1)[0] for k in local} <= {k.split("/", 1)[0] for k in want}  # canonical only
         h, digests = state.hash(local, StateKind.TRAINING, c)
         state.save(store, StateKind.TRAINING, "0", h, digests, local)
-        oh, _ = state.hash(state.local(model, opt, StateKind.OPTIMIZER), StateKind.OPTIMIZER, c)
-        moments = sum(t.numel() for k, t in local.items() if not k.startswith("param/"))
+        olocal = state.local(model, opt, StateKind.OPTIMIZER)
+        oh, odigests = state.hash(olocal, StateKind.OPTIMIZER, c)
+        state.save(store, StateKind.OPTIMIZER, "opt", oh, odigests, olocal)
+        held = sum(t.numel() for k, t in local.items() if not k.startswith("param/"))
         # load back into a fresh replica: the params and this rank's moments and step
-        again, again_opt = fresh(cfg)[0], None
+        again = fresh(cfg)[0]
         again_opt = make_shard_optimizer(again, plan, r, cfg.inner)
         state.load(store, StateKind.TRAINING, h, "0", again, again_opt)
         assert state.local(again, again_opt).keys() == local.keys()
         assert all(state.local(again, again_opt)[k].equal(v) for k, v in local.items())
-        assert all(a.equal(b) for a, b in zip(again.parameters(), ref_model.parameters(), strict=True))
-        return h, oh, moments
+        assert all(p.equal(want[f"param/{n}"]) for n, p in again.named_parameters())
+        carried = make_shard_optimizer(again, plan, r, cfg.inner)  # the moments and step alone
+        state.load(store, StateKind.OPTIMIZER, oh, "opt", again, carried)
+        back = state.local(again, carried, StateKind.OPTIMIZER)
+        assert back.keys() == olocal.keys() and all(back[k].equal(v) for k, v in olocal.items())
+        train_segment(job, again, again_opt, steps, 1)  # from the loaded state: the unsharded step
+        h_after, _ = state.hash(state.local(again, again_opt), StateKind.TRAINING, c)
+        return h, oh, held, h_after
 
     results = on_ranks(world, rank)
-    assert {h for h, _, _ in results} == {training_hash(want, c)}  # every rank learns the hash
-    assert {oh for _, oh, _ in results} == {tensor_hash(optimizer_state(want), StateKind.OPTIMIZER, c)}
-    all_moments = 2 * sum(p.numel() for p in ref_model.parameters())
-    assert sum(m for *_, m in results) == all_moments + 1 and max(m for *_, m in results) < all_moments / 1.5
+    assert {h for h, *_ in results} == {training_hash(want, c)}  # every rank learns the hash
+    assert {oh for _, oh, *_ in results} == {tensor_hash(optimizer_state(want), StateKind.OPTIMIZER, c)}
+    assert {ha for *_, ha in results} == {after}
+    all_moments = sum(t.numel() for t in optimizer_state(want).values()) - 1  # besides `step`
+    held = [m for _, _, m, _ in results]
+    assert sum(held) == all_moments + 1 and max(held) < all_moments / 1.5
     h = results[0][0]
     assert store.find(Kind.STATE, h, "0").name.endswith(".shards")  # type: ignore[union-attr]
     assert store.read_bytes(Kind.STATE, h, "0") == canonical_bytes(want)
     assert b"".join(store.read(Kind.STATE, h, 1000, 5000, "0")) == canonical_bytes(want)[1000:5000]
     for m in models[1:]:  # every replica holds the same parameters after the broadcasts
         assert all(a.equal(b) for a, b in zip(m.parameters(), models[0].parameters(), strict=True))
+
+
+def test_sharded_int8_state_refuses_another_format_and_codes_no_quantization_makes(tmp_path: Path) -> None:
+    """A sharded state and its rank's optimizer must keep one moment format (one-line error), and an
+    int8 state with a code -128 does not load (specs §6.2.1), as unsharded."""
+    cfg = tiny_cfg(inner={"moments": "int8"})
+    model, opt = fresh(cfg)
+    plan = ShardPlan.of(model, 1)
+    fp32_opt = make_shard_optimizer(model, plan, 0, tiny_cfg().inner)
+    with pytest.raises(ShardError, match="optimizer with fp32 moments, sharded state with int8"):
+        ShardedState(plan, model, LocalGroup(1).member(0), "int8").local(model, fp32_opt)
+    bad = {k: t.clone() for k, t in training_state(model, opt).items()}
+    name = next(k for k in bad if k.startswith("exp_avg_code/"))
+    bad[name].view(-1)[0] = -128
+    store = ContentStore(tmp_path, 1024)
+    h = store.put_tensors(Kind.STATE, bad, "0")
+    state = ShardedState(plan, model, LocalGroup(1).member(0), "int8")
+    with pytest.raises(ShardError, match="-128 is not a code"):
+        state.load(store, StateKind.TRAINING, h, "0", model, make_shard_optimizer(model, plan, 0, cfg.inner))
 
 
 def sharded_object(tmp_path: Path, data: bytes, cuts: list[int], c: int) -> tuple[ContentStore, str]:
