@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.soak import devnet_causes, pytest_causes
+from bench.soak import devnet_causes, pytest_causes, pytest_seconds
 
 PYTEST = """\
 ....F....
@@ -32,3 +32,10 @@ def test_devnet_failures_name_the_fail_lines_and_the_node_errors() -> None:
     assert causes[1].startswith("host-1.log: ") and "ErrLateReveal" in causes[1]
     assert len(causes) == 2  # the healthy verifier's log says nothing
     assert devnet_causes("", {})[0].startswith("exit status non-zero")
+
+
+def test_pytest_seconds_are_read_from_the_last_summary_line() -> None:
+    assert pytest_seconds(PYTEST) == 3.0
+    assert pytest_seconds("....\n1173 passed in 486.93s (0:08:06)\n") == 486.93
+    assert pytest_seconds("=== 2 failed, 5 passed, 1 skipped in 12.50s ===\n") == 12.5
+    assert pytest_seconds("make: *** [test] Killed\n") is None
