@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -130,9 +131,7 @@ def hf_config(arch: str, **config: Any) -> Any:
     full = {**DEFAULTS, **config}
     _check(full)
     _offline()
-    import transformers
-
-    hf_cfg = getattr(transformers, ARCHS[arch][0])(
+    hf_cfg = _transformers_class(ARCHS[arch][0])(
         **{k: full[k] for k in ARCH_KEYS}, rms_norm_eps=float(full["rms_norm_eps"]),
         initializer_range=float(full["initializer_range"]),
         tie_word_embeddings=bool(full["tie_word_embeddings"]), use_cache=False,
@@ -146,14 +145,29 @@ def build(arch: str, **config: Any) -> CausalLM:
     """The model for a complete, version-checked config, initialised from `seed` alone."""
     full = {**DEFAULTS, **config}
     hf_cfg = hf_config(arch, **config)
-    import transformers
-
-    model_cls = getattr(transformers, ARCHS[arch][1])
-    with torch.random.fork_rng(devices=[]), _no_init():  # HF's own init is replaced below anyway
+    model_cls = _transformers_class(ARCHS[arch][1])
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]), _no_init():  # HF's init is replaced below
         torch.manual_seed(0)
         model = CausalLM(model_cls(hf_cfg).float())
     _init_weights(model, int(full["seed"]), float(full["initializer_range"]), int(full["num_hidden_layers"]))
     return model
+
+
+_BUILD_LOCK = threading.Lock()
+"""One build at a time inside `no_init_weights` and `fork_rng`: both swap process-wide state (torch's
+init functions, the global RNG) and put back what they found on exit, so two threads inside them at
+once (a host and a verifier in one process, a verifier's replay pool) left the no-op init functions
+in place for good: every later `nn.Linear` in the process started from uninitialised memory. The
+same lock guards transformers' lazy first import, which another thread can see half done
+("module 'transformers' has no attribute 'LlamaConfig'")."""
+
+
+def _transformers_class(name: str) -> Any:
+    """`transformers.<name>`, resolved under `_BUILD_LOCK` (see there)."""
+    with _BUILD_LOCK:
+        import transformers
+
+        return getattr(transformers, name)
 
 
 def _no_init():  # -> a context manager
