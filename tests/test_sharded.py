@@ -147,7 +147,7 @@ def test_sharded_int8_state_refuses_another_format_and_codes_no_quantization_mak
     cfg = tiny_cfg(inner={"moments": "int8"})
     model, opt = fresh(cfg)
     plan = ShardPlan.of(model, 1)
-    fp32_opt = make_shard_optimizer(model, plan, 0, tiny_cfg().inner)
+    fp32_opt = make_shard_optimizer(model, plan, 0, tiny_cfg(inner={"moments": "fp32"}).inner)
     with pytest.raises(ShardError, match="optimizer with fp32 moments, sharded state with int8"):
         ShardedState(plan, model, LocalGroup(1).member(0), "int8").local(model, fp32_opt)
     bad = {k: t.clone() for k, t in training_state(model, opt).items()}
