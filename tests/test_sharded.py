@@ -110,6 +110,9 @@ def test_sharded_ranks_train_hash_and_save_the_unsharded_state(
         olocal = state.local(model, opt, StateKind.OPTIMIZER)
         oh, odigests = state.hash(olocal, StateKind.OPTIMIZER, c)
         state.save(store, StateKind.OPTIMIZER, "opt", oh, odigests, olocal)
+        # rank 0 seals an object after the others have written their shards and returned: wait for
+        # it before reading the optimizer state back (on a loaded machine another rank got there first)
+        state.comm.broadcast_bytes(b"sealed" if r == 0 else None)
         held = sum(t.numel() for k, t in local.items() if not k.startswith("param/"))
         # load back into a fresh replica: the params and this rank's moments and step
         again = fresh(cfg)[0]
