@@ -56,7 +56,7 @@ from gonka_diloco.adversaries.lab import (
 from nodekit.globalmodel import GlobalModel
 from nodekit.statestore import StateStore
 from protocol import codecs
-from protocol.config import ModelSpec, ReplayMode, RunConfig, Sampling
+from protocol.config import ModelSpec, Moments, ReplayMode, RunConfig, Sampling
 from protocol.messages import EnvFingerprint, Reason
 from replay.step import configure_determinism
 from trainer.behaviour import HostBehaviour
@@ -281,6 +281,8 @@ def _load_run(lab: Lab, r: dict[str, Any], root: Path) -> HostRun:
 
 def tolerance_cross_env(cfg: RunConfig, trials: int, calib_trials: int, root: Path) -> dict[str, Any]:
     k = cfg.segment_len
+    fp32 = cfg.inner.model_copy(update={"moments": Moments.FP32})  # tolerance mode's moments (specs §6.2.1)
+    cfg = cfg.model_copy(update={"inner": fp32})
     proposal = calibrate(cfg, CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5)
     tau = proposal.rows[0].threshold  # per distance: the three groups, update, denominator
     fields = {CONFIG_FIELDS[g]: v for g, v in tau.items()}

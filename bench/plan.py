@@ -506,7 +506,8 @@ VERIFICATION_GOALS = {"states_per_contribution": 7.0, "replay_share": 0.25, "uti
 
 def verification_defaults(c: Constants) -> list[dict[str, Any]]:
     """`gonka-diloco plan --params 30e9 --hosts 64 [--moments M] [--codec C]`: the chain's own
-    defaults (not the published scenario's audits), the figures issues 34 and 35 are judged on."""
+    defaults (not the published scenario's audits; moments int8), the figures issues 34 and 35 are
+    judged on, with fp32 moments beside them."""
     from gonka_diloco.plan import Codec
     from protocol.inner import Moments
 
@@ -722,7 +723,9 @@ def markdown(d: dict[str, Any]) -> list[str]:
         out += ["**Verification at the chain's defaults** (issues 34, 35): 30B on 64 hosts of 8×H100 at "
                 "1 Gbit/s, v = 4, audits p = 1 by 3, sampling windows, opened states coded and θ_H's "
                 "parameters swarmed; `gonka-diloco plan --params 30e9 --hosts 64 [--moments int8] "
-                "[--codec sparse]`. States are 12 B/param (fp32 θ and moments).", "",
+                "[--codec sparse]`, `--moments int8` being the default (`InnerOptim.moments`, specs "
+                "§6.2.1). States per contribution count training states of 12 B/param (fp32 θ and "
+                "moments); an int8-moment state is 6.03 B/param.", "",
                 *verification_table(rows)]  # fmt: skip
     if o := d.get("overlap_30b"):
         out += [overlap_line(o), ""]

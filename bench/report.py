@@ -1424,14 +1424,17 @@ def _dp_clause(b: dict[str, Any], i8: dict[str, Any]) -> str:
 
 
 def verification_goals(rows: list[dict[str, Any]]) -> Lines:
-    """Issues 34 and 35 at 30B on 64 hosts, at the chain's defaults (int8 Δ), fp32 and int8 moments."""
+    """Issues 34 and 35 at 30B on 64 hosts, at the chain's defaults (int8 Δ, int8 moments), and with
+    fp32 moments."""
     from bench.plan import VERIFICATION_GOALS as g
+    from protocol.config import DEFAULT_MOMENTS
 
     out = []
     for r in (r for r in rows if r["codec"] == "int8"):
         ok = all(r[k] <= g[k] for k in ("states_per_contribution", "replay_share")) and all(
             r[k] >= g[k] for k in ("utilization", "one_segment", "half_fake"))
-        which = "the chain's defaults" if r["moments"] == "fp32" else f"defaults with {r['moments']} moments"
+        which = ("the chain's defaults" if r["moments"] == DEFAULT_MOMENTS.value
+                 else f"defaults with {r['moments']} moments")  # fmt: skip
         out.append(f"- verification at 30B, 64 hosts, {which}: "
                    f"{r['states_per_contribution']:.2f} states per contribution (goal ≤ 7; issue 35's aim "
                    f"≤ 3: **{'met' if r['states_per_contribution'] <= 3 else 'NOT met'}**), replay "

@@ -56,7 +56,7 @@ from gonka_diloco.adversaries.lab import HostRun, Lab, next_global, synthetic_co
 from nodekit.globalmodel import GlobalModel
 from nodekit.statestore import StateStore
 from protocol import codecs
-from protocol.config import Codec, Numerics, Precision, ReplayMode, RunConfig, Sampling
+from protocol.config import Codec, InnerOptim, Moments, Numerics, Precision, ReplayMode, RunConfig, Sampling
 from protocol.messages import EnvFingerprint
 from protocol.prf import window, window_blocks
 from replay.step import configure_determinism, optimizer_hash
@@ -531,8 +531,10 @@ def main(quick: bool, precision: str = "fp32") -> dict[str, Any]:
     numerics = Numerics(precision=Precision(precision))
     # Δ in fp32: with the default int8 codec any move flips roundings of the quantized Δ (one
     # quantum each), which would measure the codec, not the steering
+    # and fp32 moments: tolerance mode's (its thresholds are calibrated on float32 moments)
     cfg = tiny_config(inner_steps=20 if quick else 50, segment_len=5, sampled_segments=2, numerics=numerics,
-                      codec=Codec.FP32, window_segments=3)  # fmt: skip
+                      codec=Codec.FP32, window_segments=3,
+                      inner=InnerOptim(moments=Moments.FP32))  # fmt: skip
     steps = 2 if quick else 4
     with tempfile.TemporaryDirectory(prefix="steering-") as tmp:
         result = {"quick": quick, "torch": torch.__version__,

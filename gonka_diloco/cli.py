@@ -248,6 +248,13 @@ def devnet(
         str | None,
         typer.Option("--replay-mode", help=f"bitwise or tolerance (default {D.replay_mode.value})."),
     ] = None,
+    moments: Annotated[
+        str | None,
+        typer.Option(
+            "--moments",
+            help="AdamW moments: int8 or fp32 (default int8; fp32 in tolerance mode, which needs it).",
+        ),
+    ] = None,
     overlap: Annotated[
         str | None,
         typer.Option(
@@ -322,6 +329,7 @@ def devnet(
         "dataset": dataset,
         "block_interval": block_interval,
         "replay_mode": replay_mode,
+        "moments": moments,
         "overlap": overlap,
         "early_close": early_close,
         "tolerance": tolerance,

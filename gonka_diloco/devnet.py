@@ -42,7 +42,7 @@ from gonka_diloco.devnet_config import (
 from gonka_diloco.live import LiveState, NodeView, progress_line, render
 from gonka_diloco.procs import NodeProcess, Supervisor, python_cli
 from gonka_diloco.report import FinalModelRow, NodeRow, Snapshot, evaluate, write_report
-from protocol.config import Codec, ModelSpec, OuterOptim, Phases, RunConfig, Stake
+from protocol.config import Codec, InnerOptim, ModelSpec, OuterOptim, Phases, RunConfig, Stake
 
 if TYPE_CHECKING:
     from chain.abci.cometbft import Localnet
@@ -167,6 +167,7 @@ def run_config(cfg: DevnetConfig) -> RunConfig:
         phases=phases,
         stake=Stake(min_host_stake=HOST_STAKE // 2, min_verifier_stake=VERIFIER_STAKE // 2),
         replay_mode=cfg.replay_mode,
+        inner=InnerOptim(moments=cfg.run_moments),
         tolerance=cfg.tolerance,
         tolerance_exp_avg=cfg.tolerance_exp_avg,
         tolerance_exp_avg_sq=cfg.tolerance_exp_avg_sq,

@@ -23,6 +23,7 @@ from protocol.config import (
     DEFAULT_WINDOW_SEGMENTS,
     EF_DECAY,
     Codec,
+    Moments,
     OuterRule,
     Overlap,
     ReplayMode,
@@ -128,6 +129,10 @@ class DevnetConfig(Strict):
     dataset: str = Field("", max_length=4096, description="prepared dataset folder or URL; '' = Shakespeare")
     block_interval: float = Field(0.5, gt=0, le=10)
     replay_mode: ReplayMode = ReplayMode.BITWISE
+    moments: Moments | None = Field(
+        None, description="AdamW moments, int8 or fp32 (specs §6.2.1); unset: the run config's default "
+        "(int8), fp32 in tolerance mode (its thresholds are calibrated on float32 moments)",
+    )  # fmt: skip
     tolerance: float = Field(0.0, ge=0, description="tolerance mode: threshold on the parameters")
     tolerance_exp_avg: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg")
     tolerance_exp_avg_sq: float = Field(0.0, ge=0, description="tolerance mode: threshold on exp_avg_sq")
@@ -198,6 +203,9 @@ class DevnetConfig(Strict):
                 "replay_mode 'tolerance' needs positive tolerance, tolerance_exp_avg and "
                 "tolerance_exp_avg_sq (`gonka-diloco verifier calibrate` proposes all three)"
             )
+        if self.replay_mode is ReplayMode.TOLERANCE and self.moments is Moments.INT8:
+            raise ValueError("replay_mode 'tolerance' needs moments 'fp32' (or unset): its thresholds are "
+                             "calibrated on float32 moments")  # fmt: skip
         if self.model == "gpt" and self.seq_len > MODEL_SIZES[self.model_size]["block_size"]:
             raise ValueError(f"seq_len exceeds the {self.model_size} model's context")
         if self.model != "gpt":
@@ -206,6 +214,15 @@ class DevnetConfig(Strict):
             if self.seq_len > PRESETS[HF_MODELS[self.model][1]]["max_position_embeddings"]:
                 raise ValueError(f"seq_len exceeds the {self.model} model's context")
         return self
+
+    @property
+    def run_moments(self) -> Moments:
+        """The run config's `inner.moments`: as set, else fp32 in tolerance mode, else the default."""
+        from protocol.config import DEFAULT_MOMENTS
+
+        if self.moments is not None:
+            return self.moments
+        return Moments.FP32 if self.replay_mode is ReplayMode.TOLERANCE else DEFAULT_MOMENTS
 
     @property
     def n_adversarial_hosts(self) -> int:

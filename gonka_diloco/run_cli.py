@@ -73,11 +73,16 @@ MAX_CALIBRATION_BYTES = 1 << 20
 
 
 def with_fields(cfg: Any, fields: dict[str, Any], what: str) -> Any:  # RunConfig -> RunConfig
-    """The config with `fields` replaced, validated like the TOML's own (`what` names the source)."""
-    from protocol.config import RunConfig
+    """The config with `fields` replaced, validated like the TOML's own (`what` names the source).
+    Fields that make it a tolerance run give it float32 moments unless the config named its moments
+    (`protocol.config.tolerance_moments`: tolerance mode needs them, the default is int8)."""
+    from protocol.config import RunConfig, tolerance_moments
 
+    data = cfg.model_dump()
+    if "moments" in cfg.inner.model_fields_set:  # named: kept (the dump omits the default)
+        data["inner"] = {**data["inner"], "moments": cfg.inner.moments}
     try:
-        return RunConfig.model_validate({**cfg.model_dump(), **fields})
+        return RunConfig.model_validate(tolerance_moments({**data, **fields}))
     except ValidationError as e:
         raise RunConfigFileError(f"{what}: {_errors(e)}") from None
 
@@ -180,9 +185,9 @@ def load_run_config(
     the file alone decides is checked first, before torch is imported and G_0 is built: a typo
     is an error in a second, not after the model's initialisation.
     """
-    from protocol.config import ModelSpec
+    from protocol.config import ModelSpec, tolerance_moments
 
-    data = read_run_toml(path)
+    data = tolerance_moments(read_run_toml(path))  # tolerance mode: fp32 moments unless it names them
     hashes = {k: data.get(k, PLACEHOLDER_HASH) for k in ("initial_model_hash", "dataset_manifest_hash")}
     _validate(path, {**data, **hashes})
     _expand_model(path, data)

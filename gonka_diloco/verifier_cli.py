@@ -101,7 +101,7 @@ def calibrate(
     set of two or more segments of whole trajectories of k·⌊max k / k⌋ steps)
     and the largest safe k."""
     from gonka_diloco.adversaries.lab import TINY_GPT
-    from protocol.config import ModelSpec, Numerics, Precision, RunConfig
+    from protocol.config import InnerOptim, ModelSpec, Moments, Numerics, Precision, RunConfig
     from verifier.calibrate import CalibrationError, table, to_json
     from verifier.calibrate import calibrate as measure
 
@@ -115,8 +115,10 @@ def calibrate(
                    "--precision fp32|bf16", err=True)  # fmt: skip
         raise typer.Exit(2) from None
     kmax = max(k_list)
+    # float32 moments: what tolerance mode runs with (specs §6.2.1; the default is int8)
     cfg = RunConfig(model=spec, dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
-                    inner_steps=kmax, segment_len=kmax, sampled_segments=1, numerics=numerics)  # fmt: skip
+                    inner_steps=kmax, segment_len=kmax, sampled_segments=1, numerics=numerics,
+                    inner=InnerOptim(moments=Moments.FP32))  # fmt: skip
     devices = (device_a, device_b)
     try:
         proposal = measure(cfg, "shakespeare", k_list, (a, b), trials, factor=factor, devices=devices)

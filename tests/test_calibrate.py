@@ -11,11 +11,13 @@ from typer.testing import CliRunner
 
 from gonka_diloco.adversaries.lab import tiny_config
 from gonka_diloco.verifier_cli import app
-from protocol.config import RunConfig
+from protocol.config import InnerOptim, Moments, RunConfig
 from verifier.calibrate import CONFIG_FIELDS, FLOOR, calibrate, propose, table, to_json
 from verifier.tolerance import CUMULATIVE_CHECKS, TOLERANCE_CHECKS
 
 CORPUS = "synthetic:40000:0"
+FP32 = InnerOptim(moments=Moments.FP32)
+"""Tolerance mode's moments: calibration is of float32 moments (the default, int8, is refused)."""
 
 
 def test_proposal_takes_the_largest_k_whose_attacks_clear_factor_times_noise() -> None:
@@ -46,7 +48,7 @@ def test_each_group_gets_its_own_threshold_and_an_attack_needs_to_clear_only_one
 
 
 def test_same_environment_in_two_processes_has_zero_noise() -> None:
-    p = calibrate(tiny_config(), CORPUS, ks=(2, 4), threads=(1, 1), trials=1, warmup=2)
+    p = calibrate(tiny_config(inner=FP32), CORPUS, ks=(2, 4), threads=(1, 1), trials=1, warmup=2)
     for r in p.rows:  # bitwise across processes, every distance: the protocol's footing
         assert set(r.noise) == {*TOLERANCE_CHECKS, *CUMULATIVE_CHECKS} and set(r.noise.values()) == {0.0}
     assert [r.noisy for r in p.rows] == [0.0, 0.0]
@@ -55,11 +57,13 @@ def test_same_environment_in_two_processes_has_zero_noise() -> None:
         "tolerance", "tolerance_exp_avg", "tolerance_exp_avg_sq", "tolerance_update", "tolerance_denominator",
         "tolerance_cumulative", "tolerance_cumulative_update",
     }
-    RunConfig(**{**tiny_config().model_dump(), "replay_mode": "tolerance", **p.run_config_fields()})
+    RunConfig(**{**tiny_config(inner=FP32).model_dump(), "replay_mode": "tolerance", **p.run_config_fields()})
+    with pytest.raises(ValueError, match=r"tolerance calibration needs inner\.moments = 'fp32'"):
+        calibrate(tiny_config(), CORPUS, ks=(2,), threads=(1, 1), trials=1, warmup=2)
 
 
 def test_one_versus_two_threads_noise_is_far_below_the_attack_signals() -> None:
-    p = calibrate(tiny_config(), CORPUS, ks=(1, 3), threads=(1, 2), trials=1, warmup=2)
+    p = calibrate(tiny_config(inner=FP32), CORPUS, ks=(1, 3), threads=(1, 2), trials=1, warmup=2)
     for r in p.rows:
         for g in TOLERANCE_CHECKS:
             assert r.noise[g] < 1e-3 < min(r.skip[g], r.swap[g]), (g, r)

@@ -251,6 +251,34 @@ def test_run_create_sets_every_tolerance_threshold(tmp_path: Path) -> None:
     assert got == [1, 2, 3, None, 5, 6, 7]  # tolerance_update unset: omitted from the dump
 
 
+def test_run_create_gives_a_tolerance_run_fp32_moments_unless_the_toml_names_them(tmp_path: Path) -> None:
+    """The default moments are int8 and tolerance mode needs fp32 (specs §6.2.1): a tolerance run
+    from `--calibration` or the TOML gets `inner.moments = "fp32"`; a TOML that names
+    int8 with tolerance is refused in one line naming the field and the value to set."""
+    import json
+
+    path, cal = tmp_path / "run.toml", tmp_path / "calibration.json"
+    path.write_text(TINY_RUN)
+    cal.write_text(json.dumps(CALIBRATION))
+    bitwise = invoke("run", "create", str(path), "--dry-run")
+    assert bitwise.exit_code == 0 and "moments" not in json.loads(bitwise.output)["config"]["inner"]  # int8
+    out = invoke("run", "create", str(path), "--dry-run", "--calibration", str(cal))
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["config"]["inner"]["moments"] == "fp32"
+    thresholds = "tolerance = 1.0\ntolerance_exp_avg = 1.0\ntolerance_exp_avg_sq = 1.0\n"
+    head, model = TINY_RUN.split("[model]")
+    path.write_text(f'{head}replay_mode = "tolerance"\n{thresholds}[model]{model}')
+    out = invoke("run", "create", str(path), "--dry-run")
+    assert out.exit_code == 0 and json.loads(out.output)["config"]["inner"]["moments"] == "fp32", out.output
+    path.write_text(f'{head}replay_mode = "tolerance"\n{thresholds}[inner]\nmoments = "int8"\n[model]{model}')
+    refused = invoke("run", "create", str(path), "--dry-run")
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert "replay_mode 'tolerance' needs inner.moments = 'fp32'" in refused.output
+    path.write_text(f'{head}[inner]\nmoments = "int8"\n[model]{model}')  # named int8, then --calibration
+    named = invoke("run", "create", str(path), "--dry-run", "--calibration", str(cal))
+    assert named.exit_code == 2 and "needs inner.moments = 'fp32'" in named.output
+
+
 def test_run_create_refuses_summed_thresholds_calibrated_for_the_earlier_rule(tmp_path: Path) -> None:
     """The summed-residual thresholds mean what the rule they were calibrated for divides by (specs
     §6.4): a calibration from before issue 36 (Σ w for a fixed number of opened segments, no

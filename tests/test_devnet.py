@@ -13,6 +13,7 @@ import pytest
 
 from gonka_diloco.devnet_config import make_config
 from gonka_diloco.procs import NodeProcess, NodeStartError, Supervisor
+from protocol.config import Moments
 from tests.support.procs import QUICK, gone, leftover_processes
 
 # A node stand-in: spawns a grandchild (as uvicorn or torchrun would), logs, announces itself, waits.
@@ -204,6 +205,22 @@ def test_every_tolerance_threshold_reaches_the_run_config() -> None:
     rc = run_config(load_config(None, {"model_size": "tiny", "replay_mode": "tolerance", **values}))
     assert rc.replay_mode is ReplayMode.TOLERANCE
     assert {n: getattr(rc, n) for n in names} == values
+    assert rc.inner.moments is Moments.FP32  # tolerance mode's, the default being int8
+
+
+def test_devnet_moments_default_to_int8_and_fp32_in_tolerance_mode() -> None:
+    """`--moments`: unset, the run config's default (int8), fp32 in tolerance mode (which needs it);
+    int8 with tolerance is refused in one line."""
+    from gonka_diloco.devnet import run_config
+    from gonka_diloco.devnet_config import DevnetConfigError, load_config
+
+    tiny = {"model_size": "tiny"}
+    assert run_config(load_config(None, tiny)).inner.moments is Moments.INT8
+    assert run_config(load_config(None, {**tiny, "moments": "fp32"})).inner.moments is Moments.FP32
+    tol = {**tiny, "replay_mode": "tolerance", "tolerance": 0.1, "tolerance_exp_avg": 0.1,
+           "tolerance_exp_avg_sq": 0.1}  # fmt: skip
+    with pytest.raises(DevnetConfigError, match="needs moments 'fp32'"):
+        load_config(None, {**tol, "moments": "int8"})
 
 
 def test_codec_sparse_gets_the_recommended_chunk_and_k() -> None:

@@ -20,7 +20,7 @@ from chain import errors
 from chain.module import check_model_size
 from chain.params import MAX_MODEL_PARAMS, MAX_MODEL_TENSORS, ModuleParams
 from nodekit.node import NodeError
-from protocol.config import ModelSpec, RunConfig
+from protocol.config import ModelSpec, RunConfig, tolerance_moments
 from protocol.modelsize import PARAM_COUNT_KEY, ModelSizeError, model_size
 from replay import hf
 from replay.model import small_gpt
@@ -171,7 +171,8 @@ def test_model_size_errors_name_the_field() -> None:
 
 
 def _run(model: ModelSpec, **kw: object) -> RunConfig:
-    return RunConfig(model=model, dataset_manifest_hash=H, initial_model_hash=H, **kw)  # type: ignore[arg-type]
+    fields = tolerance_moments({"model": model, "dataset_manifest_hash": H, "initial_model_hash": H, **kw})
+    return RunConfig(**fields)  # tolerance runs: fp32 moments, which tolerance mode needs
 
 
 def test_a_node_refuses_in_one_line_what_its_memory_cannot_hold() -> None:

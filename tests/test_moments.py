@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from nodekit.objects import Kind, ObjectPolicy
 from protocol import moments as qm
-from protocol.config import InnerOptim, Moments, ReplayMode
+from protocol.config import InnerOptim, Moments, ReplayMode, RunConfig
 from protocol.inner import optimizer_bytes_per_param, state_bytes_per_param
 from protocol.tensors import canonical_header, canonical_size, specs_of
 from protocol.wire import from_any, to_any
@@ -36,6 +36,8 @@ from tests.support.replay import HOST, ROOT, fresh, tiny_cfg, tiny_corpus
 from verifier.update_space import genuine_mismatch, genuine_ratio
 
 INT8 = {"moments": "int8", "warmup_steps": 4}
+FP32 = {"moments": "fp32"}
+"""The float32 moments, named: the default is int8, and these tests set an int8 state beside one."""
 
 
 def _grid(signed: bool) -> torch.Tensor:
@@ -113,15 +115,21 @@ def test_bad_codes_are_refused_with_one_error() -> None:
 # ---------------------------------------------------------------- config
 
 
-def test_config_field_is_omitted_at_fp32_and_refused_with_tolerance_mode() -> None:
-    fp32, int8 = tiny_cfg(), tiny_cfg(inner=INT8)
-    assert "moments" not in fp32.inner.model_dump() and fp32.config_hash() == tiny_cfg(inner={}).config_hash()
-    assert int8.inner.moments is Moments.INT8 and int8.inner.model_dump()["moments"] == "int8"
-    assert int8.config_hash() != tiny_cfg(inner={"warmup_steps": 4}).config_hash()
-    assert InnerOptim(moments="") == InnerOptim()  # an unset proto3 string
-    with pytest.raises(ValueError, match="tolerance"):
-        tiny_cfg(inner=INT8, replay_mode=ReplayMode.TOLERANCE, tolerance=1e-3, tolerance_exp_avg=1e-3,
-                 tolerance_exp_avg_sq=1e-3)  # fmt: skip
+def test_config_field_is_int8_by_default_omitted_there_and_refused_with_tolerance_mode() -> None:
+    default, int8 = tiny_cfg(), tiny_cfg(inner={"moments": "int8"})
+    fp32 = tiny_cfg(inner=FP32)
+    assert default.inner.moments is Moments.INT8 and default.config_hash() == int8.config_hash()
+    assert "moments" not in default.inner.model_dump() and "moments" not in int8.inner.model_dump()
+    assert fp32.inner.moments is Moments.FP32 and fp32.inner.model_dump()["moments"] == "fp32"
+    assert fp32.config_hash() != default.config_hash()
+    assert InnerOptim(moments="") == InnerOptim() == InnerOptim(moments="int8")  # an unset proto3 string
+    tol = dict(replay_mode=ReplayMode.TOLERANCE, tolerance=1e-3, tolerance_exp_avg=1e-3,
+               tolerance_exp_avg_sq=1e-3)  # fmt: skip
+    with pytest.raises(ValueError, match=r"replay_mode 'tolerance' needs inner\.moments = 'fp32'"):
+        RunConfig(**{**default.model_dump(), **tol})  # the default's moments, unnamed
+    with pytest.raises(ValueError, match=r"needs inner\.moments = 'fp32'"):
+        tiny_cfg(inner=INT8, **tol)  # named: not replaced by tolerance_moments
+    assert tiny_cfg(**tol).inner.moments is Moments.FP32  # unnamed: the test helper fills fp32 in
 
 
 def test_config_crosses_the_wire() -> None:
@@ -148,13 +156,13 @@ def test_int8_state_layout_sizes_and_fresh_hash() -> None:
     assert canonical_size(specs_of(state)) == policy.length(Kind.STATE)
     data = sum(p.numel() * 6 + 2 * 4 * qm.n_blocks(p.numel()) for p in model.parameters()) + 4  # + step
     assert canonical_size(specs_of(state)) - len(canonical_header(specs_of(state))) == data
-    fp32_len = ObjectPolicy.of(model, tiny_cfg()).length(Kind.STATE)
+    fp32_len = ObjectPolicy.of(model, tiny_cfg(inner=FP32)).length(Kind.STATE)
     assert policy.length(Kind.STATE) / fp32_len < 0.52
 
     from verifier.verify import fresh_optimizer_hash
 
     assert fresh_optimizer_hash(model, cfg.state_chunk_bytes, Moments.INT8) == optimizer_hash(state)
-    assert fresh_optimizer_hash(model, cfg.state_chunk_bytes) != optimizer_hash(state)
+    assert fresh_optimizer_hash(model, cfg.state_chunk_bytes, Moments.FP32) != optimizer_hash(state)
 
 
 def test_moments_are_their_codes_after_every_step_and_a_loaded_state_continues_bitwise() -> None:
@@ -185,7 +193,7 @@ def test_moments_are_their_codes_after_every_step_and_a_loaded_state_continues_b
     assert training_hash(training_state(m3, o3)) == end
     # an int8 state does not load into an fp32 optimizer, nor bad codes into an int8 one
     with pytest.raises(StateError):
-        load_training_state(*fresh(tiny_cfg()), mid)
+        load_training_state(*fresh(tiny_cfg(inner=FP32)), mid)
     bad = dict(mid)
     bad[next(k for k in mid if k.startswith("exp_avg_code/"))] = torch.full_like(bad[next(
         k for k in mid if k.startswith("exp_avg_code/"))], -128)  # fmt: skip

@@ -31,6 +31,10 @@ from protocol.inner import Moments
 
 C = Constants(codec_ratio={"fp32": 1.0, "bf16": 2.0, "int8": 4.0, "int4": 8.0}, sha256_bytes_per_s=2e9)
 """Round constants so every expected value below can be worked by hand."""
+FP32 = Moments.FP32
+"""The hand-worked byte counts below are float32 moments' (12 B/param states, 8 B/param optimizer
+states), so those tests name them; the default, int8 (6.03 and 2.03), is worked by hand in
+`test_int8_moments_halve_what_a_check_downloads_and_the_host_keeps`."""
 SEGMENTS = Sampling.SEGMENTS
 """The old rule (every check opens the same s segments): the tests of it say so."""
 
@@ -92,7 +96,7 @@ def test_recompute_segments_against_enumeration(n: int, s: int, m: int) -> None:
 
 
 def test_disk_states() -> None:
-    sparse = Inputs(H=500, k=5, m=10, s=8, sampling=SEGMENTS)
+    sparse = Inputs(moments=FP32, H=500, k=5, m=10, s=8, sampling=SEGMENTS)
     assert pm.disk_states(sparse) == 100 / 10 + 8 + 3
     assert pm.disk_states(replace(sparse, m=3)) == 34 + 8 + 3  # ⌈100/3⌉
     today = replace(sparse, pipeline=Pipeline.TODAY)
@@ -120,7 +124,7 @@ def test_gpu_memory_sharding() -> None:
 
 
 def test_verifier_bytes_per_contribution() -> None:
-    i = Inputs(params=1e9, s=8, codec=Codec.INT8, sampling=SEGMENTS)
+    i = Inputs(moments=FP32, params=1e9, s=8, codec=Codec.INT8, sampling=SEGMENTS)
     assert pm.verifier_bytes_per_contribution(replace(i, pipeline=Pipeline.TODAY), C) == 8 * 12e9 + 1e9
     f = pm.segment_fetches(i.n, i.s)
     assert pm.verifier_bytes_per_contribution(i, C) == pytest.approx(f.starts * 12e9 + f.segment_zero * 8e9)
@@ -150,7 +154,8 @@ def test_segment_fetches_against_enumeration(n: int, s: int) -> None:
 
 
 def test_host_and_verifier_transfers() -> None:
-    i = Inputs(params=1e9, s=2, v=2, hosts=4, verifier_nodes=2, audit_p=0.5, auditors=2, sampling=SEGMENTS)
+    i = Inputs(moments=FP32, params=1e9, s=2, v=2, hosts=4, verifier_nodes=2, audit_p=0.5, auditors=2,
+               sampling=SEGMENTS)
     assert pm.checks_per_contribution(i) == 3.0  # 2 drawn + 0.5 × 2 auditors
     assert pm.contributions_per_verifier(i) == 6.0  # 4 hosts × 3 checks over 2 verifiers
     f = pm.segment_fetches(i.n, 2)
@@ -222,7 +227,7 @@ def test_window_check_bytes_by_hand() -> None:
     # tolerance: + every later claimed boundary of the block (L_b states) + the Δ (1 GB)
     tol = [pm.window_check_bytes(1e9, lengths, b, bitwise=False, delta=1e9) for b in range(4)]
     assert tol == [8e9 + 36e9 + 4e9 + 1e9, 12e9 + 36e9 + 4e9 + 1e9, 53e9, 12e9 + 12e9 + 1e9]
-    i = Inputs(params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
+    i = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
     # (1/B)·8P + ((B−1)/B)·12P + ((B−1)/B)·4P = 2 + 9 + 3 GB
     assert pm.verifier_bytes_per_contribution(i, C) == pytest.approx(14e9)
     assert pm.verifier_bytes_per_contribution(replace(i, codec=Codec.SPARSE), C) == pytest.approx(18e9)  # + e
@@ -241,7 +246,7 @@ def test_coded_states_on_the_wire_by_hand() -> None:
     lengths = [3, 3, 3, 1]
     by = [pm.window_check_bytes(1e9, lengths, b, bitwise=True, ratio=1.25) for b in range(4)]
     assert by == pytest.approx([8e9 + 3.2e9, 9.6e9 + 3.2e9, 9.6e9 + 3.2e9, 9.6e9])
-    i = Inputs(params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
+    i = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
     assert pm.code_ratio(i, coded) == 1.25 and pm.code_ratio(i, C) == 1.0  # nothing measured: uncoded
     assert pm.code_ratio(replace(i, pipeline=Pipeline.TODAY), coded) == 1.0  # the old design: uncoded
     assert pm.code_ratio(replace(i, moments=Moments.INT8), coded) == 2.0
@@ -252,7 +257,7 @@ def test_coded_states_on_the_wire_by_hand() -> None:
     assert pm.verifier_bytes_per_contribution(q, coded) == pytest.approx(
         (2.03125 + 3 * (6.03125 + 4) / 2) / 4 * 1e9
     )
-    seg = Inputs(params=1e9, s=8, codec=Codec.INT8, sampling=SEGMENTS)
+    seg = Inputs(moments=FP32, params=1e9, s=8, codec=Codec.INT8, sampling=SEGMENTS)
     f = pm.segment_fetches(seg.n, seg.s)
     assert pm.verifier_bytes_per_contribution(seg, coded) == pytest.approx(
         f.starts * 9.6e9 + f.segment_zero * 8e9
@@ -265,7 +270,7 @@ def test_theta_h_leaves_the_author_once_with_swarming() -> None:
     """Windows: c·(B − 1)/B checks fetch θ_H's parameters; with swarming (specs §8.1) the author
     uploads them once when v ≥ 2, and with v = 1 unless its one block is the last and nobody audits."""
     # n = 4 segments of w = 1: B = 4; v = 2 + p·a = 1 × 1: c = 3 checks on distinct blocks
-    i = Inputs(params=1e9, H=20, k=5, w=1, v=2, auditors=1, audit_p=1.0, codec=Codec.INT8)
+    i = Inputs(moments=FP32, params=1e9, H=20, k=5, w=1, v=2, auditors=1, audit_p=1.0, codec=Codec.INT8)
     assert (i.blocks, pm.checks_per_contribution(i)) == (4, 3.0)
     assert pm.theta_h_fetches(i) == pytest.approx(3 * 3 / 4)
     assert pm.theta_h_uploads(i) == 1.0
@@ -419,7 +424,7 @@ def test_window_disk_and_recompute_in_the_plan() -> None:
 
 
 def test_window_plan_figures() -> None:
-    i = Inputs(params=1e9, H=50, k=5, w=3, v=4, auditors=3, audit_p=1.0, codec=Codec.INT8, m=1)
+    i = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, v=4, auditors=3, audit_p=1.0, codec=Codec.INT8, m=1)
     p = pm.plan(i, C)
     ver = p.verification
     assert ver["checks_per_contribution"] == 7.0
@@ -552,8 +557,8 @@ def test_poc_wait() -> None:
 
 
 def test_verify_window() -> None:
-    i = Inputs(params=1e9, s=2, k=5, v=1, hosts=2, verifier_nodes=1, audit_p=0.0, up=1e9, down=2e9,
-               sampling=SEGMENTS)  # fmt: skip
+    i = Inputs(moments=FP32, params=1e9, s=2, k=5, v=1, hosts=2, verifier_nodes=1, audit_p=0.0, up=1e9,
+               down=2e9, sampling=SEGMENTS)  # fmt: skip
     f = pm.segment_fetches(i.n, 2)
     per = f.starts * 12e9 + f.segment_zero * 8e9  # the expected start states + the optimizer state
     w = pm.verify_seconds(i, C, t_step=1.0)
@@ -869,7 +874,7 @@ def test_plot(tmp_path: Path) -> None:
 
 
 def test_int8_moments_halve_what_a_check_downloads_and_the_host_keeps() -> None:
-    i = Inputs(params=1e9, H=500, k=5, w=3, v=4, auditors=3, m=3)
+    i = Inputs(moments=FP32, params=1e9, H=500, k=5, w=3, v=4, auditors=3, m=3)
     half = replace(i, moments=Moments.INT8)
     B = 34
     state8, opt8 = 4e9 + 2.03125e9, 2.03125e9

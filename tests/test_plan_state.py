@@ -22,12 +22,12 @@ from protocol.inner import Moments
 def test_state_wire_bytes_by_hand() -> None:
     i = Inputs(params=30e9)
     c = Constants(state_code_ratio={"fp32": 1.25, "int8": 1.28})
-    assert state_canonical_bytes(30e9) == 360e9
-    assert state_canonical_bytes(30e9, Moments.INT8) == 6.03125 * 30e9
-    assert state_wire_bytes(i, c) == pytest.approx(360e9 / 1.25)  # RunConfig's default: fp32 moments
-    assert state_wire_bytes(i, c, Moments.INT8) == pytest.approx(6.03125 * 30e9 / 1.28)
-    assert state_wire_bytes(i, Constants()) == 360e9  # nothing measured: sent uncoded
-    assert optimizer_wire_bytes(i) == 240e9 and optimizer_wire_bytes(i, Moments.INT8) == 2.03125 * 30e9
+    assert state_canonical_bytes(30e9, Moments.FP32) == 360e9
+    assert state_canonical_bytes(30e9) == state_canonical_bytes(30e9, Moments.INT8) == 6.03125 * 30e9
+    assert state_wire_bytes(i, c, Moments.FP32) == pytest.approx(360e9 / 1.25)
+    assert state_wire_bytes(i, c) == pytest.approx(6.03125 * 30e9 / 1.28)  # RunConfig's default: int8
+    assert state_wire_bytes(i, Constants(), Moments.FP32) == 360e9  # nothing measured: sent uncoded
+    assert optimizer_wire_bytes(i, Moments.FP32) == 240e9 and optimizer_wire_bytes(i) == 2.03125 * 30e9
 
 
 def test_ratios_come_from_statecode_results(tmp_path: Path) -> None:

@@ -110,6 +110,9 @@ def test_sharded_ranks_train_hash_and_save_the_unsharded_state(
         olocal = state.local(model, opt, StateKind.OPTIMIZER)
         oh, odigests = state.hash(olocal, StateKind.OPTIMIZER, c)
         state.save(store, StateKind.OPTIMIZER, "opt", oh, odigests, olocal)
+        # rank 0 seals an object after the others have written their shards and returned: wait for
+        # it before reading the optimizer state back (on a loaded machine another rank got there first)
+        state.comm.broadcast_bytes(b"sealed" if r == 0 else None)
         held = sum(t.numel() for k, t in local.items() if not k.startswith("param/"))
         # load back into a fresh replica: the params and this rank's moments and step
         again = fresh(cfg)[0]
@@ -147,7 +150,7 @@ def test_sharded_int8_state_refuses_another_format_and_codes_no_quantization_mak
     cfg = tiny_cfg(inner={"moments": "int8"})
     model, opt = fresh(cfg)
     plan = ShardPlan.of(model, 1)
-    fp32_opt = make_shard_optimizer(model, plan, 0, tiny_cfg().inner)
+    fp32_opt = make_shard_optimizer(model, plan, 0, tiny_cfg(inner={"moments": "fp32"}).inner)
     with pytest.raises(ShardError, match="optimizer with fp32 moments, sharded state with int8"):
         ShardedState(plan, model, LocalGroup(1).member(0), "int8").local(model, fp32_opt)
     bad = {k: t.clone() for k, t in training_state(model, opt).items()}

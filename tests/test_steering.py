@@ -26,7 +26,7 @@ from gonka_diloco.adversaries.hosts import assemble, start_state
 from gonka_diloco.adversaries.lab import HostRun, Lab, next_global, synthetic_corpus, tiny_config
 from nodekit.globalmodel import GlobalModel
 from nodekit.statestore import clone_state
-from protocol.config import Numerics, Precision, ReplayMode, Sampling
+from protocol.config import InnerOptim, Moments, Numerics, Precision, ReplayMode, Sampling
 from protocol.messages import MsgCreateRun, Reason
 from protocol.wire import from_any, to_any
 from replay.step import (
@@ -368,7 +368,10 @@ def test_a_forged_state_at_a_boundary_nobody_opens_is_caught_at_the_next_fetched
     mode: ReplayMode, tmp_path: Path
 ) -> None:
     configure_determinism(1)
-    cfg = tiny_config(replay_mode=mode, **(THRESHOLDS if mode is ReplayMode.TOLERANCE else {}))
+    # fp32 moments in both modes: the forgery writes float32 `exp_avg/…` tensors (tolerance mode's
+    # moments; the default int8 codes are forged and caught in tests/test_moments.py)
+    cfg = tiny_config(replay_mode=mode, inner=InnerOptim(moments=Moments.FP32),
+                      **(THRESHOLDS if mode is ReplayMode.TOLERANCE else {}))  # fmt: skip
     lab = Lab(cfg, synthetic_corpus(), tmp_path)
     g0 = GlobalModel.from_module(lab.build()[0])
     ctx = lab.replay_context(g0)

@@ -21,7 +21,7 @@ from gonka_diloco.adversaries.lab import (
     tiny_config,
 )
 from nodekit.globalmodel import GlobalModel
-from protocol.config import ReplayMode, Sampling
+from protocol.config import InnerOptim, Moments, ReplayMode, RunConfig, Sampling
 from protocol.envclass import ReplayDecision
 from protocol.messages import EnvFingerprint, Reason
 from replay.step import State, configure_determinism, env_fingerprint, optimizer_state
@@ -60,10 +60,21 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    yield from _world(tmp_path_factory, tiny_config())
+
+
+@pytest.fixture(scope="module")
+def fp32_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The world with float32 moments, for the tests that judge it in tolerance mode too: its
+    thresholds are calibrated on float32 moments, so it refuses the default int8 (specs §6.2.1)."""
+    yield from _world(tmp_path_factory, tiny_config(inner=InnerOptim(moments=Moments.FP32)))
+
+
+def _world(tmp_path_factory: pytest.TempPathFactory, cfg: RunConfig) -> Iterator[World]:
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     configure_determinism(1)
     # segment sampling: every check here names the segments it opens (windows: test_verify_windows)
-    cfg = tiny_config().model_copy(update={"sampling": Sampling.SEGMENTS})
+    cfg = cfg.model_copy(update={"sampling": Sampling.SEGMENTS})
     lab = Lab(cfg, synthetic_corpus(), tmp_path_factory.mktemp("lab"))
     g0 = GlobalModel.from_module(lab.build()[0])
     stale = resolve_host("stale")
@@ -137,7 +148,8 @@ def test_lazy_host_is_caught_exactly_when_a_faked_segment_is_sampled(world: Worl
 
 
 @pytest.mark.parametrize("kind", MALFORMED_KINDS)
-def test_malformed_blobs_are_rejected_and_the_verifier_keeps_working(world: World, kind: str) -> None:
+def test_malformed_blobs_are_rejected_and_the_verifier_keeps_working(fp32_world: World, kind: str) -> None:
+    world = fp32_world  # judged in tolerance mode too: float32 moments
     honest = step1(world, HostBehaviour())
     bad = dataclasses.replace(honest, behaviour=resolve_host("malformed", {"kind": kind}))
     tol_cfg = world.lab.cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE, "tolerance": 1e-3})
@@ -241,7 +253,8 @@ def test_bad_proofs_and_wrong_openings(world: World) -> None:
         assert verify(bad, honest.source(), ctx).reason is Reason.BAD_PROOF, what
 
 
-def test_environment_checks(world: World) -> None:
+def test_environment_checks(fp32_world: World) -> None:
+    world = fp32_world  # judged in tolerance mode too: float32 moments
     honest = step1(world, HostBehaviour())
     job = world.lab.job(honest, 1, SEED)
     two = EnvFingerprint(torch_version=job.env.torch_version, threads=2)
@@ -257,12 +270,13 @@ def test_environment_checks(world: World) -> None:
 
 
 def test_a_host_claiming_a_class_no_verifier_has_gets_no_verdict_and_fails_tolerance_replay(
-    world: World,
+    fp32_world: World,
 ) -> None:
     """`forged_env`: a free rider claiming an imaginary GPU. A verifier of another class abstains in
     bitwise mode (no verdict: the chain finalizes it `unverified`, out of the model, unpaid), while
     the honest host next to it is replayed bitwise and accepted; in tolerance mode it is judged and
     rejected."""
+    world = fp32_world  # judged in tolerance mode too: float32 moments
     mine = env_fingerprint(1)
     ctx = world.lab.replay_context(world.g1)
     honest = step1(world, HostBehaviour())
@@ -301,7 +315,8 @@ def test_data_parallel_hosts_replay_with_their_slice_count(world: World) -> None
     assert verify(three, ddp.source(), ctx).reason is Reason.BAD_ENVIRONMENT  # 4 does not split in 3
 
 
-def test_tolerance_mode_accepts_honest_and_rejects_lazy_with_distance(world: World) -> None:
+def test_tolerance_mode_accepts_honest_and_rejects_lazy_with_distance(fp32_world: World) -> None:
+    world = fp32_world  # judged in tolerance mode too: float32 moments
     cfg = world.lab.cfg.model_copy(update=TOLERANT)
     lab = dataclasses.replace(world.lab, cfg=cfg)
     honest = step1(world, HostBehaviour())
@@ -316,11 +331,12 @@ def test_tolerance_mode_accepts_honest_and_rejects_lazy_with_distance(world: Wor
     assert dist > 100 * cfg.tolerance
 
 
-def test_tolerance_mode_compares_the_whole_state(world: World) -> None:
+def test_tolerance_mode_compares_the_whole_state(fp32_world: World) -> None:
     """A moment-steering host (params exact, moments rewritten at every boundary) passes a
     parameters-only comparison and is rejected by the whole-state one; an honest host that trained
     with 2 threads (every leaf differs from a 1-thread replay) is still accepted by this 1-thread
     verifier; bitwise mode rejects the steering host by hash."""
+    world = fp32_world  # judged in tolerance mode too: float32 moments
     cfg = world.lab.cfg.model_copy(update=TOLERANT)
     lab = dataclasses.replace(world.lab, cfg=cfg)
     ctx = lab.replay_context(world.g0)
@@ -385,7 +401,7 @@ def test_fresh_optimizer_hash_streams_zeros_equal_to_a_real_fresh_optimizer(chun
     mine = fresh_optimizer_state(model, job)
     assert mine.keys() == optimizer_state(host).keys()
     assert all(torch.equal(mine[k], host[k]) and mine[k].dtype == host[k].dtype for k in mine)
-    assert fresh_optimizer_hash(model, chunk) == optimizer_hash(host, chunk)
+    assert fresh_optimizer_hash(model, chunk, cfg.inner.moments) == optimizer_hash(host, chunk)
 
 
 def test_param_distance() -> None:

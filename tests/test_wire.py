@@ -18,6 +18,7 @@ from protocol.config import (
     Codec,
     InnerOptim,
     ModelSpec,
+    Moments,
     OuterOptim,
     Phases,
     ReplayMode,
@@ -73,6 +74,8 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
             eps=draw(positive_float),
             grad_clip=draw(positive_float),
             warmup_steps=draw(u32),
+            # either format on the wire; tolerance mode needs fp32 (its thresholds' moments)
+            moments=Moments.FP32 if mode is ReplayMode.TOLERANCE else draw(st.sampled_from(Moments)),
         ),
         outer=OuterOptim(lr=draw(positive_float), momentum=draw(unit)),
         phases=Phases(

@@ -52,7 +52,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from protocol.config import CUMULATIVE_RULE, RunConfig
+from protocol.config import CUMULATIVE_RULE, Moments, RunConfig
 from replay.data import Corpus, shakespeare_corpus
 from replay.device import host_state, resolve_device
 from replay.spec import build
@@ -323,6 +323,9 @@ def calibrate(
     H/k segments per k (from the fresh state and the last warm one), over every set of them."""
     if not ks or min(ks) < 1 or trials < 1:
         raise ValueError("need ks >= 1 and trials >= 1")
+    if cfg.inner.moments is not Moments.FP32:  # what tolerance mode runs with (specs §6.2.1)
+        raise ValueError(f"tolerance calibration needs inner.moments = 'fp32' (this config has "
+                         f"{cfg.inner.moments.value!r}): tolerance mode runs with float32 moments")
     configure_determinism(threads[0])
     data = _corpus(corpus)
     with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:

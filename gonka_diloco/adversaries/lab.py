@@ -20,7 +20,7 @@ from nodekit.globalmodel import GlobalModel
 from nodekit.statestore import StateStore, state_from_bytes
 from nodekit.store import StoreError
 from protocol import codecs
-from protocol.config import ModelSpec, RunConfig
+from protocol.config import ModelSpec, RunConfig, tolerance_moments
 from protocol.prf import draw_windows, sample_segments, windows_opened
 from replay.data import Corpus
 from replay.spec import build
@@ -36,12 +36,13 @@ TINY_GPT = ModelSpec(
 
 
 def tiny_config(**kw: Any) -> RunConfig:
-    """A run small enough to train and replay many times a second on one CPU thread."""
+    """A run small enough to train and replay many times a second on one CPU thread. A tolerance
+    run gets float32 moments unless `kw` names them (`protocol.config.tolerance_moments`)."""
     base: dict[str, Any] = dict(
         model=TINY_GPT, dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
         batch_size=4, seq_len=32, inner_steps=12, segment_len=2, sampled_segments=2, data_shards=2,
     )  # fmt: skip
-    return RunConfig(**{**base, **kw})
+    return RunConfig(**tolerance_moments({**base, **kw}))
 
 
 def synthetic_corpus(n: int = 40_000, seed: int = 0) -> Corpus:

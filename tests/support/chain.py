@@ -21,7 +21,7 @@ from chain.module import BlockContext, Event, TxContext, begin_block, end_block,
 from chain.params import ZERO_HASH, ModuleParams, Phase
 from chain.state import ChainState, app_hash, state_to_json
 from protocol import merkle
-from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
+from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake, tolerance_moments
 from protocol.messages import (
     EnvFingerprint,
     MsgCommitPseudoGradient,
@@ -82,7 +82,8 @@ def make_config(**overrides: object) -> RunConfig:
         "stake": Stake(min_host_stake=10 * GNK, min_verifier_stake=5 * GNK, reward_per_outer_step=100 * GNK),
     }
     base.update(overrides)
-    return RunConfig(**base)  # type: ignore[arg-type]
+    # tolerance mode: fp32 moments unless the test names them (the default, int8, is refused there)
+    return RunConfig(**tolerance_moments(base))  # type: ignore[arg-type]
 
 
 def make_state(params: ModuleParams | None = None) -> ChainState:

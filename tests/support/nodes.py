@@ -26,7 +26,7 @@ from nodekit.globalmodel import GlobalModel, GlobalStore
 from nodekit.runtime import Patience
 from nodekit.store import ContentStore
 from protocol.chunks import DEFAULT_CHUNK_BYTES
-from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake
+from protocol.config import Codec, ModelSpec, Phases, RunConfig, Stake, tolerance_moments
 from protocol.keys import test_wallet
 from protocol.messages import MsgCreateRun
 from replay.data import Corpus, shakespeare_files
@@ -154,7 +154,8 @@ def run_config(corpus: Corpus, **kw: Any) -> RunConfig:
         ),
         stake=Stake(min_host_stake=10, min_verifier_stake=10),
     )
-    return RunConfig(**{**base, **kw})
+    # tolerance mode: fp32 moments unless the test names them (the default, int8, is refused there)
+    return RunConfig(**tolerance_moments({**base, **kw}))
 
 
 chain_of: dict[int, InProcessChain] = {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from protocol.config import ModelSpec, RunConfig
+from protocol.config import ModelSpec, RunConfig, tolerance_moments
 from replay.data import Corpus
 from replay.spec import build_model
 from replay.step import (
@@ -25,7 +25,8 @@ def tiny_cfg(**kw: object) -> RunConfig:
         model=SPEC, dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
         batch_size=4, seq_len=32, inner_steps=10, segment_len=5, sampled_segments=2, data_shards=2,
     )  # fmt: skip
-    return RunConfig(**{**base, **kw})  # type: ignore[arg-type]
+    # tolerance mode: fp32 moments unless the test names them (the default, int8, is refused there)
+    return RunConfig(**tolerance_moments({**base, **kw}))  # type: ignore[arg-type]
 
 
 def tiny_corpus() -> Corpus:
