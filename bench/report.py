@@ -1099,6 +1099,7 @@ def soak(d: dict[str, Any]) -> Lines:
         "Of each suite's wall, after its install (`make venv cometbft`): `make test` (ruff, mypy, "
         "pytest) " + ", ".join(f"{r['test_s']:.0f} s" for r in timed) + "; pytest alone "
         + ", ".join(f"{r['pytest_s']:.0f} s" for r in timed) + ".",
+        "",
     ] if timed else []  # fmt: skip
     return [
         f"{what.capitalize()} beside {st['burners']} CPU burners on the 2 cores; nothing is retried:",
@@ -1398,8 +1399,6 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      ".venv/bin/python -m bench.soak --suites 3 --devnets 0 --name soak_suites", soak),
     ("soak_suites_first", "11d'. The first round of it, before its one failure was fixed at its cause",
      ".venv/bin/python -m bench.soak --suites 3 --devnets 0 --name soak_suites", soak),
-    ("suite_time", "11e. The suite's time: a fresh clone's `make test` on the 2 cores, unloaded",
-     ".venv/bin/python -m bench.soak --suites 1 --devnets 0 --burners 0 --name suite_time", soak),
     ("devnet_codec", "11e. The devnet with each Δ codec: an adversary rejected, the loss falling (issue 26)",
      "bench.devnet_codec", devnet_codec),
     ("devnet_codec_first", "11e'. Its first round, beside a full test suite (load ≈ 8): int8's honest hosts "
@@ -1409,6 +1408,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[Any], Lines]]] = [
      ".venv/bin/python -m bench.devnet_codec --cases sparse:ef_forge@bench/devnet_sparse_issue26.toml,"
      "sparse:ef_forge,sparse:ef_forge@bench/devnet_sparse_average.toml --name devnet_sparse_issue37",
      devnet_sparse_issue37),
+    ("suite_time", "11g. The suite's time: a fresh clone's `make test` on the 2 cores, unloaded",
+     ".venv/bin/python -m bench.soak --suites 1 --devnets 0 --burners 0 --name suite_time", soak),
     ("hashing", "Hashing throughput", "bench.hashing", generic),
     ("calibration", "Tolerance calibration (1 vs 2 threads)", ".venv/bin/gonka-diloco verifier calibrate "
      "--out bench/results/calibration.json", generic),

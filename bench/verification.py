@@ -42,7 +42,7 @@ from gonka_diloco.plan_constants import load_constants
 from gonka_diloco.report import Snapshot, traffic_per_step
 from protocol.collusion import Defense, window_pass_probability_keys
 from protocol.config import RunConfig, Sampling
-from protocol.inner import STATE_BYTES_PER_PARAM
+from protocol.inner import FP32_BYTES, state_bytes_per_param
 from protocol.keys import test_wallet
 from protocol.modelsize import model_size
 
@@ -108,13 +108,16 @@ def swarm(
     folder: Path, snap: dict[str, Any], honest: set[str], params: int, first_step: int = 1
 ) -> dict[str, Any]:
     """Who uploaded the opened states (specs §8.1), per honest contribution (steps ≥ `first_step`):
-    the state fetches of its checkers that took θ_H's parameters alone (fewer than 60% of a
-    state's chunks) and how many of their chunks came from its author, in units of one such fetch
-    ("the author uploaded θ_H's parameters x times"); and, from the traffic table, every host's
+    the state fetches of its checkers that took θ_H's parameters alone (fewer chunks than halfway
+    between the parameters' share of a state, 4 of 12 or 6.03 B/param, and the whole state) and
+    how many of their chunks came from its author, in units of one such fetch ("the author
+    uploaded θ_H's parameters x times"); and, from the traffic table, every host's
     upload of states ÷ every verifier's download of them."""
     url = {n["address"]: n.get("url", "").rstrip("/") for n in snap["nodes"]}
     chunk = int(snap["config"].get("state_chunk_bytes", 1 << 26))
-    n_state = -(-STATE_BYTES_PER_PARAM * params // chunk)
+    per_param = state_bytes_per_param(RunConfig.model_validate(snap["config"]).inner.moments)
+    n_state = -(-int(per_param * params) // chunk)  # the run's moments: int8 states are half fp32's
+    whole = (1 + FP32_BYTES / per_param) / 2  # between θ_H's parameters' share of a state and all of it
     per: dict[tuple[str, int], list[int]] = {}  # (host, step) -> [fetches, chunks, author's chunks]
     wire = coded = raw = 0  # every state fetch: bytes on the wire, of them coded, what those decoded to
     for events in log_events(folder, "fetched").values():
@@ -131,7 +134,7 @@ def swarm(
                 continue
             got = {k.rstrip("/"): int(v) for k, v in (e.get("chunks_from") or {}).items()}
             total = sum(got.values())
-            if not total or total >= 0.6 * n_state:  # a whole state (a window's start), not θ_H's params
+            if not total or total >= whole * n_state:  # a whole state (a window's start), not θ_H's params
                 continue
             row = per.setdefault((e["host"], e["outer_step"]), [0, 0, 0])
             row[0] += 1
@@ -163,6 +166,7 @@ def predicted(cfg: dict[str, Any], params: int, verifiers: int) -> dict[str, flo
         sharding=Sharding.NONE, audit_p=cfg.get("audit_bps", 10_000) / 10_000, auditors=max(1, auditors),
         chunk_bytes=cfg.get("state_chunk_bytes", 1 << 26),
         sampling=Sampling(cfg.get("sampling", "windows")), w=cfg.get("window_segments", 3),
+        moments=RunConfig.model_validate(cfg).inner.moments,
     )  # fmt: skip
     from gonka_diloco import plan as pm
 
@@ -174,7 +178,7 @@ def predicted(cfg: dict[str, Any], params: int, verifiers: int) -> dict[str, flo
     return {
         "bytes_per_check": verifier_bytes_per_contribution(i, load_constants()),
         "replay_steps_per_check": pm.replay_segments_per_check(i) * i.k,
-        "state_bytes": STATE_BYTES_PER_PARAM * params,
+        "state_bytes": int(state_bytes_per_param(RunConfig.model_validate(cfg).inner.moments) * params),
         "caught_share": {"lazy": pm.lazy_detection(i, 0.5), "one_fake": one},
         "theta_h_fetches_per_contribution": pm.theta_h_fetches(i),  # issue 35: c·(B − 1)/B
         "author_uploads_theta_h_per_contribution": pm.theta_h_uploads(i),  # swarmed: once
