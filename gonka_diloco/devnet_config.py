@@ -155,9 +155,18 @@ class DevnetConfig(Strict):
     outer_momentum: float = Field(
         0.9, ge=0, lt=1, description="outer Nesterov momentum (DiLoCo's 0.9; bench.overlap: 0 with overlap)"
     )
-    checkpoint_every: int = Field(
-        4, ge=1, le=1_000_000, description="hosts persist every m-th boundary (host.toml checkpoint_every)"
-    )
+    checkpoint_every: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="hosts persist every m-th boundary (host.toml checkpoint_every); default: w "
+        "(window_segments), so every window start is on disk and the reveal recomputes nothing",
+    )  # fmt: skip
+
+    @property
+    def host_checkpoint_every(self) -> int:
+        """m for the devnet's hosts: `checkpoint_every`, or w. With host.toml's own default (4)
+        beside w = 3 a host recomputed every window start inside the reveal phase, which a loaded
+        2-core machine did not finish in time (ErrLateReveal)."""
+        return self.checkpoint_every or self.window_segments
     overlap: Overlap = Field(
         Overlap.NONE,
         description="none, or eager: train step n+1 while step n is verified, each host starting "
