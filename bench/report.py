@@ -630,8 +630,8 @@ def steering_samples(d: dict[str, Any]) -> Lines:
         f"T = {d['outer_steps']} outer steps, Δ in fp32, replayed by a 1-thread verifier. Thresholds "
         f"(8× the largest honest 1- vs 2-thread noise of `verifier calibrate` and of whole honest 2-thread "
         f"runs of {d['calibration_hosts']} other hosts; the summed ones over √(Σ wᵢ²), the largest over "
-        f"every set of two or more): {ths}. The rule before issue 36 (Σ wᵢ, 8× the honest noise of sets "
-        f"of s): {old}.",
+        f"every set of {d.get('summed_least', 2)} or more, the fewest the windows rule sums): {ths}. "
+        f"The rule before issue 36 (Σ wᵢ, 8× the honest noise of sets of s): {old}.",
         "",
         f"Honest 1 vs 2 threads, from the same start: Δ deviation at most **{pct(ref)}** over "
         f"{h['samples']} host-steps ({h['nonzero']} not bitwise equal).",
@@ -652,6 +652,11 @@ def steering_samples(d: dict[str, Any]) -> Lines:
             what = (f"every challenge of s = {sm['s']} ({len(sm['samples'])}: {sm['s'] - 1} of segments "
                     f"0 … {d['n_segments'] - 2}, and the last)")  # fmt: skip
         worst = ", ".join(f"{g} {v:.2f}" for g, v in sm["honest_worst_over_threshold"].items())
+        if "summed_least" in sm:  # since the summed thresholds follow the run's fewest summed segments
+            own = ", ".join(f"{c} {sm['thresholds'][c]:.2e}" for c in ("cumulative", "cumulative_update"))
+            what += (f"; summed thresholds over sets of {sm['summed_least']} or more: {own}"
+                     + (" (a window short of θ_H replays the last segment too, summed with it and "
+                        "without it)" if name == "windows" else ""))  # fmt: skip
         out += [f"**Sampling {name.split('_')[0]}**, judged under {what}. Honest 2-thread hosts accepted "
                 f"under every sample: {sm['honest_accepted_every']} / {sm['honest_contributions']} "
                 f"({sm['honest_samples_accepted']} / {sm['honest_samples']} samples; largest distance ÷ "
@@ -685,13 +690,17 @@ def steering_samples(d: dict[str, Any]) -> Lines:
     out += ["`update` spends 0.9 of every threshold at every boundary the same way, the summed ones ÷ √m "
             "for the m segments one check sums; `cumulative=False` ignores the summed ones; `cancel=True` "
             "moves every boundary by δ and θ_H by −(s−1)·δ (issue 36); `cancel=window` cancels δ inside "
-            "every window. Model drift: the global model's distance from the honest run's after T steps, "
+            "every window; `lone=True` spends θ_H's whole per-segment budget, as a lone last window "
+            "(n mod w = 1) alone held it before every tolerance window check replayed the last segment. "
+            "Model drift: the global model's distance from the honest run's after T steps, "
             "relative to how far that moved.", "",
             "The summed checks hold m boundaries moved the same way to τ/√m each (specs §6.4): a window of "
-            "w = 3 to τ/√3; a challenge of s = 2, one drawn segment beside the always-opened last, only to "
-            "its per-segment thresholds, whatever the rule (the cancelling host then keeps its (n − s)·δ); "
-            "with s = 3 the drawn pair is summed apart. Nothing sums across windows: the whole move is at "
-            "most the sum of the windows' bounds."]  # fmt: skip
+            "w = 3 to τ/√3, and θ_H, summed with every window, to τ·(√(w+1) − √w); a challenge of s = 2, "
+            "one drawn segment beside the always-opened last, only to its per-segment thresholds, whatever "
+            "the rule (the cancelling host then keeps its (n − s)·δ); with s = 3 the drawn pair is summed "
+            "apart. Nothing sums across windows: the whole move is at most the sum of the windows' bounds, "
+            "≈ F·0.9·√(n/w) times the honest noise per window for a fixed calibration factor F = 8, so the "
+            "figure grows as √(n/w) with the trajectory's n."]  # fmt: skip
     return out
 
 

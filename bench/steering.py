@@ -92,6 +92,8 @@ ATTACKS: list[dict[str, Any]] = [
     # issue 36: one move δ at every boundary, cancelled where a check sums
     {"fraction": 0.9, "cancel": True},  # at θ_H, the segment every challenge opens
     {"fraction": 0.9, "cancel": "window"},  # at the end of every window
+    # θ_H's whole per-segment budget, as a lone last window (n mod w = 1) alone would hold it to
+    {"target": "update", "where": "all", "fraction": 0.9, "lone": True},
 ]
 """The adversary library (`budget_steer` parameters). The "group" rows fail a per-segment check
 whatever the sample, so only windows judge them."""
@@ -167,11 +169,21 @@ def _ratio(segs: Sequence[Segment], ids: Sequence[int], rms: bool) -> dict[str, 
     return out
 
 
-def summed_sets(cfg: RunConfig, sample: Sequence[int]) -> list[list[int]]:
-    """The sets specs §6.4 sums for one sample: all of it, and under sampling segments the drawn
-    segments apart; each of two or more segments (one is its own per-segment check)."""
+def replayed(cfg: RunConfig, sample: Sequence[int]) -> list[int]:
+    """What a check of one sample replays: the sample, and in tolerance mode a window short of θ_H
+    with the last segment (`verifier.job.Job.replays`, specs §6.4)."""
     last = cfg.n_segments - 1
-    sets = [list(sample)] if cfg.windowed else [[j for j in sample if j != last], list(sample)]
+    tolerance = cfg.replay_mode is ReplayMode.TOLERANCE
+    return [*sample, last] if cfg.windowed and tolerance and last not in sample else list(sample)
+
+
+def summed_sets(cfg: RunConfig, sample: Sequence[int]) -> list[list[int]]:
+    """The sets specs §6.4 sums for one sample: all it replays, and where the always-opened last
+    segment was added to it (every challenge; a tolerance window short of θ_H) the others apart;
+    each of two or more segments (one is its own per-segment check)."""
+    last, full = cfg.n_segments - 1, replayed(cfg, sample)
+    forced = last in full and (not cfg.windowed or last not in sample)
+    sets = [[j for j in full if j != last], full] if forced else [full]
     return [x for x in sets if len(x) >= 2]
 
 
@@ -179,7 +191,7 @@ def sample_worst(cfg: RunConfig, segs: Sequence[Segment], sample: Sequence[int],
                  legacy: Mapping[str, float] | None = None) -> dict[str, float]:  # fmt: skip
     """Every distance ÷ threshold of one sample: the per-segment ones (largest over its segments)
     and the summed ones (largest over its sets; `legacy`: the rule before issue 36 instead)."""
-    worst = {g: max(segs[j]["d"][g] / tau[g] for j in sample) for g in TOLERANCE_CHECKS}
+    worst = {g: max(segs[j]["d"][g] / tau[g] for j in replayed(cfg, sample)) for g in TOLERANCE_CHECKS}
     worst.update(dict.fromkeys(CUMULATIVE_CHECKS, 0.0))  # a sample of one segment sums nothing
     if legacy is None:
         for ids in summed_sets(cfg, sample):
@@ -191,8 +203,10 @@ def sample_worst(cfg: RunConfig, segs: Sequence[Segment], sample: Sequence[int],
     return worst
 
 
-def accepts(segs: Sequence[Segment], sample: Sequence[int], worst: Mapping[str, float]) -> bool:
-    return all(segs[j]["ok"] for j in sample) and all(worst[c] < 1.0 for c in CUMULATIVE_CHECKS)
+def accepts(cfg: RunConfig, segs: Sequence[Segment], sample: Sequence[int],
+            worst: Mapping[str, float]) -> bool:  # fmt: skip
+    ok = all(segs[j]["ok"] for j in replayed(cfg, sample))
+    return ok and all(worst[c] < 1.0 for c in CUMULATIVE_CHECKS)
 
 
 def judge(lab: Lab, run: HostRun, outer: int, gm: GlobalModel, legacy: Mapping[str, float]) -> dict[str, Any]:
@@ -208,9 +222,9 @@ def judge(lab: Lab, run: HostRun, outer: int, gm: GlobalModel, legacy: Mapping[s
         reasons.append(out.reason.name if out.accept else f"{out.reason.name}: {out.detail[:120]}")
         w = sample_worst(cfg, segs, sample, cfg.tolerances | cfg.cumulative_tolerances)
         worst = {g: max(worst[g], w[g]) for g in ALL_CHECKS}
-        recomputed.append(accepts(segs, sample, w))
+        recomputed.append(accepts(cfg, segs, sample, w))
         if not cfg.windowed:
-            old.append(accepts(segs, sample, sample_worst(cfg, segs, sample, cfg.tolerances, legacy)))
+            old.append(accepts(cfg, segs, sample, sample_worst(cfg, segs, sample, cfg.tolerances, legacy)))
     return {"accepted": verdicts, "reasons": reasons, "recomputed_agrees": verdicts == recomputed,
             "legacy_accepted": old, "worst": worst}  # fmt: skip
 
@@ -349,8 +363,13 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
     # segments from warm states and the fresh one; the summed checks on two whole trajectories) and
     # that of whole honest runs of other hosts (T outer steps, every segment and every set of them:
     # they also see the states after outer steps)
-    proposal = calibrate(cfg, CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5)
-    row = proposal.rows[0]
+    # the summed thresholds hold for sets of the run's fewest summed segments or more
+    # (`RunConfig.summed_least`): one calibration per count the samplings need
+    by_count = {with_sampling(cfg, name).summed_least: with_sampling(cfg, name) for name in SAMPLINGS}
+    leasts = sorted(by_count)
+    proposals = {m: calibrate(by_count[m], CORPUS, ks=(k,), threads=(1, 2), trials=calib_trials, warmup=5)
+                 for m in leasts}  # fmt: skip
+    row = proposals[cfg.summed_least].rows[0]
     base = cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE,
                                   **{CONFIG_FIELDS[g]: v for g, v in row.threshold.items()}})  # fmt: skip
     lab = Lab(base, synthetic_corpus(), root / "one")
@@ -372,6 +391,7 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
         carried, prev = run.final_state, optimizer_hash(run.final_state)
     two = spawn_worker(base, root, starts, [*CALIBRATION_HOSTS, HOST, *JUDGED_HOSTS], steps, root / "g-0.st")
     run_noise = dict.fromkeys(ALL_CHECKS, 0.0)
+    by_least = {m: dict.fromkeys(CUMULATIVE_CHECKS, 0.0) for m in leasts}  # whole runs, sets of ≥ m
     ss = sorted({s_ for _, s_ in SAMPLINGS.values() if s_})
     legacy = {s_: dict.fromkeys(CUMULATIVE_CHECKS, 0.0) for s_ in ss}  # the rule before issue 36, per s
     curve = {c: {"rms": [0.0] * cfg.n_segments, "sum": [0.0] * cfg.n_segments} for c in CUMULATIVE_CHECKS}
@@ -382,8 +402,9 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
             curve[c] = {k: [max(a, b) for a, b in zip(curve[c][k], v, strict=True)] for k, v in by.items()}
         run_noise = {g: max(run_noise[g], *(x["d"][g] for x in segs)) for g in TOLERANCE_CHECKS} | {
             c: run_noise[c] for c in CUMULATIVE_CHECKS}  # fmt: skip
-        whole = _whole_run_cumulative(segs)
-        run_noise.update({c: max(run_noise[c], whole[c]) for c in CUMULATIVE_CHECKS})
+        for m in leasts:
+            whole = _whole_run_cumulative(segs, m)
+            by_least[m] = {c: max(by_least[m][c], whole[c]) for c in CUMULATIVE_CHECKS}
         for s_ in ss:
             old = legacy_noise(segs, s_)
             legacy[s_] = {c: max(legacy[s_][c], old[c]) for c in CUMULATIVE_CHECKS}
@@ -397,11 +418,20 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
             d1, d2 = delta_of(run1, gm), delta_of(run2, gm)
             cal_noise.append({"host": h, "n": r["n"], "dev": rel_l2(d2, d1), "cos": cosine(d2, d1)})
             carried = run2.final_state
-    tau = {g: max(row.threshold[g], FACTOR * run_noise[g], FLOOR) for g in ALL_CHECKS}
+    run_noise.update(by_least[cfg.summed_least])
+    per_segment = {g: max(row.threshold[g], FACTOR * run_noise[g], FLOOR) for g in TOLERANCE_CHECKS}
+    taus = {m: per_segment | {c: max(proposals[m].rows[0].threshold[c], FACTOR * by_least[m][c], FLOOR)
+                              for c in CUMULATIVE_CHECKS}
+            for m in leasts}  # fmt: skip
+    tau = taus[cfg.summed_least]
     legacy_tau = {s_: {c: max(FACTOR * v, FLOOR) for c, v in by.items()} for s_, by in legacy.items()}
     tcfg = base.model_copy(update={CONFIG_FIELDS[g]: v for g, v in tau.items()})
-    labs = {name: Lab(with_sampling(tcfg, name), synthetic_corpus(), root / f"one-{name}")
-            for name in SAMPLINGS}  # fmt: skip
+
+    def thresholded(name: str) -> RunConfig:
+        scfg = with_sampling(tcfg, name)
+        return scfg.model_copy(update={CONFIG_FIELDS[g]: v for g, v in taus[scfg.summed_least].items()})
+
+    labs = {name: Lab(thresholded(name), synthetic_corpus(), root / f"one-{name}") for name in SAMPLINGS}
     # honest noise: HOST with 2 threads from the 1-thread run's starts, and whole 2-thread runs of
     # other hosts, judged by this 1-thread verifier under every sample of both samplings
     noise = []
@@ -452,7 +482,8 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
         best = max((a for a in attacks if a["max_dev_every"] is not None), key=lambda a: a["max_dev_every"],
                    default=None)  # fmt: skip
         samplings[name] = {
-            "samples": samples(slab.cfg), "attacks": attacks,
+            "samples": samples(slab.cfg), "attacks": attacks, "summed_least": slab.cfg.summed_least,
+            "thresholds": {g: v for g, v in taus[slab.cfg.summed_least].items()},
             "honest_accepted_every": sum(all(j["accepted"]) for j in hj), "honest_contributions": len(hj),
             "honest_samples_accepted": sum(sum(j["accepted"]) for j in hj),
             "honest_samples": sum(len(j["accepted"]) for j in hj),
@@ -467,6 +498,9 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
         "precision": str(cfg.numerics.precision), "H": cfg.inner_steps, "k": k, "s": cfg.sampled_segments,
         "w": cfg.window_len, "n_segments": cfg.n_segments, "outer_steps": steps, "model": cfg.model.config,
         "calibration_trials": calib_trials, "calibration_hosts": len(CALIBRATION_HOSTS), "thresholds": tau,
+        "summed_least": cfg.summed_least, "run_noise_by_least": {str(m): v for m, v in by_least.items()},
+        "calibrate_cumulative_by_least": {str(m): {c: p.rows[0].threshold[c] for c in CUMULATIVE_CHECKS}
+                                          for m, p in proposals.items()},
         "cumulative_rule": "root-sum-square", "legacy_thresholds": {str(k): v for k, v in legacy_tau.items()},
         "calibrated_noise": row.noise, "calibration_share_differing": row.noisy,
         "calibrate_thresholds": row.threshold, "run_noise": run_noise,
@@ -479,9 +513,9 @@ def run_setting(cfg: RunConfig, steps: int, calib_trials: int, root: Path) -> di
     }  # fmt: skip
 
 
-def _whole_run_cumulative(segs: Sequence[Segment]) -> dict[str, float]:
-    """`verifier.calibrate.cumulative_noise` from the residuals already computed."""
-    return {c: worst_summed([x["res"][i] for x in segs], [x["w"][i] for x in segs])
+def _whole_run_cumulative(segs: Sequence[Segment], least: int = 2) -> dict[str, float]:
+    """`verifier.calibrate.cumulative_noise` (sets of `least` or more) from the residuals already computed."""
+    return {c: worst_summed([x["res"][i] for x in segs], [x["w"][i] for x in segs], least)
             for i, c in enumerate(CUMULATIVE_CHECKS)}  # fmt: skip
 
 

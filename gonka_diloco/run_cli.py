@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -87,10 +88,20 @@ def with_fields(cfg: Any, fields: dict[str, Any], what: str) -> Any:  # RunConfi
         raise RunConfigFileError(f"{what}: {_errors(e)}") from None
 
 
-def read_calibration(path: Path) -> tuple[dict[str, Any], str | None]:
-    """The thresholds a `verifier calibrate` JSON proposes (its `run_config`), with
-    `replay_mode = "tolerance"`, and the summed-residual rule it calibrated them for
-    (`cumulative_rule`; None if the file does not say: a calibration from before issue 36)."""
+@dataclass(frozen=True)
+class Calibration:
+    """What a `verifier calibrate` JSON proposes: the run config's tolerance fields (with
+    `replay_mode = "tolerance"`), the summed-residual rule its thresholds are for (`cumulative_rule`;
+    None: a calibration from before issue 36), and the fewest segments they hold for
+    (`cumulative_least_segments`; 2 if the file does not say: calibrated over every set of two)."""
+
+    fields: dict[str, Any]
+    rule: str | None
+    least: int
+
+
+def read_calibration(path: Path) -> Calibration:
+    """The calibration at `path`, with one clear error for a missing, unreadable or malformed file."""
     try:
         if path.stat().st_size > MAX_CALIBRATION_BYTES:
             raise RunConfigFileError(f"{path}: over {MAX_CALIBRATION_BYTES} bytes, not a calibration")
@@ -107,22 +118,35 @@ def read_calibration(path: Path) -> tuple[dict[str, Any], str | None]:
     rule = data.get("cumulative_rule")
     if rule is not None and not isinstance(rule, str):
         raise RunConfigFileError(f"{path}: cumulative_rule: expected a string, got {rule!r}")
-    return {**fields, "replay_mode": "tolerance"}, rule
+    least = data.get("cumulative_least_segments", 2)
+    if isinstance(least, bool) or not isinstance(least, int) or least < 2:
+        raise RunConfigFileError(f"{path}: cumulative_least_segments: expected an integer ≥ 2, got {least!r}")
+    return Calibration({**fields, "replay_mode": "tolerance"}, rule, least)
 
 
-def check_calibrated_for(path: Path, fields: dict[str, Any], rule: str | None) -> None:
+def check_calibrated_for(path: Path, cal: Calibration, cfg: Any = None) -> None:  # cfg: RunConfig
     """Summed-residual thresholds mean what the rule they were calibrated for divides by (specs
     §6.4): the earlier rule's (Σ wᵢ, for a fixed number of opened segments) are smaller than the
-    count-independent rule needs, and would reject honest hosts."""
+    count-independent rule needs, and would reject honest hosts. And they hold for sets of
+    `cal.least` segments or more: honest summed noise is larger over fewer, so a run whose rule sums
+    fewer (`RunConfig.summed_least`: a shorter window, a smaller s) would reject honest hosts too."""
     from protocol.config import CUMULATIVE_RULE
 
-    if not any(fields.get(f) for f in CUMULATIVE_FIELDS) or rule == CUMULATIVE_RULE:
+    if not any(cal.fields.get(f) for f in CUMULATIVE_FIELDS):
         return
-    what = "the rule before issue 36 (no `cumulative_rule`)" if rule is None else f"rule {rule!r}"
-    raise RunConfigFileError(
-        f"{path}: its summed-residual thresholds are for {what}, this version checks {CUMULATIVE_RULE!r}; "
-        "calibrate again with `gonka-diloco verifier calibrate`"
-    )
+    if cal.rule != CUMULATIVE_RULE:
+        what = "the rule before issue 36 (no `cumulative_rule`)" if cal.rule is None else f"rule {cal.rule!r}"
+        raise RunConfigFileError(
+            f"{path}: its summed-residual thresholds are for {what}, this version checks "
+            f"{CUMULATIVE_RULE!r}; calibrate again with `gonka-diloco verifier calibrate`"
+        )
+    if cfg is not None and cfg.summed_least < cal.least:
+        how = (f"windows of w = {cfg.window_len}" if cfg.windowed
+               else f"s = {cfg.sampled_segments} opened segments")  # fmt: skip
+        raise RunConfigFileError(
+            f"{path}: its summed-residual thresholds hold for sets of {cal.least} segments or more, and this "
+            f"run ({how} of H/k = {cfg.n_segments}) sums {cfg.summed_least}; calibrate with this run config"
+        )
 
 
 PLACEHOLDER_HASH = "0" * 64
@@ -491,7 +515,7 @@ def create(
         "tolerance_cumulative_update": tolerance_cumulative_update,
     }
     try:
-        calibrated, rule = read_calibration(calibration) if calibration is not None else ({}, None)
+        cal = read_calibration(calibration) if calibration is not None else None
         if init_from_run is not None:
             if init_checkpoint is not None:
                 _fail("give --init-checkpoint or --init-from-run, not both")
@@ -499,12 +523,15 @@ def create(
         cfg = load_run_config(config, dataset=dataset, init_checkpoint=init_checkpoint)
         if overlap is not None:
             cfg = with_overlap(cfg, overlap)
-        if calibration is not None:
-            check_calibrated_for(calibration, calibrated, rule)
-        tolerances = {**calibrated, **{k: v for k, v in flags.items() if v is not None}}
+        if calibration is not None and cal is not None:
+            check_calibrated_for(calibration, cal)
+        given = {k: v for k, v in flags.items() if v is not None}
+        tolerances = {**(cal.fields if cal else {}), **given}
         if tolerances:
             source = "the tolerance flags" if calibration is None else str(calibration)
             cfg = with_fields(cfg, tolerances, source)
+        if calibration is not None and cal is not None and not set(CUMULATIVE_FIELDS) <= set(given):
+            check_calibrated_for(calibration, cal, cfg)  # the summed thresholds it gave hold for cfg's sums
         sizing: dict[str, Any] = {}
         if step_seconds is not None and measure:
             _fail("give --step-seconds or --measure, not both")

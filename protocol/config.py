@@ -480,6 +480,22 @@ class RunConfig(Frozen):
         return min(self.window_segments, self.n_segments)
 
     @property
+    def summed_least(self) -> int:
+        """The fewest segments any summed-residual check of this run sums (specs §6.4), at least 2
+        (a set of one is its segment's own check): windows, the shortest block of two or more
+        (a panel sums whole disputed windows, never fewer); segments, the drawn s − 1 when that is
+        two or more, else the challenge's s. Honest summed noise per √(Σ wᵢ²) falls as the count
+        grows, so thresholds calibrated over sets of this many segments or more hold for every
+        set the run sums, and are tighter than ones calibrated from two (`verifier.calibrate`)."""
+        n = self.n_segments
+        if self.windowed:
+            w = self.window_len
+            lengths = {min(w, n - a) for a in range(0, n, w)}
+        else:
+            lengths = {self.sampled_segments - 1, self.sampled_segments}
+        return min((m for m in lengths if m >= 2), default=2)
+
+    @property
     def checker_slots(self) -> int:
         """Window slots drawn per contribution at the challenge: v initial (escalations reuse
         them), then a for the audit (its verifiers are drawn later, from the audit seed)."""

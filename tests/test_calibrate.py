@@ -119,3 +119,46 @@ def test_cumulative_noise_is_the_worst_summed_set_of_every_count() -> None:
     assert len(sets) == 2**4 - 1 - 4  # every set of two or more of 4: runs, drawn sets, all
     big = sum(len(rows) for rows in summed_sets(30))  # 30 segments: every run, then ≤ 1000 sets per count
     assert big == 29 * 30 // 2 + 2 * 435 + 30 + 25 * 1000  # C(30, m) ≤ 1000 only for m ∈ {2, 28, 29}
+
+
+def test_summed_noise_from_the_runs_fewest_summed_segments() -> None:
+    """Thresholds for sets of m₀ or more (`RunConfig.summed_least`): a residual pair beside an exact
+    third segment scores √2·ρ/√2 over sets of two, but over sets of three only what the three sum
+    to. Honest noise per √(Σ wᵢ²) falls with the count, so calibrating from the run's m₀ rather
+    than from 2 is tighter and still holds for every set the run sums."""
+    import torch
+
+    from protocol.config import InnerOptim
+    from verifier.calibrate import cumulative_noise, summed_sets
+
+    def st(p: float) -> dict[str, torch.Tensor]:
+        return {"param/w": torch.tensor([p, 1.0]), "exp_avg/w": torch.tensor([0.5, 0.5]),
+                "exp_avg_sq/w": torch.tensor([0.25, 0.25]), "step": torch.tensor(3.0)}  # fmt: skip
+
+    start, replay, up = st(0.0), st(1.0), st(1.0 + 2**-10)
+    segs = [(replay, up, start), (replay, up, start), (replay, replay, start)]
+    inner = InnerOptim()
+    two, three = cumulative_noise(segs, inner, 2), cumulative_noise(segs, inner, 3)
+    moved = 1 + 2**-10
+    assert two["cumulative"] == pytest.approx(2 * 2**-10 / math.sqrt(2 * moved**2), rel=1e-6)  # the pair
+    assert three["cumulative"] == pytest.approx(2 * 2**-10 / math.sqrt(2 * moved**2 + 1), rel=1e-6)
+    assert three["cumulative"] < two["cumulative"]
+    sizes = {int(row.sum()) for rows in summed_sets(5, 3) for row in rows}
+    assert sizes == {3, 4, 5}
+
+
+@pytest.mark.parametrize(
+    ("fields", "least"),
+    [
+        ({"inner_steps": 50, "segment_len": 5}, 3),  # windows of 3: [0,3) [3,6) [6,9) and a lone [9]
+        ({"inner_steps": 40, "segment_len": 5}, 2),  # 8 segments: the last block [6, 8) sums 2
+        ({"inner_steps": 50, "segment_len": 5, "window_segments": 5}, 5),
+        ({"inner_steps": 50, "segment_len": 5, "window_segments": 1}, 2),  # a panel's two windows
+        ({"inner_steps": 50, "segment_len": 5, "sampling": "segments", "sampled_segments": 2}, 2),
+        ({"inner_steps": 50, "segment_len": 5, "sampling": "segments", "sampled_segments": 4}, 3),
+    ],
+)
+def test_run_config_names_the_fewest_segments_its_rule_sums(fields: dict[str, object], least: int) -> None:
+    from tests.support.replay import tiny_cfg
+
+    assert tiny_cfg(**fields).summed_least == least

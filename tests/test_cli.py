@@ -312,6 +312,30 @@ def test_run_create_refuses_summed_thresholds_calibrated_for_the_earlier_rule(tm
     assert "tolerance_cumulative: Input should be greater than or equal to 0" in bad.output
 
 
+def test_run_create_refuses_summed_thresholds_calibrated_for_longer_sums(tmp_path: Path) -> None:
+    """A calibration records the fewest segments its summed-residual thresholds hold for
+    (`cumulative_least_segments`, specs §6.4): a run whose rule sums fewer is refused in one line
+    (honest noise is larger over fewer segments); one that sums as many or more takes them, as do
+    explicit flags for both summed thresholds."""
+    import json
+
+    path, cal = tmp_path / "run.toml", tmp_path / "calibration.json"
+    path.write_text(TINY_RUN)  # H/k = 2: one window of two segments
+    create = ("run", "create", str(path), "--dry-run")
+    cal.write_text(json.dumps({**CALIBRATION, "cumulative_least_segments": 3}))
+    refused = invoke(*create, "--calibration", str(cal))
+    assert refused.exit_code == 2 and "hold for sets of 3 segments or more" in refused.output
+    assert "sums 2" in refused.output and "Traceback" not in refused.output
+    flags = ("--tolerance-cumulative", "0.01", "--tolerance-cumulative-update", "0.01")
+    assert invoke(*create, "--calibration", str(cal), *flags).exit_code == 0
+    path.write_text(TINY_RUN.replace("inner_steps = 10", "inner_steps = 30"))  # windows of 3 of 6
+    assert invoke(*create, "--calibration", str(cal)).exit_code == 0
+    for bad in (1, "3", True):
+        cal.write_text(json.dumps({**CALIBRATION, "cumulative_least_segments": bad}))
+        out = invoke(*create, "--calibration", str(cal)).output
+        assert "cumulative_least_segments: expected an integer ≥ 2" in out
+
+
 # ---------------------------------------------------------------- devnet config
 
 

@@ -221,7 +221,8 @@ def test_cancelling_at_the_always_opened_last_segment_is_rejected_next_to_an_hon
     for n in (0, 1):
         assert {r for r, _ in every_sample(world, world.two[n], n, Sampling.SEGMENTS, s=3)} == {Reason.ACCEPT}
     windows = every_sample(world, cancel, 0, Sampling.WINDOWS)
-    assert windows[0][0] is Reason.REPLAY_MISMATCH and "replayed segments" in windows[0][1], windows[0]
+    reason, detail = windows[0]
+    assert reason is Reason.REPLAY_MISMATCH and "over the 3 window segments" in detail, detail
     honest, boundary = world.honest[0], lambda run, j: run.store.get(run.contribution.leaves[j])
     delta = param_gap(boundary(cancel, 1), boundary(honest, 1))  # δ: the first boundary's move
     assert param_gap(cancel.final_state, honest.final_state) > (cfg.n_segments - 4) * delta > 0  # (n − s)·δ
@@ -254,6 +255,37 @@ def test_what_is_left_within_the_summed_residuals_steers_delta_far_less(world: W
             assert {r for r, _ in every_sample(world, steer, 0, Sampling.WINDOWS)} == {Reason.ACCEPT}
         left[cumulative] = rel_l2(delta_of(steer, world.gms[0]), d_honest)
     assert 0 < left[True] < left[False] / 3, left
+
+
+def test_a_lone_last_window_no_longer_leaves_theta_h_its_whole_per_segment_budget(world: World) -> None:
+    """Issue 36: with windows of w = 5 over 6 segments the last block is segment 5 alone, which no
+    window sums. `budget_steer lone=True` spends 0.9 of the summed budgets at boundaries 1 … 5 and
+    θ_H's whole per-segment budget (several times its summed share). The window [0, 5) alone sums
+    within its thresholds, and the lone window's own check holds θ_H to the per-segment bound only:
+    before, accepted under every window. Every tolerance window check short of θ_H now also replays
+    the last segment and sums it with its window (specs §6.4): REPLAY_MISMATCH there, while the
+    honest 2-thread host is accepted under both windows."""
+    cfg = world.lab.cfg.model_copy(update={"sampling": Sampling.WINDOWS, "window_segments": 5})
+    lab = dataclasses.replace(world.lab, cfg=cfg)
+    params = {"fraction": 0.9, "target": "update", "where": "free", "lone": True}
+    lone = lab.train(resolve_host("budget_steer", params), HOST, 0, world.gms[0])
+    ctx = lab.replay_context(world.gms[0])
+    first = lab.job(lone, 0, "00" * 32, window=[0, 1, 2, 3, 4])
+    alone = lab.job(lone, 0, "00" * 32, window=[5])
+    assert first.replays == [0, 1, 2, 3, 4, 5] and alone.replays == [5]
+    out = verify(first, lone.source(), ctx)
+    assert out.reason is Reason.REPLAY_MISMATCH and "over the 6 replayed segments" in out.detail, out.detail
+    assert verify(alone, lone.source(), ctx).reason is Reason.ACCEPT
+    window_only = Cumulative()  # what the window [0, 5) alone sums: within, the move is in θ_H's segment
+    for o in (o for o in first.openings if o.segment < 5):
+        start = lone.store.get(o.start_leaf)
+        end = {k: v.clone() for k, v in replay_segment(first, ctx, start, o.segment).items()}
+        window_only.add(end, lone.store.get(o.end_leaf), start, cfg.inner)
+    assert cumulative_mismatch(window_only, cfg.cumulative_tolerances) is None
+    for n in (0, 1):
+        for window in ([0, 1, 2, 3, 4], [5]):
+            job = lab.job(world.two[n], n, "00" * 32, window=window)
+            assert verify(job, world.two[n].source(), lab.replay_context(world.gms[n])).accept, (n, window)
 
 
 def _state(param: list[float], m: list[float], v: list[float], step: float = 3.0) -> dict[str, torch.Tensor]:

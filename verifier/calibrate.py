@@ -23,12 +23,16 @@ threshold of some group. The checks over replayed segments together (`cumulative
 `cumulative_update`: `verifier.tolerance.Cumulative`, specs §6.4) are measured the same way on whole
 trajectories (`chains`: the fresh state and the last warm one): env B, the host, trains H/k
 consecutive segments, env A replays each from B's boundary, and the noise is the largest
-cumulative distance over every contiguous run of them and every set of every count m ≥ 2 (beyond
-`MAX_SUBSETS` per count: a fixed sample; one segment is its own per-segment check). The distances
-are normalized to be count-independent, so one threshold serves a window, a challenge's drawn
-segments and a dispute panel's windows; honest residuals do not align, so their value stays at or
-below the per-segment noise, while a host steering m boundaries the same way reaches √m times its
-per-boundary ratio.
+cumulative distance over every contiguous run of them and every set of every count m ≥ m₀ (beyond
+`MAX_SUBSETS` per count: a fixed sample; one segment is its own per-segment check), m₀ the fewest
+segments the run's rule ever sums (`RunConfig.summed_least`: a window of w = 3 → 3; sampling
+segments → s − 1 or s, at least 2). The distances are normalized per √(Σ wᵢ²): honest residuals do
+not align, so their value stays at or below the per-segment noise and falls as m grows, while a host
+steering m boundaries the same way reaches √m times its per-boundary ratio. So one threshold serves
+every set of m₀ or more (a window, a challenge's drawn segments, a dispute panel's windows), and
+calibrating it on sets of m₀ rather than 2 tightens it by what honest noise loses from 2 to m₀
+segments. The JSON records m₀ (`cumulative_least_segments`): `run create` refuses the thresholds
+for a run whose rule sums fewer.
 Each environment runs in its own process; states cross as safetensors files, never pickles.
 """
 
@@ -105,6 +109,7 @@ class Row:
     threshold: dict[str, float]  # per group: max(factor × noise, FLOOR)
     ok: bool  # each attack exceeds the threshold of some group
     noisy: float = 1.0  # share of trials whose replays differed at all (1-vs-2-thread noise is sporadic)
+    summed_least: int = 2  # the summed-residual noise is over sets of this many segments or more
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,12 @@ class Proposal:
     tolerances: dict[str, float] | None  # per group, the run config's tolerance* fields
     factor: float
     rows: list[Row]
+
+    @property
+    def summed_least(self) -> int:
+        """The fewest segments the proposed summed-residual thresholds hold for (the chosen k's
+        `RunConfig.summed_least`): a run whose rule sums fewer needs thresholds calibrated for them."""
+        return next((r.summed_least for r in self.rows if r.k == self.k), 2)
 
     @property
     def tolerance(self) -> float | None:
@@ -137,14 +148,17 @@ def _seen(signal: dict[str, float], threshold: dict[str, float]) -> bool:
 
 def propose(ks: Sequence[int], noise: Sequence[float | Groups], skip: Sequence[float | Groups],
             swap: Sequence[float | Groups], factor: float = 8.0,
-            noisy: Sequence[float] | None = None) -> Proposal:  # fmt: skip
-    """Pure: the table and the proposal from measured distances (one value, or one per group, per k)."""
+            noisy: Sequence[float] | None = None,
+            leasts: Sequence[int] | None = None) -> Proposal:  # fmt: skip
+    """Pure: the table and the proposal from measured distances (one value, or one per group, per k;
+    `leasts`: per k, the fewest segments its summed-residual noise was measured over)."""
     rows = []
     shares = noisy if noisy is not None else [1.0] * len(ks)
-    for k, n, a, b, q in zip(ks, noise, skip, swap, shares, strict=True):
+    least = leasts if leasts is not None else [2] * len(ks)
+    for k, n, a, b, q, m in zip(ks, noise, skip, swap, shares, least, strict=True):
         n_g, a_g, b_g = _groups(n), _groups(a), _groups(b)
         tau = {g: max(factor * v, FLOOR) for g, v in n_g.items()}
-        rows.append(Row(k, n_g, a_g, b_g, tau, _seen(a_g, tau) and _seen(b_g, tau), q))
+        rows.append(Row(k, n_g, a_g, b_g, tau, _seen(a_g, tau) and _seen(b_g, tau), q, m))
     good = [r for r in rows if r.ok]
     best = max(good, key=lambda r: r.k) if good else None
     return Proposal(best.k if best else None, dict(best.threshold) if best else None, factor, rows)
@@ -260,15 +274,17 @@ def _residuals(replay: State, claim: State, start: State, inner: Any) -> tuple[T
     return r, du, moved, float(ur.norm())
 
 
-def summed_sets(n: int) -> Iterator[Tensor]:
+def summed_sets(n: int, least: int = 2) -> Iterator[Tensor]:
     """The sets of n consecutive segments whose summed residuals calibration scores, as 0/1 rows in
-    batches: every contiguous run of two or more (a window, a trajectory's tail), and for every
-    count m ≥ 2 every set of m (a challenge's drawn segments, a panel's windows), or `MAX_SUBSETS`
-    of them drawn with a fixed seed where there are more. (A set of one is its segment's own check.)"""
-    runs = [list(range(a, b)) for a in range(n) for b in range(a + 2, n + 1)]
+    batches: every contiguous run of `least` or more (a window, a trajectory's tail), and for every
+    count m ≥ `least` every set of m (a challenge's drawn segments, a panel's windows), or
+    `MAX_SUBSETS` of them drawn with a fixed seed where there are more. (A set of one is its
+    segment's own check; `least` is the run's `RunConfig.summed_least`, 2 unless told.)"""
+    least = max(2, least)
+    runs = [list(range(a, b)) for a in range(n) for b in range(a + least, n + 1)]
     rng = random.Random(0)
     others: list[Sequence[int]] = []
-    for m in range(2, n):
+    for m in range(least, n):
         if math.comb(n, m) <= MAX_SUBSETS:
             others.extend(itertools.combinations(range(n), m))
         else:
@@ -281,28 +297,31 @@ def summed_sets(n: int) -> Iterator[Tensor]:
         yield rows
 
 
-def worst_summed(vectors: Sequence[Tensor], weights: Sequence[float]) -> float:
-    """The largest ‖Σ_S r_i‖ / √(Σ_S w_i²) over every summed set (`summed_sets`) of consecutive
-    segments' residual vectors r_i and movements w_i, from the residuals' Gram matrix."""
+def worst_summed(vectors: Sequence[Tensor], weights: Sequence[float], least: int = 2) -> float:
+    """The largest ‖Σ_S r_i‖ / √(Σ_S w_i²) over every summed set (`summed_sets`, of `least` or more)
+    of consecutive segments' residual vectors r_i and movements w_i, from the residuals' Gram matrix."""
     x = torch.stack(list(vectors))
     gram = x @ x.T
     w2 = torch.tensor(list(weights), dtype=torch.float64).square()
     worst = 0.0
-    for rows in summed_sets(len(weights)):  # nothing for one segment
+    for rows in summed_sets(len(weights), least):  # nothing for one segment
         num = ((rows @ gram) * rows).sum(1).clamp_min(0.0)
         val = torch.where(num == 0, torch.zeros_like(num), num.sqrt() / (rows @ w2).sqrt())
         worst = max(worst, float(val.max()))
     return worst
 
 
-def cumulative_noise(segments: Sequence[tuple[State, State, State]], inner: Any) -> dict[str, float]:
-    """The largest `Cumulative` distances over every summed set (`summed_sets`) of the given
-    consecutive (replay, claim, start) segments of one trajectory. The checks are count-independent
-    (specs §6.4), so one threshold must hold for the largest of every count."""
+def cumulative_noise(
+    segments: Sequence[tuple[State, State, State]], inner: Any, least: int = 2
+) -> dict[str, float]:
+    """The largest `Cumulative` distances over every summed set (`summed_sets`) of `least` or more
+    of the given consecutive (replay, claim, start) segments of one trajectory. Normalized per
+    √(Σ wᵢ²), honest values fall as the count grows (specs §6.4), so one threshold holds for every
+    set of `least` or more: the run's smallest summed set (`RunConfig.summed_least`)."""
     res = [_residuals(*seg, inner) for seg in segments]
     return {
-        "cumulative": worst_summed([r[0] for r in res], [r[2] for r in res]),
-        "cumulative_update": worst_summed([r[1] for r in res], [r[3] for r in res]),
+        "cumulative": worst_summed([r[0] for r in res], [r[2] for r in res], least),
+        "cumulative_update": worst_summed([r[1] for r in res], [r[3] for r in res], least),
     }
 
 
@@ -360,7 +379,9 @@ def calibrate(
         swap: list[Groups] = []
         noisy: list[float] = []
         groups, inner = TOLERANCE_CHECKS, cfg.inner
+        leasts: list[int] = []
         for k in ks:
+            leasts.append(cfg.model_copy(update={"segment_len": k}).summed_least)
             n_k = dict.fromkeys(groups, 0.0)
             skip_k, swap_k = dict.fromkeys(groups, math.inf), dict.fromkeys(groups, math.inf)
             seen = 0
@@ -381,13 +402,13 @@ def calibrate(
                 for j in range(1, max(1, cfg.inner_steps // k) + 1):
                     seg_start = first if j == 1 else _slice(cb, f"{c}/{k}/{j - 1}/")
                     segs.append((_slice(ca, f"{c}/{k}/{j}/"), _slice(cb, f"{c}/{k}/{j}/"), seg_start))
-                dc = cumulative_noise(segs, inner)
+                dc = cumulative_noise(segs, inner, leasts[-1])
                 n_k = {**n_k, **{g: max(n_k.get(g, 0.0), dc[g]) for g in CUMULATIVE_CHECKS}}
             noise.append(n_k)
             skip.append(skip_k)
             swap.append(swap_k)
             noisy.append(seen / len(starts))
-    return propose(ks, noise, skip, swap, factor, noisy)
+    return propose(ks, noise, skip, swap, factor, noisy, leasts)
 
 
 def table(p: Proposal, envs: tuple[int | str, int | str] = (1, 2)) -> str:
@@ -408,7 +429,8 @@ def table(p: Proposal, envs: tuple[int | str, int | str] = (1, 2)) -> str:
         lines.append(f"no k keeps both attacks above {p.factor:g}× the noise: use bitwise mode or shorter k")
     else:
         fields = ", ".join(f"{name} = {v:.2e}" for name, v in p.run_config_fields().items())
-        lines.append(f"proposal: segment_len k = {p.k}, {fields} ({p.factor:g}× noise)")
+        lines.append(f"proposal: segment_len k = {p.k}, {fields} ({p.factor:g}× noise; the summed ones "
+                     f"for sets of {p.summed_least} segments or more)")
     return "\n".join(lines)
 
 
@@ -426,6 +448,7 @@ def to_json(p: Proposal) -> dict[str, Any]:
         "tolerances": p.tolerances,
         "run_config": p.run_config_fields(),
         "cumulative_rule": CUMULATIVE_RULE,  # what its summed-residual thresholds mean (specs §6.4)
+        "cumulative_least_segments": p.summed_least,  # ... and the fewest segments they hold for
         "factor": p.factor,
         "rows": [_finite(asdict(r)) for r in p.rows],
     }

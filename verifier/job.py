@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from protocol.config import RunConfig
+from protocol.config import ReplayMode, RunConfig
 from protocol.errorfeedback import ef_hash
 from protocol.messages import EnvFingerprint, Reason
 from replay.data import Corpus
@@ -150,7 +150,14 @@ class Job:
 
     @property
     def replays(self) -> list[int]:
-        return sorted(self.sampled if self.window is None else self.window)
+        """The segments replayed: every opened one (sampling segments), or the window — in
+        tolerance mode with the last segment, always opened, added (specs §6.4): it ends at θ_H, so
+        its residual is summed with the window's (a host cannot spend a lone last segment's whole
+        per-segment budget, nor move θ_H unseen by every checker but one)."""
+        if self.window is None:
+            return sorted(self.sampled)
+        last = {self.cfg.n_segments - 1} if self.cfg.replay_mode is ReplayMode.TOLERANCE else set()
+        return sorted(set(self.window) | last)
 
 
 @dataclass

@@ -423,16 +423,19 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
                         Reason.REPLAY_MISMATCH,
                         f"segment {o.segment}: replay {leaf[:12]} != committed {o.end_leaf[:12]}, {why}",
                     )
-            if total is not None and claim is not None and start is not None:  # sampling segments' last
-                # is in every challenge: the drawn ones are also summed without it (specs §6.4)
-                forced = o.segment == last and job.window is None and not job.cfg.windowed
+            if total is not None and claim is not None and start is not None:  # the last segment is
+                # in every challenge and every tolerance window check: the others are also summed
+                # without it (specs §6.4)
+                outside = not job.cfg.windowed if job.window is None else last not in job.window
+                forced = o.segment == last and outside
                 total.add(end, claim, start, job.cfg.inner, forced=forced)
             at = o.segment + 1 if bitwise and leaf == o.end_leaf else None
             if o.segment == last:
                 final = claim if claim is not None else end
             del start, claim
         if total is not None:  # the replayed segments together: residuals that add up (specs §6.4)
-            why = cumulative_mismatch(total, job.cfg.cumulative_tolerances)
+            apart = "drawn" if job.window is None else "window"
+            why = cumulative_mismatch(total, job.cfg.cumulative_tolerances, apart)
             if why is not None:
                 raise Rejected(Reason.REPLAY_MISMATCH, why)
         whole = final is not None  # we replayed the last segment: its end state, moments and all

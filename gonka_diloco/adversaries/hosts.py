@@ -56,7 +56,9 @@ thresholds over summed segments too (specs §6.4), within every check: accepted,
 steer then is `bench.steering`'s figure (RESULTS.md); `cumulative=False` spends the per-segment
 budgets at every boundary, which the cumulative check rejects; `cancel=True` moves every boundary
 by one δ and θ_H by −(s−1)·δ, so that every challenge's sum with the always-opened last segment
-cancels (issue 36), which summing the drawn segments apart rejects.
+cancels (issue 36), which summing the drawn segments apart rejects; `lone=True` spends θ_H's whole
+per-segment budget, as a lone last window (n mod w = 1) alone would allow, which every other
+tolerance window check rejects: each also replays the last segment and sums it with its window.
 
 (5) the loss a vote carries decides nothing on chain; `gonka-diloco report` takes the median over
 the votes for the adopted model and names every voter whose value differs from it (honest hosts
@@ -588,9 +590,12 @@ class BudgetSteer(HostAdversary):
 
     def __init__(
         self, fraction: float = 0.9, target: str = "group", where: str = "free", seed: int = 0,
-        params: bool = True, cumulative: bool = True, cancel: bool | str = False,
+        params: bool = True, cumulative: bool = True, cancel: bool | str = False, lone: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
+        # True: θ_H's boundary spends its whole per-segment budget, as if only a lone last window
+        # (n mod w = 1) ever replayed it — which tolerance mode no longer allows (specs §6.4)
+        self.lone = bool(lone)
         self.steer_params = bool(params)  # False: the moments' budgets alone, parameters exact
         # False: ignores the thresholds over summed segments (specs §6.4), spends the per-segment
         # budgets at every boundary (the strongest steering before them; rejected where a run sets them)
@@ -607,6 +612,8 @@ class BudgetSteer(HostAdversary):
             self.expected = ("REPLAY_MISMATCH", "ACCEPT")
         elif self.cancel:
             pass
+        elif self.lone:  # the last boundary past the summed budgets: rejected by a window short of it
+            self.expected = ("REPLAY_MISMATCH", "ACCEPT")
         elif target == "update" and self.cumulative:  # within every check: accepted, bounded (bench.steering)
             self.expected, self.chain_outcome = ("ACCEPT",), "accepted"
         elif target == "update":  # accepted only by a run without the cumulative thresholds
@@ -623,8 +630,10 @@ class BudgetSteer(HostAdversary):
             load_training_state(ctx.model, ctx.inner_optimizer, cur)
             losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)
             end = clone_state(training_state(ctx.model, ctx.inner_optimizer))
+            last = j == cfg.n_segments - 1
+            summed = self.cumulative and not (last and self.lone)
             cur = steer_boundary(end, cur, cfg, self.fraction, self.target, self.where, self.seed,
-                                 params=self.steer_params, cumulative=self.cumulative)  # fmt: skip
+                                 params=self.steer_params, cumulative=summed, last=last)  # fmt: skip
             states.append(cur)
         load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)

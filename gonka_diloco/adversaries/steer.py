@@ -59,21 +59,32 @@ def direction(seed: int, name: str, shape: torch.Size) -> Tensor:
 
 
 def summed_segments(cfg: RunConfig) -> int:
-    """The most segments one check sums when nobody disputes (specs §6.4): a checker's window, or
-    a challenge's s. (Sets of one are not summed; m = 1 then asks nothing more of a boundary.)"""
+    """The most segments one check sums when nobody disputes (specs §6.4), the last segment's aside:
+    a checker's window, or a challenge's s. (Sets of one are not summed; m = 1 then asks nothing
+    more of a boundary.)"""
     return cfg.window_len if cfg.windowed else cfg.sampled_segments
 
 
-def budgets(cfg: RunConfig, fraction: float, cumulative: bool = True) -> dict[str, float]:
+def last_summed_with_windows(cfg: RunConfig) -> bool:
+    """Tolerance mode with windows (specs §6.4): every window check short of θ_H also replays the
+    last segment and sums its residual with the window's, so θ_H's boundary shares each window's
+    summed budget (the last block's own check aside)."""
+    return cfg.windowed and cfg.n_segments > cfg.window_len
+
+
+def budgets(cfg: RunConfig, fraction: float, cumulative: bool = True, last: bool = False) -> dict[str, float]:
     """`fraction` of every threshold; a bitwise run (thresholds 0) is given the smallest one
     calibration ever proposes (any move is then caught by the hash). With `cumulative`, also of the
     thresholds over summed segments, per boundary: m boundaries moved the same way by ratio ρ each
     sum to at most √m·ρ (specs §6.4), so ρ = fraction·τ/√m for the m of `summed_segments` (∞ where
-    the run sets none; `False`: ignored)."""
+    the run sets none; `False`: ignored). `last`: the boundary θ_H, which under windows is summed
+    with every other window (`last_summed_with_windows`): w boundaries at τ/√w leave it
+    τ·(√(w + 1) − √w), what keeps the window and the last segment together within τ·√(w + 1)."""
     out = {g: fraction * max(t, FLOOR) for g, t in cfg.tolerances.items()}
     m = summed_segments(cfg)
+    share = math.sqrt(m + 1) - math.sqrt(m) if last and last_summed_with_windows(cfg) else 1 / math.sqrt(m)
     for g, t in cfg.cumulative_tolerances.items():
-        out[g] = fraction * t / math.sqrt(m) if cumulative else math.inf
+        out[g] = fraction * t * share if cumulative else math.inf
     return out
 
 
@@ -164,15 +175,16 @@ def _fit(apply: Apply, ratio: Ratio, probe: float) -> State:
 
 def steer_boundary(
     end: State, start: State, cfg: RunConfig, fraction: float, target: str = "update", where: str = "free",
-    seed: int = 0, params: bool = True, cumulative: bool = True,
+    seed: int = 0, params: bool = True, cumulative: bool = True, last: bool = False,
 ) -> State:  # fmt: skip
     """The claimed boundary state: `end` (the host's own training of the segment from `start`)
     moved by `fraction` of every budget, as the module docstring says (`params=False`: the moments'
     budgets alone, the parameters exact; `cumulative=False`: the run's thresholds over all opened
-    segments ignored, every boundary spends the per-segment budgets). Pure; float32 like `end`."""
+    segments ignored, every boundary spends the per-segment budgets; `last`: the boundary is θ_H,
+    `budgets`' share of it). Pure; float32 like `end`."""
     if target not in TARGETS or where not in WHERE:
         raise ValueError(f"target must be one of {TARGETS}, where one of {WHERE}")
-    tau = budgets(cfg, fraction, cumulative)
+    tau = budgets(cfg, fraction, cumulative, last)
     inner = cfg.inner
     names = sorted(k[len(_P) :] for k in end if k.startswith(_P))
     bc1, bc2 = bias_corrections(float(end["step"]), inner)
