@@ -451,8 +451,8 @@ class Devnet:
             "behaviour": behaviour,
             "behaviour_params": params,
         }
-        if role == "host" and self.cfg.host_checkpoint_every != 4:  # 4: host.toml's own default
-            fields["checkpoint_every"] = self.cfg.host_checkpoint_every
+        if role == "host" and self.cfg.checkpoint_every is not None:  # else the run's w (host.toml's default)
+            fields["checkpoint_every"] = self.cfg.checkpoint_every
         if self.cfg.dataset:
             ds = self.cfg.dataset
             fields["dataset"] = ds if "://" in ds else str(Path(ds).resolve())

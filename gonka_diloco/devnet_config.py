@@ -161,12 +161,6 @@ class DevnetConfig(Strict):
         "(window_segments), so every window start is on disk and the reveal recomputes nothing",
     )  # fmt: skip
 
-    @property
-    def host_checkpoint_every(self) -> int:
-        """m for the devnet's hosts: `checkpoint_every`, or w. With host.toml's own default (4)
-        beside w = 3 a host recomputed every window start inside the reveal phase, which a loaded
-        2-core machine did not finish in time (ErrLateReveal)."""
-        return self.checkpoint_every or self.window_segments
     overlap: Overlap = Field(
         Overlap.NONE,
         description="none, or eager: train step n+1 while step n is verified, each host starting "

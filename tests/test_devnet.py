@@ -339,19 +339,22 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path, overlap: str) -
 
 
 PERSIST_CASES = [({}, 3), ({"window_segments": 2}, 2), ({"checkpoint_every": 5}, 5),
-                 ({"checkpoint_every": 4}, 4)]  # fmt: skip
+                 ({"checkpoint_every": 4}, 4), ({"sampling": "segments"}, 4)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("settings", "want"), PERSIST_CASES)
 def test_devnet_hosts_persist_every_window_start(tmp_path: Path, settings: dict, want: int) -> None:
-    """Hosts persist every w-th boundary unless the devnet says otherwise: with host.toml's own m = 4
-    beside w = 3 a host recomputed every window start inside the reveal phase, and a loaded 2-core
-    machine missed the reveal deadline (ErrLateReveal)."""
-    from gonka_diloco.devnet import Devnet
+    """Hosts persist every w-th boundary unless told otherwise (host.toml's default follows the
+    run): with a fixed m = 4 beside w = 3 a host recomputed every window start inside the reveal
+    phase, and a loaded 2-core machine missed the reveal deadline (ErrLateReveal)."""
+    from gonka_diloco.devnet import Devnet, run_config
     from gonka_diloco.devnet_config import make_config
-    from trainer.node_config import load_host_config
+    from trainer.node_config import checkpoint_every_for, load_host_config
 
-    with Devnet(make_config(settings), tmp_path / "run") as dn:
+    cfg = make_config(settings)
+    with Devnet(cfg, tmp_path / "run") as dn:
         dn.run_id = 1  # as after `create_run`
         dn._add_node("host-0", "host", 1, "honest", {}, "http://127.0.0.1:1")
-    assert load_host_config(tmp_path / "run" / "host-0" / "host.toml").checkpoint_every == want
+    host = load_host_config(tmp_path / "run" / "host-0" / "host.toml")
+    assert host.checkpoint_every == settings.get("checkpoint_every")  # unset unless the devnet sets it
+    assert checkpoint_every_for(run_config(cfg), host.checkpoint_every) == want

@@ -55,7 +55,7 @@ from trainer.behaviour import AcceptedDelta, HostBehaviour, OuterContext
 from trainer.commit import TrainedStep
 from trainer.ddp import Team
 from trainer.metrics import HostMetrics
-from trainer.node_config import HostConfig
+from trainer.node_config import HostConfig, checkpoint_every_for
 from trainer.records import Record, Records
 from trainer.retention import Retention
 from trainer.reveal import RevealPhase
@@ -228,9 +228,8 @@ class HostNode:
         self.objects = ObjectPolicy.of(self.model, self.cfg)
         self.content = ContentStore(self.dir / "store", c)
         self.rt.swept(self.content.sweep())  # what a kill left half-written, before anything writes
-        self.store = StateStore(
-            self.dir / "store", chunk_bytes=c, checkpoint_every=self.config.checkpoint_every
-        )
+        every = checkpoint_every_for(self.cfg, self.config.checkpoint_every)
+        self.store = StateStore(self.dir / "store", chunk_bytes=c, checkpoint_every=every)
         self.catalog.chunk_bytes = c
         self.holdings = Holdings(self.content, self.catalog, self.log)
         self.records = Records(self.dir / "commits", self.content, self.log)

@@ -10,9 +10,13 @@ from pathlib import Path
 from pydantic import Field
 
 from nodekit.config import ConfigError, KeySource, NodeConfig, load_node_config
-from protocol.config import Stake
+from protocol.config import RunConfig, Stake
 
-__all__ = ["ConfigError", "HostConfig", "KeySource", "NodeConfig", "load_host_config", "load_node_config"]
+__all__ = ["ConfigError", "HostConfig", "KeySource", "NodeConfig", "checkpoint_every_for", "load_host_config",
+           "load_node_config"]  # fmt: skip
+
+SEGMENTS_CHECKPOINT_EVERY = 4
+"""m under sampling segments when host.toml names none: any boundary may be opened there."""
 
 
 class HostConfig(NodeConfig):
@@ -24,9 +28,11 @@ class HostConfig(NodeConfig):
         description="ngonka bonded at MsgJoinRun; default: a run's default min_host_stake",
     )
 
-    checkpoint_every: int = Field(
-        4, ge=1, le=1_000_000, description="m: persist every m-th boundary; opened ones are recomputed"
-    )
+    checkpoint_every: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="m: persist every m-th boundary; opened ones are recomputed. Unset: the run's window "
+        "w (sampling windows: every window start is on disk), else 4",
+    )  # fmt: skip
     shard_state: bool = Field(
         False,
         description="under torchrun: each rank keeps 1/W of the optimizer moments and hashes and saves "
@@ -37,3 +43,13 @@ class HostConfig(NodeConfig):
 def load_host_config(path: str | Path) -> HostConfig:
     """Read and validate host.toml; every failure is a `ConfigError` naming the file and field."""
     return load_node_config(path, HostConfig)
+
+
+def checkpoint_every_for(cfg: RunConfig, configured: int | None) -> int:
+    """The m a host persists with: host.toml's, else the run's window length under sampling windows
+    (every window start then on disk: the reveal recomputes none, where m = 4 beside w = 3
+    recomputed two of every three inside the reveal phase and a loaded host missed its deadline),
+    else `SEGMENTS_CHECKPOINT_EVERY`."""
+    if configured is not None:
+        return configured
+    return cfg.window_len if cfg.windowed else SEGMENTS_CHECKPOINT_EVERY
