@@ -1217,7 +1217,11 @@ def statecode(d: dict[str, Any]) -> Lines:
     out = [f"Link: {fmt(d['link_mb_s'])} MB/s (1 Gbit/s); chunks of {fmt(d['chunk_bytes'])} bytes; speeds "
            "are per core (one thread, its own CPU time). *t*: inner steps into the outer step (G_n at 0); "
            "ratio = canonical ÷ coded bytes; *genuine ratio*: max |m̂|/((√v̂+ε)·C(t)) of the state (§6.3); "
-           "*diff_body*: the 125M state without `embed_tokens` (its unused rows' moments stay 0). Load "
+           "*diff_body*: the 125M state without `embed_tokens` (its unused rows' moments stay 0); "
+           "*diff_theta_h*: the chunks a checker fetches for θ_H's parameters alone (the header's chunk and "
+           "every chunk holding `param/*`, moments at their edges included; a one-chunk state is all of it); "
+           "*diff_params* (*diff_params_body*: without `embed_tokens`): the parameters alone, chunked as a "
+           "state of their own (θ_H's chunks at scale); *diff_moments*: the rest. Load "
            f"average {fmt(d.get('load_before'))} before, {fmt(d.get('load_after'))} after.", ""]  # fmt: skip
     keys = ["model", "moments", "t", "coding", "level", "state_bytes_per_param", "wire_bytes_per_param",
             "ratio", "encode_mb_s", "decode_mb_s", "genuine_ratio"]  # fmt: skip
@@ -1229,11 +1233,18 @@ def statecode(d: dict[str, Any]) -> Lines:
             f"{fmt(p[m]['decode_mb_s'])} MB/s/core)" for m in ("fp32", "int8") if m in p]  # fmt: skip
     out += [f"The planner takes, per moment format, the lowest ratio of `{p.get('coding')}` at zstd level "
             f"{p.get('level')}: " + "; ".join(took) + ".", ""]  # fmt: skip
+    if theta := p.get("theta_h"):
+        took = [f"{m} {fmt(t['ratio'])} (slowest encode {fmt(t['encode_mb_s'])}, decode "
+                f"{fmt(t['decode_mb_s'])} MB/s/core)" for m, t in theta.items()]  # fmt: skip
+        out += ["For θ_H's parameters alone (r_θ), the lowest of `diff_params` and `diff_params_body`: "
+                + "; ".join(took) + ".", ""]  # fmt: skip
     if d.get("prediction_30b"):
         keys = ["moments", "state_gb", "wire_gb", "wire_bytes_per_param", "minutes_at_1gbit", "optimizer_gb"]
-        out += table(["30B: moments", "state GB", "on the wire GB", "B/param on the wire",
-                      "min at 1 Gbit/s", "carried optimizer GB"],
-                     [[r[k] for k in keys] for r in d["prediction_30b"]])  # fmt: skip
+        head = ["30B: moments", "state GB", "on the wire GB", "B/param on the wire", "min at 1 Gbit/s",
+                "carried optimizer GB"]  # fmt: skip
+        if all("theta_h_gb" in r for r in d["prediction_30b"]):
+            keys, head = [*keys, "theta_h_gb"], [*head, "θ_H's parameters on the wire GB"]
+        out += table(head, [[r[k] for k in keys] for r in d["prediction_30b"]])
     return out
 
 

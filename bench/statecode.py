@@ -10,6 +10,11 @@ Real states from a real training run, coded chunk by chunk as a holder would sen
   the ratio is also reported without `embed_tokens` ("body"), and the planner takes the lower.
 Both with float32 and with int8 moments (`InnerOptim.moments`, specs §6.2.1).
 
+The parts of each state at the planner's coding (`parts`): the chunks a checker fetches for θ_H's
+parameters alone (`diff_theta_h`: the verifier's own `param_chunks`), the parameters alone as a
+state of their own (`diff_params`, `diff_params_body`: what those chunks are at scale) and the rest
+(`diff_moments`). The planner's θ_H ratio r_θ is the lowest `diff_params`/`diff_params_body`.
+
 Codings of each chunk (c = the run's default 64 MiB; a GPT state is one chunk): zstd of the
 canonical bytes ("raw"), byte planes + zstd (PLANES), parameters as integer differences against
 G_n's + byte planes + zstd (DIFF), at zstd levels 1 and 3. Ratio = canonical bytes ÷ coded bytes
@@ -39,6 +44,7 @@ from torch import Tensor
 from bench.sim import write_result
 from protocol.chunks import DEFAULT_CHUNK_BYTES
 from protocol.config import InnerOptim, ModelSpec, Moments, RunConfig
+from protocol.inner import PARAM
 from protocol.statecode import DEFAULT_LEVEL, HEADER, StateLayout, Transform, decode_chunk, encode_chunk
 from protocol.tensors import canonical_pieces, specs_of
 from replay.data import Corpus, open_dataset
@@ -62,14 +68,20 @@ def _stream(state: Mapping[str, Tensor]) -> tuple[bytes, StateLayout]:
 
 
 def code_state(
-    state: Mapping[str, Tensor], base: Mapping[str, Tensor], variants: list[tuple[str, int]]
+    state: Mapping[str, Tensor],
+    base: Mapping[str, Tensor],
+    variants: list[tuple[str, int]],
+    chunks: set[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every variant over every chunk: coded bytes, encode and decode CPU seconds (this thread)."""
+    """Every variant over every chunk (or over `chunks` only: the canonical bytes counted are
+    theirs): coded bytes, encode and decode CPU seconds (this thread)."""
     data, layout = _stream(state)
+    which = sorted(chunks) if chunks is not None else range(layout.n_chunks)
+    canonical = sum(b - a for a, b in map(layout.span, which))
     rows = []
     for name, level in variants:
         coded = enc = dec = 0.0
-        for i in range(layout.n_chunks):
+        for i in which:
             a, b = layout.span(i)
             chunk = memoryview(data)[a:b]
             t0 = time.thread_time()
@@ -88,9 +100,9 @@ def code_state(
             coded += len(out) + (0 if name != "raw" else HEADER.size)
             enc += t1 - t0
             dec += t2 - t1
-        mb = layout.total / 1e6
-        rows.append({"coding": name, "level": level, "canonical_bytes": layout.total, "coded_bytes": coded,
-                     "ratio": layout.total / coded, "encode_mb_s": mb / max(enc, 1e-9),
+        mb = canonical / 1e6
+        rows.append({"coding": name, "level": level, "canonical_bytes": canonical, "coded_bytes": coded,
+                     "ratio": canonical / coded, "encode_mb_s": mb / max(enc, 1e-9),
                      "decode_mb_s": mb / max(dec, 1e-9)})  # fmt: skip
     return rows
 
@@ -137,6 +149,7 @@ def measure(name: str, spec: ModelSpec, corpus: Corpus, warm: int, points: list[
                 rest = {k: v for k, v in state.items() if EMBED not in k}
                 extra = code_state(rest, base, [("diff", DEFAULT_LEVEL)])
                 coded += [{**r, "coding": f"{r['coding']}_body"} for r in extra]
+            coded += parts(state, base, body)
             for r in coded:
                 rows.append({"model": name, "moments": moments.value, "t": t, "params": n_params,
                              "state_bytes_per_param": r["canonical_bytes"] / n_params,
@@ -147,42 +160,82 @@ def measure(name: str, spec: ModelSpec, corpus: Corpus, warm: int, points: list[
     return rows
 
 
+def parts(state: Mapping[str, Tensor], base: Mapping[str, Tensor], body: bool) -> list[dict[str, Any]]:
+    """The state's parts at the planner's coding (DIFF, `DEFAULT_LEVEL`), as the nodes code them:
+    - `theta_h`: the chunks a checker whose window ends short of θ_H fetches of it, its parameters
+      alone (`verifier.source.param_chunks`: the header's chunk and every chunk holding `param/*`,
+      so with the moments that share their edge chunks; a one-chunk state is all of it);
+    - `params`: the `param/*` tensors alone, as a state of their own (chunked the same way): what
+      θ_H's parameters cost once chunks are all parameters (a large model, whose three edge chunks
+      are nothing beside its parameters' thousands); `params_body` without the token embedding;
+    - `moments`: everything else (moments, scales, step), for comparison."""
+    from verifier.source import param_chunks
+
+    mine = [("diff", DEFAULT_LEVEL)]
+    fetch = param_chunks(specs_of(state), DEFAULT_CHUNK_BYTES)
+    params = {k: v for k, v in state.items() if k.startswith(f"{PARAM}/")}
+    moments = {k: v for k, v in state.items() if not k.startswith(f"{PARAM}/")}
+    out = [{**r, "coding": "diff_theta_h"} for r in code_state(state, base, mine, fetch)]
+    out += [{**r, "coding": "diff_params"} for r in code_state(params, base, mine)]
+    if body:
+        rest = {k: v for k, v in params.items() if EMBED not in k}
+        out += [{**r, "coding": "diff_params_body"} for r in code_state(rest, base, mine)]
+    out += [{**r, "coding": "diff_moments"} for r in code_state(moments, base, mine)]
+    return out
+
+
+def _lowest(rows: list[dict[str, Any]]) -> dict[str, float]:
+    return {"ratio": min(r["ratio"] for r in rows), "encode_mb_s": min(r["encode_mb_s"] for r in rows),
+            "decode_mb_s": min(r["decode_mb_s"] for r in rows)}  # fmt: skip
+
+
 def planner(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """What the planner uses: per moment format, the lowest ratio of the chosen coding (DIFF at
-    `DEFAULT_LEVEL`, whole or body) over every model and point, and the slowest per-core speeds."""
+    `DEFAULT_LEVEL`, whole or body) over every model and point, and the slowest per-core speeds;
+    under `theta_h`, the same of θ_H's parameters alone (`params`, `params_body`: the lowest), what
+    a checker fetches of θ_H at scale (`parts`)."""
     out: dict[str, Any] = {"coding": Transform.DIFF.name.lower(), "level": DEFAULT_LEVEL,
                            "link_mb_s": LINK_MB_S}  # fmt: skip
+    theta: dict[str, Any] = {}
     for m in (Moments.FP32, Moments.INT8):
-        mine = [r for r in rows if r["moments"] == m.value and r["level"] == DEFAULT_LEVEL
-                and r["coding"] in ("diff", "diff_body")]  # fmt: skip
-        if mine:
-            out[m.value] = {"ratio": min(r["ratio"] for r in mine),
-                            "encode_mb_s": min(r["encode_mb_s"] for r in mine),
-                            "decode_mb_s": min(r["decode_mb_s"] for r in mine)}  # fmt: skip
+        at = [r for r in rows if r["moments"] == m.value and r["level"] == DEFAULT_LEVEL]
+        if mine := [r for r in at if r["coding"] in ("diff", "diff_body")]:
+            out[m.value] = _lowest(mine)
+        if mine := [r for r in at if r["coding"] in ("diff_params", "diff_params_body")]:
+            theta[m.value] = _lowest(mine)
+    if theta:
+        out["theta_h"] = theta
     return out
 
 
 def prediction(plan: dict[str, Any]) -> list[dict[str, Any]]:
     """What `gonka_diloco.plan` then says of one opened state at the planner's default model (30B)."""
+    from dataclasses import replace
+
     from gonka_diloco.plan import (
         Constants,
         Inputs,
         optimizer_wire_bytes,
         state_canonical_bytes,
         state_wire_bytes,
+        theta_h_bytes,
+        theta_h_ratio,
     )
 
     i = Inputs()
     ratio = {m.value: plan[m.value]["ratio"] if m.value in plan else 1.0 for m in Moments}
-    c = Constants(state_code_ratio=ratio)
+    theta = {m: r["ratio"] for m, r in plan.get("theta_h", {}).items()}
+    c = Constants(state_code_ratio=ratio, theta_h_code_ratio=theta)
     out = []
     for m in Moments:
         wire = state_wire_bytes(i, c, m)
+        theta_h = theta_h_bytes(i.params, theta_h_ratio(replace(i, moments=m), c))
         out.append({"moments": m.value, "params": i.params,
                     "state_gb": state_canonical_bytes(i.params, m) / 1e9,
                     "wire_gb": wire / 1e9, "wire_bytes_per_param": wire / i.params,
                     "minutes_at_1gbit": wire / (LINK_MB_S * 1e6) / 60,
-                    "optimizer_gb": optimizer_wire_bytes(i, m) / 1e9})  # fmt: skip
+                    "optimizer_gb": optimizer_wire_bytes(i, m) / 1e9,
+                    "theta_h_gb": theta_h / 1e9})  # fmt: skip
     return out
 
 
@@ -216,7 +269,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         print(f"30B, {p['moments']} moments: an opened state {p['state_gb']:.0f} GB, on the wire "
               f"{p['wire_gb']:.0f} GB ({p['wire_bytes_per_param']:.2f} B/param, "
               f"{p['minutes_at_1gbit']:.0f} min at 1 Gbit/s); carried optimizer state "
-              f"{p['optimizer_gb']:.0f} GB")  # fmt: skip
+              f"{p['optimizer_gb']:.0f} GB; θ_H's parameters {p['theta_h_gb']:.0f} GB")  # fmt: skip
     write_result("statecode", result)
     return result
 

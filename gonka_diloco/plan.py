@@ -127,6 +127,11 @@ class Constants:
     state_code_ratio: dict[str, float] = field(default_factory=lambda: dict.fromkeys(sizes.Moments, 1.0))
     """Canonical ÷ coded bytes of an opened training state (`protocol.statecode`, DIFF against
     G_n), per `InnerOptim.moments`: the lowest measured by `bench.statecode`; 1.0 = sent uncoded."""
+    theta_h_code_ratio: dict[str, float] = field(default_factory=dict)
+    """r_θ: canonical ÷ coded bytes of θ_H's parameters alone (`param/*` coded against G_n), what a
+    check whose window ends short of θ_H fetches of it (`theta_h_bytes`), per `InnerOptim.moments`:
+    the lowest measured by `bench.statecode` (its planner's `theta_h`); a format absent here takes
+    the whole state's `state_code_ratio`."""
     state_code_speed: dict[str, float] = field(default_factory=lambda: {"encode": 4e8, "decode": 4e8})
     """Canonical bytes per second per core of that coding (the slower side bounds a transfer's CPU)."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -515,24 +520,27 @@ def window_check_bytes(
     delta: float = 0.0,
     moments: sizes.Moments = sizes.Moments.FP32,
     ratio: float = 1.0,
+    theta_ratio: float | None = None,
 ) -> float:
     """What the checker of block b downloads. Its start: 12·P, or for block 0 the carried optimizer
     state (8·P, G_n is held). Tolerance adds every later claimed boundary of the block (its
     segments' starts and its end, L_b states) and the Δ. θ_H's parameters (4·P, for the Δ check)
     unless b is the last block, whose replay (or claimed end) is θ_H. `ef`: codec sparse's
     carried accumulator, fetched by every check. Training states and θ_H's parameters travel coded
-    against G_n (specs §8.2): ÷ `ratio`; the optimizer state, e and Δ as they are."""
+    against G_n (specs §8.2): states ÷ `ratio` (r), θ_H's parameters ÷ `theta_ratio` (r_θ, their
+    own measured ratio; None: r); the optimizer state, e and Δ as they are."""
     S = state_bytes(params, moments) / ratio
     start = optimizer_bytes(params, moments) if b == 0 else S
     later = 0.0 if bitwise else lengths[b] * S + delta
-    theta_h = 0.0 if b == len(lengths) - 1 else theta_h_bytes(params, ratio)
+    r_theta = ratio if theta_ratio is None else theta_ratio
+    theta_h = 0.0 if b == len(lengths) - 1 else theta_h_bytes(params, r_theta)
     return start + later + theta_h + ef
 
 
 def theta_h_bytes(params: float, ratio: float = 1.0) -> float:
-    """θ_H's parameters as a check whose window ends short of θ_H fetches them: 4·P ÷ the coding
-    ratio (the chunks holding `param/*`; the header's chunk and the chunks θ shares with a moment
-    are a few chunks more, not counted)."""
+    """θ_H's parameters as a check whose window ends short of θ_H fetches them: 4·P ÷ `ratio`, their
+    coding ratio r_θ (`theta_h_ratio`; the chunks holding `param/*`: the header's chunk and the
+    chunks θ shares with a moment are a few chunks more, not counted)."""
     return PARAM_BYTES_PER_PARAM * params / ratio
 
 
@@ -545,6 +553,15 @@ def code_ratio(i: Inputs, c: Constants) -> float:
     return c.state_code_ratio.get(sizes.Moments(i.moments).value, 1.0)
 
 
+def theta_h_ratio(i: Inputs, c: Constants) -> float:
+    """r_θ: the measured lossless ratio of θ_H's parameters alone coded against G_n
+    (`Constants.theta_h_code_ratio`), for the run's moment format; where none was measured, the
+    whole state's (`code_ratio`). Pipeline `today`: 1.0 (uncoded)."""
+    if i.pipeline is Pipeline.TODAY:
+        return 1.0
+    return c.theta_h_code_ratio.get(sizes.Moments(i.moments).value) or code_ratio(i, c)
+
+
 def carried_ef_bytes(i: Inputs) -> float:
     """Codec sparse: the host's error-feedback accumulator a check fetches (0 for other codecs)."""
     return EF_BYTES_PER_PARAM * i.params if i.codec is Codec.SPARSE else 0.0
@@ -552,13 +569,13 @@ def carried_ef_bytes(i: Inputs) -> float:
 
 def window_bytes_per_check(i: Inputs, c: Constants) -> float:
     """One check's download, expected over its block (every block equally likely to be drawn):
-    bitwise with B ≥ 2, (1/B)·8·P + ((B−1)/B)·(12·P + 4·P)/r (+ 4·P codec sparse); B = 1: 8·P;
-    r the coding ratio of training states (`code_ratio`)."""
+    bitwise with B ≥ 2, (1/B)·8·P + ((B−1)/B)·(12·P/r + 4·P/r_θ) (+ 4·P codec sparse); B = 1: 8·P;
+    r the coding ratio of training states (`code_ratio`), r_θ θ_H's parameters' (`theta_h_ratio`)."""
     lengths = block_lengths(i.n, i.window_len)
     bitwise = i.replay is ReplayMode.BITWISE
-    ef, d, r = carried_ef_bytes(i), run_delta_bytes(i, c), code_ratio(i, c)
+    ef, d, r, rt = carried_ef_bytes(i), run_delta_bytes(i, c), code_ratio(i, c), theta_h_ratio(i, c)
     per = [window_check_bytes(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments,
-                              ratio=r)
+                              ratio=r, theta_ratio=rt)
            for b in range(len(lengths))]  # fmt: skip
     return sum(per) / len(per)
 
@@ -585,7 +602,8 @@ def from_zero_check_bytes(
     ratio: float = 1.0,
 ) -> float:
     """A from-segment-0 check downloads no state: the carried optimizer (8·P) and, unless its
-    block is the last, θ_H's parameters (4·P, coded: ÷ the ratio): 8·P + ((B−1)/B)·4·P (+ e)."""
+    block is the last, θ_H's parameters (4·P, coded: ÷ `ratio`, their own r_θ):
+    8·P + ((B−1)/B)·4·P/r_θ (+ e)."""
     B = window_blocks(n, w)
     return optimizer_bytes(params, moments) + (B - 1) / B * theta_h_bytes(params, ratio) + ef
 
@@ -709,7 +727,7 @@ def host_openings_bytes(i: Inputs, c: Constants) -> float:
     every = c_checks * verifier_bytes_per_contribution(i, c)
     if not i.windowed or i.pipeline is Pipeline.TODAY:
         return every
-    theta = theta_h_bytes(i.params, code_ratio(i, c))
+    theta = theta_h_bytes(i.params, theta_h_ratio(i, c))
     return every - (theta_h_fetches(i) - theta_h_uploads(i)) * theta
 
 
@@ -1411,14 +1429,16 @@ def meets(p: Plan, floors: Floors, overlap: bool) -> bool:
     )
 
 
-def opened_state_bytes(i: Inputs, ratio: float = 1.0) -> float:
+def opened_state_bytes(i: Inputs, ratio: float = 1.0, theta_ratio: float | None = None) -> float:
     """One check's states alone, whatever the codec (no Δ, no error feedback), training states
-    coded at `ratio`: a lower bound on what the host serves per check."""
+    coded at `ratio`, θ_H's parameters at `theta_ratio` (None: `ratio`): a lower bound on what the
+    host serves per check."""
     S, P = state_bytes(i.params, i.moments) / ratio, i.params
     if i.windowed:
         lengths = block_lengths(i.n, i.window_len)
         bitwise = i.replay is ReplayMode.BITWISE
-        per = [window_check_bytes(P, lengths, b, bitwise=bitwise, moments=i.moments, ratio=ratio)
+        per = [window_check_bytes(P, lengths, b, bitwise=bitwise, moments=i.moments, ratio=ratio,
+                                  theta_ratio=theta_ratio)
                for b in range(len(lengths))]  # fmt: skip
         return sum(per) / len(per)
     return i.s * S if i.pipeline is Pipeline.TODAY else (i.s - 1) * S + optimizer_bytes(P, i.moments)
@@ -1427,11 +1447,11 @@ def opened_state_bytes(i: Inputs, ratio: float = 1.0) -> float:
 def utilization_bound(i: Inputs, overlap: bool, c: Constants | None = None) -> float:
     """An upper bound on utilization whatever m and the codec: the host's upload of its opened
     states alone (no Δ, no recompute, no stalls; coded and swarmed as `host_openings_bytes`
-    counts them, with `c`'s coding ratio) already follows training."""
-    ratio = 1.0 if c is None else code_ratio(i, c)
-    data = checks_per_contribution(i) * opened_state_bytes(i, ratio)
+    counts them, with `c`'s coding ratios) already follows training."""
+    ratio, theta = (1.0, 1.0) if c is None else (code_ratio(i, c), theta_h_ratio(i, c))
+    data = checks_per_contribution(i) * opened_state_bytes(i, ratio, theta)
     if i.windowed and i.pipeline is not Pipeline.TODAY:
-        data -= (theta_h_fetches(i) - theta_h_uploads(i)) * theta_h_bytes(i.params, ratio)
+        data -= (theta_h_fetches(i) - theta_h_uploads(i)) * theta_h_bytes(i.params, theta)
     data /= i.up
     train = i.H * step_seconds(i)
     return train / (max(train, data) if overlap else train + data)
@@ -1585,7 +1605,7 @@ def choose_window(i: Inputs, c: Constants, budget: float = REPLAY_BUDGET) -> Win
     down_segments = window_replay_segments(chosen.n, pick.w)
     down_s = check_seconds(chosen, down_bytes, down_segments)
     zero_bytes = from_zero_check_bytes(
-        i.params, chosen.n, pick.w, carried_ef_bytes(chosen), i.moments, code_ratio(chosen, c)
+        i.params, chosen.n, pick.w, carried_ef_bytes(chosen), i.moments, theta_h_ratio(chosen, c)
     )
     zero_segments = from_zero_segments(chosen.n, pick.w)
     zero_s = check_seconds(chosen, zero_bytes, zero_segments) if i.replay is ReplayMode.BITWISE else None

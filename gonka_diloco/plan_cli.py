@@ -361,6 +361,11 @@ def _constants_table(c: Constants) -> Table:
     t.add_row(
         "chain state machine", f"{c.chain_ms_per_msg:.3g} ms/msg", c.sources.get("chain_ms_per_msg", "")
     )
+    t.add_row("training state coding r", ", ".join(f"{k} {v:.3g}×" for k, v in c.state_code_ratio.items()),
+              c.sources.get("state_code", ""))  # fmt: skip
+    theta = {k: c.theta_h_code_ratio.get(k) or v for k, v in c.state_code_ratio.items()}
+    t.add_row("θ_H's parameters coding r_θ", ", ".join(f"{k} {v:.3g}×" for k, v in theta.items()),
+              c.sources.get("theta_h_code", ""))  # fmt: skip
     return t
 
 

@@ -19,8 +19,8 @@ from nodekit.fetch import BlobClient, BlobInvalid, FetchReport
 from nodekit.objects import Kind, ObjectPolicy
 from nodekit.serve import BlobCatalog, ServerThread, StoredObject, build_app
 from nodekit.store import ContentStore, TensorSink
-from protocol.tensors import specs_of
-from verifier.source import HttpSource
+from protocol.tensors import data_offsets, specs_of
+from verifier.source import HttpSource, param_chunks
 
 CHUNK = 4096
 LAYOUT = {"a": (3000,), "b": (5000,)}
@@ -104,6 +104,13 @@ def test_a_state_comes_coded_against_g_and_decodes_to_its_canonical_chunks(setup
     assert all(torch.equal(t, state[n]) for n, t in got.items())
     (r,) = reports
     assert 0 < r.coded_bytes < r.coded_raw
+    # the chunks it took are `param_chunks`' (what bench.statecode codes to measure θ_H's ratio):
+    # the header's, and those from the first parameter byte's to the last's, moments not
+    wanted = param_chunks(specs_of(state), CHUNK)
+    spans = [s for n, s in data_offsets(specs_of(state)).items() if n.startswith("param/")]
+    first, last = min(a for a, _ in spans), max(b for _, b in spans)
+    assert wanted == {0, *range(first // CHUNK, (last - 1) // CHUNK + 1)} and len(wanted) < ref.n_chunks
+    assert r.coded_raw == sum(b - a for a, b in map(ref.span, wanted))
     print(f"coded {r.coded_bytes} of {r.coded_raw} canonical bytes: ratio {r.coded_raw / r.coded_bytes:.2f}")
 
 

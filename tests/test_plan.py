@@ -266,6 +266,40 @@ def test_coded_states_on_the_wire_by_hand() -> None:
     assert pm.opened_state_bytes(i, 1.25) == pytest.approx(11.6e9)
 
 
+def test_theta_h_parameters_travel_at_their_own_ratio() -> None:
+    """θ_H's parameters alone are coded at their own measured r_θ (`Constants.theta_h_code_ratio`),
+    not the whole state's r: every figure that counts θ_H's bytes divides its 4·P by r_θ."""
+    ratios = {"state_code_ratio": {"fp32": 1.25, "int8": 1.25}, "theta_h_code_ratio": {"fp32": 2.0}}
+    theta = Constants(codec_ratio=C.codec_ratio, sha256_bytes_per_s=2e9, **ratios)
+    same = replace(theta, theta_h_code_ratio={})
+    lengths = [3, 3, 3, 1]
+    by = [pm.window_check_bytes(1e9, lengths, b, bitwise=True, ratio=1.25, theta_ratio=2.0) for b in range(4)]
+    assert by == pytest.approx([8e9 + 2e9, 9.6e9 + 2e9, 9.6e9 + 2e9, 9.6e9])
+    # H = 20, k = 5, w = 1: n = 4, B = 4; v = 2 + p·a = 1: 3 checks, θ_H fetched 2.25 times, uploaded once
+    i = Inputs(moments=FP32, params=1e9, H=20, k=5, w=1, v=2, auditors=1, audit_p=1.0, codec=Codec.INT8)
+    assert pm.theta_h_ratio(i, theta) == 2.0 and pm.code_ratio(i, theta) == 1.25
+    assert pm.theta_h_ratio(i, same) == 1.25  # not measured: the whole state's
+    assert pm.theta_h_ratio(replace(i, moments=Moments.INT8), theta) == 1.25  # measured for fp32 only
+    assert pm.theta_h_ratio(replace(i, pipeline=Pipeline.TODAY), theta) == 1.0
+    # one check: (1/4)·8 + (3/4)·(12/1.25 + 4/2) = 2 + 8.7 GB (r_θ = r: 2 + 9.6)
+    assert pm.verifier_bytes_per_contribution(i, theta) == pytest.approx(10.7e9)
+    assert pm.verifier_bytes_per_contribution(i, same) == pytest.approx(11.6e9)
+    # the author: 3 checks' bytes less 1.25 copies of θ_H's 2 GB
+    assert pm.host_openings_bytes(i, theta) == pytest.approx(3 * 10.7e9 - 1.25 * 2e9)
+    assert pm.host_openings_bytes(i, same) == pytest.approx(3 * 11.6e9 - 1.25 * 3.2e9)
+    assert pm.opened_state_bytes(i, 1.25, 2.0) == pytest.approx(10.7e9)
+    fast = replace(i, up=1e9)
+    train = fast.H * pm.step_seconds(fast)
+    states = (3 * 10.7e9 - 1.25 * 2e9) / 1e9
+    assert pm.utilization_bound(fast, True, theta) == pytest.approx(train / max(train, states))
+    # a check from segment 0 fetches only the optimizer and θ_H's parameters: at r_θ
+    j = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
+    ch = pm.choose_window(j, theta)
+    want = pm.from_zero_check_bytes(1e9, j.n, ch.w, 0.0, FP32, ratio=2.0)
+    assert ch.from_zero_check_bytes == pytest.approx(want)
+    assert pm.choose_window(j, same).from_zero_check_bytes > want
+
+
 def test_theta_h_leaves_the_author_once_with_swarming() -> None:
     """Windows: c·(B − 1)/B checks fetch θ_H's parameters; with swarming (specs §8.1) the author
     uploads them once when v ≥ 2, and with v = 1 unless its one block is the last and nobody audits."""

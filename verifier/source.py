@@ -27,12 +27,22 @@ from nodekit.store import (
     TensorSink,
 )
 from nodekit.storefiles import StoredTensors
+from protocol.tensors import TensorSpec, data_offsets
 from replay.step import State
 from verifier.job import MalformedBlob, MissingData
 from verifier.tolerance import PARAM
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
+
+
+def param_chunks(specs: Sequence[TensorSpec], chunk_bytes: int) -> set[int]:
+    """The chunks of a training state of these specs that a fetch of its parameters alone takes
+    (`HttpSource.params`): the first (the header) and every chunk holding bytes of a `param/*`
+    tensor, from the first parameter byte to the last (they are contiguous: names sort together)."""
+    spans = [(a, b) for n, (a, b) in data_offsets(specs).items() if n.startswith(PARAM) and b > a]
+    a, b = (min(x for x, _ in spans), max(y for _, y in spans)) if spans else (0, 0)
+    return {0, *range(a // chunk_bytes, max(a, b - 1) // chunk_bytes + 1)}
 
 
 def _lock(store: ContentStore, h: str) -> threading.Lock:
@@ -137,9 +147,7 @@ class HttpSource:
         other checkers (specs §8.1), the author spared."""
         sink = TensorSink(self.objects.specs[Kind.STATE], only=lambda n: n.startswith(PARAM))
         ref = self.objects.ref(Kind.STATE, leaf_hash)
-        a, b = sink.span()
-        c = ref.chunk_bytes
-        wanted = {0, *range(a // c, max(a, b - 1) // c + 1)}
+        wanted = param_chunks(self.objects.specs[Kind.STATE], ref.chunk_bytes)
         if self.store is None or self.group is None:
             have = set(range(ref.n_chunks)) - wanted
             self._fetch(Kind.STATE, leaf_hash, sink, have=have, spare=self.spare, coding=self.coding)
