@@ -92,7 +92,7 @@ ATTACKS: list[dict[str, Any]] = [
     # issue 36: one move δ at every boundary, cancelled where a check sums
     {"fraction": 0.9, "cancel": True},  # at θ_H, the segment every challenge opens
     {"fraction": 0.9, "cancel": "window"},  # at the end of every window
-    # θ_H's whole per-segment budget, as a lone last window (n mod w = 1) alone would hold it to
+    # θ_H's whole per-segment budget, what a lone last window (n mod w = 1) alone holds it to
     {"target": "update", "where": "all", "fraction": 0.9, "lone": True},
 ]
 """The adversary library (`budget_steer` parameters). The "group" rows fail a per-segment check
@@ -170,20 +170,18 @@ def _ratio(segs: Sequence[Segment], ids: Sequence[int], rms: bool) -> dict[str, 
 
 
 def replayed(cfg: RunConfig, sample: Sequence[int]) -> list[int]:
-    """What a check of one sample replays: the sample, and in tolerance mode a window short of θ_H
-    with the last segment (`verifier.job.Job.replays`, specs §6.4)."""
+    """What a check of one sample replays: the sample, and in tolerance mode a window ending where
+    a lone last block begins also that segment (`verifier.job.Job.replays`, specs §6.4)."""
     last = cfg.n_segments - 1
-    tolerance = cfg.replay_mode is ReplayMode.TOLERANCE
-    return [*sample, last] if cfg.windowed and tolerance and last not in sample else list(sample)
+    on = cfg.replay_mode is ReplayMode.TOLERANCE and cfg.lone_last and last - 1 in sample
+    return [*sample, last] if on else list(sample)
 
 
 def summed_sets(cfg: RunConfig, sample: Sequence[int]) -> list[list[int]]:
-    """The sets specs §6.4 sums for one sample: all it replays, and where the always-opened last
-    segment was added to it (every challenge; a tolerance window short of θ_H) the others apart;
-    each of two or more segments (one is its own per-segment check)."""
+    """The sets specs §6.4 sums for one sample: all it replays, and under sampling segments the
+    drawn segments apart; each of two or more segments (one is its own per-segment check)."""
     last, full = cfg.n_segments - 1, replayed(cfg, sample)
-    forced = last in full and (not cfg.windowed or last not in sample)
-    sets = [[j for j in full if j != last], full] if forced else [full]
+    sets = [full] if cfg.windowed else [[j for j in full if j != last], full]
     return [x for x in sets if len(x) >= 2]
 
 

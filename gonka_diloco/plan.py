@@ -524,7 +524,9 @@ def window_check_bytes(
 ) -> float:
     """What the checker of block b downloads. Its start: 12·P, or for block 0 the carried optimizer
     state (8·P, G_n is held). Tolerance adds every later claimed boundary of the block (its
-    segments' starts and its end, L_b states) and the Δ. θ_H's parameters (4·P, for the Δ check)
+    segments' starts and its end, L_b states) and the Δ; where the last block is one segment alone
+    (n mod w = 1), the block before it replays on into it (specs §6.4): its claimed end θ_H, a
+    state, in place of θ_H's parameters. θ_H's parameters (4·P, for the Δ check)
     unless b is the last block, whose replay (or claimed end) is θ_H. `ef`: codec sparse's
     carried accumulator, fetched by every check. Training states and θ_H's parameters travel coded
     against G_n (specs §8.2): states ÷ `ratio` (r), θ_H's parameters ÷ `theta_ratio` (r_θ, their
@@ -533,7 +535,9 @@ def window_check_bytes(
     start = optimizer_bytes(params, moments) if b == 0 else S
     later = 0.0 if bitwise else lengths[b] * S + delta
     r_theta = ratio if theta_ratio is None else theta_ratio
-    theta_h = 0.0 if b == len(lengths) - 1 else theta_h_bytes(params, r_theta)
+    last = len(lengths) - 1
+    takes_last = not bitwise and last >= 1 and lengths[last] == 1 and b == last - 1
+    theta_h = 0.0 if b == last else (S if takes_last else theta_h_bytes(params, r_theta))
     return start + later + theta_h + ef
 
 
@@ -580,9 +584,12 @@ def window_bytes_per_check(i: Inputs, c: Constants) -> float:
     return sum(per) / len(per)
 
 
-def window_replay_segments(n: int, w: int) -> float:
-    """Segments one check replays, expected over its block: n/B."""
-    return n / window_blocks(n, w)
+def window_replay_segments(n: int, w: int, tolerance: bool = False) -> float:
+    """Segments one check replays, expected over its block: n/B; in tolerance mode with a lone
+    last segment (n mod w = 1, n > w) the block before it replays it too: + 1/B (specs §6.4)."""
+    B = window_blocks(n, w)
+    lone = n > w and (n - 1) % w == 0
+    return n / B + (1 / B if tolerance and lone else 0.0)
 
 
 def from_zero_segments(n: int, w: int) -> float:
@@ -610,7 +617,8 @@ def from_zero_check_bytes(
 
 def replay_segments_per_check(i: Inputs) -> float:
     """Segments one check replays: s (every opened segment) or its window's n/B."""
-    return window_replay_segments(i.n, i.window_len) if i.windowed else float(i.s)
+    tolerance = i.replay is ReplayMode.TOLERANCE
+    return window_replay_segments(i.n, i.window_len, tolerance) if i.windowed else float(i.s)
 
 
 def verifier_bytes_per_contribution(i: Inputs, c: Constants) -> float:
@@ -1602,7 +1610,7 @@ def choose_window(i: Inputs, c: Constants, budget: float = REPLAY_BUDGET) -> Win
     pick = floor or fastest_largest(fit) or min(options, key=lambda o: (o.replay_share, o.overlapped_s))
     chosen = replace(i, sampling=Sampling.WINDOWS, w=pick.w)
     down_bytes = window_bytes_per_check(chosen, c)
-    down_segments = window_replay_segments(chosen.n, pick.w)
+    down_segments = replay_segments_per_check(chosen)
     down_s = check_seconds(chosen, down_bytes, down_segments)
     zero_bytes = from_zero_check_bytes(
         i.params, chosen.n, pick.w, carried_ef_bytes(chosen), i.moments, theta_h_ratio(chosen, c)

@@ -491,9 +491,19 @@ class RunConfig(Frozen):
         if self.windowed:
             w = self.window_len
             lengths = {min(w, n - a) for a in range(0, n, w)}
+            if self.lone_last and self.replay_mode is ReplayMode.TOLERANCE:
+                lengths = (lengths - {1}) | {w + 1}  # the lone last segment summed with the window before
         else:
             lengths = {self.sampled_segments - 1, self.sampled_segments}
         return min((m for m in lengths if m >= 2), default=2)
+
+    @property
+    def lone_last(self) -> bool:
+        """Sampling windows with a last block of one segment (n mod w = 1, n > w): no window sums
+        segment n − 1 with another, so in tolerance mode the window ending where it begins takes it
+        on (specs §6.4, `verifier.job.Job.replays`)."""
+        n, w = self.n_segments, self.window_len
+        return self.windowed and n > w and (n - 1) % w == 0
 
     @property
     def checker_slots(self) -> int:

@@ -162,3 +162,24 @@ def test_run_config_names_the_fewest_segments_its_rule_sums(fields: dict[str, ob
     from tests.support.replay import tiny_cfg
 
     assert tiny_cfg(**fields).summed_least == least
+
+
+@pytest.mark.parametrize(("h", "w", "lone"), [(50, 3, True), (45, 3, False), (15, 3, False), (25, 1, True)])
+def test_a_lone_last_block_is_named_and_taken_on_by_the_window_before(h: int, w: int, lone: bool) -> None:
+    """n mod w = 1 (n > w): the last block is segment n − 1 alone; a tolerance window ending there
+    replays on into it (`Job.replays`, specs §6.4), a bitwise one does not need to."""
+    from protocol.config import ReplayMode
+    from tests.support.replay import tiny_cfg
+    from verifier.job import Job
+
+    cfg = tiny_cfg(inner_steps=h, segment_len=5, window_segments=w)
+    assert cfg.lone_last is lone
+    n = cfg.n_segments
+    before = list(range(max(0, n - 1 - w), n - 1))  # the window ending where segment n − 1 begins
+    tol = cfg.model_copy(update={"replay_mode": ReplayMode.TOLERANCE})
+    for c, takes in ((cfg, False), (tol, lone)):
+        job = Job.__new__(Job)
+        object.__setattr__(job, "cfg", c)
+        object.__setattr__(job, "window", tuple(before))
+        object.__setattr__(job, "sampled", ())
+        assert job.replays == ([*before, n - 1] if takes else before)

@@ -224,16 +224,17 @@ def test_window_check_bytes_by_hand() -> None:
     lengths = [3, 3, 3, 1]
     by = [pm.window_check_bytes(1e9, lengths, b, bitwise=True) for b in range(4)]
     assert by == [8e9 + 4e9, 12e9 + 4e9, 12e9 + 4e9, 12e9]  # block 0: optimizer; last: no θ_H fetch
-    # tolerance: + every later claimed boundary of the block (L_b states) + the Δ (1 GB)
+    # tolerance: + every later claimed boundary of the block (L_b states) + the Δ (1 GB); the block
+    # before the lone last one replays on into it: θ_H's claimed end whole (12 GB) for its params
     tol = [pm.window_check_bytes(1e9, lengths, b, bitwise=False, delta=1e9) for b in range(4)]
-    assert tol == [8e9 + 36e9 + 4e9 + 1e9, 12e9 + 36e9 + 4e9 + 1e9, 53e9, 12e9 + 12e9 + 1e9]
+    assert tol == [8e9 + 36e9 + 4e9 + 1e9, 12e9 + 36e9 + 4e9 + 1e9, 61e9, 12e9 + 12e9 + 1e9]
     i = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
     # (1/B)·8P + ((B−1)/B)·12P + ((B−1)/B)·4P = 2 + 9 + 3 GB
     assert pm.verifier_bytes_per_contribution(i, C) == pytest.approx(14e9)
     assert pm.verifier_bytes_per_contribution(replace(i, codec=Codec.SPARSE), C) == pytest.approx(18e9)  # + e
     assert pm.verifier_bytes_per_contribution(replace(i, w=10), C) == 8e9  # B = 1: the optimizer only
     tolerance = replace(i, replay=ReplayMode.TOLERANCE)
-    assert pm.verifier_bytes_per_contribution(tolerance, C) == pytest.approx((49 + 53 + 53 + 25) / 4 * 1e9)
+    assert pm.verifier_bytes_per_contribution(tolerance, C) == pytest.approx((49 + 53 + 61 + 25) / 4 * 1e9)
     assert pm.opened_state_bytes(i) == pytest.approx(14e9)  # the utilization bound: states alone
 
 
@@ -337,6 +338,8 @@ def test_theta_h_leaves_the_author_once_with_swarming() -> None:
 
 def test_window_replay_and_the_start_from_segment_zero() -> None:
     assert pm.window_replay_segments(10, 3) == 2.5  # n/B
+    assert pm.window_replay_segments(10, 3, tolerance=True) == 2.5 + 0.25  # block 2 takes on the lone 9
+    assert pm.window_replay_segments(9, 3, tolerance=True) == 3.0  # no lone block
     # from segment 0 to the block's end: 3, 6, 9, 10 → 7 = w·(B − 1)/2 + n/B = 4.5 + 2.5
     assert pm.from_zero_segments(10, 3) == 7.0
     assert pm.from_zero_segments(9, 3) == pytest.approx((3 + 6 + 9) / 3)

@@ -222,7 +222,7 @@ def test_cancelling_at_the_always_opened_last_segment_is_rejected_next_to_an_hon
         assert {r for r, _ in every_sample(world, world.two[n], n, Sampling.SEGMENTS, s=3)} == {Reason.ACCEPT}
     windows = every_sample(world, cancel, 0, Sampling.WINDOWS)
     reason, detail = windows[0]
-    assert reason is Reason.REPLAY_MISMATCH and "over the 3 window segments" in detail, detail
+    assert reason is Reason.REPLAY_MISMATCH and "over the 3 replayed segments" in detail, detail
     honest, boundary = world.honest[0], lambda run, j: run.store.get(run.contribution.leaves[j])
     delta = param_gap(boundary(cancel, 1), boundary(honest, 1))  # δ: the first boundary's move
     assert param_gap(cancel.final_state, honest.final_state) > (cfg.n_segments - 4) * delta > 0  # (n − s)·δ
@@ -259,12 +259,12 @@ def test_what_is_left_within_the_summed_residuals_steers_delta_far_less(world: W
 
 def test_a_lone_last_window_no_longer_leaves_theta_h_its_whole_per_segment_budget(world: World) -> None:
     """Issue 36: with windows of w = 5 over 6 segments the last block is segment 5 alone, which no
-    window sums. `budget_steer lone=True` spends 0.9 of the summed budgets at boundaries 1 … 5 and
+    window summed. `budget_steer lone=True` spends 0.9 of the summed budgets at boundaries 1 … 5 and
     θ_H's whole per-segment budget (several times its summed share). The window [0, 5) alone sums
     within its thresholds, and the lone window's own check holds θ_H to the per-segment bound only:
-    before, accepted under every window. Every tolerance window check short of θ_H now also replays
-    the last segment and sums it with its window (specs §6.4): REPLAY_MISMATCH there, while the
-    honest 2-thread host is accepted under both windows."""
+    before, accepted under every window. In tolerance mode the window ending where the lone block
+    begins now replays on into it and sums the run of 6 (specs §6.4): REPLAY_MISMATCH there, while
+    the honest 2-thread host is accepted under both windows."""
     cfg = world.lab.cfg.model_copy(update={"sampling": Sampling.WINDOWS, "window_segments": 5})
     lab = dataclasses.replace(world.lab, cfg=cfg)
     params = {"fraction": 0.9, "target": "update", "where": "free", "lone": True}

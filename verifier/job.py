@@ -151,13 +151,16 @@ class Job:
     @property
     def replays(self) -> list[int]:
         """The segments replayed: every opened one (sampling segments), or the window — in
-        tolerance mode with the last segment, always opened, added (specs §6.4): it ends at θ_H, so
-        its residual is summed with the window's (a host cannot spend a lone last segment's whole
-        per-segment budget, nor move θ_H unseen by every checker but one)."""
+        tolerance mode, where the last block is segment n − 1 alone (`RunConfig.lone_last`), a
+        window ending where it begins replays on into it (always opened), so its residual is summed
+        with that window's in one contiguous run (specs §6.4): a lone last window would otherwise
+        hold θ_H's boundary to the per-segment bound only."""
         if self.window is None:
             return sorted(self.sampled)
-        last = {self.cfg.n_segments - 1} if self.cfg.replay_mode is ReplayMode.TOLERANCE else set()
-        return sorted(set(self.window) | last)
+        segs, last = set(self.window), self.cfg.n_segments - 1
+        if self.cfg.replay_mode is ReplayMode.TOLERANCE and self.cfg.lone_last and last - 1 in segs:
+            segs.add(last)
+        return sorted(segs)
 
 
 @dataclass

@@ -423,11 +423,9 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
                         Reason.REPLAY_MISMATCH,
                         f"segment {o.segment}: replay {leaf[:12]} != committed {o.end_leaf[:12]}, {why}",
                     )
-            if total is not None and claim is not None and start is not None:  # the last segment is
-                # in every challenge and every tolerance window check: the others are also summed
-                # without it (specs §6.4)
-                outside = not job.cfg.windowed if job.window is None else last not in job.window
-                forced = o.segment == last and outside
+            if total is not None and claim is not None and start is not None:  # sampling segments' last
+                # is in every challenge: the drawn ones are also summed without it (specs §6.4)
+                forced = o.segment == last and job.window is None and not job.cfg.windowed
                 total.add(end, claim, start, job.cfg.inner, forced=forced)
             at = o.segment + 1 if bitwise and leaf == o.end_leaf else None
             if o.segment == last:

@@ -57,8 +57,8 @@ steer then is `bench.steering`'s figure (RESULTS.md); `cumulative=False` spends 
 budgets at every boundary, which the cumulative check rejects; `cancel=True` moves every boundary
 by one δ and θ_H by −(s−1)·δ, so that every challenge's sum with the always-opened last segment
 cancels (issue 36), which summing the drawn segments apart rejects; `lone=True` spends θ_H's whole
-per-segment budget, as a lone last window (n mod w = 1) alone would allow, which every other
-tolerance window check rejects: each also replays the last segment and sums it with its window.
+per-segment budget, as a lone last window (n mod w = 1) alone would allow, which the window before
+it rejects: in tolerance mode it replays on into the lone last segment and sums the run.
 
 (5) the loss a vote carries decides nothing on chain; `gonka-diloco report` takes the median over
 the votes for the adopted model and names every voter whose value differs from it (honest hosts
@@ -594,7 +594,7 @@ class BudgetSteer(HostAdversary):
     ) -> None:  # fmt: skip
         super().__init__()
         # True: θ_H's boundary spends its whole per-segment budget, as if only a lone last window
-        # (n mod w = 1) ever replayed it — which tolerance mode no longer allows (specs §6.4)
+        # (n mod w = 1) replayed it; in tolerance mode the window before takes it on (specs §6.4)
         self.lone = bool(lone)
         self.steer_params = bool(params)  # False: the moments' budgets alone, parameters exact
         # False: ignores the thresholds over summed segments (specs §6.4), spends the per-segment
@@ -630,10 +630,9 @@ class BudgetSteer(HostAdversary):
             load_training_state(ctx.model, ctx.inner_optimizer, cur)
             losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)
             end = clone_state(training_state(ctx.model, ctx.inner_optimizer))
-            last = j == cfg.n_segments - 1
-            summed = self.cumulative and not (last and self.lone)
+            summed = self.cumulative and not (j == cfg.n_segments - 1 and self.lone)
             cur = steer_boundary(end, cur, cfg, self.fraction, self.target, self.where, self.seed,
-                                 params=self.steer_params, cumulative=summed, last=last)  # fmt: skip
+                                 params=self.steer_params, cumulative=summed, segment=j)  # fmt: skip
             states.append(cur)
         load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)

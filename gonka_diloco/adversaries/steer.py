@@ -65,24 +65,26 @@ def summed_segments(cfg: RunConfig) -> int:
     return cfg.window_len if cfg.windowed else cfg.sampled_segments
 
 
-def last_summed_with_windows(cfg: RunConfig) -> bool:
-    """Tolerance mode with windows (specs §6.4): every window check short of θ_H also replays the
-    last segment and sums its residual with the window's, so θ_H's boundary shares each window's
-    summed budget (the last block's own check aside)."""
-    return cfg.windowed and cfg.n_segments > cfg.window_len
-
-
-def budgets(cfg: RunConfig, fraction: float, cumulative: bool = True, last: bool = False) -> dict[str, float]:
+def budgets(
+    cfg: RunConfig, fraction: float, cumulative: bool = True, segment: int | None = None
+) -> dict[str, float]:
     """`fraction` of every threshold; a bitwise run (thresholds 0) is given the smallest one
     calibration ever proposes (any move is then caught by the hash). With `cumulative`, also of the
     thresholds over summed segments, per boundary: m boundaries moved the same way by ratio ρ each
     sum to at most √m·ρ (specs §6.4), so ρ = fraction·τ/√m for the m of `summed_segments` (∞ where
-    the run sets none; `False`: ignored). `last`: the boundary θ_H, which under windows is summed
-    with every other window (`last_summed_with_windows`): w boundaries at τ/√w leave it
-    τ·(√(w + 1) − √w), what keeps the window and the last segment together within τ·√(w + 1)."""
+    the run sets none; `False`: ignored). `segment` (windows): the boundary at its end; a block of
+    L ≥ 2 segments sums L, and a lone last segment (`RunConfig.lone_last`), summed in tolerance
+    mode with the w before it, keeps τ·(√(w + 1) − √w) beside their τ/√w each, what holds the
+    run of w + 1 within τ·√(w + 1)."""
     out = {g: fraction * max(t, FLOOR) for g, t in cfg.tolerances.items()}
-    m = summed_segments(cfg)
-    share = math.sqrt(m + 1) - math.sqrt(m) if last and last_summed_with_windows(cfg) else 1 / math.sqrt(m)
+    share = 1 / math.sqrt(summed_segments(cfg))
+    if segment is not None and cfg.windowed:
+        n, w = cfg.n_segments, cfg.window_len
+        length = min(w, n - segment // w * w)
+        if segment == n - 1 and cfg.lone_last:
+            share = math.sqrt(w + 1) - math.sqrt(w)
+        elif length >= 2:
+            share = 1 / math.sqrt(length)
     for g, t in cfg.cumulative_tolerances.items():
         out[g] = fraction * t * share if cumulative else math.inf
     return out
@@ -175,16 +177,16 @@ def _fit(apply: Apply, ratio: Ratio, probe: float) -> State:
 
 def steer_boundary(
     end: State, start: State, cfg: RunConfig, fraction: float, target: str = "update", where: str = "free",
-    seed: int = 0, params: bool = True, cumulative: bool = True, last: bool = False,
+    seed: int = 0, params: bool = True, cumulative: bool = True, segment: int | None = None,
 ) -> State:  # fmt: skip
     """The claimed boundary state: `end` (the host's own training of the segment from `start`)
     moved by `fraction` of every budget, as the module docstring says (`params=False`: the moments'
     budgets alone, the parameters exact; `cumulative=False`: the run's thresholds over all opened
-    segments ignored, every boundary spends the per-segment budgets; `last`: the boundary is θ_H,
-    `budgets`' share of it). Pure; float32 like `end`."""
+    segments ignored, every boundary spends the per-segment budgets; `segment`: the one `end`
+    ends, for `budgets`' share of its block). Pure; float32 like `end`."""
     if target not in TARGETS or where not in WHERE:
         raise ValueError(f"target must be one of {TARGETS}, where one of {WHERE}")
-    tau = budgets(cfg, fraction, cumulative, last)
+    tau = budgets(cfg, fraction, cumulative, segment)
     inner = cfg.inner
     names = sorted(k[len(_P) :] for k in end if k.startswith(_P))
     bc1, bc2 = bias_corrections(float(end["step"]), inner)
