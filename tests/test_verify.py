@@ -319,11 +319,14 @@ def test_tolerance_mode_accepts_honest_and_rejects_lazy_with_distance(fp32_world
     world = fp32_world  # judged in tolerance mode too: float32 moments
     cfg = world.lab.cfg.model_copy(update=TOLERANT)
     lab = dataclasses.replace(world.lab, cfg=cfg)
-    honest = step1(world, HostBehaviour())
+    # hosts of a tolerance run: they keep θ_H, which a tolerance check fetches (a bitwise host does
+    # not; this test passed only after another had left a tolerance host's θ_H in the same store)
+    tolerant = dataclasses.replace(world, lab=lab)
+    honest = step1(tolerant, HostBehaviour())
     ctx = lab.replay_context(world.g1)
     assert verify(lab.job(honest, 1, SEED, sampled=[0, LAST]), honest.source(), ctx).reason is Reason.ACCEPT
     lazy = LazyHost(fraction=0.5, seed=3)
-    run = step1(world, lazy)
+    run = step1(tolerant, lazy)
     seg = min(lazy.faked(cfg, A, 1))
     out = verify(lab.job(run, 1, SEED, sampled=[seg, LAST]), run.source(), ctx)
     assert out.reason is Reason.REPLAY_MISMATCH and f"segment {seg}" in out.detail
