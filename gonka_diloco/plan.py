@@ -531,14 +531,41 @@ def window_check_bytes(
     carried accumulator, fetched by every check. Training states and θ_H's parameters travel coded
     against G_n (specs §8.2): states ÷ `ratio` (r), θ_H's parameters ÷ `theta_ratio` (r_θ, their
     own measured ratio; None: r); the optimizer state, e and Δ as they are."""
+    parts = window_check_parts(params, lengths, b, bitwise=bitwise, ef=ef, delta=delta, moments=moments,
+                               ratio=ratio, theta_ratio=theta_ratio)  # fmt: skip
+    return sum(parts.values())
+
+
+CHECK_PARTS = ("start", "optimizer", "theta_h", "claims", "ef")
+"""What one check downloads, by kind (`window_check_parts`): the downloaded start state, the carried
+optimizer state (block 0), θ_H (its parameters; whole where a tolerance window takes on the lone
+last segment), tolerance mode's claimed boundaries and Δ, codec sparse's accumulator e."""
+
+
+def window_check_parts(
+    params: float,
+    lengths: list[int],
+    b: int,
+    *,
+    bitwise: bool,
+    ef: float = 0.0,
+    delta: float = 0.0,
+    moments: sizes.Moments = sizes.Moments.FP32,
+    ratio: float = 1.0,
+    theta_ratio: float | None = None,
+) -> dict[str, float]:
+    """`window_check_bytes` by kind (`CHECK_PARTS`)."""
     S = state_bytes(params, moments) / ratio
-    start = optimizer_bytes(params, moments) if b == 0 else S
-    later = 0.0 if bitwise else lengths[b] * S + delta
     r_theta = ratio if theta_ratio is None else theta_ratio
     last = len(lengths) - 1
     takes_last = not bitwise and last >= 1 and lengths[last] == 1 and b == last - 1
-    theta_h = 0.0 if b == last else (S if takes_last else theta_h_bytes(params, r_theta))
-    return start + later + theta_h + ef
+    return {
+        "start": 0.0 if b == 0 else S,
+        "optimizer": optimizer_bytes(params, moments) if b == 0 else 0.0,
+        "theta_h": 0.0 if b == last else (S if takes_last else theta_h_bytes(params, r_theta)),
+        "claims": 0.0 if bitwise else lengths[b] * S + delta,
+        "ef": ef,
+    }
 
 
 def theta_h_bytes(params: float, ratio: float = 1.0) -> float:
@@ -582,6 +609,22 @@ def window_bytes_per_check(i: Inputs, c: Constants) -> float:
                               ratio=r, theta_ratio=rt)
            for b in range(len(lengths))]  # fmt: skip
     return sum(per) / len(per)
+
+
+def states_by_kind(i: Inputs, c: Constants) -> dict[str, float]:
+    """A contribution's verification traffic (all c checks, sampling windows), by kind
+    (`CHECK_PARTS`), in training states of 12·P: where `states_per_contribution` goes. Empty under
+    sampling segments."""
+    if not i.windowed:
+        return {}
+    lengths = block_lengths(i.n, i.window_len)
+    bitwise = i.replay is ReplayMode.BITWISE
+    ef, d, r, rt = carried_ef_bytes(i), run_delta_bytes(i, c), code_ratio(i, c), theta_h_ratio(i, c)
+    per = [window_check_parts(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments,
+                              ratio=r, theta_ratio=rt)
+           for b in range(len(lengths))]  # fmt: skip
+    scale = checks_per_contribution(i) / len(per) / state_bytes(i.params)
+    return {k: sum(p[k] for p in per) * scale for k in CHECK_PARTS}
 
 
 def window_replay_segments(n: int, w: int, tolerance: bool = False) -> float:
@@ -1166,6 +1209,8 @@ class Plan:
     """Issue 34's cheating floors at these settings (`economics`)."""
     codec: dict[str, Any] = field(default_factory=dict)
     """`codec_advice`: the codec this host count should run, and where each stops fitting."""
+    states_by_kind: dict[str, float] = field(default_factory=dict)
+    """`states_by_kind`: where the verification's states per contribution go (sampling windows)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -1370,6 +1415,7 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
         warnings=warnings,
         economics=economics(i, tl.train),
         codec=advice,
+        states_by_kind=states_by_kind(i, c),
     )
 
 

@@ -241,6 +241,16 @@ def _check(i: Inputs) -> None:
 # ---------------------------------------------------------------- rendering
 
 
+KIND_WORDS = {"start": "starts", "optimizer": "carried optimizer", "theta_h": "θ_H", "claims": "claims + Δ",
+              "ef": "e"}  # fmt: skip
+
+
+def _by_kind(kinds: dict[str, float]) -> str:
+    """`plan.states_by_kind`, its nonzero parts: where the states go."""
+    parts = [f"{KIND_WORDS.get(k, k)} {v:.3g}" for k, v in kinds.items() if v > 0]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
     """(section, figure, value) for the main table."""
     c, n, ver, h, dk, mem = p.compute, p.network, p.verification, p.hashing, p.disk, p.memory
@@ -261,7 +271,7 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("verification", "bytes per contribution", f"{fmt_bytes(ver['bytes_per_contribution'])} per check; "
          f"all {ver['checks_per_contribution']:.3g} checks (v + p·a) "
          f"{fmt_bytes(ver['bytes_per_contribution'] * ver['checks_per_contribution'])} = "
-         f"{ver['states_per_contribution']:.3g} states"),
+         f"{ver['states_per_contribution']:.3g} states" + _by_kind(p.states_by_kind)),
         ("verification", "per verifier per step", f"{ver['contributions_per_verifier']:.3g} contributions, "
          f"download {fmt_bytes(n['verifier_download_bytes'])}"),
         ("verification", "window", f"{fmt_seconds(ver['window_s'])} (fetch {fmt_seconds(ver['fetch_s'])}, "

@@ -921,3 +921,17 @@ def test_int8_moments_halve_what_a_check_downloads_and_the_host_keeps() -> None:
     assert pm.disk_bytes(half, C) < pm.disk_bytes(i, C)
     assert pm.state_bytes(1e9, Moments.INT8) == pytest.approx(state8)
     assert pm.optimizer_bytes(1e9, Moments.INT8) == pytest.approx(opt8)
+
+
+def test_states_by_kind_add_up_to_the_states_per_contribution() -> None:
+    """Where a contribution's verification traffic goes (the plan's row prints it): the parts sum to
+    `states_per_contribution`; bitwise, starts and θ_H's parameters, no claims; tolerance, claims."""
+    i = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
+    for mode in (ReplayMode.BITWISE, ReplayMode.TOLERANCE):
+        j = replace(i, replay=mode)
+        kinds = pm.states_by_kind(j, C)
+        assert sum(kinds.values()) == pytest.approx(pm.states_per_contribution(j, C))
+        assert (kinds["claims"] > 0) is (mode is ReplayMode.TOLERANCE)
+    kinds = pm.states_by_kind(i, C)  # c = 7, B = 4: 3/4 of checks fetch a start (12 GB) and θ_H (4 GB)
+    assert kinds["start"] == pytest.approx(7 * 0.75) and kinds["theta_h"] == pytest.approx(7 * 0.75 * 4 / 12)
+    assert pm.states_by_kind(replace(i, sampling=Sampling.SEGMENTS), C) == {}
