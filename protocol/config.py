@@ -437,6 +437,11 @@ class RunConfig(Frozen):
             raise ValueError(
                 "tolerance mode needs positive tolerance, tolerance_exp_avg and tolerance_exp_avg_sq"
             )
+        if self.replay_mode is ReplayMode.TOLERANCE and not self.windowed:
+            raise ValueError(
+                "replay_mode 'tolerance' needs sampling 'windows': under 'segments' the summed residuals "
+                "still leave a host 13× (s = 3) to 20× (s = 2) the honest noise of steering (specs §6.4)"
+            )
         if self.replay_mode is ReplayMode.TOLERANCE and self.inner.moments is not Moments.FP32:
             raise ValueError(
                 f"replay_mode 'tolerance' needs inner.moments = 'fp32' (set it; the default is "

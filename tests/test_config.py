@@ -36,6 +36,18 @@ def test_bad_configs_are_refused(kw):
         _cfg(**kw)
 
 
+def test_tolerance_mode_samples_windows():
+    """Issue 36: under sampling segments the summed residuals leave 13× (s = 3) to 20× (s = 2) the
+    honest noise of steering (RESULTS §5c), under windows 9.2×: a tolerance run samples windows."""
+    tol = {"replay_mode": "tolerance", "tolerance": 0.1, "tolerance_exp_avg": 0.1,
+           "tolerance_exp_avg_sq": 0.1, "inner": {"moments": "fp32"}}  # fmt: skip
+    assert _cfg(**tol).windowed
+    for s in (2, 3):
+        with pytest.raises(ValidationError, match="needs sampling 'windows'"):
+            _cfg(**tol, sampling="segments", sampled_segments=s)
+    assert not _cfg(sampling="segments").windowed  # bitwise runs may still sample segments
+
+
 def test_a_run_config_with_the_removed_delayed_schedule_is_refused():
     """Issue 22: a run config JSON naming `overlap = "delayed"` fails on that field alone, with
     the allowed values; `none` and `eager` keep their wire spellings (and hashes)."""
