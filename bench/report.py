@@ -655,8 +655,8 @@ def steering_samples(d: dict[str, Any]) -> Lines:
         if "summed_least" in sm:  # since the summed thresholds follow the run's fewest summed segments
             own = ", ".join(f"{c} {sm['thresholds'][c]:.2e}" for c in ("cumulative", "cumulative_update"))
             what += (f"; summed thresholds over sets of {sm['summed_least']} or more: {own}"
-                     + (" (a window short of θ_H replays the last segment too, summed with it and "
-                        "without it)" if name == "windows" else ""))  # fmt: skip
+                     + (" (the window before a lone last segment replays on into it, one run)"
+                        if name == "windows" else ""))  # fmt: skip
         out += [f"**Sampling {name.split('_')[0]}**, judged under {what}. Honest 2-thread hosts accepted "
                 f"under every sample: {sm['honest_accepted_every']} / {sm['honest_contributions']} "
                 f"({sm['honest_samples_accepted']} / {sm['honest_samples']} samples; largest distance ÷ "
@@ -690,17 +690,18 @@ def steering_samples(d: dict[str, Any]) -> Lines:
     out += ["`update` spends 0.9 of every threshold at every boundary the same way, the summed ones ÷ √m "
             "for the m segments one check sums; `cumulative=False` ignores the summed ones; `cancel=True` "
             "moves every boundary by δ and θ_H by −(s−1)·δ (issue 36); `cancel=window` cancels δ inside "
-            "every window; `lone=True` spends θ_H's whole per-segment budget, as a lone last window "
-            "(n mod w = 1) alone held it before every tolerance window check replayed the last segment. "
+            "every window; `lone=True` spends θ_H's whole per-segment budget, what a lone last window "
+            "(n mod w = 1) alone held it to before the window ending there replayed on into it. "
             "Model drift: the global model's distance from the honest run's after T steps, "
             "relative to how far that moved.", "",
             "The summed checks hold m boundaries moved the same way to τ/√m each (specs §6.4): a window of "
-            "w = 3 to τ/√3, and θ_H, summed with every window, to τ·(√(w+1) − √w); a challenge of s = 2, "
+            "w = 3 to τ/√3, and θ_H after a lone last segment, summed with the window before, to "
+            "τ·(√(w+1) − √w); a challenge of s = 2, "
             "one drawn segment beside the always-opened last, only to its per-segment thresholds, whatever "
             "the rule (the cancelling host then keeps its (n − s)·δ); with s = 3 the drawn pair is summed "
-            "apart. Nothing sums across windows: the whole move is at most the sum of the windows' bounds, "
-            "≈ F·0.9·√(n/w) times the honest noise per window for a fixed calibration factor F = 8, so the "
-            "figure grows as √(n/w) with the trajectory's n."]  # fmt: skip
+            "apart. Nothing sums across windows: the whole move is at most the sum of the windows' bounds "
+            "(n/w windows of √w·τ each) while honest noise grows as √n, so at a fixed calibration factor "
+            "the figure grows as √(n/w) with the trajectory's n (here n = 10; the chain's default n = 100)."]
     return out
 
 
@@ -716,10 +717,13 @@ def steering_goals(res: dict[str, Any]) -> Lines:
             st = sm["strongest"]
             label = "windows" if name == "windows" else f"segments s = {sm['s']}"
             parts.append(f"{label} {st['times_noise']:,.3g}×" if st else f"{label} none accepted")
-        worst = max((sm["strongest"]["times_noise"] for sm in d["samplings"].values() if sm["strongest"]),
-                    default=0.0)  # fmt: skip
+        # since issue 36 a tolerance run samples windows (RunConfig refuses segments): the goal is
+        # judged there, the segments rows are the rule it refuses (results with `summed_least`)
+        judged = [sm for name, sm in d["samplings"].items() if name == "windows" or "summed_least" not in sm]
+        worst = max((sm["strongest"]["times_noise"] for sm in judged if sm["strongest"]), default=0.0)
+        scope = " (windows, tolerance runs' only sampling; segments refused)" if len(judged) == 1 else ""
         out.append(f"- tolerance steering, {d['precision']}: strongest accepted under every sample, × the "
-                   f"honest 1- vs 2-thread Δ noise: {', '.join(parts)} (goal ≤ 10×: "
+                   f"honest 1- vs 2-thread Δ noise: {', '.join(parts)} (goal ≤ 10×{scope}: "
                    f"**{'met' if worst <= 10 else 'NOT met'}**)")  # fmt: skip
     return out
 
