@@ -492,7 +492,7 @@ def create(
         typer.Option(
             "--calibration",
             help="Tolerance mode with the thresholds a `verifier calibrate` JSON proposes (its "
-            "summed-residual ones only if calibrated for the run's s opened segments).",
+            "summed-residual ones only if calibrated for sums no longer than the run's windows).",
         ),
     ] = None,
     tolerance: Tolerance = None,
