@@ -510,18 +510,7 @@ def block_lengths(n: int, w: int) -> list[int]:
     return [min(w, n - b * w) for b in range(window_blocks(n, w))]
 
 
-def window_check_bytes(
-    params: float,
-    lengths: list[int],
-    b: int,
-    *,
-    bitwise: bool,
-    ef: float = 0.0,
-    delta: float = 0.0,
-    moments: sizes.Moments = sizes.Moments.FP32,
-    ratio: float = 1.0,
-    theta_ratio: float | None = None,
-) -> float:
+def window_check_bytes(params: float, lengths: list[int], b: int, **kw: Any) -> float:
     """What the checker of block b downloads. Its start: 12·P, or for block 0 the carried optimizer
     state (8·P, G_n is held). Tolerance adds every later claimed boundary of the block (its
     segments' starts and its end, L_b states) and the Δ; where the last block is one segment alone
@@ -530,10 +519,9 @@ def window_check_bytes(
     unless b is the last block, whose replay (or claimed end) is θ_H. `ef`: codec sparse's
     carried accumulator, fetched by every check. Training states and θ_H's parameters travel coded
     against G_n (specs §8.2): states ÷ `ratio` (r), θ_H's parameters ÷ `theta_ratio` (r_θ, their
-    own measured ratio; None: r); the optimizer state, e and Δ as they are."""
-    parts = window_check_parts(params, lengths, b, bitwise=bitwise, ef=ef, delta=delta, moments=moments,
-                               ratio=ratio, theta_ratio=theta_ratio)  # fmt: skip
-    return sum(parts.values())
+    own measured ratio; None: r); the optimizer state, e and Δ as they are. Keywords: those of
+    `window_check_parts`, whose parts these are."""
+    return sum(window_check_parts(params, lengths, b, **kw).values())
 
 
 CHECK_PARTS = ("start", "optimizer", "theta_h", "claims", "ef")
@@ -602,13 +590,18 @@ def window_bytes_per_check(i: Inputs, c: Constants) -> float:
     """One check's download, expected over its block (every block equally likely to be drawn):
     bitwise with B ≥ 2, (1/B)·8·P + ((B−1)/B)·(12·P/r + 4·P/r_θ) (+ 4·P codec sparse); B = 1: 8·P;
     r the coding ratio of training states (`code_ratio`), r_θ θ_H's parameters' (`theta_h_ratio`)."""
+    return sum(mean_check_parts(i, c).values())
+
+
+def mean_check_parts(i: Inputs, c: Constants) -> dict[str, float]:
+    """`window_check_parts` of the run's blocks, averaged over the drawn block (sampling windows)."""
     lengths = block_lengths(i.n, i.window_len)
     bitwise = i.replay is ReplayMode.BITWISE
     ef, d, r, rt = carried_ef_bytes(i), run_delta_bytes(i, c), code_ratio(i, c), theta_h_ratio(i, c)
-    per = [window_check_bytes(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments,
+    per = [window_check_parts(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments,
                               ratio=r, theta_ratio=rt)
            for b in range(len(lengths))]  # fmt: skip
-    return sum(per) / len(per)
+    return {k: sum(p[k] for p in per) / len(per) for k in CHECK_PARTS}
 
 
 def states_by_kind(i: Inputs, c: Constants) -> dict[str, float]:
@@ -617,14 +610,8 @@ def states_by_kind(i: Inputs, c: Constants) -> dict[str, float]:
     sampling segments."""
     if not i.windowed:
         return {}
-    lengths = block_lengths(i.n, i.window_len)
-    bitwise = i.replay is ReplayMode.BITWISE
-    ef, d, r, rt = carried_ef_bytes(i), run_delta_bytes(i, c), code_ratio(i, c), theta_h_ratio(i, c)
-    per = [window_check_parts(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments,
-                              ratio=r, theta_ratio=rt)
-           for b in range(len(lengths))]  # fmt: skip
-    scale = checks_per_contribution(i) / len(per) / state_bytes(i.params)
-    return {k: sum(p[k] for p in per) * scale for k in CHECK_PARTS}
+    scale = checks_per_contribution(i) / state_bytes(i.params)
+    return {k: v * scale for k, v in mean_check_parts(i, c).items()}
 
 
 def window_replay_segments(n: int, w: int, tolerance: bool = False) -> float:
