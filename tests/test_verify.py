@@ -266,7 +266,13 @@ def test_environment_checks(fp32_world: World) -> None:
     tol_cfg = world.lab.cfg.model_copy(update=TOLERANT)
     tol = dataclasses.replace(job, cfg=tol_cfg, env=two)
     check_verifier_env(tol, env_fingerprint(1))  # tolerance mode exists for exactly this case
-    assert verify(tol, honest.source(), world.lab.replay_context(world.g1)).reason is Reason.ACCEPT
+    # judged by a tolerance check, a host of a tolerance run: it keeps θ_H, which the check fetches
+    # (a bitwise host does not; alone this failed MISSING_DATA, passing only after another test had
+    # left a tolerance host's θ_H in the same store)
+    tol_lab = dataclasses.replace(world.lab, cfg=tol_cfg)
+    tol_honest = step1(dataclasses.replace(world, lab=tol_lab), HostBehaviour())
+    tol = dataclasses.replace(tol_lab.job(tol_honest, 1, SEED), env=two)
+    assert verify(tol, tol_honest.source(), tol_lab.replay_context(world.g1)).reason is Reason.ACCEPT
 
 
 def test_a_host_claiming_a_class_no_verifier_has_gets_no_verdict_and_fails_tolerance_replay(

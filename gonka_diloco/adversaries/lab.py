@@ -9,6 +9,7 @@ the expected verdict?
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,8 +124,10 @@ class Lab:
         opt = make_optimizer(model, self.cfg.inner)
         if carried is not None:
             load_training_state(model, opt, carried)
-        store = StateStore(self.root / f"{address[-8:]}-{behaviour.name}-{outer_step}",
-                           chunk_bytes=self.cfg.state_chunk_bytes)
+        store = StateStore(
+            self._fresh_dir(f"{address[-8:]}-{behaviour.name}-{outer_step}"),
+            chunk_bytes=self.cfg.state_chunk_bytes,
+        )
         ctx = OuterContext(
             cfg=self.cfg, run_id=self.run_id, address=address, outer_step=outer_step, global_model=gm,
             model=model, optimizer=opt, loss_fn=loss_fn, data=self.data, store=store,
@@ -137,6 +140,20 @@ class Lab:
         final = store.get(c.leaves[-1]) if stored else training_state(model, opt, copy=True)
         blobs = {c.delta_hash: c.payload}  # nodes serve the committed payload itself
         return HostRun(address, behaviour, c, store, blobs, prev_optimizer_hash, final)
+
+    def _fresh_dir(self, name: str) -> Path:
+        """A folder under `root` that no other run wrote: runs sharing one would serve each other's
+        states (a bitwise host, which keeps no θ_H, would serve the θ_H a tolerance host with the
+        same trajectory left there; tests passed or failed by what ran before them)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for i in itertools.count():
+            path = self.root / (name if i == 0 else f"{name}-{i}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return path
+        raise AssertionError("unreachable")
 
     def job(
         self,
