@@ -470,7 +470,9 @@ def report(result: dict[str, Any]) -> None:
             ["update (within every check: bench.steering)", pct(r["budget_steer_update_rejected"]), "n/a"])],
     )  # fmt: skip
     table(
-        "3d. budget_steer cancel (δ at every boundary, −(s−1)·δ at θ_H), tolerance mode, sampling segments",
+        "3d. budget_steer cancel (δ at every boundary, −(s−1)·δ at θ_H), tolerance mode, sampling segments "
+        "(s = 2 holds the drawn segment to its per-segment bound by any rule; tolerance runs sample "
+        "windows since issue 36: bench.steering)",
         ["rejected", "accepted without the drawn segments summed apart (before issue 36)"],
         [[pct(r["budget_steer_cancel_rejected"]), pct(r["budget_steer_cancel_accepted_without_drawn_apart"])]
          for r in tol if "budget_steer_cancel_rejected" in r],

@@ -183,3 +183,24 @@ def test_a_lone_last_block_is_named_and_taken_on_by_the_window_before(h: int, w:
         object.__setattr__(job, "window", tuple(before))
         object.__setattr__(job, "sampled", ())
         assert job.replays == ([*before, n - 1] if takes else before)
+
+
+def test_a_whole_trajectorys_segments_count_as_honest_noise_samples() -> None:
+    """The per-segment noise is sporadic (most segments replay bit-identically across thread
+    counts): a calibration whose trials saw none proposed the floor and rejected 2 of 20 honest
+    2-thread hosts (RESULTS §3; 0 of 20 with the trajectories' segments). The whole trajectories'
+    segments are samples too: the largest of their per-segment distances, and how many differed."""
+    import torch
+
+    from protocol.config import InnerOptim
+    from verifier.calibrate import segment_noise
+
+    def st(p: float) -> dict[str, torch.Tensor]:
+        return {"param/w": torch.tensor([p, 1.0]), "exp_avg/w": torch.tensor([0.5, 0.5]),
+                "exp_avg_sq/w": torch.tensor([0.25, 0.25]), "step": torch.tensor(3.0)}  # fmt: skip
+
+    start, replay = st(0.0), st(1.0)
+    exact, off = (replay, replay, start), (replay, st(1.0 + 2**-12), start)
+    worst, differed = segment_noise([exact, off, exact], InnerOptim())
+    assert differed == 1 and worst["param"] == pytest.approx(2**-12 / (1 + 2**-12), rel=1e-6)
+    assert segment_noise([exact, exact], InnerOptim()) == (dict.fromkeys(worst, 0.0), 0)

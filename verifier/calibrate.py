@@ -12,9 +12,12 @@ per k and distance:
   environments — thread counts, or devices (CPU vs GPU, GPU vs GPU: `devices`, i.e. two replay
   classes) — env A is the verifier, env B the host; its maximum over trials (the fresh state of a
   run's first segment, where AdamW's bias corrections are largest and the moments smallest, and
-  `trials` warm states), because it is sporadic (many segments replay bit-identically across
-  thread counts, a few do not), so a calibration needs enough trials to see it at all (`differs`
-  reports the share that did);
+  `trials` warm states) and over every segment of the two whole trajectories below (H/k more
+  honest samples each, states after many steps), because it is sporadic (many segments replay
+  bit-identically across thread counts, a few do not), so a calibration needs enough samples to see
+  it at all (`differs` reports the share that did; with the trials alone a calibration that saw no
+  parameter noise proposed the floor and 2 of 20 honest 2-thread hosts were rejected, with the
+  trajectories' segments 0 of 20: `bench.detection --only-tolerance`, RESULTS §3);
 - skip: the host skipped one inner step of the segment (first or last, the smaller signal);
 - swap: the host trained one inner step on another batch (first or last, the smaller signal);
 
@@ -311,6 +314,19 @@ def worst_summed(vectors: Sequence[Tensor], weights: Sequence[float], least: int
     return worst
 
 
+def segment_noise(segments: Sequence[tuple[State, State, State]], inner: Any) -> tuple[dict[str, float], int]:
+    """The largest per-segment distances (`tolerance_distances`) over the given (replay, claim,
+    start) segments, and how many differed at all: a whole trajectory's segments are honest noise
+    samples like the trials', from states far into training."""
+    worst = dict.fromkeys(TOLERANCE_CHECKS, 0.0)
+    differed = 0
+    for seg in segments:
+        d = tolerance_distances(*seg, inner)
+        worst = {g: max(worst[g], d[g]) for g in TOLERANCE_CHECKS}
+        differed += any(v > 0 for v in d.values())
+    return worst, differed
+
+
 def cumulative_noise(
     segments: Sequence[tuple[State, State, State]], inner: Any, least: int = 2
 ) -> dict[str, float]:
@@ -383,6 +399,7 @@ def calibrate(
         for k in ks:
             leasts.append(cfg.model_copy(update={"segment_len": k}).summed_least)
             n_k = dict.fromkeys(groups, 0.0)
+            seen_chain = [0, 0]  # the chains' segments that differed at all, of those replayed
             skip_k, swap_k = dict.fromkeys(groups, math.inf), dict.fromkeys(groups, math.inf)
             seen = 0
             for t in range(len(starts)):
@@ -402,12 +419,15 @@ def calibrate(
                 for j in range(1, max(1, cfg.inner_steps // k) + 1):
                     seg_start = first if j == 1 else _slice(cb, f"{c}/{k}/{j - 1}/")
                     segs.append((_slice(ca, f"{c}/{k}/{j}/"), _slice(cb, f"{c}/{k}/{j}/"), seg_start))
+                each, differed = segment_noise(segs, inner)  # honest segments too: more samples
+                n_k = {**n_k, **{g: max(n_k[g], each[g]) for g in groups}}
+                seen_chain = [seen_chain[0] + differed, seen_chain[1] + len(segs)]
                 dc = cumulative_noise(segs, inner, leasts[-1])
                 n_k = {**n_k, **{g: max(n_k.get(g, 0.0), dc[g]) for g in CUMULATIVE_CHECKS}}
             noise.append(n_k)
             skip.append(skip_k)
             swap.append(swap_k)
-            noisy.append(seen / len(starts))
+            noisy.append((seen + seen_chain[0]) / (len(starts) + seen_chain[1]))
     return propose(ks, noise, skip, swap, factor, noisy, leasts)
 
 
