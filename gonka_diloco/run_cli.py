@@ -145,7 +145,8 @@ def check_calibrated_for(path: Path, cal: Calibration, cfg: Any = None) -> None:
                else f"s = {cfg.sampled_segments} opened segments")  # fmt: skip
         raise RunConfigFileError(
             f"{path}: its summed-residual thresholds hold for sets of {cal.least} segments or more, and this "
-            f"run ({how} of H/k = {cfg.n_segments}) sums {cfg.summed_least}; calibrate with this run config"
+            f"run ({how} of H/k = {cfg.n_segments}) sums {cfg.summed_least}; calibrate again with "
+            f"`gonka-diloco verifier calibrate --window-segments {cfg.window_len}`"
         )
 
 

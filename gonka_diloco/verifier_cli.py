@@ -90,6 +90,10 @@ def calibrate(
     precision: Annotated[str, typer.Option(help="The run's precision: fp32 or bf16 (autocast).")] = "fp32",
     trials: Annotated[int, typer.Option(min=1, help="Start states per k (max noise, min signal).")] = 8,
     factor: Annotated[float, typer.Option(min=1.0, help="Threshold = factor × honest noise.")] = 8.0,
+    window_segments: Annotated[
+        int | None,
+        typer.Option(min=1, help="The run's w (default: the chain's): for the sums its windows make."),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Where to write the JSON result.")] = Path("calibration.json"),
 ) -> None:
     """Measure honest replay noise between two environments (thread counts, or devices: CPU vs GPU,
@@ -97,8 +101,9 @@ def calibrate(
     for the parameters and both AdamW moments; propose a threshold per group (the run config's
     tolerance, tolerance_exp_avg, tolerance_exp_avg_sq), for the moments in update space
     (tolerance_update, tolerance_denominator) and for the replayed segments' summed residuals
-    (tolerance_cumulative, tolerance_cumulative_update: count-independent, the largest over every
-    set of two or more segments of whole trajectories of k·⌊max k / k⌋ steps)
+    (tolerance_cumulative, tolerance_cumulative_update: the largest over every set of as many
+    segments as windows of w sum, or more, of whole trajectories of k·⌊max k / k⌋ steps; the
+    JSON records that count and `run create` takes them only for a run that sums as many)
     and the largest safe k."""
     from gonka_diloco.adversaries.lab import TINY_GPT
     from protocol.config import InnerOptim, ModelSpec, Moments, Numerics, Precision, RunConfig
@@ -118,7 +123,9 @@ def calibrate(
     # float32 moments: what tolerance mode runs with (specs §6.2.1; the default is int8)
     cfg = RunConfig(model=spec, dataset_manifest_hash="0" * 64, initial_model_hash="0" * 64,
                     inner_steps=kmax, segment_len=kmax, sampled_segments=1, numerics=numerics,
-                    inner=InnerOptim(moments=Moments.FP32))  # fmt: skip
+                    inner=InnerOptim(moments=Moments.FP32),
+                    **({} if window_segments is None else {"window_segments": window_segments}),
+                    **({"seq_len": int(spec.config["block_size"])} if size == "tiny" else {}))  # fmt: skip
     devices = (device_a, device_b)
     try:
         proposal = measure(cfg, "shakespeare", k_list, (a, b), trials, factor=factor, devices=devices)

@@ -33,6 +33,11 @@ def test_proposal_takes_the_largest_k_whose_attacks_clear_factor_times_noise() -
     assert none.k is None and none.tolerance is None and "no k keeps" in table(none)
     exact = propose([5], [0.0], [1e-3], [1e-3])
     assert exact.rows[0].threshold == {"param": FLOOR} and exact.k == 5
+    # no parameter noise seen while the moments differed: a floor that would reject honest hosts
+    sporadic = propose([5], [{"param": 0.0, "exp_avg": 1e-8}], [{"param": 1e-3, "exp_avg": 1e-3}],
+                       [{"param": 1e-3, "exp_avg": 1e-3}], noisy=[0.5])  # fmt: skip
+    assert "warning: no honest noise seen in param at k = 5" in table(sporadic)
+    assert "warning" not in table(propose([5], [0.0], [1e-3], [1e-3], noisy=[0.0]))  # bit-identical
 
 
 def test_each_group_gets_its_own_threshold_and_an_attack_needs_to_clear_only_one() -> None:
@@ -204,3 +209,15 @@ def test_a_whole_trajectorys_segments_count_as_honest_noise_samples() -> None:
     worst, differed = segment_noise([exact, off, exact], InnerOptim())
     assert differed == 1 and worst["param"] == pytest.approx(2**-12 / (1 + 2**-12), rel=1e-6)
     assert segment_noise([exact, exact], InnerOptim()) == (dict.fromkeys(worst, 0.0), 0)
+
+
+def test_cli_calibrates_the_tiny_model_for_the_runs_windows(tmp_path: Path) -> None:
+    """`verifier calibrate --size tiny` runs (its sequences fit the tiny model's context) and
+    records the fewest segments its summed thresholds hold for, from `--window-segments`."""
+    out = tmp_path / "cal.json"
+    args = ["calibrate", "--size", "tiny", "--ks", "2,4", "--trials", "1", "--window-segments", "2",
+            "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["cumulative_least_segments"] == 2 and "proposal: segment_len" in result.output

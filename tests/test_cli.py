@@ -326,6 +326,7 @@ def test_run_create_refuses_summed_thresholds_calibrated_for_longer_sums(tmp_pat
     refused = invoke(*create, "--calibration", str(cal))
     assert refused.exit_code == 2 and "hold for sets of 3 segments or more" in refused.output
     assert "sums 2" in refused.output and "Traceback" not in refused.output
+    assert "verifier calibrate --window-segments 2" in refused.output  # what to run instead
     flags = ("--tolerance-cumulative", "0.01", "--tolerance-cumulative-update", "0.01")
     assert invoke(*create, "--calibration", str(cal), *flags).exit_code == 0
     path.write_text(TINY_RUN.replace("inner_steps = 10", "inner_steps = 30"))  # windows of 3 of 6

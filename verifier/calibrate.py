@@ -445,6 +445,11 @@ def table(p: Proposal, envs: tuple[int | str, int | str] = (1, 2)) -> str:
             k, share, mark = (f"{r.k:>4}", f"{r.noisy:>8.0%}", ok) if i == 0 else (" " * 4, " " * 8, "")
             signals = f"{r.skip.get(g, math.nan):>12.2e} {r.swap.get(g, math.nan):>13.2e}"
             lines.append(f"{k} {g:>17} {r.noise[g]:>10.2e} {share} {signals} {r.threshold[g]:>10.2e}  {mark}")
+    best = next((r for r in p.rows if r.k == p.k), None)
+    unseen = [g for g, v in best.noise.items() if v == 0.0] if best is not None and best.noisy > 0 else []
+    if unseen:  # sporadic noise no sample happened to show: the floor would reject honest hosts
+        lines.append(f"warning: no honest noise seen in {', '.join(unseen)} at k = {p.k} while other groups "
+                     "differed: those thresholds are the floor; measure more (--trials, a larger max k)")
     if p.k is None or p.tolerances is None:
         lines.append(f"no k keeps both attacks above {p.factor:g}× the noise: use bitwise mode or shorter k")
     else:
