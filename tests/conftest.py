@@ -7,12 +7,17 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+import replay.device
+
 
 @pytest.fixture(autouse=True)
 def _restore_torch_globals() -> Iterator[None]:
-    """Nodes and replays pin torch's thread count, deterministic mode and attention backend
-    process-wide; give them back."""
+    """Nodes and replays pin torch's thread count, deterministic mode, cuDNN flags, replay device
+    and attention backend process-wide (`replay.device.configure_determinism`, `pin_numerics`);
+    give them back."""
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    cudnn = torch.backends.cudnn
+    cudnn_det, cudnn_bench, dev = cudnn.deterministic, cudnn.benchmark, replay.device._replay_device
     cuda = torch.backends.cuda
     sdp = [(cuda.enable_math_sdp, cuda.math_sdp_enabled()), (cuda.enable_flash_sdp, cuda.flash_sdp_enabled()),
            (cuda.enable_mem_efficient_sdp, cuda.mem_efficient_sdp_enabled()),
@@ -20,5 +25,6 @@ def _restore_torch_globals() -> Iterator[None]:
     yield
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(det)
+    cudnn.deterministic, cudnn.benchmark, replay.device._replay_device = cudnn_det, cudnn_bench, dev
     for enable, was in sdp:
         enable(was)
