@@ -63,6 +63,7 @@ from replay.step import configure_determinism, optimizer_hash
 from trainer.behaviour import HostBehaviour
 from trainer.commit import TrainedStep
 from verifier.calibrate import CONFIG_FIELDS, FLOOR, _residuals, calibrate, worst_summed
+from verifier.job import window_replays
 from verifier.tolerance import (
     CUMULATIVE_CHECKS,
     TOLERANCE_CHECKS,
@@ -170,11 +171,8 @@ def _ratio(segs: Sequence[Segment], ids: Sequence[int], rms: bool) -> dict[str, 
 
 
 def replayed(cfg: RunConfig, sample: Sequence[int]) -> list[int]:
-    """What a check of one sample replays: the sample, and in tolerance mode a window ending where
-    a lone last block begins also that segment (`verifier.job.Job.replays`, specs §6.4)."""
-    last = cfg.n_segments - 1
-    on = cfg.replay_mode is ReplayMode.TOLERANCE and cfg.lone_last and last - 1 in sample
-    return [*sample, last] if on else list(sample)
+    """What a check of one sample replays (`verifier.job.window_replays` under windows)."""
+    return window_replays(cfg, sample) if cfg.windowed else list(sample)
 
 
 def summed_sets(cfg: RunConfig, sample: Sequence[int]) -> list[list[int]]:

@@ -495,9 +495,7 @@ class RunConfig(Frozen):
         n = self.n_segments
         if self.windowed:
             w = self.window_len
-            lengths = {min(w, n - a) for a in range(0, n, w)}
-            if self.lone_last and self.replay_mode is ReplayMode.TOLERANCE:
-                lengths = (lengths - {1}) | {w + 1}  # the lone last segment summed with the window before
+            lengths = {min(w, n - a) for a in range(0, n, w)}  # a lone last segment taken on: w + 1
         else:
             lengths = {self.sampled_segments - 1, self.sampled_segments}
         return min((m for m in lengths if m >= 2), default=2)

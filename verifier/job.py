@@ -5,7 +5,7 @@ it, and what it concludes. The checks themselves are `verifier.verify` and `veri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -150,17 +150,19 @@ class Job:
 
     @property
     def replays(self) -> list[int]:
-        """The segments replayed: every opened one (sampling segments), or the window — in
-        tolerance mode, where the last block is segment n − 1 alone (`RunConfig.lone_last`), a
-        window ending where it begins replays on into it (always opened), so its residual is summed
-        with that window's in one contiguous run (specs §6.4): a lone last window would otherwise
-        hold θ_H's boundary to the per-segment bound only."""
-        if self.window is None:
-            return sorted(self.sampled)
-        segs, last = set(self.window), self.cfg.n_segments - 1
-        if self.cfg.replay_mode is ReplayMode.TOLERANCE and self.cfg.lone_last and last - 1 in segs:
-            segs.add(last)
-        return sorted(segs)
+        """The segments replayed: every opened one (sampling segments), or `window_replays`."""
+        return sorted(self.sampled) if self.window is None else window_replays(self.cfg, self.window)
+
+
+def window_replays(cfg: RunConfig, window: Sequence[int]) -> list[int]:
+    """What a check of a window replays: the window — in tolerance mode, where the last block is
+    segment n − 1 alone (`RunConfig.lone_last`), a window ending where it begins replays on into it
+    (always opened), so its residual is summed with that window's in one contiguous run (specs §6.4):
+    a lone last window would otherwise hold θ_H's boundary to the per-segment bound only."""
+    segs, last = set(window), cfg.n_segments - 1
+    if cfg.replay_mode is ReplayMode.TOLERANCE and cfg.lone_last and last - 1 in segs:
+        segs.add(last)
+    return sorted(segs)
 
 
 @dataclass

@@ -250,18 +250,14 @@ def _ratio(num2: float, den2: float) -> float:
 SET_WORDS = {"drawn": "drawn", "all": "replayed"}
 
 
-def cumulative_mismatch(
-    total: Cumulative, thresholds: Mapping[str, float], apart: str = "drawn"
-) -> str | None:
+def cumulative_mismatch(total: Cumulative, thresholds: Mapping[str, float]) -> str | None:
     """None if every summed set's residuals are within their thresholds, else the first that is not
-    (check by check, each over the sets in `SUMMED_SETS` order). `apart`: what the segments summed
-    without the forced last one are called ("drawn" under sampling segments, "window" under windows)."""
+    (check by check, each over the sets in `SUMMED_SETS` order)."""
     sets = total.sets()
     for c in CUMULATIVE_CHECKS:
         for name, d in sets.items():
             if not d[c] < thresholds[c]:
                 count = total.segments - 1 if name == "drawn" else total.segments
-                word = apart if name == "drawn" else SET_WORDS[name]
                 return (f"{c} distance {d[c]:.3e} >= tolerance {thresholds[c]:.3e} over the {count} "
-                        f"{word} segments: their residuals add up")  # fmt: skip
+                        f"{SET_WORDS[name]} segments: their residuals add up")  # fmt: skip
     return None

@@ -432,8 +432,7 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
                 final = claim if claim is not None else end
             del start, claim
         if total is not None:  # the replayed segments together: residuals that add up (specs §6.4)
-            apart = "drawn" if job.window is None else "window"
-            why = cumulative_mismatch(total, job.cfg.cumulative_tolerances, apart)
+            why = cumulative_mismatch(total, job.cfg.cumulative_tolerances)
             if why is not None:
                 raise Rejected(Reason.REPLAY_MISMATCH, why)
         whole = final is not None  # we replayed the last segment: its end state, moments and all

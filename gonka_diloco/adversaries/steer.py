@@ -59,9 +59,8 @@ def direction(seed: int, name: str, shape: torch.Size) -> Tensor:
 
 
 def summed_segments(cfg: RunConfig) -> int:
-    """The most segments one check sums when nobody disputes (specs §6.4), the last segment's aside:
-    a checker's window, or a challenge's s. (Sets of one are not summed; m = 1 then asks nothing
-    more of a boundary.)"""
+    """The most segments one check sums when nobody disputes (specs §6.4): a checker's window, or
+    a challenge's s. (Sets of one are not summed; m = 1 then asks nothing more of a boundary.)"""
     return cfg.window_len if cfg.windowed else cfg.sampled_segments
 
 
