@@ -1080,8 +1080,10 @@ def _initial_review(c: Contribution, final_round: bool) -> Outcome | Review | No
 
 
 class Question(StrEnum):
-    """What a dispute asks (§2.5.3). Every checker checks the Δ against θ_H; the rest of a check
-    (proofs, claims, the start, the replayed segments, the data) is about the segments it opened."""
+    """What a dispute asks (§2.5.3). A check that ends at θ_H (every check under sampling segments;
+    under windows, the one whose window replays segment n − 1, and every panel vote) checks the Δ
+    against it; the rest of a check (proofs, claims, the start, the replayed segments, the data) is
+    about the segments it opened."""
 
     SEGMENTS = "segments"
     DELTA = "delta"
@@ -1139,10 +1141,19 @@ def _answer_of(verdict: Verdict, question: Question, delta_first: bool) -> Answe
     return Answer.PASSED if reached else Answer.NOT_REACHED
 
 
-def _answer(c: Contribution, verifier: str, question: Question) -> Answer:
+def ends_short(run: Run, c: Contribution, verdict: Verdict) -> bool:
+    """A slot holder's first verdict on a window that ends short of θ_H (§6): its check never
+    compared Δ with θ_H, so its ACCEPT says nothing of the Δ. A DELTA_MISMATCH it sends anyway is
+    a claim like any other, and it is held to it."""
+    slot = c.slots.get(verdict.verifier) if c.windows else None
+    return slot is not None and not run_config(run).window_reaches_end(c.windows[slot])
+
+
+def _answer(run: Run, c: Contribution, verifier: str, question: Question) -> Answer:
     """What a verifier's vote in a dispute says on a question. Every assigned verifier is a voter
-    on both questions: on the segments, a slot holder of a window nobody disputed speaks through
-    its revote only (its own verdict is about its own window); on the Δ, every check answered."""
+    on both questions: a slot holder speaks on the segments of the disputed windows, and on the Δ
+    when its window ended short of θ_H, through its revote only (its own verdict is about its own
+    window), and not at all where it owes none (it holds a disputed window, short of θ_H)."""
     revote = c.revotes.get(verifier)
     if revote is not None:
         return _answer_of(revote, question, delta_first=True)
@@ -1154,8 +1165,11 @@ def _answer(c: Contribution, verifier: str, question: Question) -> Answer:
     slot = c.slots.get(verifier)
     if slot is None:  # a panel member
         return _answer_of(verdict, question, delta_first=True)
-    if question is Question.SEGMENTS and c.windows[slot] not in disputed_windows(c):
+    undisputed = c.windows[slot] not in disputed_windows(c)
+    if question is Question.SEGMENTS and undisputed:
         return Answer.SILENT  # not about the disputed windows; its revote would be
+    if question is Question.DELTA and ends_short(run, c, verdict) and verdict.reason != Reason.DELTA_MISMATCH:
+        return Answer.SILENT if undisputed else Answer.NOT_REACHED  # its revote would answer it
     return _answer_of(verdict, question, delta_first=False)
 
 
@@ -1170,7 +1184,7 @@ def _decide(run: Run, c: Contribution, question: Question) -> Outcome:
     """One question's stake-weighted majority out of every assigned verifier's stake: REJECTED
     (it failed), ACCEPTED (it passed) or UNVERIFIED (no majority either way). A voter whose check
     stopped before the question is not counted; a silent one is (silence never makes a majority)."""
-    answers = [(stake_of(run, v), _answer(c, v, question)) for v in c.verifier_rounds]
+    answers = [(stake_of(run, v), _answer(run, c, v, question)) for v in c.verifier_rounds]
     panel = sum(w for w, a in answers if a is not Answer.NOT_REACHED)
     if 2 * sum(w for w, a in answers if a is Answer.FAILED) > panel:
         return Outcome.REJECTED
@@ -1215,8 +1229,9 @@ def _contradicts(run: Run, c: Contribution, verdict: Verdict, delta_first: bool)
         return verdict.reason == Reason.ACCEPT
     slot = c.slots.get(verdict.verifier)
     own_window_only = not delta_first and slot is not None and c.windows[slot] not in disputed_windows(c)
+    short = not delta_first and ends_short(run, c, verdict) and verdict.reason != Reason.DELTA_MISMATCH
     for q in _questions(c):
-        if q is Question.SEGMENTS and own_window_only:
+        if (q is Question.SEGMENTS and own_window_only) or (q is Question.DELTA and short):
             continue
         said, decided = _answer_of(verdict, q, delta_first), _decide(run, c, q)
         if (said, decided) in ((Answer.PASSED, Outcome.REJECTED), (Answer.FAILED, Outcome.ACCEPTED)):

@@ -508,6 +508,16 @@ class RunConfig(Frozen):
         n, w = self.n_segments, self.window_len
         return self.windowed and n > w and (n - 1) % w == 0
 
+    def window_reaches_end(self, start: int) -> bool:
+        """Sampling windows: whether the check of the window that starts at segment `start` replays
+        segment n − 1 (the last block; in tolerance mode also the window a lone last block is merged
+        into, `lone_last`) and so ends at θ_H: that check alone checks Δ against θ_H (specs §6). A
+        check ending short of θ_H could compare Δ with θ_H only by fetching θ_H, and a host that fakes
+        Δ can as well commit a θ_H that matches it, which only a replay of segment n − 1 catches."""
+        n, w = self.n_segments, self.window_len
+        end = min(n, start + w)
+        return end == n or (self.replay_mode is ReplayMode.TOLERANCE and self.lone_last and end == n - 1)
+
     @property
     def checker_slots(self) -> int:
         """Window slots drawn per contribution at the challenge: v initial (escalations reuse

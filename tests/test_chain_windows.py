@@ -1,8 +1,9 @@
 """Sampling windows on the chain (issue 34, specs §2.3, §2.5.3): each checker slot gets its own
 block of w segments at the challenge; a reject is evidence about that window alone, a dispute
 panel replays the disputed windows, and an honest accept of a window nobody disputed is never
-slashed — while a lying reject is, and a fake Δ (which every checker checks) contradicts every
-accept."""
+slashed — while a lying reject is, and a fake Δ (which the check of the window ending at θ_H
+checks) contradicts that window's accept and every revote's, never an accept of a window short of
+θ_H."""
 
 from __future__ import annotations
 
@@ -130,10 +131,11 @@ def test_a_lying_reject_of_an_honest_window_is_outvoted_and_slashed() -> None:
     assert stake_of(sim, liar) < liar_before and stake_of(sim, other) == other_before
 
 
-def test_a_fake_delta_contradicts_every_accept_since_every_checker_checks_it() -> None:
+def test_a_fake_delta_contradicts_the_accept_of_the_window_ending_at_theta_h() -> None:
     sim = at_verdicts(HOSTS[:1])
     host = HOSTS[0]
     honest, colluder = by_slot(sim, host)
+    assert challenge(sim, host)["windows"][1] == N - W  # the colluder's window ends at θ_H
     sim.block(verdict_msg(honest, host, Reason.DELTA_MISMATCH), verdict_msg(colluder, host))
     sim.until(sim.step()["round_deadline"] + 1)
     panel = [v for v in VERIFIERS if v not in (honest, colluder)]
@@ -249,3 +251,47 @@ def test_a_lying_delta_reject_next_to_a_failed_window_is_outvoted_by_the_panel_a
     assert sim.state.runs[1].steps[0].contributions[host].outcome == Outcome.REJECTED
     assert stake_of(sim, liar) < before[liar]
     assert all(stake_of(sim, v) == before[v] for v in (catcher, *panel))
+
+
+@pytest.mark.parametrize("revote", [None, Reason.ACCEPT, Reason.DELTA_MISMATCH], ids=["none", "accept", "delta"])
+def test_an_accept_of_a_window_short_of_theta_h_is_no_vote_on_the_delta_until_its_revote(
+    revote: Reason | None,
+) -> None:
+    """The holder of a window ending short of θ_H never compared Δ with θ_H (specs §6): its ACCEPT
+    is no answer on a Δ dispute, so it is not slashed for it when the panel rejects the Δ. Like the
+    panel it owes a revote (Δ first): an ACCEPT there contradicts the rejected Δ and is slashed."""
+    sim = at_verdicts(HOSTS[:1])
+    host = HOSTS[0]
+    short, last = by_slot(sim, host)
+    windows = challenge(sim, host)["windows"]
+    cfg = windowed()
+    assert not cfg.window_reaches_end(windows[0]) and cfg.window_reaches_end(windows[1])
+    sim.block(verdict_msg(last, host, Reason.DELTA_MISMATCH), verdict_msg(short, host))
+    sim.until(sim.step()["round_deadline"] + 1)
+    assert challenge(sim, host)["revotes_owed"] == [short]
+    panel = [v for v in VERIFIERS if v not in (short, last)]
+    before = stake_of(sim, short)
+    votes = [verdict_msg(v, host, Reason.DELTA_MISMATCH) for v in panel]
+    sim.block(*votes, *([] if revote is None else [verdict_msg(short, host, revote)]))
+    sim.until(sim.step()["round_deadline"] + 1)
+    c = sim.state.runs[1].steps[0].contributions[host]
+    assert c.outcome == Outcome.REJECTED
+    slashed = before - stake_of(sim, short)
+    assert slashed == (before * cfg.stake.fraud_verifier_slash_bps // 10_000 if revote is Reason.ACCEPT else 0)
+
+
+def test_a_delta_dispute_is_decided_by_the_window_ending_at_theta_h_and_the_revotes() -> None:
+    """A lying DELTA_MISMATCH from the holder of the window ending at θ_H: the panel and the other
+    holder's revote (Δ first) find the Δ right, so the host is accepted and the liar slashed; the
+    short window's first ACCEPT alone would not have decided it."""
+    sim = at_verdicts(HOSTS[:1])
+    host = HOSTS[0]
+    short, liar = by_slot(sim, host)
+    sim.block(verdict_msg(liar, host, Reason.DELTA_MISMATCH), verdict_msg(short, host))
+    sim.until(sim.step()["round_deadline"] + 1)
+    panel = [v for v in VERIFIERS if v not in (short, liar)]
+    before = stake_of(sim, liar)
+    sim.block(*[verdict_msg(v, host) for v in [*panel, short]])
+    sim.until(sim.step()["round_deadline"] + 1)
+    assert sim.state.runs[1].steps[0].contributions[host].outcome == Outcome.ACCEPTED
+    assert stake_of(sim, liar) < before

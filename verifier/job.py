@@ -142,11 +142,19 @@ class Job:
     window: tuple[int, ...] | None = None
     """The segments this verifier replays (sampling windows: its slot's window, or a dispute
     panel's disputed windows, specs §2.3, §2.5.3); None: every opened segment (sampling segments).
-    Whatever it replays, it checks Δ against θ_H."""
+    Only a check that ends at θ_H checks Δ against it (`checks_delta`)."""
 
     delta_first: bool = False
     """A dispute panel member's check (windows): Δ first, then the disputed windows, so its verdict
     answers the Δ question whatever it finds in them (specs §2.5.3)."""
+
+    @property
+    def checks_delta(self) -> bool:
+        """Does this check compare Δ with θ_H? Sampling segments (n − 1 is always opened), a dispute
+        panel member (Δ first, from θ_H's committed leaf) and a window that replays segment n − 1
+        (`RunConfig.window_reaches_end`). A window ending short of θ_H does not: a host faking Δ
+        would commit a θ_H to match, which only the replay of segment n − 1 catches (specs §6)."""
+        return self.window is None or self.delta_first or self.cfg.n_segments - 1 in self.replays
 
     @property
     def replays(self) -> list[int]:

@@ -330,9 +330,9 @@ def check_any_delta(job: Job, ctx: ReplayContext, source: BlobSource, final: Sta
 
 
 def theta_h(job: Job, source: BlobSource) -> State:
-    """θ_H for the Δ check of a check that did not replay the last segment: the parameters of the
-    state whose hash is the last leaf (from the chain's opening of segment n − 1), fetched alone
-    where the source can, every chunk checked against that leaf."""
+    """θ_H for a dispute panel member's Δ check (Δ first, before it replays anything): the
+    parameters of the state whose hash is the last leaf (from the chain's opening of segment
+    n − 1), fetched alone where the source can, every chunk checked against that leaf."""
     last = job.cfg.n_segments - 1
     tail = next((o for o in job.openings if o.segment == last), None)
     if tail is None:  # check_proofs: the last segment is always opened
@@ -350,7 +350,8 @@ def theta_h(job: Job, source: BlobSource) -> State:
 def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
     """Run every check in order; the first failure decides the reason. Never raises on host data.
 
-    Order: proofs and claims (free) → per sampled segment: start state, replay, compare → Δ.
+    Order: proofs and claims (free) → per sampled segment: start state, replay, compare → Δ
+    against θ_H (`Job.checks_delta`; a window short of θ_H fetches the committed Δ to keep).
     Whether this verifier may judge at all (its own environment) is `check_verifier_env`'s call.
     """
     replayed: list[str] = []
@@ -436,12 +437,13 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
             if why is not None:
                 raise Rejected(Reason.REPLAY_MISMATCH, why)
         whole = final is not None  # we replayed the last segment: its end state, moments and all
-        if final is None:  # a window short of the end: θ_H's params from the committed last leaf
-            final = theta_h(job, source)
-        elif optimizer_hash(final, chunk) != job.final_optimizer_hash:  # the last boundary's moments
-            raise Rejected(Reason.REPLAY_MISMATCH, "final optimizer hash is not the last boundary's")
-        if payload is None:
-            payload = check_any_delta(job, ctx, source, final)
+        if final is not None:
+            if optimizer_hash(final, chunk) != job.final_optimizer_hash:  # the last boundary's moments
+                raise Rejected(Reason.REPLAY_MISMATCH, "final optimizer hash is not the last boundary's")
+            if payload is None:
+                payload = check_any_delta(job, ctx, source, final)
+        elif payload is None:  # a window short of θ_H: the committed Δ, to keep and serve (specs §6)
+            payload = source.delta(job.delta_hash)  # every chunk checked against its hash
         if ctx.on_derived is not None:  # tolerance mode: the checked claim and the downloaded Δ
             ctx.on_derived(final if whole else None, payload)
         reason, detail = Reason.ACCEPT, ""
