@@ -1,7 +1,8 @@
 """verifier.verify under sampling windows (issue 34, specs §6): a checker replays only its window,
-contiguously from one start, and checks Δ against θ_H's parameters whatever its window — so a
-fake Δ meets every checker, a faked segment only the checker whose window holds it, and an honest
-host passes every window."""
+contiguously from one start; only the window that ends at θ_H checks Δ against it (a host faking
+Δ could as well commit a θ_H to match, which only the replay of segment n − 1 catches), the others
+fetch the committed Δ to keep — so a fake Δ meets the last block's checker, a faked segment the
+checker whose window holds it, and an honest host passes every window fetching no θ_H."""
 
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 class Counting:
-    """A blob source that records what it was asked for: `params` (θ_H's parameters alone) or a
-    whole `state`."""
+    """A blob source that records what it was asked for: `params` (θ_H's parameters alone), a
+    whole `state` or a `delta`."""
 
     def __init__(self, inner: object) -> None:
         self.inner, self.asked = inner, []  # type: ignore[var-annotated]
@@ -67,6 +68,7 @@ class Counting:
         return {k: t for k, t in self.inner.state(leaf).items() if k.startswith("param/")}  # type: ignore[attr-defined]
 
     def delta(self, h: str) -> bytes:
+        self.asked.append(("delta", h))
         return self.inner.delta(h)  # type: ignore[attr-defined,no-any-return]
 
 
@@ -95,14 +97,20 @@ def test_an_honest_host_passes_every_window_replaying_only_it(world: World) -> N
         states = [leaf for kind, leaf in source.asked if kind == "state"]
         assert len(states) == (0 if start == 0 else 1)  # one start downloaded; block 0 rebuilt from G_n
         tail = last in window(start, cfg.n_segments, cfg.window_len)
-        params = [leaf for kind, leaf in source.asked if kind == "params"]
-        assert params == ([] if tail else [run.contribution.leaves[-1]])  # θ_H's params, by its leaf
+        assert not [leaf for kind, leaf in source.asked if kind == "params"]  # no θ_H fetched
+        deltas = [h for kind, h in source.asked if kind == "delta"]
+        assert deltas == ([] if tail else [run.contribution.delta_hash])  # bitwise: derived, else kept
 
 
-def test_a_fake_delta_is_rejected_by_every_window(world: World) -> None:
+def test_a_fake_delta_is_rejected_by_the_window_ending_at_theta_h_alone(world: World) -> None:
+    """Like a fake of the last segment (a θ_H committed to match the fake Δ), which only the replay
+    of segment n − 1 catches: the other windows accept, next to an honest host every window accepts."""
+    cfg = world.lab.cfg
     for start in blocks(world):
         reason, detail, _, _ = judge(world, "noise", start)
-        assert reason is Reason.DELTA_MISMATCH, (start, detail)
+        ends = cfg.window_reaches_end(start)
+        assert reason is (Reason.DELTA_MISMATCH if ends else Reason.ACCEPT), (start, detail)
+        assert judge(world, "honest", start)[0] is Reason.ACCEPT
 
 
 @pytest.mark.parametrize("name", ["one_fake", "lazy"])
