@@ -875,6 +875,47 @@ def chain_vectors() -> list[dict[str, Any]]:
     sc.add(sc.finalized_at() + 1, *[_vote(h, "g1 of hosts 1 and 2") for h in HOST_ADDRESSES[1:]])
     out.append({"label": "windows_dispute", "blocks": sc.blocks})
 
+    # 11. a Δ dispute under windows (§2.5.3, §6): only the check of the window ending at θ_H checks
+    # Δ. A host whose slots hold that window and a window short of θ_H: the first rejects its Δ
+    # (DELTA_MISMATCH), the other accepts its own clean window, which answers nothing of the Δ. The
+    # panel checks Δ first and rejects; the short window's holder owes a revote (Δ first) and
+    # accepts the fake there: that accept, not its first, contradicts the rejected Δ and is slashed
+    # at the fraud rate. The other hosts are accepted by both their checkers.
+    cfg = _vector_config(inner_steps=12, window_segments=2, verifiers_per_contribution=2)
+    sc = _Scenario(cfg)
+    sc.commit_and_reveal()
+    step = sc.step()
+    state = sc.peek(step["challenge_height"])
+    chs = {c["host"]: c for c in queries.challenges(state, 1)["challenges"]}
+
+    def at_end(c: dict[str, Any]) -> list[str]:
+        return [v for v, i in c["slots"].items() if cfg.window_reaches_end(c["windows"][i])]
+
+    cheat = next(h for h, c in chs.items() if at_end(c))
+    checker = at_end(chs[cheat])[0]
+    short = next(v for v in chs[cheat]["slots"] if v != checker)
+    assert not cfg.window_reaches_end(chs[cheat]["windows"][chs[cheat]["slots"][short]])
+    msgs = []
+    for host, c in chs.items():
+        for v in c["slots"]:
+            reason = Reason.DELTA_MISMATCH if (host, v) == (cheat, checker) else Reason.ACCEPT
+            msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
+                                         evidence_hash=hashlib.sha256(f"{v} {host}".encode()).hexdigest()))
+    sc.add(step["challenge_height"] + 1, *msgs)
+    panel_height = step["verify_deadline"] + 1
+    state = sc.peek(panel_height)
+    msgs = []  # the panel rejects the Δ; the short window's holder, a colluder, accepts it in its revote
+    for v in VERIFIER_ADDRESSES:
+        for host in queries.assignments(state, 1, v)["hosts"]:
+            reason = Reason.ACCEPT if v == short else Reason.DELTA_MISMATCH
+            ev = hashlib.sha256(f"panel {v} {host}".encode()).hexdigest()
+            msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
+                                         evidence_hash=ev))
+    sc.add(panel_height, *msgs)
+    rest = [h for h in HOST_ADDRESSES if h != cheat]
+    sc.add(sc.finalized_at() + 1, *[_vote(h, "g1 of the other hosts") for h in rest])
+    out.append({"label": "windows_delta_dispute", "blocks": sc.blocks})
+
     for v in out:
         v["genesis"] = vector_genesis().model_dump(mode="json")
         v["output"] = scenario_summary(replay_blocks(v["blocks"]))

@@ -253,7 +253,9 @@ def test_a_lying_delta_reject_next_to_a_failed_window_is_outvoted_by_the_panel_a
     assert all(stake_of(sim, v) == before[v] for v in (catcher, *panel))
 
 
-@pytest.mark.parametrize("revote", [None, Reason.ACCEPT, Reason.DELTA_MISMATCH], ids=["none", "accept", "delta"])
+@pytest.mark.parametrize(
+    "revote", [None, Reason.ACCEPT, Reason.DELTA_MISMATCH], ids=["none", "accept", "delta"]
+)
 def test_an_accept_of_a_window_short_of_theta_h_is_no_vote_on_the_delta_until_its_revote(
     revote: Reason | None,
 ) -> None:
@@ -277,7 +279,8 @@ def test_an_accept_of_a_window_short_of_theta_h_is_no_vote_on_the_delta_until_it
     c = sim.state.runs[1].steps[0].contributions[host]
     assert c.outcome == Outcome.REJECTED
     slashed = before - stake_of(sim, short)
-    assert slashed == (before * cfg.stake.fraud_verifier_slash_bps // 10_000 if revote is Reason.ACCEPT else 0)
+    fraud = before * cfg.stake.fraud_verifier_slash_bps // 10_000
+    assert slashed == (fraud if revote is Reason.ACCEPT else 0)
 
 
 def test_a_delta_dispute_is_decided_by_the_window_ending_at_theta_h_and_the_revotes() -> None:
