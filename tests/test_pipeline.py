@@ -96,8 +96,8 @@ class CuttingProxy:
 def test_multi_chunk_states_resume_and_multi_source_fetch(tmp_path: Path) -> None:
     corpus = tiny_corpus()
     chain = LockstepChain()
-    # three windows of one segment: the verifier fetches a start, θ_H's parameters or both, through
-    # the proxy that cuts host 1's transfers, whichever window is drawn
+    # three windows of one segment: the verifier fetches a start and, short of θ_H, the committed Δ,
+    # through the proxy that cuts host 1's transfers, whichever window is drawn
     cfg = run_config(corpus, max_outer_steps=1, inner_steps=15, window_segments=1, state_chunk_bytes=CHUNK)
     run_id = create_run(chain, cfg)
     objects = ObjectPolicy.of(build_model(cfg.model), cfg)
@@ -133,10 +133,14 @@ def test_multi_chunk_states_resume_and_multi_source_fetch(tmp_path: Path) -> Non
     fetched = [e for e in logs if e["event"] == "fetched"]
     by_verifier = [e for e in fetched if e["node"] == "verifier-9"]
     # per host one window of one segment: its start (none for segment 0: rebuilt from G_n and a fresh
-    # optimizer) and, short of the last segment, θ_H's parameters (fewer bytes than the state)
+    # optimizer) and, short of the last segment, the committed Δ to keep (no θ_H: specs §6)
     states = [e for e in by_verifier if e["kind"] == "state"]
-    assert 1 <= len(states) <= 4 and all(0 < e["bytes"] <= state_len for e in states)
-    assert not [e for e in by_verifier if e["kind"] == "delta"]  # derived from its own replays
+    assert len(states) <= 2 and all(0 < e["bytes"] <= state_len for e in states)
+    mine = {c["host"]: c["windows"][c["slots"][verifier.address]]
+            for c in chain.query("challenges", run_id=run_id, step=0)["challenges"]}  # fmt: skip
+    short = sorted(h for h, start in mine.items() if not cfg.window_reaches_end(start))
+    deltas = [e for e in by_verifier if e["kind"] == "delta"]  # at θ_H derived from its own replay
+    assert sorted(e["host"] for e in deltas) == short, (mine, deltas)  # and never fetched again
     assert sum(e["resumed"] for e in fetched) >= 1  # the proxy cut transfers; they resumed
     # host 2 aggregated host 1's Δ: from the cut author and from the verifier that derived it
     delta = [e for e in fetched if e["node"] == "host-2" and e["kind"] == "delta"]
