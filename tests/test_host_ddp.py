@@ -200,12 +200,14 @@ def test_two_rank_host_commits_two_slices_and_is_accepted(tmp_path: Path) -> Non
         log = (tmp_path / "host.log").read_text()
         assert log.count('"event": "listening"') == 1  # only rank 0 serves and logs
         # sharded: each rank saved its part (the carried optimizer state is still on disk), and the
-        # verifier fetched one state as the host served it from shard files: its window's start
-        # (boundary 1), or θ_H's parameters (boundary 2) when its window is segment 0
+        # verifier fetched what its window needs as the host served it: the window's start (boundary
+        # 1, from shard files), or, when its window is segment 0 (short of θ_H), the committed Δ
         kept = sorted(p.name.split(".", 1)[1] for p in (tmp_path / "host" / "store" / "optimizer").iterdir())
         assert kept == ["optimizer.chunks", "optimizer.r0", "optimizer.r1", "optimizer.shards"]
         fetched = [e for n, e in events.seen if n == "verifier" and e.get("event") == "fetched"]
-        assert [e["kind"] for e in fetched] == ["state"]
+        ch = client.query("challenges", run_id=run_id, step=0)["challenges"][0]
+        start = ch["windows"][ch["slots"][str(test_wallet(VERIFIER).address())]]
+        assert [e["kind"] for e in fetched] == (["delta"] if start == 0 else ["state"]), (start, fetched)
         assert not [e for n, e in events.seen if e.get("event") in ("sitting_out", "fatal")]
     finally:
         sup.close()
