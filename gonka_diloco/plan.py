@@ -1225,8 +1225,10 @@ window within the replay budget gets it near 99%, so a ≤ 1% ceiling could neve
 before, against a θ_H faked to match). What a coalition can do is replace honest checkers by
 accomplices at rate σ, thinning the catch to (1 − σ) of it; the floor asks that below COALITION it
 thin no further: the one-segment floor (ONE_SEGMENT_CAUGHT) for the checkers' honest share,
-ONE_SEGMENT_CAUGHT·(1 − COALITION). That a fake Δ passing most steps does not pay is left to the
-slashes (the economics' best fake), not to the draw."""
+ONE_SEGMENT_CAUGHT·(1 − COALITION). While v + a ≤ B the catch is exactly (v + p·a)/B·(1 − σ), so
+the floor then holds exactly when the one-segment floor does (at every σ or at none); it adds to
+it where slots share blocks. That a fake Δ passing most steps does not pay is left to the slashes
+(the economics' best fake), not to the draw."""
 
 RUN_FIELDS = ("H", "k", "s", "sampling", "w", "v", "audit_p", "auditors", "host_stake", "host_slash_bps",
               "audit_slash_bps", "reward")  # fmt: skip
@@ -1265,12 +1267,16 @@ def economics(i: Inputs, train_seconds: float) -> dict[str, Any]:
     COALITION (`collusion_floor_met`): sampling segments, a fake Δ reaches the model in ≤ 1% of
     outer steps for every coalition below ½ of the verifier stake; sampling windows, where a fake
     Δ is a one-block fake of the last block (`fake_delta_cheat`), it is caught in ≥
-    `WINDOW_FAKE_DELTA_CAUGHT` at ½. `fake_delta_sigma_bound`: the largest σ ≤ ½ the floor holds at."""
+    `WINDOW_FAKE_DELTA_CAUGHT` at ½. `fake_delta_sigma_bound`: the largest σ ≤ ½ the floor holds at
+    (None: not even without accomplices)."""
     half = lazy_cheat(i, 0.5)
     caught = lazy_detection(i, 0.5)
     profit = expected_profit(half, cheat_gain(i, 0.5, train_seconds), host_slash(i), audit_slash(i))
     one = one_segment_detection(i)
-    bound = largest_share(lambda sigma: collusion_floor_met(i, sigma, FAKE_DELTA_CEILING), COALITION)
+    def holds(sigma: float) -> bool:
+        return collusion_floor_met(i, sigma, FAKE_DELTA_CEILING)
+
+    bound = largest_share(holds, COALITION) if holds(0.0) else None
     alone, at_coalition = fake_delta_cheat(i, 0.0).success, fake_delta_cheat(i, COALITION).success
     worst, worst_profit, worst_slash = most_profitable_fake(i, train_seconds)
     ok = {

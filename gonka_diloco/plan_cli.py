@@ -394,6 +394,11 @@ SWEEP_HEADER = ["#", "H", "k", "s / w", "v", "m", "codec", "utilization", "host 
                 "disk/host", "detection", "collusion", "cost"]  # fmt: skip
 
 
+def _met_up_to(bound: float | None, lead: str = "met only") -> str:
+    """`economics`' fake_delta_sigma_bound in words: up to which accomplice share the floor holds."""
+    return "not even without accomplices" if bound is None else f"{lead} up to σ = {bound:.3g}"
+
+
 def economics_sentence(e: dict[str, Any]) -> str:
     """Issue 34's cheating floors (`plan.economics`) as one sentence: met or not, and by how much."""
     ok = e["meets"]
@@ -415,7 +420,7 @@ def economics_sentence(e: dict[str, Any]) -> str:
             f"{fmt_pct(e['fake_delta_success_alone'])} of outer steps alone and "
             f"{fmt_pct(e['fake_delta_success_at_coalition'])} with a coalition of {half} of the verifier "
             f"stake, which catches it in {fmt_pct(caught)} ({floor}"
-            + ("" if ok["coalition"] else f"; met only up to σ = {bound:.3g}") + f"){mark('coalition')}"
+            + ("" if ok["coalition"] else f"; {_met_up_to(bound)}") + f"){mark('coalition')}"
         )  # fmt: skip
     else:
         fake_delta = f"a fake Δ reaches the model in ≤ {fmt_pct(FAKE_DELTA_CEILING)} of outer steps"
@@ -423,7 +428,7 @@ def economics_sentence(e: dict[str, Any]) -> str:
         if ok["coalition"]:
             coalition = f"{fake_delta} for every coalition below {half} of the verifier stake ({at})"
         else:
-            coalition = f"{fake_delta} only for coalitions up to σ = {bound:.3g} ({at}){mark('coalition')}"
+            coalition = f"{fake_delta} {_met_up_to(bound, 'only for coalitions')} ({at}){mark('coalition')}"
     return (
         f"{who} {verb} the cheating floors: a host faking half its segments is caught in "
         f"{fmt_pct(e['half_fake_caught'])} of outer steps (≥ {fmt_pct(HALF_FAKE_CAUGHT)}) and expects "
