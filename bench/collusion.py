@@ -19,8 +19,16 @@ Prints the table and writes bench/results/collusion.json. A measurement, not a t
 `--windows` (issue 34) runs the same under sampling windows at the issue's H = 500, k = 5, w = 3
 (B = 34 blocks, v + a = 7 slots, each its own block) and writes bench/results/collusion_windows.json:
 
-- the fake-Δ table again (every checker checks Δ against θ_H, so honest verifiers reject with
-  DELTA_MISMATCH whatever their window; the formula is unchanged);
+- the fake-Δ table again, under the windows rule (specs §6): only a check that ends at θ_H
+  (`RunConfig.window_reaches_end`: the last block's) checks Δ against it, so an honest slot holder
+  rejects the fake Δ (DELTA_MISMATCH) only if its window reaches θ_H, and accepts otherwise (its
+  window replays clean; it fetched the Δ only to keep it); honest panel members and revotes (Δ
+  first) reject it. A fake Δ is then a one-block fake of the last block: next to the exact
+  `window_odds_keys(A, H, B, 1, d)` and the planner's many-keys `window_cheat(B, 1, …)`. The
+  coalition's best play under the chain's rule (`ends_short`): an accomplice accepts on its slot
+  (an ACCEPT of a window short of θ_H answers no Δ question, so it is never contradicted, and the
+  one slot on the last block is the only check that sees the fake) and, in a dispute, accepts
+  whenever the coalition does not lose the Δ vote;
 - a host faking a fraction f = 0.5 of its segments (`lazy`: F = 17 whole blocks) and one faking one
   segment (`one_fake`: F = 1), against N = 10 and 100 keys: honest slot holders reject iff their
   window (`Contribution.windows[slots[x]]`) holds a faked segment, accomplices accept on their slots
@@ -178,6 +186,8 @@ class Trial:
         """The coalition's best play; honest verifiers reject the fake."""
         if self.faked is not None:
             return self.window_vote(verifier, c)
+        if c.windows:
+            return self.delta_window_vote(verifier, c)
         if verifier not in self.accomplices or c.review == Review.CONFIRM:
             return Reason.DELTA_MISMATCH
         stage = c.verifier_rounds[verifier]
@@ -198,10 +208,31 @@ class Trial:
             return Reason.REPLAY_MISMATCH if fake else Reason.ACCEPT
         if own:
             return Reason.ACCEPT
+        return Reason.ACCEPT if self.coalition_holds(c) else Reason.REPLAY_MISMATCH
+
+    def delta_window_vote(self, verifier: str, c: Contribution) -> Reason:
+        """A fake Δ under windows (specs §6): only a check that ends at θ_H checks Δ against it. An
+        honest slot holder rejects (DELTA_MISMATCH) iff its window reaches θ_H, else accepts (its
+        window replays clean); an honest panel member or revote (Δ first) rejects. An accomplice
+        accepts on its slot: a window short of θ_H answers no Δ question (chain `ends_short`), so
+        that ACCEPT is never contradicted, and the last block is one slot's, so an accomplice there
+        is the only check that sees the fake; in a dispute it accepts whenever the coalition does
+        not lose the Δ vote (every assigned verifier answers it, the short slots by their revotes)."""
+        own = verifier in c.slots and not owes_revote(c, verifier)
+        if verifier not in self.accomplices:
+            short = own and not self.config.window_reaches_end(c.windows[c.slots[verifier]])
+            return Reason.ACCEPT if short else Reason.DELTA_MISMATCH
+        if own:
+            return Reason.ACCEPT
+        return Reason.ACCEPT if self.coalition_holds(c) else Reason.DELTA_MISMATCH
+
+    def coalition_holds(self, c: Contribution) -> bool:
+        """In a dispute: the accomplices' stake among its voters is at least the honest ones' (an
+        accept then does not lose: it wins, or ties into UNVERIFIED, and nobody is contradicted)."""
         stake = self.state.runs[1].participants
         ours = sum(stake[x].stake for x in c.verifier_rounds if x in self.accomplices)
         theirs = sum(stake[x].stake for x in c.verifier_rounds if x not in self.accomplices)
-        return Reason.ACCEPT if ours >= theirs else Reason.REPLAY_MISMATCH
+        return ours >= theirs
 
     def react(self) -> list[Any]:
         """What the participants send in this block, given the state after begin_block."""
@@ -270,7 +301,7 @@ def cell(
     reward, bond = config.stake.reward_per_outer_step, config.stake.min_host_stake
     keys = ALL_KEYS[:n_keys]
     gang = set(keys[:accomplices])
-    passed = audited = 0
+    passed = audited = rejected = unverified = honest_slashed = 0
     profit = 0
     for t in range(trials):
         tag = f"{v}:{p_bps}:{a}:{accomplices}" + ("" if n_keys == N_KEYS else f"/{n_keys}")
@@ -278,8 +309,14 @@ def cell(
         out = Trial(config, gang, f"{tag}:{t}", keys).run()
         passed += out["passed"]
         audited += out["audited"]
+        rejected += out["rejected"]
+        unverified += out["unverified"]
+        honest_slashed += out["honest_slashed"]
         profit += out["profit"]
     q = accomplices / n_keys
+    if sampling is Sampling.WINDOWS:  # a one-block fake of the last block (specs §6)
+        return delta_window_row(config, d, accomplices, n_keys, trials, passed, audited, rejected,
+                                unverified, honest_slashed, profit)  # fmt: skip
     p_exact = pass_probability_keys(accomplices, n_keys - accomplices, d)
     sd = math.sqrt(max(p_exact * (1 - p_exact), 1e-12) / trials)
     return {
@@ -291,6 +328,38 @@ def cell(
         "profit_exact_R": expected_profit_keys(accomplices, n_keys - accomplices, d, reward, bond, GNK)
         / reward,
         "profit_many_keys_R": expected_profit(q, d, reward, bond, GNK) / reward,
+        "audited": audited / trials,
+    }  # fmt: skip
+
+
+def delta_window_row(
+    config: RunConfig, d: Defense, accomplices: int, n_keys: int, trials: int, passed: int, audited: int,
+    rejected: int, unverified: int, honest_slashed: int, profit: int,
+) -> dict[str, Any]:  # fmt: skip
+    """A fake-Δ cell under windows: the fake meets only the check that ends at θ_H, so it is a
+    one-block fake of the last block (`fake_blocks`, 2 in tolerance mode with a lone last segment),
+    next to the exact `window_odds_keys` and the planner's many-keys `window_cheat`."""
+    from gonka_diloco.plan import window_cheat
+
+    n, w = config.n_segments, config.window_len
+    blocks = -(-n // w)
+    fake = sum(config.window_reaches_end(b * w) for b in range(blocks))
+    odds = window_odds_keys(accomplices, n_keys - accomplices, blocks, fake, d)
+    reward, bond = config.stake.reward_per_outer_step, config.stake.min_host_stake
+    q = accomplices / n_keys
+    sd = math.sqrt(max(odds.passed * (1 - odds.passed), 1e-12) / trials)
+    return {
+        "v": d.v, "p": d.p, "a": d.audit_verifiers, "share": q, "accomplice_keys": accomplices,
+        "keys": n_keys, "trials": trials, "fake_blocks": fake, "blocks": blocks,
+        "passed": passed / trials, "pass_exact": odds.passed,
+        "pass_bound_many_keys": window_cheat(blocks, fake, d.v, d.audit_verifiers, d.p, q).success,
+        "within_3_sd": abs(passed / trials - odds.passed) <= 3 * sd + 1e-12,
+        "rejected": rejected / trials, "rejected_exact": odds.rejected,
+        "unverified": unverified / trials, "unverified_exact": odds.unverified,
+        "honest_slashed": honest_slashed / trials, "honest_slashed_exact": odds.honest_slashed,
+        "profit_per_step_R": profit / trials / reward,
+        "profit_exact_R": window_expected_profit_keys(accomplices, n_keys - accomplices, blocks, fake, d,
+                                                      reward, bond) / reward,
         "audited": audited / trials,
     }  # fmt: skip
 
@@ -369,6 +438,7 @@ def main_windows(quick: bool = False) -> dict[str, Any]:
     cfg = bench_config(v, p, a, Sampling.WINDOWS)
     result = {
         "quick": quick, "keys": N_KEYS, "trials_per_cell": trials, "sampling": "windows",
+        "fake_delta_rule": "ends_at_theta_h",  # only the check ending at θ_H checks Δ (specs §6)
         "H": cfg.inner_steps, "k": cfg.segment_len, "w": cfg.window_len, "n_segments": cfg.n_segments,
         "blocks": -(-cfg.n_segments // cfg.window_len), "rows": rows, "windows": cells,
         "fake_delta_within_3_sd": all(r["within_3_sd"] for r in rows),
@@ -377,12 +447,14 @@ def main_windows(quick: bool = False) -> dict[str, Any]:
     }  # fmt: skip
     print(f"collusion under sampling windows: H = {result['H']}, k = {result['k']}, w = {result['w']} "
           f"(B = {result['blocks']} blocks), {trials} trials per cell (100 keys: {trials // 2})")  # fmt: skip
-    print("a fake Δ (every check checks Δ against θ_H): exact = σ^v (1 − p + p σ^a) for equal-stake keys")
+    print("a fake Δ (only the check that ends at θ_H checks Δ: a one-block fake of the last block): exact "
+          "= window_odds_keys(A, H, B, 1), planner = window_cheat(B, 1, …)")  # fmt: skip
     print(f"{'v':>2} {'p':>4} {'a':>2} {'keys':>4} {'share':>6} {'fake passed':>12} {'exact':>8} "
-          f"{'q^v bound':>10} {'profit/R':>9} {'exact':>8}")  # fmt: skip
+          f"{'planner':>10} {'rejected':>9} {'exact':>8} {'profit/R':>9} {'exact':>8}")  # fmt: skip
     for r in rows:
         print(f"{r['v']:>2} {r['p']:>4.2f} {r['a']:>2} {r['keys']:>4} {r['share']:>6.0%} "
               f"{r['passed']:>12.2%} {r['pass_exact']:>8.2%} {r['pass_bound_many_keys']:>10.2%} "
+              f"{r['rejected']:>9.2%} {r['rejected_exact']:>8.2%} "
               f"{r['profit_per_step_R']:>9.3f} {r['profit_exact_R']:>8.3f}")  # fmt: skip
     print(f"faked segments, v = {v}, p = {p / 10_000:g}, a = {a}: passed (exact, planner), host rejected "
           "(exact), honest verdicts slashed per step (exact), profit/R (exact)")  # fmt: skip

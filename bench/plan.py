@@ -645,11 +645,11 @@ def _b(x: float) -> str:
 def published_table(d: dict[str, Any]) -> list[str]:
     from gonka_diloco.plan_cli import fmt_pct, fmt_seconds
 
-    out = ["| model | sharding | H | k | s | v | m | codec | utilization: overlapped / sequential "
+    out = ["| model | sharding | H | k | s / w | v | m | codec | utilization: overlapped / sequential "
            "| outer step "
            "(overlapped) | Δ per host | host upload / step | verifier bytes / contribution | disk / host "
            "| memory / GPU | verifier replay ÷ host compute | detection (f = 50%) "
-           "| colluder success (σ = 10%) | slash that deters: lazy / "
+           "| colluder's fake Δ success (σ = 10%) | slash that deters: lazy / "
            "colluder |", "|" + "---|" * 19]  # fmt: skip
     for x in d["published"]:
         p = x["plan"]
@@ -657,8 +657,9 @@ def published_table(d: dict[str, Any]) -> list[str]:
             out.append(f"| {x['params'] / 1e9:g}B | no setting meets the floors |" + " |" * 17)
             continue
         i, u, sec = p["inputs"], p["utilization"], p["security"]
+        sample = f"w = {i['w']}" if i["sampling"] == "windows" else f"s = {i['s']}"
         out.append(
-            f"| {i['params'] / 1e9:g}B | {i['sharding']} | {i['H']} | {i['k']} | {i['s']} | {i['v']} "
+            f"| {i['params'] / 1e9:g}B | {i['sharding']} | {i['H']} | {i['k']} | {sample} | {i['v']} "
             f"| {i['m']} "
             f"| {i['codec']} | {fmt_pct(u['overlapped'])} / {fmt_pct(u['sequential'])} "
             f"| {fmt_seconds(p['timeline']['overlapped'])} | {_b(p['network']['delta_bytes'])} "
@@ -709,8 +710,11 @@ def markdown(d: dict[str, Any]) -> list[str]:
         "Gbit/s links, "
         "bf16 autocast with fp32 master state sharded over the 8 ranks, the sparse pipeline, bitwise replay; "
         "floors: utilization ≥ 90% with training overlapping verification (issue 16), detection ≥ 90% of a "
-        "host faking half its segments, a colluder with 10% of the verifier stake reaching the model in ≤ 1% "
-        "of steps (audits p = 10%), negative expected profit for both at a 1,000 GNK slash (10% of a "
+        "host faking half its segments, a colluder with 10% of the verifier stake (audits p = 10%) whose "
+        "fake Δ is caught in ≥ 18% of steps (20% × (1 − σ): under sampling windows, the sweep's default, "
+        "only the check that ends at θ_H checks Δ, so a fake Δ is a one-block fake of the last block and "
+        "a ≤ 1% ceiling is out of reach; sampling segments keep it: ≤ 1% of steps), negative expected "
+        "profit for both at a 1,000 GNK slash (10% of a "
         "10,000 GNK "
         "bond; 50% on an overturned accept), H ≤ 500, codec error ≤ 1%. The slash columns are the smallest "
         "that deter, valuing a GPU-hour at 1 GNK.",
@@ -721,8 +725,10 @@ def markdown(d: dict[str, Any]) -> list[str]:
     ]
     if rows := d.get("verification_defaults"):
         out += ["**Verification at the chain's defaults** (issues 34, 35): 30B on 64 hosts of 8×H100 at "
-                "1 Gbit/s, v = 4, audits p = 1 by 3, sampling windows, opened states coded and θ_H's "
-                "parameters swarmed; `gonka-diloco plan --params 30e9 --hosts 64 [--moments int8] "
+                "1 Gbit/s, v = 4, audits p = 1 by 3, sampling windows, opened states coded (no check "
+                "fetches θ_H's parameters: only the one whose window ends at θ_H checks Δ, and the others "
+                "fetch the committed Δ to keep, the download their verifier makes anyway to aggregate); "
+                "`gonka-diloco plan --params 30e9 --hosts 64 [--moments int8] "
                 "[--codec sparse]`, `--moments int8` being the default (`InnerOptim.moments`, specs "
                 "§6.2.1). States per contribution count training states of 12 B/param (fp32 θ and "
                 "moments); an int8-moment state is 6.03 B/param.", "",

@@ -318,20 +318,50 @@ def collusion_windows(d: dict[str, Any]) -> Lines:
         f"B = {d['blocks']} blocks, v + a = 7 slots each on its own block; {d['trials_per_cell']} seeded "
         "trials per cell on the state machine (100-key cells: half as many), equal-stake keys.",
         "",
-        "**A fake Δ.** Every checker checks Δ against θ_H whatever its window, so honest verifiers reject "
-        "(DELTA_MISMATCH) and the Δ question's voters are every verifier: the formula is the one of §5b, "
-        "*exact* `pass_probability_keys` = C(A, v)/C(N, v) · (1 − p + p·C(A − v, a)/C(N − v, a)), *bound* "
-        "σ^v (1 − p + p σ^a). Every cell within 3 sd of *exact*: "
-        f"**{'yes' if d['fake_delta_within_3_sd'] else 'no'}**.",
-        "",
     ]
-    rows = [
-        [r["v"], r["p"], r["a"], r["keys"], f"{100 * r['share']:.0f}%", _pct(r["passed"]),
-         _pct(r["pass_exact"]), _pct(r["pass_bound_many_keys"]), f"{r['profit_per_step_R']:+.3f}",
-         f"{r['profit_exact_R']:+.3f}"]
-        for r in d["rows"]
-    ]  # fmt: skip
-    head = ["v", "p", "a", "keys", "accomplice stake", "fake passed", "exact", "bound", "profit/R", "exact"]
+    if d.get("fake_delta_rule") == "ends_at_theta_h":
+        out += [
+            "**A fake Δ.** Only the check that ends at θ_H (the last block's) checks Δ against it (specs "
+            "§6): a host faking Δ commits a θ_H to match, which only the replay of segment n − 1 catches, "
+            "so a fake Δ is a one-block fake of the last block. Honest slot holders of windows short of "
+            "θ_H accept it (their windows replay clean; they fetch the Δ only to keep it), the last "
+            "block's honest holder rejects it (DELTA_MISMATCH), and so do honest panel members and "
+            "revotes (Δ first). Accomplices accept on their slots (a short window's ACCEPT answers no Δ "
+            "question, so it is never contradicted) and in a dispute whenever the coalition does not "
+            "lose. *exact* is `window_odds_keys(A, H, B, 1)`, *planner* the many-keys `window_cheat(B, "
+            "1, …)`; *rejected*: a dispute rejected it (the host's plain slash: no accomplice is "
+            "contradicted, so nobody pays a fraud slash). Every cell within 3 sd of *exact*: "
+            f"**{'yes' if d['fake_delta_within_3_sd'] else 'no'}**.",
+            "",
+        ]
+        rows = [
+            [r["v"], r["p"], r["a"], r["keys"], f"{100 * r['share']:.0f}%", _pct(r["passed"]),
+             _pct(r["pass_exact"]), _pct(r["pass_bound_many_keys"]),
+             f"{_pct(r['rejected'], 1)} ({_pct(r['rejected_exact'], 1)})",
+             f"{_pct(r['unverified'], 1)} ({_pct(r['unverified_exact'], 1)})",
+             f"{r['profit_per_step_R']:+.3f} ({r['profit_exact_R']:+.3f})"]
+            for r in d["rows"]
+        ]  # fmt: skip
+        head = ["v", "p", "a", "keys", "accomplice stake", "fake passed", "exact", "planner",
+                "rejected (exact)", "unverified (exact)", "profit/R (exact)"]  # fmt: skip
+    else:  # results measured before the windows rule (7c32530): every check then checked Δ
+        out += [
+            "**A fake Δ**, as measured before only the check ending at θ_H checked Δ (then every checker "
+            "checked Δ against θ_H whatever its window, so honest verifiers rejected it with "
+            "DELTA_MISMATCH and the Δ question's voters were every verifier): the formula of §5b, "
+            "*exact* `pass_probability_keys` = C(A, v)/C(N, v) · (1 − p + p·C(A − v, a)/C(N − v, a)), "
+            "*bound* σ^v (1 − p + p σ^a). Every cell within 3 sd of *exact*: "
+            f"**{'yes' if d['fake_delta_within_3_sd'] else 'no'}**.",
+            "",
+        ]
+        rows = [
+            [r["v"], r["p"], r["a"], r["keys"], f"{100 * r['share']:.0f}%", _pct(r["passed"]),
+             _pct(r["pass_exact"]), _pct(r["pass_bound_many_keys"]), f"{r['profit_per_step_R']:+.3f}",
+             f"{r['profit_exact_R']:+.3f}"]
+            for r in d["rows"]
+        ]  # fmt: skip
+        head = ["v", "p", "a", "keys", "accomplice stake", "fake passed", "exact", "bound", "profit/R",
+                "exact"]  # fmt: skip
     out += table(head, rows)
     cells = d["windows"]
     c0 = cells[0]
@@ -383,7 +413,10 @@ def detection_windows(d: dict[str, Any]) -> Lines:
     out = [
         f"Tiny GPT, H = {c['H']}, k = {c['k']}, w = {c['w']} (B = {c['blocks']} blocks), v = {c['v']}, "
         f"p = {c['p']}, a = {c['a']}: per trial a fresh challenge draws the slots' windows, each drawn "
-        "block's checker replays its window with `verifier.verify` and checks Δ against θ_H; the outer "
+        "block's checker replays its window with `verifier.verify` and, when these results were "
+        "measured, checked Δ against θ_H whatever its window (now only the check whose window ends at "
+        "θ_H does, so a fake Δ with an honest θ_H — noise, scaled, sign_flip — is caught only when the "
+        "last block is drawn: rerun `bench.detection --windows`); the outer "
         "step is caught when an initial slot rejects or, audited, an audit slot does (specs §2.5). *checks "
         "rejecting*: the share of those checks that rejected; *right reason*: the share of outer steps "
         "whose outcome (the first reject's reason, or ACCEPT) is the expected one. The segments-era table "
@@ -1222,7 +1255,8 @@ def statecode(d: dict[str, Any]) -> Lines:
            "are per core (one thread, its own CPU time). *t*: inner steps into the outer step (G_n at 0); "
            "ratio = canonical ÷ coded bytes; *genuine ratio*: max |m̂|/((√v̂+ε)·C(t)) of the state (§6.3); "
            "*diff_body*: the 125M state without `embed_tokens` (its unused rows' moments stay 0); "
-           "*diff_theta_h*: the chunks a checker fetches for θ_H's parameters alone (the header's chunk and "
+           "*diff_theta_h*: the chunks a dispute panel member fetches for θ_H's parameters alone (no "
+           "windowed check does since only the one ending at θ_H checks Δ; the header's chunk and "
            "every chunk holding `param/*`, moments at their edges included; a one-chunk state is all of it); "
            "*diff_params* (*diff_params_body*: without `embed_tokens`): the parameters alone, chunked as a "
            "state of their own (θ_H's chunks at scale); *diff_moments*: the rest. Load "
@@ -1241,7 +1275,8 @@ def statecode(d: dict[str, Any]) -> Lines:
         took = [f"{m} {fmt(t['ratio'])} (slowest encode {fmt(t['encode_mb_s'])}, decode "
                 f"{fmt(t['decode_mb_s'])} MB/s/core)" for m, t in theta.items()]  # fmt: skip
         out += ["For θ_H's parameters alone (r_θ), the lowest of `diff_params` and `diff_params_body`: "
-                + "; ".join(took) + ".", ""]  # fmt: skip
+                + "; ".join(took) + " (measured; the planner no longer uses it: only a dispute panel "
+                "fetches θ_H's parameters).", ""]  # fmt: skip
     if d.get("prediction_30b"):
         keys = ["moments", "state_gb", "wire_gb", "wire_bytes_per_param", "minutes_at_1gbit", "optimizer_gb"]
         head = ["30B: moments", "state GB", "on the wire GB", "B/param on the wire", "min at 1 Gbit/s",
@@ -1270,7 +1305,9 @@ def verification(d: dict[str, Any]) -> Lines:
     if swarm:  # issue 35: who uploads the openings (specs §8.1), and the coding on the wire (§8.2)
         out += ["*Swarm and transfer coding (issue 35)*: per honest contribution, the checks that fetched "
                 "θ_H's parameters alone and how many times its author uploaded them (the author's chunks in "
-                "those fetches ÷ one fetch's; before swarming every such fetch came from the author); all "
+                "those fetches ÷ one fetch's; before swarming every such fetch came from the author; these "
+                "runs predate 7c32530, after which only the check ending at θ_H checks Δ and none fetches "
+                "θ_H's parameters: planned 0); all "
                 "hosts' upload of states ÷ all verifiers' download of them; the state bytes fetched coded "
                 "against G_n and what they decoded to.", ""]  # fmt: skip
         srows = []
@@ -1514,6 +1551,30 @@ def sparse_goals(res: dict[str, Any]) -> Lines:
     return out
 
 
+def collusion_windows_goals(cw: dict[str, Any]) -> Lines:
+    """Under sampling windows (the default) a fake Δ is a one-block fake of the last block: its
+    coalition floor is a catch of ≥ ONE_SEGMENT_CAUGHT·(1 − COALITION) at σ = COALITION
+    (`gonka_diloco.plan.WINDOW_FAKE_DELTA_CAUGHT`), judged on the worst minority cell measured."""
+    if cw.get("fake_delta_rule") != "ends_at_theta_h":
+        return []
+    from gonka_diloco.plan import COALITION, WINDOW_FAKE_DELTA_CAUGHT
+
+    v, p, a = (cw["windows"][0][k] for k in ("v", "p", "a"))  # the defaults, as its faked-segment cells
+    minority = [r for r in cw["rows"] if r["share"] < COALITION and (r["v"], r["p"], r["a"]) == (v, p, a)]
+    if not minority:
+        return []
+    worst = max(minority, key=lambda r: r["pass_exact"])
+    caught = 1 - worst["pass_exact"]
+    return [f"- collusion under sampling windows (the default; only the check that ends at θ_H checks Δ, so "
+            f"a fake Δ is a one-block fake of the last block): with {100 * worst['share']:.0f}% of "
+            f"{worst['keys']} keys it reaches the model in {100 * worst['passed']:.1f}% of outer steps "
+            f"({100 * worst['pass_exact']:.1f}% exact), caught in {100 * caught:.1f}% (goal ≥ "
+            f"{100 * WINDOW_FAKE_DELTA_CAUGHT:.0f}% at ½: "
+            f"**{'met' if caught >= WINDOW_FAKE_DELTA_CAUGHT else 'NOT met'}**; ≤ 1% is out of reach); "
+            f"faking's expected profit {worst['profit_exact_R']:+.3f} R per outer step (goal < 0: "
+            f"**{'met' if worst['profit_exact_R'] < 0 else 'NOT met'}** at the default bonds)"]
+
+
 def goals(res: dict[str, Any]) -> Lines:
     """The issue's goals, judged from the figures above (never asserted by hand)."""
     out = []
@@ -1654,11 +1715,12 @@ def goals(res: dict[str, Any]) -> Lines:
         dd = cl["defaults"]
         w = dd["every_minority"]
         both = dd["fake_below_1pct_every_minority"] and dd["profit_negative_every_minority"]
-        out.append(f"- collusion, defaults v = {dd['v']}, p = {dd['p']}, a = {dd['a']}: for accomplices "
-                   f"holding any minority of the verifier stake a fake reaches the model in ≤ 1% of "
-                   f"outer steps (≤ {100 * w['pass_bound_sup']:.2f}% bound, "
+        out.append(f"- collusion, defaults v = {dd['v']}, p = {dd['p']}, a = {dd['a']}, sampling segments: "
+                   f"for accomplices holding any minority of the verifier stake a fake reaches the model "
+                   f"in ≤ 1% of outer steps (≤ {100 * w['pass_bound_sup']:.2f}% bound, "
                    f"≤ {100 * w['pass_exact_max']:.2f}% exact) and faking has negative expected profit: "
                    f"**{'met' if both else 'NOT met'}**")  # fmt: skip
+    out += collusion_windows_goals(res.get("collusion_windows") or {})
     out += steering_goals(res)
     out += sparse_goals(res)
     tps = res.get("chain_tps") or {}
@@ -1727,6 +1789,13 @@ def render_only(stems: list[str]) -> Path:
         b = text.find("\n## ", a + len(head))
         body = "\n".join(_section(runs.get(stem, []), title, module, render)).rstrip() + "\n"
         text = text[:a] + body + (text[b:] if b >= 0 else "")
+    if "goals" in stems:  # the goals list, judged as `main` judges it (full runs first)
+        a = text.index("## Goals\n")
+        b = text.find("\n## ", a + 1)
+        best = {stem: found[0][1] for stem, found in runs.items()}
+        lead = "Judged from the figures below (the full run where there is one, else the quick run)."
+        body = "\n".join(["## Goals", "", lead, "", *goals(best)]).rstrip() + "\n"
+        text = text[:a] + body + text[b:]
     if "sparse_gap" in stems:  # issue 37's table, derived from its runs: right after the last of them
         head = f"## {GAP_TITLE}\n"
         if head not in text:

@@ -10,10 +10,12 @@ Real states from a real training run, coded chunk by chunk as a holder would sen
   the ratio is also reported without `embed_tokens` ("body"), and the planner takes the lower.
 Both with float32 and with int8 moments (`InnerOptim.moments`, specs §6.2.1).
 
-The parts of each state at the planner's coding (`parts`): the chunks a checker fetches for θ_H's
-parameters alone (`diff_theta_h`: the verifier's own `param_chunks`), the parameters alone as a
-state of their own (`diff_params`, `diff_params_body`: what those chunks are at scale) and the rest
-(`diff_moments`). The planner's θ_H ratio r_θ is the lowest `diff_params`/`diff_params_body`.
+The parts of each state at the planner's coding (`parts`): the chunks a dispute panel member
+fetches for θ_H's parameters alone (`diff_theta_h`: the verifier's own `param_chunks`), the
+parameters alone as a state of their own (`diff_params`, `diff_params_body`: what those chunks are
+at scale) and the rest (`diff_moments`). θ_H's ratio r_θ is the lowest `diff_params` /
+`diff_params_body`: measured, not used by the planner, since no windowed check fetches θ_H any
+more (only the check that ends at θ_H checks Δ, specs §6; panels are rare).
 
 Codings of each chunk (c = the run's default 64 MiB; a GPT state is one chunk): zstd of the
 canonical bytes ("raw"), byte planes + zstd (PLANES), parameters as integer differences against
@@ -162,7 +164,7 @@ def measure(name: str, spec: ModelSpec, corpus: Corpus, warm: int, points: list[
 
 def parts(state: Mapping[str, Tensor], base: Mapping[str, Tensor], body: bool) -> list[dict[str, Any]]:
     """The state's parts at the planner's coding (DIFF, `DEFAULT_LEVEL`), as the nodes code them:
-    - `theta_h`: the chunks a checker whose window ends short of θ_H fetches of it, its parameters
+    - `theta_h`: the chunks a dispute panel member fetches of θ_H for its Δ check, its parameters
       alone (`verifier.source.param_chunks`: the header's chunk and every chunk holding `param/*`,
       so with the moments that share their edge chunks; a one-chunk state is all of it);
     - `params`: the `param/*` tensors alone, as a state of their own (chunked the same way): what
@@ -193,7 +195,8 @@ def planner(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """What the planner uses: per moment format, the lowest ratio of the chosen coding (DIFF at
     `DEFAULT_LEVEL`, whole or body) over every model and point, and the slowest per-core speeds;
     under `theta_h`, the same of θ_H's parameters alone (`params`, `params_body`: the lowest), what
-    a checker fetches of θ_H at scale (`parts`)."""
+    a dispute panel member fetches of θ_H at scale (`parts`; a measurement only: no check the
+    planner counts fetches it since only the check that ends at θ_H checks Δ, specs §6)."""
     out: dict[str, Any] = {"coding": Transform.DIFF.name.lower(), "level": DEFAULT_LEVEL,
                            "link_mb_s": LINK_MB_S}  # fmt: skip
     theta: dict[str, Any] = {}
@@ -210,26 +213,24 @@ def planner(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def prediction(plan: dict[str, Any]) -> list[dict[str, Any]]:
     """What `gonka_diloco.plan` then says of one opened state at the planner's default model (30B)."""
-    from dataclasses import replace
-
     from gonka_diloco.plan import (
+        PARAM_BYTES_PER_PARAM,
         Constants,
         Inputs,
         optimizer_wire_bytes,
         state_canonical_bytes,
         state_wire_bytes,
-        theta_h_bytes,
-        theta_h_ratio,
     )
 
     i = Inputs()
     ratio = {m.value: plan[m.value]["ratio"] if m.value in plan else 1.0 for m in Moments}
     theta = {m: r["ratio"] for m, r in plan.get("theta_h", {}).items()}
-    c = Constants(state_code_ratio=ratio, theta_h_code_ratio=theta)
+    c = Constants(state_code_ratio=ratio)
     out = []
     for m in Moments:
         wire = state_wire_bytes(i, c, m)
-        theta_h = theta_h_bytes(i.params, theta_h_ratio(replace(i, moments=m), c))
+        # θ_H's parameters alone, what a dispute panel fetches (the planner counts no such fetch)
+        theta_h = PARAM_BYTES_PER_PARAM * i.params / (theta.get(m.value) or ratio[m.value])
         out.append({"moments": m.value, "params": i.params,
                     "state_gb": state_canonical_bytes(i.params, m) / 1e9,
                     "wire_gb": wire / 1e9, "wire_bytes_per_param": wire / i.params,

@@ -1,23 +1,24 @@
 """Verification at devnet scale, old sampling against windows (issue 34): the same devnet run
 twice, `--sampling segments` (every checker opens the same s segments) and `--sampling windows`
-(each checker replays its own window of w segments from one downloaded state, and checks Δ against
-θ_H's parameters), each next to `gonka-diloco plan`'s prediction for the same small config.
+(each checker replays its own window of w segments from one downloaded state; the one whose
+window ends at θ_H checks Δ against it, the others fetch the committed Δ to keep, specs §6), each
+next to `gonka-diloco plan`'s prediction for the same small config.
 
     .venv/bin/python -m bench.verification [--quick] [--keep DIR]
 
 Per run, from its snapshot.json and its nodes' logs (never from the markdown):
 - bytes per node per outer step, up and down, by kind (the nodes' `/status` traffic counters);
-- per check of an honest contribution: the bytes the verifier fetched for it (opened states, θ_H's
-  parameters, the carried optimizer state; the `fetched` log lines name the host) and the inner
+- per check of an honest contribution: the bytes the verifier fetched for it (opened states, the
+  carried optimizer state; the `fetched` log lines name the host) and the inner
   steps it replayed (its `verdict` line), averaged over outer steps ≥ 1 (step 0 starts from a fresh
   optimizer state, which nobody fetches) — next to the planner's `verifier_bytes_per_contribution`
   and replayed segments per check for the same config, and their ratio (the issue asks for 10%);
 - detection: the share of outer steps in which each adversary was rejected, next to the planner's
   detection probability for it; collusion: a colluding verifier partnered with the lazy host;
-- the swarm (specs §8.1): how many times per honest contribution its author uploaded θ_H's
-  parameters (chunks from the author in its checkers' parameter fetches ÷ one fetch's chunks: the
-  number of such fetches before swarming, about 1 with it), and all hosts' upload of opened states
-  ÷ all verifiers' download of them;
+- the swarm (specs §8.1): how many times per honest contribution its checkers fetched θ_H's
+  parameters alone and its author uploaded them (chunks from the author in those fetches ÷ one
+  fetch's chunks) — planned 0 since only the check that ends at θ_H checks Δ (a dispute panel
+  still fetches them) — and all hosts' upload of opened states ÷ all verifiers' download of them;
 - the transfer coding (specs §8.2): the state bytes fetched, how many came coded against G_n and
   what they decoded to (canonical ÷ coded: the ratio on the wire).
 
@@ -180,8 +181,9 @@ def predicted(cfg: dict[str, Any], params: int, verifiers: int) -> dict[str, flo
         "replay_steps_per_check": pm.replay_segments_per_check(i) * i.k,
         "state_bytes": int(state_bytes_per_param(RunConfig.model_validate(cfg).inner.moments) * params),
         "caught_share": {"lazy": pm.lazy_detection(i, 0.5), "one_fake": one},
-        "theta_h_fetches_per_contribution": pm.theta_h_fetches(i),  # issue 35: c·(B − 1)/B
-        "author_uploads_theta_h_per_contribution": pm.theta_h_uploads(i),  # swarmed: once
+        # no check fetches θ_H's parameters: only the one ending at θ_H checks Δ (a panel would)
+        "theta_h_fetches_per_contribution": 0.0,
+        "author_uploads_theta_h_per_contribution": 0.0,
         "code_ratio": pm.code_ratio(i, load_constants()),
     }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
@@ -46,7 +47,8 @@ GLOBAL_BYTES_PER_PARAM = 8
 """G_n: fp32 parameters + fp32 outer Nesterov momentum (the inner state's sizes: `protocol.inner`)."""
 FP32_DELTA_BYTES_PER_PARAM = 4
 PARAM_BYTES_PER_PARAM = STATE_BYTES_PER_PARAM - OPTIMIZER_BYTES_PER_PARAM
-"""θ alone (fp32): what a checker whose window ends short of θ_H fetches of the last state."""
+"""θ alone (fp32): what a dispute panel member fetches of θ_H for its Δ check (disputes are rare:
+not in the steady state's figures; no windowed check fetches it, specs §6)."""
 EF_BYTES_PER_PARAM = 4
 """Codec sparse: the host's carried error-feedback accumulator, fp32 (specs §4.1)."""
 RUNTIME_BYTES_PER_GPU = 3e9
@@ -127,11 +129,6 @@ class Constants:
     state_code_ratio: dict[str, float] = field(default_factory=lambda: dict.fromkeys(sizes.Moments, 1.0))
     """Canonical ÷ coded bytes of an opened training state (`protocol.statecode`, DIFF against
     G_n), per `InnerOptim.moments`: the lowest measured by `bench.statecode`; 1.0 = sent uncoded."""
-    theta_h_code_ratio: dict[str, float] = field(default_factory=dict)
-    """r_θ: canonical ÷ coded bytes of θ_H's parameters alone (`param/*` coded against G_n), what a
-    check whose window ends short of θ_H fetches of it (`theta_h_bytes`), per `InnerOptim.moments`:
-    the lowest measured by `bench.statecode` (its planner's `theta_h`); a format absent here takes
-    the whole state's `state_code_ratio`."""
     state_code_speed: dict[str, float] = field(default_factory=lambda: {"encode": 4e8, "decode": 4e8})
     """Canonical bytes per second per core of that coding (the slower side bounds a transfer's CPU)."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -386,7 +383,8 @@ def recompute_segments(n: int, s: int, m: int) -> float:
 def window_persisted(n: int, m: int, tolerance: bool) -> list[int]:
     """The boundaries a host has on disk after a windowed step's training
     (`trainer.boundaries.Boundaries.persisted`): every m-th (boundary 0 is G_n + the carried
-    optimizer state, rebuilt) and θ_H (boundary n), which every checker short of it fetches."""
+    optimizer state, rebuilt) and θ_H (boundary n): the end the last block's check reaches (in
+    tolerance mode its claimed end, fetched), and what a dispute panel fetches for its Δ check."""
     return sorted({*range(0, n, m), n})
 
 
@@ -514,20 +512,20 @@ def window_check_bytes(params: float, lengths: list[int], b: int, **kw: Any) -> 
     """What the checker of block b downloads. Its start: 12·P, or for block 0 the carried optimizer
     state (8·P, G_n is held). Tolerance adds every later claimed boundary of the block (its
     segments' starts and its end, L_b states) and the Δ; where the last block is one segment alone
-    (n mod w = 1), the block before it replays on into it (specs §6.4): its claimed end θ_H, a
-    state, in place of θ_H's parameters. θ_H's parameters (4·P, for the Δ check)
-    unless b is the last block, whose replay (or claimed end) is θ_H. `ef`: codec sparse's
-    carried accumulator, fetched by every check. Training states and θ_H's parameters travel coded
-    against G_n (specs §8.2): states ÷ `ratio` (r), θ_H's parameters ÷ `theta_ratio` (r_θ, their
-    own measured ratio; None: r); the optimizer state, e and Δ as they are. Keywords: those of
-    `window_check_parts`, whose parts these are."""
+    (n mod w = 1), the block before it replays on into it (specs §6.4) and fetches its claimed end
+    θ_H, a state. No other check fetches θ_H: only the check that ends at θ_H checks Δ against it
+    (`RunConfig.window_reaches_end`), and a window short of θ_H fetches the committed Δ to keep and
+    serve, the download its verifier makes anyway to aggregate G_{n+1} (not verification traffic).
+    `ef`: codec sparse's carried accumulator, fetched by every check. Training states travel coded
+    against G_n (specs §8.2, ÷ `ratio`, r); the optimizer state, e and Δ as they are. Keywords:
+    those of `window_check_parts`, whose parts these are."""
     return sum(window_check_parts(params, lengths, b, **kw).values())
 
 
 CHECK_PARTS = ("start", "optimizer", "theta_h", "claims", "ef")
 """What one check downloads, by kind (`window_check_parts`): the downloaded start state, the carried
-optimizer state (block 0), θ_H (its parameters; whole where a tolerance window takes on the lone
-last segment), tolerance mode's claimed boundaries and Δ, codec sparse's accumulator e."""
+optimizer state (block 0), θ_H (a whole state, only where a tolerance window takes on the lone last
+segment), tolerance mode's claimed boundaries and Δ, codec sparse's accumulator e."""
 
 
 def window_check_parts(
@@ -540,27 +538,18 @@ def window_check_parts(
     delta: float = 0.0,
     moments: sizes.Moments = sizes.Moments.FP32,
     ratio: float = 1.0,
-    theta_ratio: float | None = None,
 ) -> dict[str, float]:
     """`window_check_bytes` by kind (`CHECK_PARTS`)."""
     S = state_bytes(params, moments) / ratio
-    r_theta = ratio if theta_ratio is None else theta_ratio
     last = len(lengths) - 1
     takes_last = not bitwise and last >= 1 and lengths[last] == 1 and b == last - 1
     return {
         "start": 0.0 if b == 0 else S,
         "optimizer": optimizer_bytes(params, moments) if b == 0 else 0.0,
-        "theta_h": 0.0 if b == last else (S if takes_last else theta_h_bytes(params, r_theta)),
+        "theta_h": S if takes_last else 0.0,
         "claims": 0.0 if bitwise else lengths[b] * S + delta,
         "ef": ef,
     }
-
-
-def theta_h_bytes(params: float, ratio: float = 1.0) -> float:
-    """θ_H's parameters as a check whose window ends short of θ_H fetches them: 4·P ÷ `ratio`, their
-    coding ratio r_θ (`theta_h_ratio`; the chunks holding `param/*`: the header's chunk and the
-    chunks θ shares with a moment are a few chunks more, not counted)."""
-    return PARAM_BYTES_PER_PARAM * params / ratio
 
 
 def code_ratio(i: Inputs, c: Constants) -> float:
@@ -572,15 +561,6 @@ def code_ratio(i: Inputs, c: Constants) -> float:
     return c.state_code_ratio.get(sizes.Moments(i.moments).value, 1.0)
 
 
-def theta_h_ratio(i: Inputs, c: Constants) -> float:
-    """r_θ: the measured lossless ratio of θ_H's parameters alone coded against G_n
-    (`Constants.theta_h_code_ratio`), for the run's moment format; where none was measured, the
-    whole state's (`code_ratio`). Pipeline `today`: 1.0 (uncoded)."""
-    if i.pipeline is Pipeline.TODAY:
-        return 1.0
-    return c.theta_h_code_ratio.get(sizes.Moments(i.moments).value) or code_ratio(i, c)
-
-
 def carried_ef_bytes(i: Inputs) -> float:
     """Codec sparse: the host's error-feedback accumulator a check fetches (0 for other codecs)."""
     return EF_BYTES_PER_PARAM * i.params if i.codec is Codec.SPARSE else 0.0
@@ -588,8 +568,8 @@ def carried_ef_bytes(i: Inputs) -> float:
 
 def window_bytes_per_check(i: Inputs, c: Constants) -> float:
     """One check's download, expected over its block (every block equally likely to be drawn):
-    bitwise with B ≥ 2, (1/B)·8·P + ((B−1)/B)·(12·P/r + 4·P/r_θ) (+ 4·P codec sparse); B = 1: 8·P;
-    r the coding ratio of training states (`code_ratio`), r_θ θ_H's parameters' (`theta_h_ratio`)."""
+    bitwise (1/B)·8·P + ((B−1)/B)·12·P/r (+ 4·P codec sparse), r the coding ratio of training
+    states (`code_ratio`); no θ_H (`window_check_parts`)."""
     return sum(mean_check_parts(i, c).values())
 
 
@@ -597,17 +577,17 @@ def mean_check_parts(i: Inputs, c: Constants) -> dict[str, float]:
     """`window_check_parts` of the run's blocks, averaged over the drawn block (sampling windows)."""
     lengths = block_lengths(i.n, i.window_len)
     bitwise = i.replay is ReplayMode.BITWISE
-    ef, d, r, rt = carried_ef_bytes(i), run_delta_bytes(i, c), code_ratio(i, c), theta_h_ratio(i, c)
+    ef, d, r = carried_ef_bytes(i), run_delta_bytes(i, c), code_ratio(i, c)
     per = [window_check_parts(i.params, lengths, b, bitwise=bitwise, ef=ef, delta=d, moments=i.moments,
-                              ratio=r, theta_ratio=rt)
+                              ratio=r)
            for b in range(len(lengths))]  # fmt: skip
     return {k: sum(p[k] for p in per) / len(per) for k in CHECK_PARTS}
 
 
 def states_by_kind(i: Inputs, c: Constants) -> dict[str, float]:
     """A contribution's verification traffic (all c checks, sampling windows), by kind
-    (`CHECK_PARTS`), in training states of 12·P: where `states_per_contribution` goes. Empty under
-    sampling segments."""
+    (`CHECK_PARTS`), in training states of 12·P: where `states_per_contribution` goes (θ_H only in
+    tolerance mode with a lone last segment). Empty under sampling segments."""
     if not i.windowed:
         return {}
     scale = checks_per_contribution(i) / state_bytes(i.params)
@@ -631,18 +611,11 @@ def from_zero_segments(n: int, w: int) -> float:
 
 
 def from_zero_check_bytes(
-    params: float,
-    n: int,
-    w: int,
-    ef: float = 0.0,
-    moments: sizes.Moments = sizes.Moments.FP32,
-    ratio: float = 1.0,
+    params: float, ef: float = 0.0, moments: sizes.Moments = sizes.Moments.FP32
 ) -> float:
-    """A from-segment-0 check downloads no state: the carried optimizer (8·P) and, unless its
-    block is the last, θ_H's parameters (4·P, coded: ÷ `ratio`, their own r_θ):
-    8·P + ((B−1)/B)·4·P/r_θ (+ e)."""
-    B = window_blocks(n, w)
-    return optimizer_bytes(params, moments) + (B - 1) / B * theta_h_bytes(params, ratio) + ef
+    """A from-segment-0 check (bitwise) downloads no state: the carried optimizer, 8·P (+ e); a
+    window short of θ_H fetches no θ_H either (`window_check_parts`)."""
+    return optimizer_bytes(params, moments) + ef
 
 
 def replay_segments_per_check(i: Inputs) -> float:
@@ -730,43 +703,15 @@ def contributions_per_verifier(i: Inputs) -> float:
     return i.hosts * checks_per_contribution(i) / i.verifiers
 
 
-def theta_h_fetches(i: Inputs) -> float:
-    """Checks per contribution that fetch θ_H's parameters (windows): those whose block is not the
-    last, c·(B − 1)/B expected over the draw (B = 1: none)."""
-    if not i.windowed:
-        return 0.0
-    B = i.blocks
-    return checks_per_contribution(i) * (B - 1) / B if B > 1 else 0.0
-
-
-def theta_h_uploads(i: Inputs) -> float:
-    """Times the author uploads θ_H's parameters per contribution with swarming (specs §8.1): the
-    checkers fetch them from each other, so once if any check needs them. With v ≥ 2 initial
-    checks two distinct blocks are drawn, one not the last: 1. With v = 1: its block is not the
-    last ((B − 1)/B), or an audit (probability p, a ≥ 1 slots on other blocks) needs them."""
-    if not i.windowed or i.blocks <= 1:
-        return 0.0
-    B = i.blocks
-    if i.v >= 2:
-        return 1.0
-    audited = i.audit_p if i.auditors >= 1 else 0.0
-    return (1 - audited) * (B - 1) / B + audited
-
-
 def host_openings_bytes(i: Inputs, c: Constants) -> float:
-    """What the author uploads of one contribution's openings.
+    """What the author uploads of one contribution's openings: c × one check's bytes.
 
-    Segments: every check fetches the same opened states, at about the same time, from the author:
-    c × one check's bytes. Windows, with swarming (specs §8.1): each check's start (its own block,
-    distinct from the others') once, the carried optimizer, e and the tolerance claims per check as
-    before, and θ_H's parameters once (`theta_h_uploads`) instead of `theta_h_fetches` times.
-    Pipeline `today` (no swarm): c × one check's bytes."""
-    c_checks = checks_per_contribution(i)
-    every = c_checks * verifier_bytes_per_contribution(i, c)
-    if not i.windowed or i.pipeline is Pipeline.TODAY:
-        return every
-    theta = theta_h_bytes(i.params, theta_h_ratio(i, c))
-    return every - (theta_h_fetches(i) - theta_h_uploads(i)) * theta
+    Segments: every check fetches the same opened states, at about the same time, from the author.
+    Windows: each check fetches its own block's start (distinct from the others'), the carried
+    optimizer, e and its tolerance claims; nothing two checks share leaves the author twice to
+    be saved by swarming (specs §8.1), since no check fetches θ_H's parameters any more (only the
+    check that ends at θ_H checks Δ, `window_check_parts`)."""
+    return checks_per_contribution(i) * verifier_bytes_per_contribution(i, c)
 
 
 def host_upload_bytes(i: Inputs, c: Constants) -> dict[str, float]:
@@ -900,8 +845,9 @@ def window_cheat(blocks: int, fake: int, v: int, auditors: int, p: float, sigma:
         success = E[σ^K1 · (1 − p + p·σ^K2)]; caught first = 1 − E[σ^K1];
         caught by audit = p·(E[σ^K1] − E[σ^(K1+K2)])
 
-    σ = 0 gives the detection of a lazy host; a fake Δ, seen by every check, is `cheat_outcome`
-    with detection 1.
+    σ = 0 gives the detection of a lazy host. A fake Δ is a fake of the blocks whose check ends
+    at θ_H (`fake_delta_cheat`); every block fake is a wholly faked trajectory, `cheat_outcome` with
+    detection 1.
     """
     groups = Counter(zip(slot_counts(blocks, 0, v), slot_counts(blocks, v, auditors), strict=True))
     keys = sorted(groups, key=lambda k: groups[k])
@@ -948,20 +894,76 @@ def one_segment_detection(i: Inputs) -> float:
 
 
 def fake_delta_success(sigma: float, v: int, p: float, auditors: int) -> float:
-    """A fake Δ (or a wholly faked trajectory), seen by every check: σ^v·(1 − p + p·σ^a)."""
+    """Sampling segments: a fake Δ (or a wholly faked trajectory), seen by every check, since every
+    check replays segment n − 1 and checks Δ against θ_H: σ^v·(1 − p + p·σ^a)."""
     return cheat_outcome(sigma, v, p, auditors, 1.0).success
 
 
-def collusion_share_bound(v: int, p: float, auditors: int, ceiling: float = 0.01, cap: float = 0.5) -> float:
-    """The largest accomplice share σ ≤ `cap` whose fake Δ reaches the model in at most `ceiling`
-    of outer steps (`fake_delta_success` grows with σ: bisection); `cap` itself when even it does."""
-    if fake_delta_success(cap, v, p, auditors) <= ceiling:
+def largest_share(holds: Callable[[float], bool], cap: float = 0.5) -> float:
+    """The largest accomplice share σ ≤ `cap` at which `holds` (true at 0, false from some σ on:
+    a fake's odds only grow with σ) is still true, by bisection; `cap` itself when it holds there."""
+    if holds(cap):
         return cap
     lo, hi = 0.0, cap
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if fake_delta_success(mid, v, p, auditors) <= ceiling else (lo, mid)
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
     return lo
+
+
+def collusion_share_bound(v: int, p: float, auditors: int, ceiling: float = 0.01, cap: float = 0.5) -> float:
+    """Sampling segments: the largest accomplice share σ ≤ `cap` whose fake Δ reaches the model in
+    at most `ceiling` of outer steps (`fake_delta_success`); `cap` itself when even it does."""
+    return largest_share(lambda sigma: fake_delta_success(sigma, v, p, auditors) <= ceiling, cap)
+
+
+def fake_delta_blocks(i: Inputs) -> int:
+    """Sampling windows: the blocks whose check ends at θ_H (`RunConfig.window_reaches_end`): the
+    last one, and in tolerance mode with a lone last segment the block before it too (it replays on
+    into segment n − 1, specs §6.4)."""
+    lone = i.n > i.window_len and (i.n - 1) % i.window_len == 0
+    return 2 if i.replay is ReplayMode.TOLERANCE and lone else 1
+
+
+def fake_delta_cheat(i: Inputs, sigma: float) -> Cheat:
+    """A fake Δ whose host's accomplices hold a share σ of the verifier stake.
+
+    Segments: every check replays segment n − 1 and checks Δ against θ_H, so it meets them all:
+    `cheat_outcome` with detection 1, σ^v·(1 − p + p·σ^a). Windows: only a check that ends at θ_H
+    checks Δ, and the host commits a θ_H that matches its fake Δ (which only the replay of segment
+    n − 1 catches), so a fake Δ is a fake of the blocks that end at θ_H (`fake_delta_blocks`: the
+    last): `window_cheat`, exact since every block is equally likely for every slot."""
+    if i.windowed:
+        return window_cheat(i.blocks, fake_delta_blocks(i), i.v, i.auditors, i.audit_p, sigma)
+    return cheat_outcome(sigma, i.v, i.audit_p, i.auditors, 1.0)
+
+
+def fake_delta_fraction(i: Inputs) -> float:
+    """The share of the training a host that fakes Δ need not do: segments 1 (every check sees a
+    fake Δ, so a wholly faked trajectory fares the same); windows the last block's segments, the
+    only ones a check ending at θ_H replays alone."""
+    return block_lengths(i.n, i.window_len)[-1] / i.n if i.windowed else 1.0
+
+
+def coalition_caught_floor(sigma: float) -> float:
+    """Sampling windows: the least share of outer steps a fake Δ must be caught in against
+    accomplices holding σ of the verifier stake, ONE_SEGMENT_CAUGHT·(1 − σ)
+    (`WINDOW_FAKE_DELTA_CAUGHT` at σ = COALITION)."""
+    return ONE_SEGMENT_CAUGHT * (1 - sigma)
+
+
+def collusion_floor_holds(windowed: bool, success: float, sigma: float, ceiling: float = 0.01) -> bool:
+    """A coalition holding σ of the verifier stake whose fake Δ reaches the model with probability
+    `success`: segments, at most `ceiling`; windows (where no window setting in a replay budget gets
+    a fake Δ near that), it is caught in at least `coalition_caught_floor(σ)` of outer steps."""
+    if windowed:
+        return 1 - success >= coalition_caught_floor(sigma) - 1e-12
+    return success <= ceiling
+
+
+def collusion_floor_met(i: Inputs, sigma: float, ceiling: float = 0.01) -> bool:
+    """`collusion_floor_holds` for this setting's fake Δ (`fake_delta_cheat`)."""
+    return collusion_floor_holds(i.windowed, fake_delta_cheat(i, sigma).success, sigma, ceiling)
 
 
 def cheat_gain(i: Inputs, fraction: float, train_seconds: float) -> float:
@@ -1022,8 +1024,8 @@ class Timeline:
 def verify_seconds(i: Inputs, c: Constants, t_step: float) -> dict[str, float]:
     """The verification window: every verifier downloads and replays its contributions.
 
-    Downloads are bounded by the host's upload (its openings, `host_openings_bytes`: θ_H's
-    parameters once with swarming) and by the verifier's download (it fetches all its
+    Downloads are bounded by the host's upload (its openings, `host_openings_bytes`) and by the
+    verifier's download (it fetches all its
     contributions); replay is (segments per check)·k inner steps each (s, or a window's n/B) on the
     verifier's own GPUs; fetch and replay pipeline across contributions.
     """
@@ -1210,7 +1212,23 @@ ONE_SEGMENT_CAUGHT = 0.2
 FAKE_DELTA_CEILING = 0.01
 """A fake Δ reaches the model in at most this share of outer steps (DESIGN §7) …"""
 COALITION = 0.5
-"""… for every coalition holding less than this share of the verifier stake."""
+"""… for every coalition holding less than this share of the verifier stake (sampling segments;
+windows: `WINDOW_FAKE_DELTA_CAUGHT`)."""
+WINDOW_FAKE_DELTA_CAUGHT = ONE_SEGMENT_CAUGHT * (1 - COALITION)
+"""Sampling windows: a fake Δ is caught in at least this share of outer steps (10%) against a
+coalition holding COALITION of the verifier stake, in place of the ≤ FAKE_DELTA_CEILING floor.
+
+Why: only the check that ends at θ_H checks Δ against it, and a host that fakes Δ commits a θ_H
+that matches it, which only the replay of segment n − 1 catches. So a fake Δ is a one-block fake
+of the last block (`fake_delta_cheat`), caught alone in the one-segment share (v + p·a)/B: no
+window within the replay budget gets it near 99%, so a ≤ 1% ceiling could never be met (nor was it
+before, against a θ_H faked to match). What a coalition can do is replace honest checkers by
+accomplices at rate σ, thinning the catch to (1 − σ) of it; the floor asks that below COALITION it
+thin no further: the one-segment floor (ONE_SEGMENT_CAUGHT) for the checkers' honest share,
+ONE_SEGMENT_CAUGHT·(1 − COALITION). While v + a ≤ B the catch is exactly (v + p·a)/B·(1 − σ), so
+the floor then holds exactly when the one-segment floor does (at every σ or at none); it adds to
+it where slots share blocks. That a fake Δ passing most steps does not pay is left to the slashes
+(the economics' best fake), not to the draw."""
 
 RUN_FIELDS = ("H", "k", "s", "sampling", "w", "v", "audit_p", "auditors", "host_stake", "host_slash_bps",
               "audit_slash_bps", "reward")  # fmt: skip
@@ -1245,23 +1263,33 @@ def most_profitable_fake(i: Inputs, train_seconds: float) -> tuple[int, float, f
 
 def economics(i: Inputs, train_seconds: float) -> dict[str, Any]:
     """Issue 34's floors: a host faking half its segments is caught in ≥ 90% of outer steps and
-    expects a loss; one faking one segment is caught in ≥ 20%; a fake Δ reaches the model in ≤ 1%
-    of outer steps for every coalition below ½ of the verifier stake (`collusion_share_bound`)."""
+    expects a loss; one faking one segment is caught in ≥ 20%; and the coalition floor at σ =
+    COALITION (`collusion_floor_met`): sampling segments, a fake Δ reaches the model in ≤ 1% of
+    outer steps for every coalition below ½ of the verifier stake; sampling windows, where a fake
+    Δ is a one-block fake of the last block (`fake_delta_cheat`), it is caught in ≥
+    `WINDOW_FAKE_DELTA_CAUGHT` at ½. `fake_delta_sigma_bound`: the largest σ ≤ ½ the floor holds at
+    (None: not even without accomplices)."""
     half = lazy_cheat(i, 0.5)
     caught = lazy_detection(i, 0.5)
     profit = expected_profit(half, cheat_gain(i, 0.5, train_seconds), host_slash(i), audit_slash(i))
     one = one_segment_detection(i)
-    bound = collusion_share_bound(i.v, i.audit_p, i.auditors, FAKE_DELTA_CEILING, COALITION)
-    at_coalition = fake_delta_success(COALITION, i.v, i.audit_p, i.auditors)
+    def holds(sigma: float) -> bool:
+        return collusion_floor_met(i, sigma, FAKE_DELTA_CEILING)
+
+    bound = largest_share(holds, COALITION) if holds(0.0) else None
+    alone, at_coalition = fake_delta_cheat(i, 0.0).success, fake_delta_cheat(i, COALITION).success
     worst, worst_profit, worst_slash = most_profitable_fake(i, train_seconds)
     ok = {
         "half_fake": caught >= HALF_FAKE_CAUGHT and profit < 0,
         "one_segment": one >= ONE_SEGMENT_CAUGHT,
-        "coalition": at_coalition <= FAKE_DELTA_CEILING,
+        "coalition": collusion_floor_met(i, COALITION, FAKE_DELTA_CEILING),
     }
     return {
         "half_fake_caught": caught, "half_fake_profit": profit, "one_segment_caught": one,
-        "fake_delta_sigma_bound": bound, "fake_delta_success_at_coalition": at_coalition,
+        "windowed": i.windowed, "fake_delta_blocks": fake_delta_blocks(i) if i.windowed else 0,
+        "fake_delta_sigma_bound": bound, "fake_delta_success_alone": alone,
+        "fake_delta_success_at_coalition": at_coalition,
+        "fake_delta_caught_floor": coalition_caught_floor(COALITION) if i.windowed else None,
         "best_fake_segments": worst, "best_fake_profit": worst_profit, "best_fake_min_slash": worst_slash,
         "meets": ok, "meets_all": all(ok.values()), "at_run_defaults": at_run_defaults(i),
     }  # fmt: skip
@@ -1292,9 +1320,9 @@ def plan(i: Inputs, c: Constants, *, overlap: bool = True) -> Plan:
     naive = naive_window_detection(i) if i.windowed else naive_detection(i.fake_fraction, i.s)
     slash, a_slash = host_slash(i), audit_slash(i)
     lazy = lazy_cheat(i, i.fake_fraction)
-    coll = cheat_outcome(i.dishonest_stake, i.v, i.audit_p, i.auditors, 1.0)
+    coll = fake_delta_cheat(i, i.dishonest_stake)
     lazy_gain = cheat_gain(i, i.fake_fraction, tl.train)
-    coll_gain = cheat_gain(i, 1.0, tl.train)
+    coll_gain = cheat_gain(i, fake_delta_fraction(i), tl.train)
     mem = gpu_memory(i)
     hash_s = leaf_hash_seconds(i.params, i.cpu_cores, i.chunk_bytes, c, i.moments)
     msgs = i.hosts * (3 + checks_per_contribution(i))  # commit, reveal, result + verdicts
@@ -1442,6 +1470,9 @@ class Floors:
     utilization: float = 0.9
     detection: float = 0.9
     collusion_success: float = 0.01
+    """Sampling segments: a coalition of `Inputs.dishonest_stake`'s fake Δ reaches the model in at
+    most this share of outer steps; windows: it is caught in ≥ `coalition_caught_floor(σ)` instead
+    (`collusion_floor_met`)."""
     deterrence: bool = True
     """Both the lazy host's and the colluder's expected profit must be negative."""
     max_H: int = 500
@@ -1465,21 +1496,24 @@ def meets(p: Plan, floors: Floors, overlap: bool) -> bool:
         not p.warnings
         and util >= floors.utilization
         and sec["detection"] >= floors.detection
-        and sec["collusion_success"] <= floors.collusion_success
+        and collusion_floor_holds(
+            p.inputs["sampling"] == Sampling.WINDOWS,
+            sec["collusion_success"],
+            p.inputs["dishonest_stake"],
+            floors.collusion_success,
+        )
         and (not floors.deterrence or (sec["lazy_profit"] < 0 and sec["collusion_profit"] < 0))
     )
 
 
-def opened_state_bytes(i: Inputs, ratio: float = 1.0, theta_ratio: float | None = None) -> float:
+def opened_state_bytes(i: Inputs, ratio: float = 1.0) -> float:
     """One check's states alone, whatever the codec (no Δ, no error feedback), training states
-    coded at `ratio`, θ_H's parameters at `theta_ratio` (None: `ratio`): a lower bound on what the
-    host serves per check."""
+    coded at `ratio`: a lower bound on what the host serves per check."""
     S, P = state_bytes(i.params, i.moments) / ratio, i.params
     if i.windowed:
         lengths = block_lengths(i.n, i.window_len)
         bitwise = i.replay is ReplayMode.BITWISE
-        per = [window_check_bytes(P, lengths, b, bitwise=bitwise, moments=i.moments, ratio=ratio,
-                                  theta_ratio=theta_ratio)
+        per = [window_check_bytes(P, lengths, b, bitwise=bitwise, moments=i.moments, ratio=ratio)
                for b in range(len(lengths))]  # fmt: skip
         return sum(per) / len(per)
     return i.s * S if i.pipeline is Pipeline.TODAY else (i.s - 1) * S + optimizer_bytes(P, i.moments)
@@ -1487,13 +1521,10 @@ def opened_state_bytes(i: Inputs, ratio: float = 1.0, theta_ratio: float | None 
 
 def utilization_bound(i: Inputs, overlap: bool, c: Constants | None = None) -> float:
     """An upper bound on utilization whatever m and the codec: the host's upload of its opened
-    states alone (no Δ, no recompute, no stalls; coded and swarmed as `host_openings_bytes`
-    counts them, with `c`'s coding ratios) already follows training."""
-    ratio, theta = (1.0, 1.0) if c is None else (code_ratio(i, c), theta_h_ratio(i, c))
-    data = checks_per_contribution(i) * opened_state_bytes(i, ratio, theta)
-    if i.windowed and i.pipeline is not Pipeline.TODAY:
-        data -= (theta_h_fetches(i) - theta_h_uploads(i)) * theta_h_bytes(i.params, theta)
-    data /= i.up
+    states alone (no Δ, no recompute, no stalls; coded as `host_openings_bytes` counts them, with
+    `c`'s coding ratio) already follows training."""
+    ratio = 1.0 if c is None else code_ratio(i, c)
+    data = checks_per_contribution(i) * opened_state_bytes(i, ratio) / i.up
     train = i.H * step_seconds(i)
     return train / (max(train, data) if overlap else train + data)
 
@@ -1524,8 +1555,7 @@ def sweep(i: Inputs, c: Constants, floors: Floors, *, overlap: bool = True, top:
                     shaped = replace(i, H=steps, k=k, s=s, w=w, v=v)
                     if lazy_detection(shaped, i.fake_fraction) < floors.detection:
                         continue
-                    coll = cheat_outcome(i.dishonest_stake, v, i.audit_p, i.auditors, 1.0)
-                    if coll.success > floors.collusion_success:
+                    if not collusion_floor_met(shaped, i.dishonest_stake, floors.collusion_success):
                         continue
                     if utilization_bound(shaped, overlap, c) < floors.utilization:
                         continue
@@ -1645,9 +1675,7 @@ def choose_window(i: Inputs, c: Constants, budget: float = REPLAY_BUDGET) -> Win
     down_bytes = window_bytes_per_check(chosen, c)
     down_segments = replay_segments_per_check(chosen)
     down_s = check_seconds(chosen, down_bytes, down_segments)
-    zero_bytes = from_zero_check_bytes(
-        i.params, chosen.n, pick.w, carried_ef_bytes(chosen), i.moments, theta_h_ratio(chosen, c)
-    )
+    zero_bytes = from_zero_check_bytes(i.params, carried_ef_bytes(chosen), i.moments)
     zero_segments = from_zero_segments(chosen.n, pick.w)
     zero_s = check_seconds(chosen, zero_bytes, zero_segments) if i.replay is ReplayMode.BITWISE else None
     return WindowChoice(

@@ -37,6 +37,7 @@ from gonka_diloco.plan import (
     Sharding,
     WindowChoice,
     choose_window,
+    coalition_caught_floor,
     plan,
     sweep,
     token_budget,
@@ -302,7 +303,7 @@ def plan_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("security", "one-segment fake caught", fmt_pct(ver["one_segment_detection"])),
         ("security", "lazy host: success, profit", f"{fmt_pct(sec['lazy_success'])}, "
          f"{fmt_gnk(sec['lazy_profit'])}; deterred from a slash of {fmt_gnk(sec['lazy_min_slash'])}"),
-        ("security", f"colluder (σ = {fmt_pct(i['dishonest_stake'])}): success, profit",
+        ("security", f"colluder's fake Δ (σ = {fmt_pct(i['dishonest_stake'])}): success, profit",
          f"{fmt_pct(sec['collusion_success'])}, {fmt_gnk(sec['collusion_profit'])}; deterred from a slash "
          f"of {fmt_gnk(sec['collusion_min_slash'])}"),
         ("security", "slash (first verdict / audit)",
@@ -373,9 +374,6 @@ def _constants_table(c: Constants) -> Table:
     )
     t.add_row("training state coding r", ", ".join(f"{k} {v:.3g}×" for k, v in c.state_code_ratio.items()),
               c.sources.get("state_code", ""))  # fmt: skip
-    theta = {k: c.theta_h_code_ratio.get(k) or v for k, v in c.state_code_ratio.items()}
-    t.add_row("θ_H's parameters coding r_θ", ", ".join(f"{k} {v:.3g}×" for k, v in theta.items()),
-              c.sources.get("theta_h_code", ""))  # fmt: skip
     return t
 
 
@@ -396,6 +394,11 @@ SWEEP_HEADER = ["#", "H", "k", "s / w", "v", "m", "codec", "utilization", "host 
                 "disk/host", "detection", "collusion", "cost"]  # fmt: skip
 
 
+def _met_up_to(bound: float | None, lead: str = "met only") -> str:
+    """`economics`' fake_delta_sigma_bound in words: up to which accomplice share the floor holds."""
+    return "not even without accomplices" if bound is None else f"{lead} up to σ = {bound:.3g}"
+
+
 def economics_sentence(e: dict[str, Any]) -> str:
     """Issue 34's cheating floors (`plan.economics`) as one sentence: met or not, and by how much."""
     ok = e["meets"]
@@ -405,14 +408,27 @@ def economics_sentence(e: dict[str, Any]) -> str:
     def mark(name: str) -> str:
         return "" if ok[name] else " (NOT MET)"
 
-    fake_delta = f"a fake Δ reaches the model in ≤ {fmt_pct(FAKE_DELTA_CEILING)} of outer steps"
     half = fmt_pct(COALITION)
-    at = f"{fmt_pct(e['fake_delta_success_at_coalition'])} at {half}"
-    if ok["coalition"]:
-        coalition = f"{fake_delta} for every coalition below {half} of the verifier stake ({at})"
+    bound = e["fake_delta_sigma_bound"]
+    if e.get("windowed"):
+        what = ("a one-block fake of the last block" if e["fake_delta_blocks"] == 1 else
+                f"a fake of the {e['fake_delta_blocks']} blocks whose check reaches θ_H")  # fmt: skip
+        caught = 1 - e["fake_delta_success_at_coalition"]
+        floor = f"≥ {fmt_pct(e['fake_delta_caught_floor'])} = {fmt_pct(ONE_SEGMENT_CAUGHT)} × (1 − {half})"
+        coalition = (
+            f"a fake Δ is {what} (only a check that ends at θ_H checks Δ): it reaches the model in "
+            f"{fmt_pct(e['fake_delta_success_alone'])} of outer steps alone and "
+            f"{fmt_pct(e['fake_delta_success_at_coalition'])} with a coalition of {half} of the verifier "
+            f"stake, which catches it in {fmt_pct(caught)} ({floor}"
+            + ("" if ok["coalition"] else f"; {_met_up_to(bound)}") + f"){mark('coalition')}"
+        )  # fmt: skip
     else:
-        bound = e["fake_delta_sigma_bound"]
-        coalition = f"{fake_delta} only for coalitions up to σ = {bound:.3g} ({at}){mark('coalition')}"
+        fake_delta = f"a fake Δ reaches the model in ≤ {fmt_pct(FAKE_DELTA_CEILING)} of outer steps"
+        at = f"{fmt_pct(e['fake_delta_success_at_coalition'])} at {half}"
+        if ok["coalition"]:
+            coalition = f"{fake_delta} for every coalition below {half} of the verifier stake ({at})"
+        else:
+            coalition = f"{fake_delta} {_met_up_to(bound, 'only for coalitions')} ({at}){mark('coalition')}"
     return (
         f"{who} {verb} the cheating floors: a host faking half its segments is caught in "
         f"{fmt_pct(e['half_fake_caught'])} of outer steps (≥ {fmt_pct(HALF_FAKE_CAUGHT)}) and expects "
@@ -667,7 +683,9 @@ def plan_command(
         float, Opt("--min-detection", help="Sweep: detection floor at --fake-fraction.")
     ] = F.detection,
     max_collusion: Annotated[
-        float, Opt("--max-collusion", help="Sweep: ceiling on a colluder's success.")
+        float,
+        Opt("--max-collusion", help="Sweep: ceiling on a colluder's fake Δ success (sampling segments; "
+            "under windows a catch floor, 20% × (1 − σ), holds instead)."),
     ] = F.collusion_success,
     max_h: Annotated[int, Opt("--max-H", help="Sweep: longest H considered.")] = F.max_H,
     max_codec_error: Annotated[
@@ -750,9 +768,15 @@ def plan_command(
         console.print(f"plot: {plotted}")
     if do_sweep:
         schedule = "overlapped" if overlap else "sequential"
+        sigma = inputs.dishonest_stake
+        collusion = (
+            f"a colluder's fake Δ caught in ≥ {fmt_pct(coalition_caught_floor(sigma))} at σ = "
+            f"{fmt_pct(sigma)}"
+            if inputs.windowed else f"collusion ≤ {fmt_pct(max_collusion)}"
+        )  # fmt: skip
         title = (
             f"cheapest settings meeting: utilization ≥ {fmt_pct(min_util)} ({schedule}), detection ≥ "
-            f"{fmt_pct(min_detection)}, collusion ≤ {fmt_pct(max_collusion)}, negative expected profit "
+            f"{fmt_pct(min_detection)}, {collusion}, negative expected profit "
             "for cheaters; cost = GPU-seconds per useful GPU-second"
         )
         t = Table(*SWEEP_HEADER, title=title, title_justify="left")

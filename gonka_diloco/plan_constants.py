@@ -56,7 +56,6 @@ def load_constants(folder: Path = RESULTS) -> Constants:
         "codec_error": "default",
         "chain_ms_per_msg": "default",
         "state_code": "default (states sent uncoded)",
-        "theta_h_code": "default (the whole state's ratio)",
     }
     if (found := _read(folder, "hashing")) and (gbs := _num(found[0].get("hashlib_sha256_gb_s"))):
         values["sha256_bytes_per_s"] = gbs * 1e9
@@ -99,22 +98,11 @@ def load_constants(folder: Path = RESULTS) -> Constants:
             for side, got in speeds.items():
                 if (v := _num(row.get(f"{side}_mb_s"))) is not None:
                     got.append(v * 1e6)
-        theta: dict[str, float] = {}
-        by_fmt = planner.get("theta_h")
-        for fmt in ratio:  # θ_H's parameters alone (absent: `plan.theta_h_ratio` takes the state's)
-            row = by_fmt.get(fmt) if isinstance(by_fmt, dict) else None
-            if not isinstance(row, dict) or (measured := _num(row.get("ratio"))) is None:
-                continue
-            theta[fmt] = measured
-            for side, got in speeds.items():
-                if (v := _num(row.get(f"{side}_mb_s"))) is not None:
-                    got.append(v * 1e6)
+        # its `theta_h` (θ_H's parameters alone) is not read: no check the planner counts fetches
+        # them (only a dispute panel does, specs §6), so r_θ stays a measurement in the results
         if ratio != base.state_code_ratio:
             values["state_code_ratio"] = ratio
             sources["state_code"] = found[1]
-        if theta:
-            values["theta_h_code_ratio"] = theta
-            sources["theta_h_code"] = found[1]
         if slowest := {side: min(got) for side, got in speeds.items() if got}:
             values["state_code_speed"] = {**base.state_code_speed, **slowest}
     return Constants(**{**_defaults(base), **values, "sources": sources})

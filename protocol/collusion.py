@@ -1,7 +1,8 @@
 """The collusion model: how often a fake reaches the model, and what faking earns, in closed form.
 
-A cheating host commits a fake Δ (one every honest verifier rejects) and its accomplices, who hold
-a share q of the verifier stake, accept it. The chain (specs/protocol.md §2.5–§2.6):
+A cheating host commits a fake Δ (under sampling segments one every honest verifier rejects; for
+windows see below) and its accomplices, who hold a share q of the verifier stake, accept it. The
+chain (specs/protocol.md §2.5–§2.6):
 
 1. draws v verifiers by stake; one REJECT among them disputes the contribution, and a dispute is
    decided by a stake majority of every bonded verifier, which a minority coalition always loses;
@@ -30,11 +31,15 @@ step, with reward R when the fake passes, host bond B_h, accomplice key bond b:
 (f_h = host_slash_bps, F_h / F_v = fraud_host / fraud_verifier_slash_bps, all / 10^4). The value
 of steering the model is not in E: only P_pass bounds an attacker who does not care about money.
 
-Sampling windows (specs §2.3, §2.5.3) change what a checker sees: a fake Δ still meets every
-check (each checks Δ against θ_H), so the formulas above hold unchanged; a host that fakes
-segments meets only the checkers whose window holds a faked one (`window_odds_keys`), and a
-dispute of those windows is decided among the verifiers that answer it, which leaves out the
-honest slot holders whose (clean) windows nobody disputed.
+Sampling windows (specs §2.3, §2.5.3, §6) change what a checker sees: only the check that ends at
+θ_H (the last block's; in tolerance mode also the window a lone last segment is merged into,
+`RunConfig.window_reaches_end`) checks Δ against it. A host that fakes Δ can commit a θ_H that
+matches it, which only the replay of segment n − 1 catches, so a fake Δ meets that check alone:
+it is a one-block fake of the last block, `window_odds_keys(..., fake=1)` (every block being
+equally likely for every slot), not the formulas above, which hold for sampling segments (every
+check replays n − 1). A host that fakes segments likewise meets only the checkers whose window
+holds a faked one (`window_odds_keys`); a dispute is decided among every assigned verifier, the
+slot holders of windows nobody disputed answering through their revotes (Δ first).
 
 Pure functions over integers and floats, no chain access: the planner models reuse them.
 """

@@ -89,3 +89,23 @@ def test_a_windows_cell_on_the_state_machine_matches_its_exact_formula() -> None
     for measured, exact in ((passed, odds.passed), (rejected, odds.rejected)):
         sd = math.sqrt(exact * (1 - exact) / trials)
         assert abs(measured / trials - exact) <= 3 * sd, (measured / trials, exact)
+
+
+def test_a_fake_delta_under_windows_is_a_one_block_fake_of_the_last_block() -> None:
+    """Only the check that ends at θ_H checks Δ (specs §6): on the state machine (`bench.collusion
+    --windows`' fake-Δ table, H = 500, k = 5, w = 3: B = 34; v = 4, p = 1, a = 3; 3 accomplices of
+    10 keys) honest holders of windows short of θ_H accept the fake Δ, the last block's honest holder
+    rejects it, and the outcome is `window_odds_keys(A, H, B, 1)`'s within 3 sd, far above the
+    σ^v·(1 − p + p·σ^a) it was when every check checked Δ."""
+    from bench.collusion import cell
+
+    r = cell(4, 10_000, 3, 3, 300, sampling=Sampling.WINDOWS)
+    odds = window_odds_keys(3, 7, 34, 1, defense(4, 10_000, 3))
+    assert r["fake_blocks"] == 1 and r["pass_exact"] == pytest.approx(odds.passed)
+    assert r["pass_bound_many_keys"] == pytest.approx(window_cheat(34, 1, 4, 3, 1.0, 0.3).success)
+    for measured, exact in ((r["passed"], odds.passed), (r["rejected"], odds.rejected)):
+        assert abs(measured - exact) <= 3 * math.sqrt(exact * (1 - exact) / 300), (measured, exact)
+    assert odds.passed > 0.8 and r["honest_slashed"] == 0.0
+    st = Stake()  # only the host pays (its plain slash): no accomplice ACCEPT is ever contradicted
+    slash_r = st.host_slash_bps / 10_000 * st.min_host_stake / st.reward_per_outer_step
+    assert r["profit_per_step_R"] == pytest.approx(r["passed"] - r["rejected"] * slash_r, abs=1e-9)

@@ -223,103 +223,66 @@ def test_window_check_bytes_by_hand() -> None:
     # n = 10, w = 3, P = 1e9: blocks of 3, 3, 3, 1 segments
     lengths = [3, 3, 3, 1]
     by = [pm.window_check_bytes(1e9, lengths, b, bitwise=True) for b in range(4)]
-    assert by == [8e9 + 4e9, 12e9 + 4e9, 12e9 + 4e9, 12e9]  # block 0: optimizer; last: no θ_H fetch
+    # block 0: the optimizer; the others their start. No θ_H's parameters: only the last block's check
+    # (ending at θ_H) checks Δ, and a window short of θ_H fetches the committed Δ to keep, the Δ its
+    # verifier downloads anyway to aggregate (not counted here)
+    assert by == [8e9, 12e9, 12e9, 12e9]
     # tolerance: + every later claimed boundary of the block (L_b states) + the Δ (1 GB); the block
-    # before the lone last one replays on into it: θ_H's claimed end whole (12 GB) for its params
+    # before the lone last one replays on into it: θ_H's claimed end, a whole state (12 GB)
     tol = [pm.window_check_bytes(1e9, lengths, b, bitwise=False, delta=1e9) for b in range(4)]
-    assert tol == [8e9 + 36e9 + 4e9 + 1e9, 12e9 + 36e9 + 4e9 + 1e9, 61e9, 12e9 + 12e9 + 1e9]
+    assert tol == [8e9 + 36e9 + 1e9, 12e9 + 36e9 + 1e9, 12e9 + 36e9 + 12e9 + 1e9, 12e9 + 12e9 + 1e9]
     i = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
-    # (1/B)·8P + ((B−1)/B)·12P + ((B−1)/B)·4P = 2 + 9 + 3 GB
-    assert pm.verifier_bytes_per_contribution(i, C) == pytest.approx(14e9)
-    assert pm.verifier_bytes_per_contribution(replace(i, codec=Codec.SPARSE), C) == pytest.approx(18e9)  # + e
+    # (1/B)·8P + ((B−1)/B)·12P = 2 + 9 GB
+    assert pm.verifier_bytes_per_contribution(i, C) == pytest.approx(11e9)
+    assert pm.verifier_bytes_per_contribution(replace(i, codec=Codec.SPARSE), C) == pytest.approx(15e9)  # + e
     assert pm.verifier_bytes_per_contribution(replace(i, w=10), C) == 8e9  # B = 1: the optimizer only
     tolerance = replace(i, replay=ReplayMode.TOLERANCE)
-    assert pm.verifier_bytes_per_contribution(tolerance, C) == pytest.approx((49 + 53 + 61 + 25) / 4 * 1e9)
-    assert pm.opened_state_bytes(i) == pytest.approx(14e9)  # the utilization bound: states alone
+    assert pm.verifier_bytes_per_contribution(tolerance, C) == pytest.approx((45 + 49 + 61 + 25) / 4 * 1e9)
+    assert pm.opened_state_bytes(i) == pytest.approx(11e9)  # the utilization bound: states alone
 
 
 def test_coded_states_on_the_wire_by_hand() -> None:
-    """Training states and θ_H's parameters travel coded against G_n (specs §8.2): ÷ the measured
-    ratio for the run's moments; the carried optimizer state, e and Δ as they are."""
+    """Training states travel coded against G_n (specs §8.2): ÷ the measured ratio for the run's
+    moments; the carried optimizer state, e and Δ as they are."""
     coded = Constants(
         codec_ratio=C.codec_ratio, sha256_bytes_per_s=2e9, state_code_ratio={"fp32": 1.25, "int8": 2.0}
     )
     lengths = [3, 3, 3, 1]
     by = [pm.window_check_bytes(1e9, lengths, b, bitwise=True, ratio=1.25) for b in range(4)]
-    assert by == pytest.approx([8e9 + 3.2e9, 9.6e9 + 3.2e9, 9.6e9 + 3.2e9, 9.6e9])
+    assert by == pytest.approx([8e9, 9.6e9, 9.6e9, 9.6e9])
     i = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
     assert pm.code_ratio(i, coded) == 1.25 and pm.code_ratio(i, C) == 1.0  # nothing measured: uncoded
     assert pm.code_ratio(replace(i, pipeline=Pipeline.TODAY), coded) == 1.0  # the old design: uncoded
     assert pm.code_ratio(replace(i, moments=Moments.INT8), coded) == 2.0
-    # (1/4)·8 + (3/4)·(12 + 4)/1.25 = 2 + 9.6 GB
-    assert pm.verifier_bytes_per_contribution(i, coded) == pytest.approx(11.6e9)
+    # (1/4)·8 + (3/4)·12/1.25 = 2 + 7.2 GB
+    assert pm.verifier_bytes_per_contribution(i, coded) == pytest.approx(9.2e9)
     # int8 moments: states of 6.03125 B/param ÷ 2, the optimizer 2.03125 B/param as it is
     q = replace(i, moments=Moments.INT8)
-    assert pm.verifier_bytes_per_contribution(q, coded) == pytest.approx(
-        (2.03125 + 3 * (6.03125 + 4) / 2) / 4 * 1e9
-    )
+    want = (2.03125 + 3 * 6.03125 / 2) / 4 * 1e9
+    assert pm.verifier_bytes_per_contribution(q, coded) == pytest.approx(want)
     seg = Inputs(moments=FP32, params=1e9, s=8, codec=Codec.INT8, sampling=SEGMENTS)
     f = pm.segment_fetches(seg.n, seg.s)
     assert pm.verifier_bytes_per_contribution(seg, coded) == pytest.approx(
         f.starts * 9.6e9 + f.segment_zero * 8e9
     )
-    assert pm.from_zero_check_bytes(1e9, 10, 3, ratio=1.25) == pytest.approx(8e9 + 3 / 4 * 3.2e9)
-    assert pm.opened_state_bytes(i, 1.25) == pytest.approx(11.6e9)
+    assert pm.from_zero_check_bytes(1e9) == 8e9  # the optimizer alone, uncoded: no θ_H
+    assert pm.opened_state_bytes(i, 1.25) == pytest.approx(9.2e9)
 
 
-def test_theta_h_parameters_travel_at_their_own_ratio() -> None:
-    """θ_H's parameters alone are coded at their own measured r_θ (`Constants.theta_h_code_ratio`),
-    not the whole state's r: every figure that counts θ_H's bytes divides its 4·P by r_θ."""
-    ratios = {"state_code_ratio": {"fp32": 1.25, "int8": 1.25}, "theta_h_code_ratio": {"fp32": 2.0}}
-    theta = Constants(codec_ratio=C.codec_ratio, sha256_bytes_per_s=2e9, **ratios)
-    same = replace(theta, theta_h_code_ratio={})
-    lengths = [3, 3, 3, 1]
-    by = [pm.window_check_bytes(1e9, lengths, b, bitwise=True, ratio=1.25, theta_ratio=2.0) for b in range(4)]
-    assert by == pytest.approx([8e9 + 2e9, 9.6e9 + 2e9, 9.6e9 + 2e9, 9.6e9])
-    # H = 20, k = 5, w = 1: n = 4, B = 4; v = 2 + p·a = 1: 3 checks, θ_H fetched 2.25 times, uploaded once
-    i = Inputs(moments=FP32, params=1e9, H=20, k=5, w=1, v=2, auditors=1, audit_p=1.0, codec=Codec.INT8)
-    assert pm.theta_h_ratio(i, theta) == 2.0 and pm.code_ratio(i, theta) == 1.25
-    assert pm.theta_h_ratio(i, same) == 1.25  # not measured: the whole state's
-    assert pm.theta_h_ratio(replace(i, moments=Moments.INT8), theta) == 1.25  # measured for fp32 only
-    assert pm.theta_h_ratio(replace(i, pipeline=Pipeline.TODAY), theta) == 1.0
-    # one check: (1/4)·8 + (3/4)·(12/1.25 + 4/2) = 2 + 8.7 GB (r_θ = r: 2 + 9.6)
-    assert pm.verifier_bytes_per_contribution(i, theta) == pytest.approx(10.7e9)
-    assert pm.verifier_bytes_per_contribution(i, same) == pytest.approx(11.6e9)
-    # the author: 3 checks' bytes less 1.25 copies of θ_H's 2 GB
-    assert pm.host_openings_bytes(i, theta) == pytest.approx(3 * 10.7e9 - 1.25 * 2e9)
-    assert pm.host_openings_bytes(i, same) == pytest.approx(3 * 11.6e9 - 1.25 * 3.2e9)
-    assert pm.opened_state_bytes(i, 1.25, 2.0) == pytest.approx(10.7e9)
-    fast = replace(i, up=1e9)
-    train = fast.H * pm.step_seconds(fast)
-    states = (3 * 10.7e9 - 1.25 * 2e9) / 1e9
-    assert pm.utilization_bound(fast, True, theta) == pytest.approx(train / max(train, states))
-    # a check from segment 0 fetches only the optimizer and θ_H's parameters: at r_θ
-    j = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
-    ch = pm.choose_window(j, theta)
-    want = pm.from_zero_check_bytes(1e9, j.n, ch.w, 0.0, FP32, ratio=2.0)
-    assert ch.from_zero_check_bytes == pytest.approx(want)
-    assert pm.choose_window(j, same).from_zero_check_bytes > want
-
-
-def test_theta_h_leaves_the_author_once_with_swarming() -> None:
-    """Windows: c·(B − 1)/B checks fetch θ_H's parameters; with swarming (specs §8.1) the author
-    uploads them once when v ≥ 2, and with v = 1 unless its one block is the last and nobody audits."""
+def test_windows_fetch_no_theta_h_and_the_author_sends_each_check_its_own() -> None:
+    """Windows: only the check that ends at θ_H checks Δ against it, so no check fetches θ_H's
+    parameters (specs §6); each check fetches its own block's start, distinct from the others', so
+    the author uploads c × one check's bytes and there is nothing for swarming to save (§8.1)."""
     # n = 4 segments of w = 1: B = 4; v = 2 + p·a = 1 × 1: c = 3 checks on distinct blocks
     i = Inputs(moments=FP32, params=1e9, H=20, k=5, w=1, v=2, auditors=1, audit_p=1.0, codec=Codec.INT8)
     assert (i.blocks, pm.checks_per_contribution(i)) == (4, 3.0)
-    assert pm.theta_h_fetches(i) == pytest.approx(3 * 3 / 4)
-    assert pm.theta_h_uploads(i) == 1.0
-    one = replace(i, v=1, audit_p=0.5)  # no audit (½): its block is not the last ¾; audited (½): 1
-    assert pm.theta_h_uploads(one) == pytest.approx(0.5 * 3 / 4 + 0.5)
-    assert pm.theta_h_uploads(replace(one, auditors=0)) == pytest.approx(3 / 4)
-    assert pm.theta_h_uploads(replace(i, w=4)) == 0.0 == pm.theta_h_fetches(replace(i, w=4))  # B = 1
-    assert pm.theta_h_uploads(replace(i, sampling=SEGMENTS)) == 0.0
-    # one check: (1/4)·8 + (3/4)·(12 + 4) = 14 GB; all three 42 GB; the author sends 2.25 − 1 = 1.25
-    # fewer copies of θ_H's 4 GB: 37 GB. Coded at 1.25: 3 × 11.6 − 1.25 × 3.2 = 30.8 GB
-    assert pm.host_openings_bytes(i, C) == pytest.approx(42e9 - 1.25 * 4e9)
+    # one check: (1/4)·8 + (3/4)·12 = 11 GB; all three 33 GB, from the author. Coded at 1.25: 3 × 9.2
+    assert pm.verifier_bytes_per_contribution(i, C) == pytest.approx(11e9)
+    assert pm.host_openings_bytes(i, C) == pytest.approx(33e9)
     coded = Constants(codec_ratio=C.codec_ratio, state_code_ratio={"fp32": 1.25, "int8": 1.25})
-    assert pm.host_openings_bytes(i, coded) == pytest.approx(30.8e9)
+    assert pm.host_openings_bytes(i, coded) == pytest.approx(27.6e9)
     assert pm.host_upload_bytes(i, C)["openings"] == pm.host_openings_bytes(i, C)
+    assert pm.states_by_kind(i, C)["theta_h"] == 0.0
     # segments (every check fetches the same opened states at once) and today's pipeline: c × one check
     seg = replace(i, sampling=SEGMENTS, s=2)
     assert pm.host_openings_bytes(seg, C) == pytest.approx(3 * pm.verifier_bytes_per_contribution(seg, C))
@@ -329,11 +292,10 @@ def test_theta_h_leaves_the_author_once_with_swarming() -> None:
     fast = replace(i, hosts=2, verifier_nodes=3, up=1e9, down=2e9)
     w = pm.verify_seconds(fast, C, t_step=1.0)
     load = pm.contributions_per_verifier(fast)  # 2 hosts × 3 checks ÷ 3 verifiers = 2
-    assert w["data"] == pytest.approx(max(37e9 / 1e9, load * 14e9 / 2e9))
+    assert w["data"] == pytest.approx(max(33e9 / 1e9, load * 11e9 / 2e9))
     # the sweep's utilization bound counts the same uploads (states alone), coded
     train = fast.H * pm.step_seconds(fast)
-    states = (3 * 11.6e9 - 1.25 * 3.2e9) / 1e9
-    assert pm.utilization_bound(fast, True, coded) == pytest.approx(train / max(train, states))
+    assert pm.utilization_bound(fast, True, coded) == pytest.approx(train / max(train, 27.6))
 
 
 def test_window_replay_and_the_start_from_segment_zero() -> None:
@@ -343,7 +305,7 @@ def test_window_replay_and_the_start_from_segment_zero() -> None:
     # from segment 0 to the block's end: 3, 6, 9, 10 → 7 = w·(B − 1)/2 + n/B = 4.5 + 2.5
     assert pm.from_zero_segments(10, 3) == 7.0
     assert pm.from_zero_segments(9, 3) == pytest.approx((3 + 6 + 9) / 3)
-    assert pm.from_zero_check_bytes(1e9, 10, 3) == pytest.approx(8e9 + 3 / 4 * 4e9)
+    assert pm.from_zero_check_bytes(1e9) == 8e9 and pm.from_zero_check_bytes(1e9, ef=4e9) == 12e9
     i = Inputs(params=1e9, H=50, k=5, w=3, v=4, auditors=3, audit_p=1.0)
     assert pm.replay_segments_per_check(i) == 2.5
     assert pm.replay_share(i) == pytest.approx(7 * 2.5 * 5 / 50)  # checks · (n/B) · k/H
@@ -465,11 +427,11 @@ def test_window_plan_figures() -> None:
     p = pm.plan(i, C)
     ver = p.verification
     assert ver["checks_per_contribution"] == 7.0
-    assert ver["states_per_contribution"] == pytest.approx(7 * 14e9 / 12e9)  # all checks ÷ 12·P
+    assert ver["states_per_contribution"] == pytest.approx(7 * 11e9 / 12e9)  # all checks ÷ 12·P
     assert ver["one_segment_detection"] == 1.0  # 7 slots cover all B = 4 blocks
     assert (ver["window_segments"], ver["blocks"], ver["replay_segments_per_check"]) == (3, 4, 2.5)
-    # θ_H's 4 GB leave the author once, not once per check short of θ_H (7 · 3/4): swarmed (§8.1)
-    assert p.network["host_upload_openings_bytes"] == pytest.approx(7 * 14e9 - (7 * 3 / 4 - 1) * 4e9)
+    # each check its own block's start or the optimizer, and no θ_H: 7 × 11 GB leave the author
+    assert p.network["host_upload_openings_bytes"] == pytest.approx(7 * 11e9)
     assert p.security["detection"] == pytest.approx(pm.lazy_detection(i, 0.5))
     seg = pm.plan(replace(i, sampling=SEGMENTS, s=2), C).verification
     f = pm.segment_fetches(10, 2)
@@ -491,14 +453,60 @@ def test_economics_at_the_defaults_and_off_them() -> None:
     e = p.economics
     assert e["at_run_defaults"] and e["meets_all"], e
     assert e["half_fake_caught"] >= 0.9 and e["half_fake_profit"] < 0 and e["one_segment_caught"] >= 0.2
-    assert e["fake_delta_success_at_coalition"] == pytest.approx(0.5**7)
-    assert economics_sentence(e).startswith("defaults meet the cheating floors")
+    # windows (the default): a fake Δ is a one-block fake of the last block, B = 34, 7 slots
+    assert e["fake_delta_success_alone"] == pytest.approx(1 - 7 / 34)
+    assert e["fake_delta_success_at_coalition"] == pytest.approx(1 - 7 / 34 * 0.5)
+    assert e["fake_delta_caught_floor"] == pytest.approx(0.1) and e["fake_delta_sigma_bound"] == 0.5
+    text = economics_sentence(e)
+    assert text.startswith("defaults meet the cheating floors") and "one-block fake of the last block" in text
     weak = pm.plan(Inputs(v=1, audit_p=0.1, auditors=1), C).economics
     assert not weak["at_run_defaults"] and not weak["meets_all"]
     assert weak["meets"] == {"half_fake": False, "one_segment": False, "coalition": False}
-    assert weak["fake_delta_sigma_bound"] == pytest.approx(0.0111, abs=1e-3)
     text = economics_sentence(weak)
     assert text.startswith("these settings do not meet") and text.count("NOT MET") == 3
+    # sampling segments: every check replays segment n − 1, so every one checks Δ: σ^v·(1 − p + p·σ^a)
+    seg = pm.plan(Inputs(sampling=SEGMENTS), C).economics
+    assert seg["meets"]["coalition"] and seg["fake_delta_success_at_coalition"] == pytest.approx(0.5**7)
+    assert "for every coalition below 50%" in economics_sentence(seg)
+    weak = pm.plan(Inputs(v=1, audit_p=0.1, auditors=1, sampling=SEGMENTS), C).economics
+    assert not weak["meets"]["coalition"]
+    assert weak["fake_delta_sigma_bound"] == pytest.approx(0.0111, abs=1e-3)
+    assert "only for coalitions up to σ = 0.011" in economics_sentence(weak)
+
+
+def test_windows_coalition_floor_is_the_one_block_fake_of_the_last_block() -> None:
+    """Windows: only the check that ends at θ_H checks Δ, so a fake Δ (with a θ_H to match) meets
+    only the slots on the last block: `window_cheat(B, 1, …)`, not σ^v·(1 − p + p·σ^a); the floor
+    is a catch of ≥ 20% × (1 − σ) at σ = ½, which many small blocks miss however many checkers."""
+    i = Inputs(w=1)  # B = n = 100 blocks, 7 slots: caught 7% alone, 3.5% at σ = ½
+    e = pm.plan(i, C).economics
+    one_block = pm.window_cheat(100, 1, 4, 3, 1.0, 0.5).success
+    assert e["fake_delta_success_at_coalition"] == pytest.approx(one_block)
+    assert e["fake_delta_success_at_coalition"] == pytest.approx(1 - 0.07 * 0.5)
+    assert e["fake_delta_success_at_coalition"] > 0.5**7  # what every check seeing Δ would have given
+    assert not e["meets"]["coalition"] and e["fake_delta_sigma_bound"] is None  # 7% < 20% even alone
+    assert "not even without accomplices) (NOT MET)" in economics_sentence_of(e)
+    # while v + a ≤ B the catch is (v + p·a)/B·(1 − σ): the floor holds at every σ or at none, as the
+    # one-segment floor does (B = 40: 17.5% < 20%)
+    assert pm.plan(Inputs(H=600), C).economics["fake_delta_sigma_bound"] is None
+    # v + a > B: a block holds several slots, and a coalition must hold every one on the last block
+    small = Inputs(H=50, k=5, w=3)  # B = 4, 7 slots
+    assert pm.fake_delta_cheat(small, 0.5) == pm.window_cheat(4, 1, 4, 3, 1.0, 0.5)
+    assert pm.plan(small, C).economics["meets"]["coalition"]
+    # tolerance with a lone last segment: the block before it replays on into segment n − 1 and
+    # reaches θ_H too, so a fake Δ is seen from two blocks (n = 100, w = 3: 33 blocks and the lone 99)
+    tol = replace(Inputs(moments=FP32), replay=ReplayMode.TOLERANCE)
+    assert pm.fake_delta_blocks(tol) == 2 and pm.fake_delta_blocks(Inputs()) == 1
+    assert pm.fake_delta_blocks(replace(tol, w=4)) == 1  # n mod w = 0: no lone last segment
+    assert pm.fake_delta_cheat(tol, 0.0) == pm.window_cheat(34, 2, 4, 3, 1.0, 0.0)
+    # the sweep holds its colluder (σ = `dishonest_stake`) to the same floor
+    assert pm.collusion_floor_met(Inputs(), 0.1) and not pm.collusion_floor_met(i, 0.1)
+
+
+def economics_sentence_of(e: dict[str, object]) -> str:
+    from gonka_diloco.plan_cli import economics_sentence
+
+    return economics_sentence(e)
 
 
 @pytest.mark.parametrize("sampling", list(Sampling))
@@ -662,7 +670,9 @@ def test_sweep_meets_its_floors_cheapest_first(sampling: Sampling) -> None:
     assert costs == sorted(costs)
     for p in found:
         assert p.utilization["overlapped"] >= 0.85 and not p.warnings
-        assert p.security["detection"] >= 0.9 and p.security["collusion_success"] <= 0.01
+        assert p.security["detection"] >= 0.9
+        coll = p.security["collusion_success"]  # windows: a fake Δ caught ≥ 20% × (1 − σ) instead
+        assert 1 - coll >= 0.2 * 0.9 - 1e-9 if sampling is Sampling.WINDOWS else coll <= 0.01
         assert p.security["lazy_profit"] < 0 and p.security["collusion_profit"] < 0
         assert p.inputs["codec"] != "int4"  # 9% error: above the default quality floor
     # a slower link can only make the best setting costlier (or impossible)
@@ -831,10 +841,15 @@ def test_defaults_are_the_chains() -> None:
         st.min_host_stake / 1e9, st.host_slash_bps, st.fraud_host_slash_bps, st.reward_per_outer_step / 1e9
     )  # fmt: skip
     assert i.block_seconds == BLOCK_SECONDS
-    r = runner.invoke(app, ["--dishonest-stake", "0.5", "--json"])
+    r = runner.invoke(app, ["--dishonest-stake", "0.5", "--json", "--sampling", "segments"])
     assert r.exit_code == 0, r.output
     # the README's bound at the defaults v = 4, p = 1, a = 3: 0.5^4 · (1 − 1 + 1 · 0.5^3) = 0.5^7
     assert json.loads(r.output)["plan"]["security"]["collusion_success"] == pytest.approx(0.5**7)
+    # windows (the default): a fake Δ is a one-block fake of the last block, met by the 7 slots' blocks
+    # 7/34 of the time and then by an honest checker half the time
+    r = runner.invoke(app, ["--dishonest-stake", "0.5", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["plan"]["security"]["collusion_success"] == pytest.approx(1 - 7 / 34 / 2)
 
 
 README_RUN_TOML = """name = "mine"
@@ -915,8 +930,8 @@ def test_int8_moments_halve_what_a_check_downloads_and_the_host_keeps() -> None:
     half = replace(i, moments=Moments.INT8)
     B = 34
     state8, opt8 = 4e9 + 2.03125e9, 2.03125e9
-    # block 0 downloads the optimizer, the others a start; all but the last block θ_H's params
-    want = (opt8 + (B - 1) * state8) / B + (B - 1) / B * 4e9
+    # block 0 downloads the optimizer, the others a start (no θ_H: only the last block checks Δ)
+    want = (opt8 + (B - 1) * state8) / B
     assert pm.verifier_bytes_per_contribution(half, C) == pytest.approx(want)
     assert pm.disk_bytes(half, C) < pm.disk_bytes(i, C)
     assert pm.state_bytes(1e9, Moments.INT8) == pytest.approx(state8)
@@ -925,13 +940,30 @@ def test_int8_moments_halve_what_a_check_downloads_and_the_host_keeps() -> None:
 
 def test_states_by_kind_add_up_to_the_states_per_contribution() -> None:
     """Where a contribution's verification traffic goes (the plan's row prints it): the parts sum to
-    `states_per_contribution`; bitwise, starts and θ_H's parameters, no claims; tolerance, claims."""
+    `states_per_contribution`; bitwise, starts and no θ_H (only the check that ends at θ_H checks Δ,
+    and fetches nothing for it); tolerance, claims, and θ_H whole where a window takes on the lone
+    last segment."""
     i = Inputs(moments=FP32, params=1e9, H=50, k=5, w=3, codec=Codec.INT8)
     for mode in (ReplayMode.BITWISE, ReplayMode.TOLERANCE):
         j = replace(i, replay=mode)
         kinds = pm.states_by_kind(j, C)
         assert sum(kinds.values()) == pytest.approx(pm.states_per_contribution(j, C))
         assert (kinds["claims"] > 0) is (mode is ReplayMode.TOLERANCE)
-    kinds = pm.states_by_kind(i, C)  # c = 7, B = 4: 3/4 of checks fetch a start (12 GB) and θ_H (4 GB)
-    assert kinds["start"] == pytest.approx(7 * 0.75) and kinds["theta_h"] == pytest.approx(7 * 0.75 * 4 / 12)
+    kinds = pm.states_by_kind(i, C)  # c = 7, B = 4: 3/4 of checks fetch a start (12 GB), none θ_H
+    assert kinds["start"] == pytest.approx(7 * 0.75) and kinds["theta_h"] == 0.0
+    # tolerance, n = 10, w = 3: block 2 of 4 takes on the lone segment 9 and fetches θ_H (a state)
+    assert pm.states_by_kind(replace(i, replay=ReplayMode.TOLERANCE), C)["theta_h"] == pytest.approx(7 / 4)
     assert pm.states_by_kind(replace(i, sampling=Sampling.SEGMENTS), C) == {}
+
+
+def test_states_per_contribution_at_defaults_have_no_theta_h() -> None:
+    """Issue 35's aim (≤ 3 states per contribution at 30B, 64 hosts, the chain's defaults): with the
+    opened states coded as `bench.statecode` measures them (r ≈ 1.27 for int8 moments), the starts
+    alone, since no windowed check fetches θ_H's parameters (they were 1.88 of 4.61 states)."""
+    coded = Constants(codec_ratio=C.codec_ratio, state_code_ratio={"fp32": 1.25, "int8": 1.25})
+    i = Inputs(params=30e9, hosts=64)
+    kinds = pm.states_by_kind(i, coded)
+    assert kinds["theta_h"] == 0.0 and kinds["claims"] == 0.0
+    # 7 checks: 33/34 of them a start of 6.03 B/param ÷ 1.25, 1/34 the optimizer (2.03 B/param), ÷ 12 B/param
+    want = 7 * (33 / 34 * 6.03125 / 1.25 + 1 / 34 * 2.03125) / 12
+    assert pm.states_per_contribution(i, coded) == pytest.approx(want) and want <= 3.0

@@ -14,7 +14,7 @@ from gonka_diloco.plan import (
     optimizer_wire_bytes,
     state_canonical_bytes,
     state_wire_bytes,
-    theta_h_ratio,
+    states_by_kind,
 )
 from gonka_diloco.plan_constants import load_constants
 from protocol.inner import Moments
@@ -44,29 +44,17 @@ def test_ratios_come_from_statecode_results(tmp_path: Path) -> None:
     assert load_constants(tmp_path / "absent").sources["state_code"].startswith("default")
 
 
-def test_theta_h_ratio_comes_from_statecode_results(tmp_path: Path) -> None:
-    """The planner's `theta_h` (θ_H's parameters alone): r_θ per moment format, its speeds among the
-    slowest; absent (results written before it), or for a format it lacks, the whole state's r."""
+def test_theta_h_measurement_stays_out_of_the_planner(tmp_path: Path) -> None:
+    """bench.statecode still measures θ_H's parameters alone (its planner's `theta_h`), but no check
+    the planner counts fetches them any more (only the check that ends at θ_H checks Δ, specs §6):
+    neither their ratio nor their speeds enter the constants, and bitwise checks fetch no θ_H."""
     planner = {"fp32": {"ratio": 1.2, "encode_mb_s": 300, "decode_mb_s": 500},
                "int8": {"ratio": 1.3, "encode_mb_s": 250, "decode_mb_s": 600},
                "theta_h": {"fp32": {"ratio": 1.1, "encode_mb_s": 200, "decode_mb_s": 700},
                            "int8": {"ratio": 1.15, "encode_mb_s": 400, "decode_mb_s": 450}}}  # fmt: skip
     (tmp_path / "statecode.full.json").write_text(json.dumps({"quick": False, "planner": planner}))
     c = load_constants(tmp_path)
-    assert c.theta_h_code_ratio == {"fp32": 1.1, "int8": 1.15}
     assert c.state_code_ratio == {"fp32": 1.2, "int8": 1.3}
-    assert c.state_code_speed == {"encode": 200e6, "decode": 450e6}
-    assert "statecode.full.json (full run" in c.sources["theta_h_code"]
-    assert theta_h_ratio(Inputs(), c) == 1.15  # RunConfig's default moments: int8
-    assert theta_h_ratio(Inputs(moments=Moments.FP32), c) == 1.1
-    planner["theta_h"] = {"int8": {"ratio": 1.4}, "fp32": {"ratio": "x"}}
-    (tmp_path / "statecode.full.json").write_text(json.dumps({"planner": planner}))
-    c = load_constants(tmp_path)
-    assert c.theta_h_code_ratio == {"int8": 1.4}
-    assert theta_h_ratio(Inputs(moments=Moments.FP32), c) == 1.2  # unreadable for fp32: the state's
-    del planner["theta_h"]
-    (tmp_path / "statecode.full.json").write_text(json.dumps({"planner": planner}))
-    c = load_constants(tmp_path)
-    assert c.theta_h_code_ratio == {} and c.sources["theta_h_code"].startswith("default")
-    assert theta_h_ratio(Inputs(), c) == 1.3 and theta_h_ratio(Inputs(moments=Moments.FP32), c) == 1.2
-    assert theta_h_ratio(Inputs(), load_constants(tmp_path / "absent")) == 1.0  # nothing measured
+    assert c.state_code_speed == {"encode": 250e6, "decode": 500e6}  # the whole states' alone
+    assert not hasattr(c, "theta_h_code_ratio") and "theta_h_code" not in c.sources
+    assert states_by_kind(Inputs(), c)["theta_h"] == 0.0
