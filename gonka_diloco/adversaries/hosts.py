@@ -9,10 +9,10 @@ must find.
 
 | name          | what it does                                                  | caught by            |
 |---------------|---------------------------------------------------------------|----------------------|
-| noise         | trains honestly, commits a random Δ                           | DELTA_MISMATCH       |
+| noise         | trains honestly, commits a random Δ                           | DELTA_MISMATCH (w)   |
 | zero          | free rider: no training, all leaves = start, Δ = 0            | REPLAY_MISMATCH      |
-| scaled        | trains honestly, commits Δ × factor (10)                      | DELTA_MISMATCH       |
-| sign_flip     | trains honestly, commits −Δ                                   | DELTA_MISMATCH       |
+| scaled        | trains honestly, commits Δ × factor (10)                      | DELTA_MISMATCH (w)   |
+| sign_flip     | trains honestly, commits −Δ                                   | DELTA_MISMATCH (w)   |
 | lazy          | skips a fraction f of segments, extrapolates their end states | REPLAY_MISMATCH (p)  |
 |               | (windows: whole blocks, the fewest the fraction fits in)      |                      |
 | one_fake      | skips exactly one segment                                     | REPLAY_MISMATCH (p)  |
@@ -35,8 +35,13 @@ must find.
 | wrong_start   | eager runs: a start other than the rule's (forged stand-in Δ, | WRONG_START /        |
 |               | parent ignored, or own Δ used without a parent)               | DELTA_MISMATCH       |
 
-(1) a bad Δ only in tolerance mode: a bitwise verifier derives Δ from its own replay, never
-downloads the author's, and serves its copy to the aggregators (an availability attack then).
+(1) a bad Δ only in tolerance mode: a bitwise verifier whose check ends at θ_H derives Δ from its
+own replay and serves its copy to the aggregators (an availability attack then); the others keep
+the committed payload by its hash, which a bomb would not match.
+
+(w) sampling windows: by the check whose window ends at θ_H only (specs §6), like a fake of the
+last segment (a θ_H committed to match the fake Δ, which no window short of θ_H ever caught): a
+one-block fake of the last block, caught in (v + p·a)/B of outer steps.
 
 (2) honest work, accepted by its verifiers; the attack is on availability and the result vote. The
 verifiers that checked it keep and serve its Δ, so hosts fetch it from them and the withholding
