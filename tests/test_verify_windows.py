@@ -73,7 +73,10 @@ class Counting:
 
 
 def judge(w: World, name: str, start: int) -> tuple[Reason, str, Counting, int]:
-    run = w.runs[name]
+    return judge_run(w, w.runs[name], start)
+
+
+def judge_run(w: World, run: HostRun, start: int) -> tuple[Reason, str, Counting, int]:
     segs = window(start, w.lab.cfg.n_segments, w.lab.cfg.window_len)
     job = w.lab.job(run, 0, SEED, window=segs)
     source = Counting(run.source())
@@ -136,3 +139,30 @@ def test_the_lazy_host_packs_its_fakes_into_the_fewest_blocks(world: World) -> N
     assert len(faked) == 10
     touched = {s // 3 for s in faked}
     assert len(touched) == 4
+
+
+@pytest.mark.parametrize("params", [{}, {"cancel": True}], ids=["budget", "cancel"])
+def test_budget_steer_trains_on_int8_moments_and_every_bitwise_window_rejects_it(
+    world: World, params: dict[str, object]
+) -> None:
+    """`budget_steer` steers as floats and stores the run's int8 moments (it raised KeyError on a
+    bitwise run's default state, which stopped `bench.detection --windows`); bitwise, any move is a
+    mismatch in every window, next to the honest host every window accepts."""
+    assert world.lab.cfg.inner.moments.value == "int8"
+    run = world.lab.train(resolve_host("budget_steer", params), A, 0, world.g0)
+    for start in blocks(world):
+        assert judge(world, "honest", start)[0] is Reason.ACCEPT
+        reason, detail, _, _ = judge_run(world, run, start)
+        assert reason is Reason.REPLAY_MISMATCH, (start, detail)
+
+
+def test_a_fake_theta_h_with_its_matching_delta_meets_only_the_window_ending_at_theta_h(world: World) -> None:
+    """Why a window short of θ_H need not check Δ: a host that fakes its last segment (an end state
+    θ_H it made up, and the Δ that matches it) passes every such window whether or not it fetches
+    θ_H — the Δ is consistent with the committed θ_H. Only the replay of segment n − 1 catches it,
+    the same check that now catches a fake Δ (`test_a_fake_delta_is_rejected_by_the_window…`)."""
+    cfg = world.lab.cfg
+    run = world.lab.train(resolve_host("last_fake"), A, 0, world.g0)
+    for start in blocks(world):
+        reason, detail, _, _ = judge_run(world, run, start)
+        assert reason is (Reason.REPLAY_MISMATCH if cfg.window_reaches_end(start) else Reason.ACCEPT), detail

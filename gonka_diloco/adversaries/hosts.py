@@ -16,6 +16,7 @@ must find.
 | lazy          | skips a fraction f of segments, extrapolates their end states | REPLAY_MISMATCH (p)  |
 |               | (windows: whole blocks, the fewest the fraction fits in)      |                      |
 | one_fake      | skips exactly one segment                                     | REPLAY_MISMATCH (p)  |
+| last_fake     | skips the last segment: a made-up θ_H and the Δ matching it   | REPLAY_MISMATCH (w)  |
 | wrong_data    | trains on another host's PRF batches                          | REPLAY_MISMATCH      |
 | stale         | no training: re-commits its Δ of an earlier outer step        | REPLAY_MISMATCH      |
 | copycat       | no training: commits a peer's Δ of the previous outer step    | REPLAY_MISMATCH      |
@@ -321,6 +322,22 @@ class OneSegmentFake(LazyHost):
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__(seed=seed, count=1)
+
+
+class LastSegmentFake(LazyHost):
+    """Fakes the last segment alone: an end state θ_H it made up (extrapolated, like `lazy`) and the
+    Δ that matches it — a fake Δ with a θ_H to match. No check whose window ends short of θ_H can
+    tell, whether or not it fetches θ_H; only a replay of segment n − 1 does (specs §6), so under
+    windows it is caught in (v + p·a)/B of outer steps, like a fake Δ; with segment sampling by
+    every check (the last segment is always opened)."""
+
+    name = "last_fake"
+
+    def __init__(self) -> None:
+        super().__init__(count=1)
+
+    def faked(self, cfg: RunConfig, host: str, outer_step: int) -> set[int]:
+        return {cfg.n_segments - 1}
 
 
 class WrongData(HostAdversary):
@@ -636,8 +653,11 @@ class BudgetSteer(HostAdversary):
             losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)
             end = clone_state(training_state(ctx.model, ctx.inner_optimizer))
             summed = self.cumulative and not (j == cfg.n_segments - 1 and self.lone)
-            cur = steer_boundary(end, cur, cfg, self.fraction, self.target, self.where, self.seed,
-                                 params=self.steer_params, cumulative=summed, segment=j)  # fmt: skip
+            # int8 moments (a bitwise run's default): steered as floats, stored in the run's format
+            int8 = cfg.inner.moments is Moments.INT8
+            cur = steer_boundary(as_fp32(end), as_fp32(cur), cfg, self.fraction, self.target, self.where,
+                                 self.seed, params=self.steer_params, cumulative=summed, segment=j)  # fmt: skip
+            cur = as_int8(cur) if int8 else cur
             states.append(cur)
         load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)
@@ -659,7 +679,8 @@ class BudgetSteer(HostAdversary):
                 states.append(cur)
             if move is not None:
                 break
-            move = cancel_move(ends, states[:-1], plan, cfg, self.fraction, self.seed)
+            floats = [as_fp32(x) for x in ends], [as_fp32(x) for x in states[:-1]]  # int8 moments as floats
+            move = cancel_move(*floats, plan, cfg, self.fraction, self.seed)
         load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)
 
@@ -885,6 +906,7 @@ HOSTS: dict[str, Callable[..., HostBehaviour]] = {
     "sign_flip": SignFlipDelta,
     "lazy": LazyHost,
     "one_fake": OneSegmentFake,
+    "last_fake": LastSegmentFake,
     "wrong_data": WrongData,
     "stale": StaleDelta,
     "copycat": Copycat,
