@@ -655,8 +655,9 @@ class BudgetSteer(HostAdversary):
             summed = self.cumulative and not (j == cfg.n_segments - 1 and self.lone)
             # int8 moments (a bitwise run's default): steered as floats, stored in the run's format
             int8 = cfg.inner.moments is Moments.INT8
-            cur = steer_boundary(as_fp32(end), as_fp32(cur), cfg, self.fraction, self.target, self.where,
-                                 self.seed, params=self.steer_params, cumulative=summed, segment=j)  # fmt: skip
+            cur = steer_boundary(as_fp32(end), as_fp32(cur), cfg, self.fraction, self.target,
+                                 self.where, self.seed, params=self.steer_params, cumulative=summed,
+                                 segment=j)  # fmt: skip
             cur = as_int8(cur) if int8 else cur
             states.append(cur)
         load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
