@@ -1305,9 +1305,9 @@ def verification(d: dict[str, Any]) -> Lines:
     if swarm:  # issue 35: who uploads the openings (specs §8.1), and the coding on the wire (§8.2)
         out += ["*Swarm and transfer coding (issue 35)*: per honest contribution, the checks that fetched "
                 "θ_H's parameters alone and how many times its author uploaded them (the author's chunks in "
-                "those fetches ÷ one fetch's; before swarming every such fetch came from the author; these "
-                "runs predate 7c32530, after which only the check ending at θ_H checks Δ and none fetches "
-                "θ_H's parameters: planned 0); all "
+                "those fetches ÷ one fetch's; before swarming every such fetch came from the author; since "
+                "7c32530 only the check ending at θ_H checks Δ and no check fetches θ_H's parameters: "
+                "- where none was seen, planned 0); all "
                 "hosts' upload of states ÷ all verifiers' download of them; the state bytes fetched coded "
                 "against G_n and what they decoded to.", ""]  # fmt: skip
         srows = []

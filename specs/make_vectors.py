@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -862,16 +863,9 @@ def chain_vectors() -> list[dict[str, Any]]:
             msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
                                          evidence_hash=hashlib.sha256(f"{v} {host}".encode()).hexdigest()))
     sc.add(step["challenge_height"] + 1, *msgs)
-    panel_height = step["verify_deadline"] + 1
-    state = sc.peek(panel_height)
-    msgs = []  # the panel, and the holders of the clean windows (their revotes), replay the disputed ones
-    for v in VERIFIER_ADDRESSES:
-        for host in queries.assignments(state, 1, v)["hosts"]:
-            reason = Reason.REPLAY_MISMATCH if host == cheat else Reason.ACCEPT
-            ev = hashlib.sha256(f"panel {v} {host}".encode()).hexdigest()
-            msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
-                                         evidence_hash=ev))
-    sc.add(panel_height, *msgs)
+    # the panel, and the holders of the clean windows (their revotes), replay the disputed ones
+    _panel_votes(sc, step["verify_deadline"] + 1,
+                 lambda v, host: Reason.REPLAY_MISMATCH if host == cheat else Reason.ACCEPT)  # fmt: skip
     sc.add(sc.finalized_at() + 1, *[_vote(h, "g1 of hosts 1 and 2") for h in HOST_ADDRESSES[1:]])
     out.append({"label": "windows_dispute", "blocks": sc.blocks})
 
@@ -902,16 +896,9 @@ def chain_vectors() -> list[dict[str, Any]]:
             msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
                                          evidence_hash=hashlib.sha256(f"{v} {host}".encode()).hexdigest()))
     sc.add(step["challenge_height"] + 1, *msgs)
-    panel_height = step["verify_deadline"] + 1
-    state = sc.peek(panel_height)
-    msgs = []  # the panel rejects the Δ; the short window's holder, a colluder, accepts it in its revote
-    for v in VERIFIER_ADDRESSES:
-        for host in queries.assignments(state, 1, v)["hosts"]:
-            reason = Reason.ACCEPT if v == short else Reason.DELTA_MISMATCH
-            ev = hashlib.sha256(f"panel {v} {host}".encode()).hexdigest()
-            msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host, reason=reason,
-                                         evidence_hash=ev))
-    sc.add(panel_height, *msgs)
+    # the panel rejects the Δ; the short window's holder, a colluder, accepts it in its revote
+    _panel_votes(sc, step["verify_deadline"] + 1,
+                 lambda v, host: Reason.ACCEPT if v == short else Reason.DELTA_MISMATCH)  # fmt: skip
     rest = [h for h in HOST_ADDRESSES if h != cheat]
     sc.add(sc.finalized_at() + 1, *[_vote(h, "g1 of the other hosts") for h in rest])
     out.append({"label": "windows_delta_dispute", "blocks": sc.blocks})
@@ -938,6 +925,19 @@ BUILDERS = {
     "moments": moments_vectors,  # specs/state_vectors.py (§6.2.1)
     "statecode": statecode_vectors,  # specs/state_vectors.py (§8.2)
 }
+
+
+def _panel_votes(sc: _Scenario, height: int, reason_of: Callable[[str, str], Reason]) -> None:
+    """Every verdict the chain asks for at `height` (a dispute's panel and the revotes it owes),
+    each verifier's reason for each host from `reason_of(verifier, host)`, in one block."""
+    state = sc.peek(height)
+    msgs = []
+    for v in VERIFIER_ADDRESSES:
+        for host in queries.assignments(state, 1, v)["hosts"]:
+            ev = hashlib.sha256(f"panel {v} {host}".encode()).hexdigest()
+            msgs.append(MsgSubmitVerdict(creator=v, run_id=1, outer_step=0, host=host,
+                                         reason=reason_of(v, host), evidence_hash=ev))  # fmt: skip
+    sc.add(height, *msgs)
 
 
 def render(obj: Any) -> str:
