@@ -338,7 +338,22 @@ def test_devnet_rejects_the_adversary_and_learns(tmp_path: Path, overlap: str) -
     assert {p.name for p in (folder / "logs").iterdir()} >= {"chain.log", "host-0.log", "verifier-1.log"}
 
 
-PERSIST_CASES = [({}, 3), ({"window_segments": 2}, 2), ({"checkpoint_every": 5}, 5),
+def test_the_devnets_checks_cover_every_block_each_outer_step() -> None:
+    """Only the check whose window ends at θ_H checks Δ (specs §6), so the default noise host meets
+    a check only when its last block is drawn: the devnet's w makes its two checks (v = 1 and one
+    auditor of two verifiers) cover every block, and an accepted adversary stays a failure."""
+    from gonka_diloco.devnet import run_config
+    from gonka_diloco.devnet_config import make_config
+    from protocol.prf import window_blocks
+
+    cfg = make_config({})
+    rc = run_config(cfg)
+    v = rc.verifiers_per_contribution
+    checks = v + min(rc.audit_verifiers, cfg.verifiers - v)
+    assert rc.windowed and window_blocks(rc.n_segments, rc.window_len) <= checks == 2
+
+
+PERSIST_CASES = [({}, 5), ({"window_segments": 2}, 2), ({"checkpoint_every": 5}, 5),
                  ({"checkpoint_every": 4}, 4), ({"sampling": "segments"}, 4)]  # fmt: skip
 
 
