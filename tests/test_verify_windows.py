@@ -166,3 +166,13 @@ def test_a_fake_theta_h_with_its_matching_delta_meets_only_the_window_ending_at_
     for start in blocks(world):
         reason, detail, _, _ = judge_run(world, run, start)
         assert reason is (Reason.REPLAY_MISMATCH if cfg.window_reaches_end(start) else Reason.ACCEPT), detail
+
+
+def test_moment_steer_rewrites_int8_moments_and_every_bitwise_window_rejects_it(world: World) -> None:
+    """`moment_steer` looked for float `exp_avg/…` tensors, which an int8 state does not have, and
+    so trained honestly on a bitwise run's default (accepted in 80 of 80 checks of
+    `bench.detection --windows`); it rewrites them as floats now and is rejected everywhere."""
+    run = world.lab.train(resolve_host("moment_steer"), A, 0, world.g0)
+    for start in blocks(world):
+        reason, detail, _, _ = judge_run(world, run, start)
+        assert reason is Reason.REPLAY_MISMATCH, (start, detail)

@@ -567,16 +567,18 @@ class MomentSteer(HostAdversary):
         self.sq_scale, self.seed = float(sq_scale), seed
 
     def steer(self, st: State, ctx: OuterContext) -> State:
-        out = dict(st)
+        floats = as_fp32(st)  # int8 moments (a bitwise run's default): rewritten as floats, stored as int8
+        out = dict(floats)
         g = _seeded_gen("moment_steer", self.seed, ctx.address)  # the same target every step
-        for name in sorted(st):
+        for name in sorted(floats):
             if name.startswith("exp_avg/"):
-                m = st[name]
+                m = floats[name]
                 direction = torch.randn(m.shape, generator=g)
                 out[name] = direction * (m.norm() / direction.norm().clamp_min(1e-30))
             elif name.startswith("exp_avg_sq/"):
-                out[name] = st[name] * self.sq_scale
-        return make_genuine(out, ctx.cfg.inner)  # moments AdamW could produce: replay must tell
+                out[name] = floats[name] * self.sq_scale
+        out = make_genuine(out, ctx.cfg.inner)  # moments AdamW could produce: replay must tell
+        return as_int8(out) if ctx.cfg.inner.moments is Moments.INT8 else out
 
     def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
