@@ -112,7 +112,7 @@ class DevnetConfig(Strict):
     state_chunk_bytes: int = Field(
         DEFAULT_CHUNK_BYTES, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES,
         description="c: chunk size of every content hash (a devnet's states are small: smaller chunks "
-        "fetch θ_H's parameters alone)",
+        "let a dispute panel fetch θ_H's parameters alone)",
     )  # fmt: skip
     verifiers_per_contribution: int = Field(1, ge=1, description="v")
     batch_size: int = Field(8, ge=1, le=1024)

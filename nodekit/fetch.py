@@ -18,14 +18,15 @@ What a slow or hostile holder can cost (specs §8):
   holder, one more copy per such interval; the first verified copy wins and the others are
   abandoned. So a holder serving correct bytes slowly delays a chunk by about one hedge interval.
 - A holder that served a bad chunk or manifest gets no more work from this client.
-- **Partial holders.** A holder may hold some chunks only (a checker that fetched θ_H's parameter
-  chunks serves them): asked for another, it answers 404 with `X-Held: partial`, which costs it
-  nothing here: this client reads which chunks it holds (`/held`, read again while it idles) and
-  asks it only for those. A holder that says it holds a chunk and then does not is dropped for the
-  round, and one that holds none of what is left for a chunk's deadline makes way for the next.
+- **Partial holders.** A holder may hold some chunks only (a dispute panel member that fetched
+  θ_H's parameter chunks serves them): asked for another, it answers 404 with `X-Held: partial`,
+  which costs it nothing here: this client reads which chunks it holds (`/held`, read again while
+  it idles) and asks it only for those. A holder that says it holds a chunk and then does not is
+  dropped for the round, and one that holds none of what is left for a chunk's deadline makes way
+  for the next.
 - **Spared holders** (`fetch(spare=...)`: a contribution's author) are asked only for chunks no
-  other working holder may hold, and to hedge: the checkers of one contribution fetch θ_H's
-  parameters from each other, so its author uploads them about once (specs §8.1). Such fetches
+  other working holder may hold, and to hedge: the panel of a dispute fetches θ_H's parameters
+  from each other, so its author uploads them about once (specs §8.1). Such fetches
   take their chunks in a random order, so checkers fetching at once mostly take different ones.
 
 Memory: one chunk buffer per worker (O(parallel · chunk)). Bytes wasted by hedging are counted

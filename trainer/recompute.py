@@ -68,8 +68,8 @@ def needed_boundaries(
     except segment 0's (G_n + the carried optimizer state, which verifiers rebuild); an end is
     never fetched there, the replay reproduces it (a mismatch is REPLAY_MISMATCH either way).
     Sampling windows (`windows`: each slot's start): in bitwise mode only each window's start (its
-    checker replays on from it) and θ_H, the last boundary, whose parameters every checker whose
-    window ends short of it fetches to check Δ."""
+    checker replays on from it) and θ_H, the last boundary, whose parameters a dispute panel
+    fetches to check Δ (a window ending at θ_H replays it; specs §6)."""
     if mode is ReplayMode.BITWISE:
         if windows:
             return {s for s in windows if s > 0} | {max(segments) + 1}

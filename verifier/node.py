@@ -402,8 +402,8 @@ class VerifierNode:
                 parents = self.view.holders(job.outer_step - 1, exclude=self.address).get(job.host, [])
                 holders = list(dict.fromkeys([*holders, *parents]))
                 keep_deltas[job.parent_delta_hash] = delta_group(job.outer_step - 1)
-            # its author is spared: the contribution's checkers fetch θ_H's parameters from each
-            # other, so it uploads them about once (specs §8.1)
+            # its author is spared: a dispute panel fetches θ_H's parameters from each other, so
+            # it uploads them about once (specs §8.1)
             author = self.view.participant(job.host)
             # and states come coded against G_n where a holder codes (specs §8.2)
             coding = StateCoding.of(self.content, gm.hash, self.objects.specs[Kind.STATE], self.layout)

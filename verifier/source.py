@@ -88,7 +88,7 @@ class HttpSource:
     optimizer states (segment 0's start, fetched at most once per host) under `optimizer`. A state
     already in the store is read from it, not fetched again. Training states spare the holders in
     `spare` (the contribution's author): they are asked only for chunks no other holder serves, so
-    its checkers fetch θ_H's parameters from each other and the author uploads them about once."""
+    a dispute panel fetches θ_H's parameters from each other and the author uploads them about once."""
 
     def __init__(
         self,
