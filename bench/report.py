@@ -310,6 +310,12 @@ def _pct(x: float, digits: int = 2) -> str:
     return f"{100 * x:.{digits}f}%"
 
 
+def _fake_delta_cells(r: dict[str, Any]) -> list[Any]:
+    """A fake-Δ cell's settings, its measured pass rate, the exact one and the many-keys one."""
+    return [r["v"], r["p"], r["a"], r["keys"], f"{100 * r['share']:.0f}%", _pct(r["passed"]),
+            _pct(r["pass_exact"]), _pct(r["pass_bound_many_keys"])]  # fmt: skip
+
+
 def collusion_windows(d: dict[str, Any]) -> Lines:
     """Issue 34: the fake-Δ table rerun under windows, then hosts faking segments, each cell next to
     its exact formula and the planner's many-keys one."""
@@ -335,8 +341,7 @@ def collusion_windows(d: dict[str, Any]) -> Lines:
             "",
         ]
         rows = [
-            [r["v"], r["p"], r["a"], r["keys"], f"{100 * r['share']:.0f}%", _pct(r["passed"]),
-             _pct(r["pass_exact"]), _pct(r["pass_bound_many_keys"]),
+            [*_fake_delta_cells(r),
              f"{_pct(r['rejected'], 1)} ({_pct(r['rejected_exact'], 1)})",
              f"{_pct(r['unverified'], 1)} ({_pct(r['unverified_exact'], 1)})",
              f"{r['profit_per_step_R']:+.3f} ({r['profit_exact_R']:+.3f})"]
@@ -355,9 +360,7 @@ def collusion_windows(d: dict[str, Any]) -> Lines:
             "",
         ]
         rows = [
-            [r["v"], r["p"], r["a"], r["keys"], f"{100 * r['share']:.0f}%", _pct(r["passed"]),
-             _pct(r["pass_exact"]), _pct(r["pass_bound_many_keys"]), f"{r['profit_per_step_R']:+.3f}",
-             f"{r['profit_exact_R']:+.3f}"]
+            [*_fake_delta_cells(r), f"{r['profit_per_step_R']:+.3f}", f"{r['profit_exact_R']:+.3f}"]
             for r in d["rows"]
         ]  # fmt: skip
         head = ["v", "p", "a", "keys", "accomplice stake", "fake passed", "exact", "bound", "profit/R",

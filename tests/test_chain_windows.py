@@ -70,6 +70,14 @@ def by_slot(sim: Sim, host: str) -> list[str]:
     return sorted(slots, key=lambda v: slots[v])
 
 
+def first_round(sim: Sim, host: str, rejecter: str, reason: Reason, accepter: str) -> list[str]:
+    """The initial round of a contribution's two slot holders: one rejects with `reason`, the other
+    accepts; the round closes (a dispute opens) and the panel, every other verifier, is returned."""
+    sim.block(verdict_msg(rejecter, host, reason), verdict_msg(accepter, host))
+    sim.until(sim.step()["round_deadline"] + 1)
+    return [v for v in VERIFIERS if v not in (rejecter, accepter)]
+
+
 def test_the_challenge_draws_each_slot_its_own_block_and_the_host_opens_them_all() -> None:
     sim = at_verdicts(HOSTS[:2])
     cfg = windowed()
@@ -120,9 +128,7 @@ def test_a_lying_reject_of_an_honest_window_is_outvoted_and_slashed() -> None:
     sim = at_verdicts(HOSTS[:1])
     host = HOSTS[0]
     liar, other = by_slot(sim, host)
-    sim.block(verdict_msg(liar, host, Reason.REPLAY_MISMATCH), verdict_msg(other, host))
-    sim.until(sim.step()["round_deadline"] + 1)
-    panel = [v for v in VERIFIERS if v not in (liar, other)]
+    panel = first_round(sim, host, liar, Reason.REPLAY_MISMATCH, other)
     liar_before, other_before = stake_of(sim, liar), stake_of(sim, other)
     # the panel and the holder of the other window (its revote) replay the liar's window: it matches
     sim.block(*[verdict_msg(v, host) for v in [*panel, other]])
@@ -136,9 +142,7 @@ def test_a_fake_delta_contradicts_the_accept_of_the_window_ending_at_theta_h() -
     host = HOSTS[0]
     honest, colluder = by_slot(sim, host)
     assert challenge(sim, host)["windows"][1] == N - W  # the colluder's window ends at θ_H
-    sim.block(verdict_msg(honest, host, Reason.DELTA_MISMATCH), verdict_msg(colluder, host))
-    sim.until(sim.step()["round_deadline"] + 1)
-    panel = [v for v in VERIFIERS if v not in (honest, colluder)]
+    panel = first_round(sim, host, honest, Reason.DELTA_MISMATCH, colluder)
     before = stake_of(sim, colluder)
     sim.block(*[verdict_msg(v, host, Reason.DELTA_MISMATCH) for v in panel])
     sim.until(sim.step()["round_deadline"] + 1)
@@ -268,10 +272,8 @@ def test_an_accept_of_a_window_short_of_theta_h_is_no_vote_on_the_delta_until_it
     windows = challenge(sim, host)["windows"]
     cfg = windowed()
     assert not cfg.window_reaches_end(windows[0]) and cfg.window_reaches_end(windows[1])
-    sim.block(verdict_msg(last, host, Reason.DELTA_MISMATCH), verdict_msg(short, host))
-    sim.until(sim.step()["round_deadline"] + 1)
+    panel = first_round(sim, host, last, Reason.DELTA_MISMATCH, short)
     assert challenge(sim, host)["revotes_owed"] == [short]
-    panel = [v for v in VERIFIERS if v not in (short, last)]
     before = stake_of(sim, short)
     votes = [verdict_msg(v, host, Reason.DELTA_MISMATCH) for v in panel]
     sim.block(*votes, *([] if revote is None else [verdict_msg(short, host, revote)]))
@@ -290,9 +292,7 @@ def test_a_delta_dispute_is_decided_by_the_window_ending_at_theta_h_and_the_revo
     sim = at_verdicts(HOSTS[:1])
     host = HOSTS[0]
     short, liar = by_slot(sim, host)
-    sim.block(verdict_msg(liar, host, Reason.DELTA_MISMATCH), verdict_msg(short, host))
-    sim.until(sim.step()["round_deadline"] + 1)
-    panel = [v for v in VERIFIERS if v not in (short, liar)]
+    panel = first_round(sim, host, liar, Reason.DELTA_MISMATCH, short)
     before = stake_of(sim, liar)
     sim.block(*[verdict_msg(v, host) for v in [*panel, short]])
     sim.until(sim.step()["round_deadline"] + 1)
