@@ -88,7 +88,7 @@ from protocol.messages import (
     Role,
     SegmentOpening,
 )
-from protocol.prf import window
+from protocol.prf import window, window_blocks
 
 RESULTS = Path(__file__).parent / "results" / "collusion.json"
 GNK = 10**9
@@ -341,8 +341,8 @@ def delta_window_row(
     next to the exact `window_odds_keys` and the planner's many-keys `window_cheat`."""
     from gonka_diloco.plan import window_cheat
 
-    n, w = config.n_segments, config.window_len
-    blocks = -(-n // w)
+    w = config.window_len
+    blocks = window_blocks(config.n_segments, w)
     fake = sum(config.window_reaches_end(b * w) for b in range(blocks))
     odds = window_odds_keys(accomplices, n_keys - accomplices, blocks, fake, d)
     reward, bond = config.stake.reward_per_outer_step, config.stake.min_host_stake
@@ -440,7 +440,7 @@ def main_windows(quick: bool = False) -> dict[str, Any]:
         "quick": quick, "keys": N_KEYS, "trials_per_cell": trials, "sampling": "windows",
         "fake_delta_rule": "ends_at_theta_h",  # only the check ending at θ_H checks Δ (specs §6)
         "H": cfg.inner_steps, "k": cfg.segment_len, "w": cfg.window_len, "n_segments": cfg.n_segments,
-        "blocks": -(-cfg.n_segments // cfg.window_len), "rows": rows, "windows": cells,
+        "blocks": window_blocks(cfg.n_segments, cfg.window_len), "rows": rows, "windows": cells,
         "fake_delta_within_3_sd": all(r["within_3_sd"] for r in rows),
         "windows_within_3_sd": all(r["within_3_sd"] for r in cells),
         "seconds": round(time.perf_counter() - t0, 1),

@@ -23,7 +23,7 @@ from chain.params import BLOCK_SECONDS, BPS_DENOMINATOR
 from protocol import inner as sizes
 from protocol.config import DEFAULT_WINDOW_SEGMENTS, Codec, ReplayMode, RunConfig, Sampling, Stake
 from protocol.inner import GRAD_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM
-from protocol.prf import window_blocks
+from protocol.prf import lone_last_block, window_blocks
 
 # ---------------------------------------------------------------- fixed facts
 
@@ -598,8 +598,7 @@ def window_replay_segments(n: int, w: int, tolerance: bool = False) -> float:
     """Segments one check replays, expected over its block: n/B; in tolerance mode with a lone
     last segment (n mod w = 1, n > w) the block before it replays it too: + 1/B (specs §6.4)."""
     B = window_blocks(n, w)
-    lone = n > w and (n - 1) % w == 0
-    return n / B + (1 / B if tolerance and lone else 0.0)
+    return n / B + (1 / B if tolerance and lone_last_block(n, w) else 0.0)
 
 
 def from_zero_segments(n: int, w: int) -> float:
@@ -921,7 +920,7 @@ def fake_delta_blocks(i: Inputs) -> int:
     """Sampling windows: the blocks whose check ends at θ_H (`RunConfig.window_reaches_end`): the
     last one, and in tolerance mode with a lone last segment the block before it too (it replays on
     into segment n − 1, specs §6.4)."""
-    lone = i.n > i.window_len and (i.n - 1) % i.window_len == 0
+    lone = lone_last_block(i.n, i.window_len)
     return 2 if i.replay is ReplayMode.TOLERANCE and lone else 1
 
 

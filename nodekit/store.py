@@ -209,12 +209,6 @@ class TensorSink:
             view, offset = view[n:], offset + n
             i += 1
 
-    def span(self) -> tuple[int, int]:
-        """[a, b): the bytes this sink takes (a part sink: only its tensors', header excluded)."""
-        if not self._regions:
-            return 0, 0
-        return self._regions[0][0], self._regions[-1][1]
-
 
 class FileSink:
     """A preallocated file written at any offset (`os.pwrite`: safe from several threads)."""

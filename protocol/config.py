@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 
 from protocol.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
 from protocol.inner import Moments as Moments  # re-exported: the run's vocabulary
+from protocol.prf import lone_last_block
 
 DEFAULT_WINDOW_SEGMENTS = 3
 """w: segments per checker window (`RunConfig.window_segments`)."""
@@ -505,8 +506,7 @@ class RunConfig(Frozen):
         """Sampling windows with a last block of one segment (n mod w = 1, n > w): no window sums
         segment n − 1 with another, so in tolerance mode the window ending where it begins takes it
         on (specs §6.4, `verifier.job.Job.replays`)."""
-        n, w = self.n_segments, self.window_len
-        return self.windowed and n > w and (n - 1) % w == 0
+        return self.windowed and lone_last_block(self.n_segments, self.window_len)
 
     def window_reaches_end(self, start: int) -> bool:
         """Sampling windows: whether the check of the window that starts at segment `start` replays

@@ -115,6 +115,12 @@ def window_blocks(n_segments: int, w: int) -> int:
     return -(-n_segments // w)
 
 
+def lone_last_block(n_segments: int, w: int) -> bool:
+    """The last block is segment n − 1 alone (n mod w = 1, n > w): no window sums it with another,
+    so in tolerance mode the window before takes it on (specs §6.4, `RunConfig.lone_last`)."""
+    return n_segments > w and (n_segments - 1) % w == 0
+
+
 def window(start: int, n_segments: int, w: int) -> list[int]:
     """The segments of the window (block) that starts at segment `start`."""
     return list(range(start, min(n_segments, start + w)))

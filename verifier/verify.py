@@ -437,13 +437,12 @@ def verify(job: Job, source: BlobSource, ctx: ReplayContext) -> Judgement:
             if why is not None:
                 raise Rejected(Reason.REPLAY_MISMATCH, why)
         whole = final is not None  # we replayed the last segment: its end state, moments and all
-        if final is not None:
-            if optimizer_hash(final, chunk) != job.final_optimizer_hash:  # the last boundary's moments
-                raise Rejected(Reason.REPLAY_MISMATCH, "final optimizer hash is not the last boundary's")
-            if payload is None:
-                payload = check_any_delta(job, ctx, source, final)
-        elif payload is None:  # a window short of θ_H: the committed Δ, to keep and serve (specs §6)
-            payload = source.delta(job.delta_hash)  # every chunk checked against its hash
+        if final is not None and optimizer_hash(final, chunk) != job.final_optimizer_hash:
+            raise Rejected(Reason.REPLAY_MISMATCH, "final optimizer hash is not the last boundary's")
+        if payload is None and not job.checks_delta:  # a window short of θ_H: the committed Δ, to
+            payload = source.delta(job.delta_hash)  # keep and serve (specs §6), every chunk checked
+        elif payload is None:  # it replayed segment n − 1: θ_H is its end
+            payload = check_any_delta(job, ctx, source, final if final is not None else theta_h(job, source))
         if ctx.on_derived is not None:  # tolerance mode: the checked claim and the downloaded Δ
             ctx.on_derived(final if whole else None, payload)
         reason, detail = Reason.ACCEPT, ""

@@ -179,6 +179,12 @@ class HostAdversary(HostBehaviour):
             raise TypeError(f"{self.name} takes no parameters, got {sorted(params)}")
 
 
+def _stored(state: State, cfg: RunConfig) -> State:
+    """A state whose moments an adversary rewrote as floats (`as_fp32`), in the run's moment format
+    again: int8 codes where the run keeps int8 moments (a bitwise run's default), else as it is."""
+    return as_int8(state) if cfg.inner.moments is Moments.INT8 else state
+
+
 class NoiseDelta(HostAdversary):
     """Trains honestly, commits random noise as its Δ."""
 
@@ -293,7 +299,6 @@ class LazyHost(HostAdversary):
         prev = cur = start_state(ctx)
         states = [cur]
         losses: list[float] = []
-        int8 = cfg.inner.moments is Moments.INT8
         for j in range(cfg.n_segments):
             if j in fake:  # θ_{j+1} = θ_j + (θ_j − θ_{j−1}): the last real progress, repeated
                 now, before = as_fp32(cur), as_fp32(prev)  # int8 moments: extrapolated as floats
@@ -303,7 +308,7 @@ class LazyHost(HostAdversary):
                         x = t + (t - before[name])
                         nxt[name] = x.clamp_min(0) if name.startswith("exp_avg_sq/") else x
                 nxt = make_genuine(nxt, cfg.inner)  # moments AdamW can produce (specs §6.3)
-                nxt = as_int8(nxt) if int8 else nxt
+                nxt = _stored(nxt, cfg)
                 load_training_state(ctx.model, ctx.inner_optimizer, nxt)
             else:
                 losses += train_segment(job, ctx.model, ctx.inner_optimizer, j * k, k)
@@ -567,7 +572,7 @@ class MomentSteer(HostAdversary):
         self.sq_scale, self.seed = float(sq_scale), seed
 
     def steer(self, st: State, ctx: OuterContext) -> State:
-        floats = as_fp32(st)  # int8 moments (a bitwise run's default): rewritten as floats, stored as int8
+        floats = as_fp32(st)  # int8 moments (a bitwise run's default): rewritten as floats
         out = dict(floats)
         g = _seeded_gen("moment_steer", self.seed, ctx.address)  # the same target every step
         for name in sorted(floats):
@@ -578,7 +583,7 @@ class MomentSteer(HostAdversary):
             elif name.startswith("exp_avg_sq/"):
                 out[name] = floats[name] * self.sq_scale
         out = make_genuine(out, ctx.cfg.inner)  # moments AdamW could produce: replay must tell
-        return as_int8(out) if ctx.cfg.inner.moments is Moments.INT8 else out
+        return _stored(out, ctx.cfg)
 
     def make_contribution(self, ctx: OuterContext) -> TrainedStep:
         cfg, k = ctx.cfg, ctx.cfg.segment_len
@@ -656,11 +661,9 @@ class BudgetSteer(HostAdversary):
             end = clone_state(training_state(ctx.model, ctx.inner_optimizer))
             summed = self.cumulative and not (j == cfg.n_segments - 1 and self.lone)
             # int8 moments (a bitwise run's default): steered as floats, stored in the run's format
-            int8 = cfg.inner.moments is Moments.INT8
-            cur = steer_boundary(as_fp32(end), as_fp32(cur), cfg, self.fraction, self.target,
-                                 self.where, self.seed, params=self.steer_params, cumulative=summed,
-                                 segment=j)  # fmt: skip
-            cur = as_int8(cur) if int8 else cur
+            cur = _stored(steer_boundary(as_fp32(end), as_fp32(cur), cfg, self.fraction, self.target,
+                                         self.where, self.seed, params=self.steer_params,
+                                         cumulative=summed, segment=j), cfg)  # fmt: skip
             states.append(cur)
         load_training_state(ctx.model, ctx.inner_optimizer, cur)  # what it carries to the next step
         return assemble(ctx, states, losses)
